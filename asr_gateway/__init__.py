@@ -1,0 +1,1 @@
+"""Composition root of the service: configuration, logging, wiring and the command line."""

@@ -1,0 +1,114 @@
+"""YAML files validated by pydantic models, with errors that name file, line and key.
+
+Admins edit the service config, the routes, the KB and the tag rules by hand; an error
+must say where it is (``config.yaml:12 engine.chunk_ms: ...``) and what is allowed. This
+module is a leaf: it imports nothing of the project, so every package may use it for the
+files it owns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+class ConfigError(Exception):
+    """One or more problems in a configuration file; ``errors`` holds one line per problem."""
+
+    def __init__(self, errors: Sequence[str]) -> None:
+        self.errors = list(errors)
+        super().__init__("\n".join(self.errors))
+
+
+def _line_index(node: yaml.Node | None, prefix: tuple[str | int, ...] = ()) -> dict[tuple[str | int, ...], int]:
+    """Map every key path in a composed YAML node tree to its 1-based line number."""
+    index: dict[tuple[str | int, ...], int] = {}
+    if node is None:
+        return index
+    index[prefix] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = str(key_node.value)
+            index.update(_line_index(value_node, prefix + (key,)))
+            # A key's own line is where its name stands, not where its value starts.
+            index[prefix + (key,)] = key_node.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            index.update(_line_index(item, prefix + (i,)))
+    return index
+
+
+def _nearest_line(index: Mapping[tuple[str | int, ...], int], loc: tuple[str | int, ...]) -> int:
+    """The line of ``loc`` or, for a missing key, of its closest existing parent."""
+    for cut in range(len(loc), -1, -1):
+        line = index.get(loc[:cut])
+        if line is not None:
+            return line
+    return 1
+
+
+def _describe(error: Mapping[str, Any]) -> str:
+    kind = error.get("type", "")
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind == "missing":
+        return "required key is missing"
+    message = str(error.get("msg", "invalid value"))
+    value = error.get("input")
+    if kind not in ("missing",) and not isinstance(value, (dict, list)):
+        return f"{value!r} is invalid: {message}"
+    return message
+
+
+def format_validation_error(
+    path: Path | str, exc: ValidationError, index: Mapping[tuple[str | int, ...], int]
+) -> list[str]:
+    """Turn a pydantic error into ``file:line dotted.key: message`` lines."""
+    lines = []
+    for error in exc.errors():
+        loc = tuple(part for part in error["loc"] if not isinstance(part, str) or not part.startswith("function-"))
+        dotted = ".".join(str(part) for part in loc) or "(top level)"
+        lines.append(f"{path}:{_nearest_line(index, loc)} {dotted}: {_describe(error)}")
+    return lines
+
+
+def read_yaml(path: Path | str) -> tuple[Any, dict[tuple[str | int, ...], int]]:
+    """Parse a YAML file into Python data plus a key-path -> line index."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError([f"{path}: file not found"]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([f"{path}: cannot read: {exc}"]) from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError([f"{where} YAML syntax error: {problem}"]) from None
+    return data, _line_index(node)
+
+
+def validate_data(
+    path: Path | str, data: Any, model: type[ModelT], index: Mapping[tuple[str | int, ...], int]
+) -> ModelT:
+    """Validate already-parsed data, reporting errors against ``path`` and ``index``."""
+    try:
+        return model.model_validate({} if data is None else data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(path, exc, index)) from None
+
+
+def load_yaml_model(path: Path | str, model: type[ModelT]) -> ModelT:
+    """Load ``path`` and validate it as ``model``; raise ConfigError with file:line messages."""
+    data, index = read_yaml(path)
+    return validate_data(path, data, model, index)

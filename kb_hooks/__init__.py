@@ -1,0 +1,5 @@
+"""What happens to a transcript: knowledge-base matching, demand tags, entity extraction,
+redaction, and the Redis publisher (at-least-once, spooled while Redis is down).
+
+Never blocks the engine; receives events through a narrow queue interface.
+"""
