@@ -60,8 +60,10 @@ def _describe(error: Mapping[str, Any]) -> str:
     if kind == "missing":
         return "required key is missing"
     message = str(error.get("msg", "invalid value"))
+    if kind == "value_error":
+        return message.removeprefix("Value error, ")
     value = error.get("input")
-    if kind not in ("missing",) and not isinstance(value, (dict, list)):
+    if not isinstance(value, (dict, list)):
         return f"{value!r} is invalid: {message}"
     return message
 

@@ -1,0 +1,41 @@
+# hotline-asr developer entry points. `make setup` is idempotent: a second run only checks.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+APT_PACKAGES := redis-server sip-tester espeak-ng sox
+APT_BINARIES := redis-server sipp espeak-ng sox
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+PYTEST_ARGS ?=
+
+.PHONY: setup apt-deps test lint demo demo-model bench clean
+
+setup: apt-deps $(STAMP)
+
+apt-deps:
+	@missing=0; for b in $(APT_BINARIES); do command -v $$b >/dev/null || missing=1; done; \
+	if [ $$missing = 1 ]; then \
+	  echo "installing Debian packages: $(APT_PACKAGES)"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
+	fi
+
+# torch is pinned and installed first: the CPU build is what this project targets by default,
+# and an unpinned torch would pull a multi-GB CUDA build.
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,dev,onnx]'
+	touch $(STAMP)
+
+test: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy asr_gateway kv_ring sip rtp kb_hooks asr_core rescoring
+
+demo: setup
+	$(VENV)/bin/asr-gateway demo
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache

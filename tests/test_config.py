@@ -1,0 +1,141 @@
+"""The service config model: defaults, env overrides, file:line errors, check-config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from asr_gateway.cli import main as gateway_main
+from asr_gateway.config import ServiceConfig, load_config
+from asr_gateway.yamlconf import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "deploy" / "config" / "example.yaml"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def errors_of(path: Path | None, environ: dict[str, str] | None = None) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_config(path, environ or {})
+    return info.value.errors
+
+
+def test_defaults_work_without_a_file() -> None:
+    config = load_config(None, {})
+    assert config == ServiceConfig()
+    assert config.engine.chunk_ms == 160
+    assert config.engine.left_chunks == 8
+    assert config.engine.endpoint.trailing_silence_ms == 800
+    assert config.redis.url.startswith("redis://")
+
+
+def test_empty_file_is_all_defaults(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, ""), {})
+    skip = {"redis": {"spool_dir"}}
+    assert config.model_dump(exclude=skip) == ServiceConfig().model_dump(exclude=skip)
+    assert config.redis.spool_dir == tmp_path / "spool"
+
+
+def test_example_config_is_valid() -> None:
+    config = load_config(EXAMPLE, {})
+    assert config.sip.acl_cidrs[0] == "10.0.0.0/8"
+
+
+def test_env_overrides_file_values(tmp_path: Path) -> None:
+    path = write(tmp_path, "redis:\n  url: redis://10.1.1.1:6379/0\nsip:\n  port: 5070\n")
+    config = load_config(
+        path,
+        {
+            "ASR_REDIS_URL": "redis://127.0.0.1:6390/2",
+            "ASR_SIP_PORT": "5080",
+            "ASR_SIP_TRANSPORTS": "[udp]",
+            "ASR_ENGINE_ENDPOINT__TRAILING_SILENCE_MS": "600",
+            "ASR_MODEL_DIR": "/not/a/section/ignored",
+            "PATH": "/usr/bin",
+        },
+    )
+    assert config.redis.url == "redis://127.0.0.1:6390/2"
+    assert config.sip.port == 5080
+    assert config.sip.transports == ["udp"]
+    assert config.engine.endpoint.trailing_silence_ms == 600
+
+
+def test_bad_env_value_names_the_variable() -> None:
+    (line,) = errors_of(None, {"ASR_SIP_PORT": "many"})
+    assert line.startswith("env ASR_SIP_PORT:")
+    assert "integer" in line
+
+
+def test_wrong_type_names_file_line_and_key(tmp_path: Path) -> None:
+    path = write(tmp_path, "sip:\n  host: 0.0.0.0\n  port: five\n")
+    (line,) = errors_of(path)
+    assert line.startswith(f"{path}:3 sip.port: 'five' is invalid")
+
+
+def test_unknown_key_is_reported_with_its_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "engine:\n  max_batch: 8\n  max_btach: 16\n")
+    assert errors_of(path) == [f"{path}:3 engine.max_btach: unknown key"]
+
+
+def test_bad_cidr(tmp_path: Path) -> None:
+    path = write(tmp_path, "sip:\n  acl_cidrs:\n    - 10.0.0.0/8\n    - 10.0.0.0/33\n")
+    (line,) = errors_of(path)
+    assert line.startswith(f"{path}:2 sip.acl_cidrs: '10.0.0.0/33' is not a CIDR")
+
+
+def test_chunk_size_lists_allowed_values(tmp_path: Path) -> None:
+    path = write(tmp_path, "engine:\n  chunk_ms: 150\n")
+    assert errors_of(path) == [f"{path}:2 engine.chunk_ms: 150 is not one of 160, 240, 320, 640"]
+
+
+def test_several_errors_are_all_reported(tmp_path: Path) -> None:
+    path = write(tmp_path, "rtp:\n  port_min: 30000\n  port_max: 20000\nredis:\n  url: http://x\n")
+    lines = errors_of(path)
+    assert len(lines) == 2
+    assert any("port_max (20000) must be above port_min (30000)" in line for line in lines)
+    assert any(line.startswith(f"{path}:5 redis.url:") for line in lines)
+
+
+def test_yaml_syntax_error_has_a_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "sip:\n  port: [5060\n")
+    (line,) = errors_of(path)
+    assert line.startswith(f"{path}:") and "YAML syntax error" in line
+
+
+def test_missing_file() -> None:
+    assert errors_of(Path("/nonexistent/config.yaml")) == ["/nonexistent/config.yaml: file not found"]
+
+
+def test_tls_requires_cert_and_key(tmp_path: Path) -> None:
+    path = write(tmp_path, "sip:\n  transports: [udp, tls]\n")
+    (line,) = errors_of(path)
+    assert "tls needs both tls_cert and tls_key" in line
+
+
+def test_relative_paths_resolve_against_the_config_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "routes: routes.yaml\nkb: [kb/a.yaml]\nengine:\n  model_dir: models/m\n")
+    config = load_config(path, {})
+    assert config.routes == tmp_path / "routes.yaml"
+    assert config.kb == [tmp_path / "kb" / "a.yaml"]
+    assert config.engine.model_dir == tmp_path / "models" / "m"
+
+
+def test_check_config_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert gateway_main(["check-config", str(EXAMPLE)]) == 0
+    assert capsys.readouterr().out.strip() == "ok"
+    broken = write(tmp_path, "engine:\n  left_chunks: -3\n")
+    assert gateway_main(["check-config", str(broken)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"{broken}:2 engine.left_chunks:")
+
+
+def test_check_config_reports_missing_referenced_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, "routes: nowhere.yaml\n")
+    assert gateway_main(["check-config", str(path)]) == 1
+    assert "nowhere.yaml: file not found" in capsys.readouterr().err
