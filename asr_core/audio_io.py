@@ -1,0 +1,84 @@
+"""Reading WAV files for offline transcription: 16-bit PCM mono, 16 kHz (8 kHz is resampled).
+
+Every problem with a file is an :class:`AudioError` whose message is one line naming the
+file and saying what to do.
+"""
+
+from __future__ import annotations
+
+import struct
+import wave
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import soxr
+
+TARGET_RATE = 16000
+RESAMPLED_RATES = (8000,)
+
+
+class AudioError(ValueError):
+    """A WAV file that cannot be transcribed; the message is one line meant for the user."""
+
+
+@dataclass(frozen=True)
+class Audio:
+    """Decoded audio at 16 kHz.
+
+    ``samples`` is (N,) float32 in int16 range (what the fbank expects); ``source_rate`` is
+    the file's rate (8000 when it was resampled).
+    """
+
+    samples: np.ndarray
+    source_rate: int
+
+    @property
+    def sample_rate(self) -> int:
+        return TARGET_RATE
+
+    @property
+    def resampled(self) -> bool:
+        return self.source_rate != TARGET_RATE
+
+    @property
+    def duration_s(self) -> float:
+        return self.samples.shape[0] / TARGET_RATE
+
+
+def read_wav(path: str | Path) -> Audio:
+    """Read a 16-bit PCM mono WAV at 16 kHz, or at 8 kHz (resampled to 16 kHz with soxr).
+
+    Raises:
+        AudioError: missing, unreadable, empty, truncated, not PCM WAV, not 16-bit,
+            not mono, or an unsupported sample rate.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise AudioError(f"{p}: no such file")
+    if not p.is_file():
+        raise AudioError(f"{p}: not a regular file")
+    try:
+        with wave.open(str(p), "rb") as wav:
+            channels, width, rate = wav.getnchannels(), wav.getsampwidth(), wav.getframerate()
+            declared = wav.getnframes()
+            data = wav.readframes(declared)
+    except (wave.Error, EOFError, struct.error) as exc:
+        raise AudioError(f"{p}: not a readable PCM WAV file ({exc}); convert it to 16-bit PCM mono WAV") from exc
+    except OSError as exc:
+        raise AudioError(f"{p}: cannot read ({exc.strerror or exc})") from exc
+    if channels != 1:
+        raise AudioError(f"{p}: {channels} channels; only mono is supported (e.g. sox IN -c 1 OUT.wav)")
+    if width != 2:
+        raise AudioError(f"{p}: {8 * width}-bit samples; only 16-bit PCM is supported (sox IN -b 16 OUT.wav)")
+    if rate != TARGET_RATE and rate not in RESAMPLED_RATES:
+        raise AudioError(f"{p}: sample rate {rate} Hz; use 16000 Hz or 8000 Hz (sox IN -r 16000 OUT.wav)")
+    got = len(data) // width
+    if got < declared:
+        raise AudioError(f"{p}: truncated: header declares {declared} samples, file holds {got}")
+    if got == 0:
+        raise AudioError(f"{p}: empty: no audio samples")
+    samples = np.frombuffer(data, dtype="<i2").astype(np.float32)
+    if rate != TARGET_RATE:
+        samples = soxr.resample(samples, rate, TARGET_RATE).astype(np.float32)
+    return Audio(samples=samples, source_rate=rate)

@@ -1,0 +1,101 @@
+"""Fbank front end: fidelity to the golden fixture's fbank, and streaming == whole file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from asr_core.audio_io import read_wav
+from asr_core.frontend import NUM_MEL_BINS, FbankStream, compute_fbank, num_fbank_frames
+
+FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "wenet_u2pp_small"
+needs_fixture = pytest.mark.skipif(
+    not (FIXTURE / "expected.npz").exists(), reason=f"golden fixture not found at {FIXTURE}"
+)
+
+
+@needs_fixture
+@pytest.mark.parametrize("utt", ["utt1", "utt2"])
+def test_fbank_matches_fixture(utt: str) -> None:
+    audio = read_wav(FIXTURE / "wav" / f"{utt}.wav")
+    expected = np.load(FIXTURE / "expected.npz")[f"{utt}__fbank"]
+    got = compute_fbank(audio.samples)
+    assert got.shape == expected.shape == (num_fbank_frames(audio.samples.shape[0]), NUM_MEL_BINS)
+    diff = np.abs(got - expected)
+    assert diff.max() <= 2e-2
+    assert diff.mean() <= 1e-4
+
+
+def test_int16_and_float_input_agree() -> None:
+    samples = np.random.default_rng(0).integers(-3000, 3000, size=4000).astype(np.int16)
+    assert np.array_equal(compute_fbank(samples), compute_fbank(samples.astype(np.float32)))
+
+
+def test_short_input_gives_no_frames() -> None:
+    assert compute_fbank(np.zeros(399, dtype=np.int16)).shape == (0, NUM_MEL_BINS)
+    assert compute_fbank(np.zeros(400, dtype=np.int16)).shape == (1, NUM_MEL_BINS)
+
+
+def _waveform() -> np.ndarray:
+    rng = np.random.default_rng(7)
+    t = np.arange(9000) / 16000.0
+    tone = 4000 * np.sin(2 * np.pi * 440 * t) + rng.normal(0, 300, t.shape[0])
+    tone[3000:3800] = 0.0  # digital silence hits the log floor
+    return np.round(tone).astype(np.int16)
+
+
+WAVE = _waveform()
+WHOLE = compute_fbank(WAVE)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    sizes=st.lists(st.one_of(st.integers(0, 2), st.integers(0, 3000)), max_size=60),
+    pop_every=st.integers(1, 7),
+)
+def test_streaming_equals_whole_file(sizes: list[int], pop_every: int) -> None:
+    """Random piece sizes, 0- and 1-sample pieces included, with pops interleaved."""
+    pieces = []
+    pos = 0
+    for n in sizes:
+        pieces.append(WAVE[pos : pos + n])
+        pos += n
+    pieces.append(WAVE[pos:])
+    stream = FbankStream()
+    frames = []
+    for i, piece in enumerate(pieces):
+        stream.accept_waveform(piece)
+        if i % pop_every == 0:
+            frames.append(stream.pop_frames(stream.num_frames_available))
+    stream.input_finished()
+    frames.append(stream.pop_frames(stream.num_frames_available))
+    assert np.array_equal(np.concatenate(frames), WHOLE)
+    assert stream.num_frames_ready == WHOLE.shape[0]
+
+
+def test_one_sample_at_a_time() -> None:
+    stream = FbankStream()
+    for x in WAVE[:2000]:
+        stream.accept_waveform(np.array([x]))
+        stream.accept_waveform(np.array([], dtype=np.int16))
+    stream.input_finished()
+    assert np.array_equal(stream.get_frames(0, stream.num_frames_ready), compute_fbank(WAVE[:2000]))
+
+
+def test_popped_frames_are_freed_and_indices_stay_absolute() -> None:
+    stream = FbankStream()
+    stream.accept_waveform(WAVE)
+    stream.drop_frames(10)
+    assert stream.first_available == 10
+    assert np.array_equal(stream.get_frames(10, 5), WHOLE[10:15])
+    with pytest.raises(IndexError):
+        stream.get_frames(9, 1)
+    with pytest.raises(IndexError):
+        stream.get_frames(10, stream.num_frames_ready)
+    stream.input_finished()
+    with pytest.raises(RuntimeError):
+        stream.accept_waveform(WAVE[:10])
