@@ -25,7 +25,7 @@ from kv_ring.memory import POSITION_DTYPE, PoolGeometry
 
 @dataclass(frozen=True, slots=True)
 class CacheView:
-    """Caches of B streams gathered for one batched encoder step (copies, not views)."""
+    """Caches of B streams gathered for one batched encoder step (copies, not views of the pool)."""
 
     att: torch.Tensor  # (L, B, H, W, 2*d_k)
     pos: torch.Tensor  # (B, W) int64, -1 where masked
@@ -72,6 +72,8 @@ class KvPool:
         self._in_use = torch.zeros(num_slots, dtype=torch.bool)  # (S,) host
         self._free: list[int] = list(range(num_slots))
         self._lock = threading.Lock()
+        self._staging_att = torch.empty(0, dtype=dtype, device=self.device)
+        self._staging_cnn = torch.empty(0, dtype=dtype, device=self.device)
 
     @property
     def window(self) -> int:
@@ -162,23 +164,30 @@ class KvPool:
         self._require_in_use(slot, "query")
         return int(self._frames_written[slot])
 
-    def gather(self, slots: torch.Tensor) -> CacheView:
+    def gather(self, slots: torch.Tensor, reuse_buffer: bool = False) -> CacheView:
         """Batched copy of the caches of `slots` (B,) for one encoder step.
 
         A frame is valid when it was written since the last reset and lies within the
         last w_s positions of its stream; everything else is masked (and its pos is -1).
+
+        With `reuse_buffer`, att and cnn are written into a pool-owned staging buffer
+        (grown once to the largest batch seen) and stay valid only until the next such
+        gather. On CPU this avoids page-faulting a fresh B * bytes_per_slot buffer every
+        step, which costs several times the copy itself.
         """
         _, index = self._indices(slots, "gather")  # (B,)
         pos = self.pos.index_select(0, index)  # (B, W)
         window = self._windows.index_select(0, index).unsqueeze(1)  # (B, 1)
         end = pos.amax(dim=1, keepdim=True) + 1  # (B, 1) one past the newest position; 0 if empty
         mask = (pos >= 0) & (pos >= end - window)  # (B, W)
-        return CacheView(
-            att=self.att.index_select(1, index),  # (L, B, H, W, 2*d_k)
-            pos=pos.masked_fill(~mask, -1),
-            mask=mask,
-            cnn=self.cnn.index_select(1, index),  # (L, B, D, K-1)
-        )
+        if reuse_buffer:
+            att_out, cnn_out = self._staging(index.numel())
+            att = torch.index_select(self.att, 1, index, out=att_out)
+            cnn = torch.index_select(self.cnn, 1, index, out=cnn_out)
+        else:
+            att = self.att.index_select(1, index)
+            cnn = self.cnn.index_select(1, index)
+        return CacheView(att=att, pos=pos.masked_fill(~mask, -1), mask=mask, cnn=cnn)
 
     def write(
         self,
@@ -241,6 +250,16 @@ class KvPool:
         self.pos[rows, ring] = positions
         self.cnn.index_copy_(1, index, new_cnn.to(g.dtype))
         self._frames_written.index_add_(0, index, written)
+
+    def _staging(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Contiguous (L, B, H, W, 2*d_k) and (L, B, D, K-1) views over reusable flat buffers."""
+        g = self.geometry
+        if self._staging_att.numel() < batch * g.att_elements:
+            self._staging_att = torch.empty(batch * g.att_elements, dtype=g.dtype, device=self.device)
+            self._staging_cnn = torch.empty(batch * g.cnn_elements, dtype=g.dtype, device=self.device)
+        att = self._staging_att[: batch * g.att_elements].view(g.num_layers, batch, g.heads, g.window, 2 * g.d_k)
+        cnn = self._staging_cnn[: batch * g.cnn_elements].view(g.num_layers, batch, g.d_model, g.cnn_frames)
+        return att, cnn
 
     def _clear(self, slot: int) -> None:
         self.att[:, slot].zero_()

@@ -266,3 +266,20 @@ def test_concurrent_allocate_and_release_never_share_a_slot() -> None:
     assert errors == []
     assert pool.used_slots == 0
     assert pool.free_slots == 8
+
+
+def test_gather_into_the_reused_buffer_equals_a_fresh_gather() -> None:
+    generator = torch.Generator().manual_seed(6)
+    pool = make_pool(num_slots=4)
+    slots = [pool.allocate(w) for w in (3, 12, 7, 5)]
+    new_kv, new_cnn = random_chunk(4, 3, generator)
+    pool.write(torch.tensor(slots), new_kv, torch.arange(3).expand(4, 3).contiguous(), new_cnn)
+    largest = pool.gather(torch.tensor(slots), reuse_buffer=True)
+    pointer = largest.att.data_ptr()
+    for batch in ([slots[2]], slots[::-1], slots[1:3]):
+        index = torch.tensor(batch)
+        fresh, reused = pool.gather(index), pool.gather(index, reuse_buffer=True)
+        assert reused.att.is_contiguous() and reused.cnn.is_contiguous()
+        assert reused.att.data_ptr() == pointer
+        for name in ("att", "pos", "mask", "cnn"):
+            assert torch.equal(getattr(fresh, name), getattr(reused, name)), name
