@@ -1,0 +1,154 @@
+"""Turn sentences into training data: speech -> telephone channel -> fbank, cached on disk.
+
+A prepared data directory holds
+
+* ``feats.npy``: all utterances' fbank frames stacked, float16 (sum of T, 80);
+* ``index.tsv``: ``utt_id <TAB> first frame <TAB> frames <TAB> transcript`` per utterance;
+* with ``write_wavs``: ``<utt_id>.wav`` (8 kHz mono 16-bit, what a call delivers) and ``text``
+  (``<utt_id> <transcript>``), the test-set layout that ``evaluate`` reads.
+
+Rendering (synthesis, channel, fbank) runs in a pool of worker processes; each utterance's
+voice and channel come from its own seed, so the data is the same for the same seed.
+"""
+
+from __future__ import annotations
+
+import random
+import wave
+from collections.abc import Iterator
+from dataclasses import dataclass
+from multiprocessing import Pool
+from pathlib import Path
+
+import numpy as np
+
+from asr_core.training import channel, synth
+from asr_core.training.textgen import Sentence
+
+NUM_MEL_BINS = 80
+
+
+def compute_fbank(samples: np.ndarray) -> np.ndarray:
+    """16 kHz samples in int16 scale, float (N,) -> log-mel fbank float32 (T, 80), WeNet's Kaldi options."""
+    try:
+        from asr_core.frontend import compute_fbank as frontend_fbank
+    except ImportError:
+        return _knf_fbank(samples)
+    return np.asarray(frontend_fbank(samples), dtype=np.float32)
+
+
+def _knf_fbank(samples: np.ndarray) -> np.ndarray:
+    import kaldi_native_fbank as knf
+
+    opts = knf.FbankOptions()
+    opts.frame_opts.samp_freq = 16000
+    opts.frame_opts.frame_length_ms = 25
+    opts.frame_opts.frame_shift_ms = 10
+    opts.frame_opts.dither = 0.0
+    opts.frame_opts.snip_edges = True
+    opts.mel_opts.num_bins = NUM_MEL_BINS
+    opts.energy_floor = 0.0
+    fbank = knf.OnlineFbank(opts)
+    fbank.accept_waveform(16000, samples.astype(np.float32).tolist())
+    fbank.input_finished()
+    frames = fbank.num_frames_ready
+    if frames == 0:
+        return np.zeros((0, NUM_MEL_BINS), dtype=np.float32)
+    return np.stack([fbank.get_frame(i) for i in range(frames)]).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class Job:
+    utt_id: str
+    text: str
+    voice: synth.Voice
+    channel_seed: int
+
+
+def render(job: Job) -> tuple[np.ndarray, np.ndarray]:
+    """One utterance: (8 kHz int16 telephone audio (N,), fbank float32 (T, 80) of its 16 kHz upsampling)."""
+    clean, rate = synth.synthesize(job.text, job.voice)
+    pcm8k = channel.telephone(clean, rate, job.channel_seed)
+    return pcm8k, compute_fbank(channel.to_model_rate(pcm8k))
+
+
+def make_jobs(sentences: list[Sentence], seed: int, prefix: str, held_out_voices: bool) -> list[Job]:
+    rng = random.Random(seed)
+    return [
+        Job(f"{prefix}{i:06d}", s.text, synth.sample_voice(rng, held_out_voices), rng.randrange(2**31))
+        for i, s in enumerate(sentences)
+    ]
+
+
+def write_wav(path: Path, pcm: np.ndarray, sample_rate: int = channel.TELEPHONE_RATE) -> None:
+    with wave.open(str(path), "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(2)
+        f.setframerate(sample_rate)
+        f.writeframes(pcm.astype("<i2").tobytes())
+
+
+def read_wav(path: Path) -> tuple[np.ndarray, int]:
+    """Mono 16-bit WAV -> (int16 samples (N,), sample rate in Hz)."""
+    with wave.open(str(path), "rb") as f:
+        if f.getsampwidth() != 2 or f.getnchannels() != 1:
+            raise ValueError(f"{path}: need mono 16-bit PCM, got {f.getnchannels()} ch x {8 * f.getsampwidth()} bit")
+        return np.frombuffer(f.readframes(f.getnframes()), dtype="<i2").astype(np.int16), f.getframerate()
+
+
+def prepare(
+    out_dir: Path,
+    sentences: list[Sentence],
+    seed: int,
+    prefix: str = "utt",
+    held_out_voices: bool = False,
+    write_wavs: bool = False,
+    processes: int = 2,
+) -> int:
+    """Render ``sentences`` into ``out_dir`` (see module doc); returns the number of fbank frames."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    jobs = make_jobs(sentences, seed, prefix, held_out_voices)
+    transcripts = [s.transcript for s in sentences]
+    chunks: list[np.ndarray] = []
+    offset = 0
+    with open(out_dir / "index.tsv", "w", encoding="utf-8") as index, Pool(processes) as pool:
+        for job, transcript, (pcm, feats) in zip(jobs, transcripts, pool.imap(render, jobs, chunksize=8), strict=True):
+            index.write(f"{job.utt_id}\t{offset}\t{len(feats)}\t{transcript}\n")
+            chunks.append(feats.astype(np.float16))
+            offset += len(feats)
+            if write_wavs:
+                write_wav(out_dir / f"{job.utt_id}.wav", pcm)
+    np.save(out_dir / "feats.npy", np.concatenate(chunks) if chunks else np.zeros((0, NUM_MEL_BINS), np.float16))
+    if write_wavs:
+        (out_dir / "text").write_text("".join(f"{j.utt_id} {t}\n" for j, t in zip(jobs, transcripts, strict=True)))
+    return offset
+
+
+@dataclass(frozen=True)
+class Entry:
+    utt_id: str
+    offset: int
+    frames: int
+    transcript: str
+
+
+class FeatureSet:
+    """A prepared data directory, read lazily: ``feats(i)`` is float32 (T, 80)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        index = data_dir / "index.tsv"
+        if not index.exists():
+            raise FileNotFoundError(f"{index} not found: prepare the data first (python -m asr_core.training.recipe)")
+        self.entries = [Entry(u, int(o), int(n), t) for u, o, n, t in (ln.split("\t") for ln in index.read_text(
+            encoding="utf-8").splitlines())]
+        self._feats = np.load(data_dir / "feats.npy", mmap_mode="r")
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def feats(self, i: int) -> np.ndarray:
+        e = self.entries[i]
+        return np.asarray(self._feats[e.offset : e.offset + e.frames], dtype=np.float32)
+
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(self.entries)
