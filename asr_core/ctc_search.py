@@ -170,11 +170,14 @@ class _PrefixBeam:
         found_arr = np.array(found, dtype=np.int64)
         target[grow_idx] = np.where(found_arr >= 0, found_arr, -1 - grow_idx)
 
-        contrib = np.where(
-            kind == _REPEAT_SAME,
-            self.ns[hyp],
-            np.where(kind == _REPEAT_NEW, self.s[hyp], score[hyp]),
-        ) + prob
+        contrib = (
+            np.where(
+                kind == _REPEAT_SAME,
+                self.ns[hyp],
+                np.where(kind == _REPEAT_NEW, self.s[hyp], score[hyp]),
+            )
+            + prob
+        )
         uniq, first, inverse = np.unique(target, return_index=True, return_inverse=True)
         new_s = np.full(uniq.shape[0], _NEG_INF)
         new_ns = np.full(uniq.shape[0], _NEG_INF)

@@ -126,8 +126,7 @@ class FbankStream:
         """
         if start < self._first or n < 0 or start + n > self.num_frames_ready:
             raise IndexError(
-                f"frames [{start}, {start + n}) not available: held frames are "
-                f"[{self._first}, {self.num_frames_ready})"
+                f"frames [{start}, {start + n}) not available: held frames are [{self._first}, {self.num_frames_ready})"
             )
         out = np.empty((n, NUM_MEL_BINS), dtype=np.float32)
         for i in range(n):

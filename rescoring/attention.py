@@ -1,0 +1,222 @@
+"""Attention rescoring of CTC n-best lists with the bidirectional decoder, as WeNet scores it,
+batched over all hypotheses of all streams in one decoder call.
+
+Per hypothesis y of length L (WeNet's ``attention_rescoring``):
+
+    l2r   = sum_j log P_l2r(y_j | sos, y_<j) + log P_l2r(eos | sos, y)
+    r2l   = same with the right-to-left decoder on reversed(y)
+    final = (1 - reverse_weight) * l2r + reverse_weight * r2l + ctc_weight * ctc_prefix_score
+
+The winner is the first hypothesis (in n-best order) with the highest ``final``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from asr_core.ctc_search import Hypothesis
+
+
+class DecoderFn(Protocol):
+    """The bidirectional attention decoder, returning log-probabilities.
+
+    Args:
+        memory: (M, T, D) encoder output per hypothesis row.
+        memory_mask: (M, 1, T) bool, True on valid encoder frames.
+        ys_in_pad: (M, L + 1) long, [sos] + tokens, padded with eos.
+        ys_in_lens: (M,) long, token count + 1.
+        r_ys_in_pad: (M, L + 1) long, [sos] + reversed tokens, padded with eos.
+        reverse_weight: weight of the right-to-left decoder (0 may skip it).
+    Returns:
+        l2r (M, L + 1, V) and r2l (M, L + 1, V) log-softmax outputs; r2l may be empty
+        when ``reverse_weight`` is 0.
+    """
+
+    def __call__(
+        self,
+        memory: torch.Tensor,
+        memory_mask: torch.Tensor,
+        ys_in_pad: torch.Tensor,
+        ys_in_lens: torch.Tensor,
+        r_ys_in_pad: torch.Tensor,
+        reverse_weight: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@dataclass(frozen=True)
+class HypothesisScore:
+    """One rescored hypothesis; ``nbest_index`` is its position in the CTC n-best list."""
+
+    tokens: tuple[int, ...]
+    score: float
+    ctc_score: float
+    l2r_score: float
+    r2l_score: float
+    decoder_score: float
+    confidence: float
+    nbest_index: int
+
+
+@dataclass(frozen=True)
+class RescoreResult:
+    """Rescoring of one stream's n-best; ``hypotheses`` are best first, as WeNet ranks them.
+
+    ``confidence`` is WeNet's exp(decoder_score / (len + 1)) of the winner; ``times`` are the
+    winner's CTC token frames.
+    """
+
+    tokens: tuple[int, ...]
+    score: float
+    confidence: float
+    times: tuple[int, ...]
+    hypotheses: tuple[HypothesisScore, ...]
+
+    @property
+    def best(self) -> HypothesisScore:
+        return self.hypotheses[0]
+
+
+@dataclass(frozen=True)
+class DecoderBatch:
+    """Padded decoder inputs for M hypotheses drawn from S streams (see :class:`DecoderFn`)."""
+
+    memory: torch.Tensor  # (M, T_max, D)
+    memory_mask: torch.Tensor  # (M, 1, T_max) bool
+    ys_in_pad: torch.Tensor  # (M, L + 1) long
+    ys_in_lens: torch.Tensor  # (M,) long
+    r_ys_in_pad: torch.Tensor  # (M, L + 1) long
+    targets: torch.Tensor  # (M, L + 1) long: tokens then eos (l2r)
+    r_targets: torch.Tensor  # (M, L + 1) long: reversed tokens then eos (r2l)
+    target_mask: torch.Tensor  # (M, L + 1) bool: positions 0..len
+
+
+def build_decoder_batch(
+    encoder_outs: Sequence[torch.Tensor], nbests: Sequence[Sequence[Hypothesis]], sos: int, eos: int
+) -> DecoderBatch:
+    """Stack every hypothesis of every stream into one padded decoder batch."""
+    device = encoder_outs[0].device
+    stream_of_row = [s for s, nbest in enumerate(nbests) for _ in nbest]
+    hyps = [h.tokens for nbest in nbests for h in nbest]
+    num_rows = len(hyps)
+    max_len = max(len(h) for h in hyps)
+    frames = torch.tensor([e.shape[0] for e in encoder_outs], device=device)  # (S,)
+    encoders = torch.nn.utils.rnn.pad_sequence(list(encoder_outs), batch_first=True)  # (S, T_max, D)
+    rows = torch.tensor(stream_of_row, device=device, dtype=torch.long)  # (M,)
+    memory = encoders.index_select(0, rows)  # (M, T_max, D)
+    memory_mask = (torch.arange(encoders.shape[1], device=device)[None, :] < frames[rows][:, None]).unsqueeze(1)
+
+    ys_in = torch.full((num_rows, max_len + 1), eos, dtype=torch.long)
+    r_ys_in = torch.full((num_rows, max_len + 1), eos, dtype=torch.long)
+    targets = torch.full((num_rows, max_len + 1), eos, dtype=torch.long)
+    r_targets = torch.full((num_rows, max_len + 1), eos, dtype=torch.long)
+    ys_in[:, 0] = sos
+    r_ys_in[:, 0] = sos
+    for i, tokens in enumerate(hyps):
+        n = len(tokens)
+        if n:
+            forward = torch.tensor(tokens, dtype=torch.long)
+            backward = forward.flip(0)
+            ys_in[i, 1 : n + 1] = forward
+            r_ys_in[i, 1 : n + 1] = backward
+            targets[i, :n] = forward
+            r_targets[i, :n] = backward
+    lens = torch.tensor([len(h) for h in hyps], dtype=torch.long)  # (M,)
+    target_mask = torch.arange(max_len + 1)[None, :] <= lens[:, None]  # (M, L + 1)
+    return DecoderBatch(
+        memory=memory,
+        memory_mask=memory_mask,
+        ys_in_pad=ys_in.to(device),
+        ys_in_lens=(lens + 1).to(device),
+        r_ys_in_pad=r_ys_in.to(device),
+        targets=targets,
+        r_targets=r_targets,
+        target_mask=target_mask,
+    )
+
+
+def sequence_scores(log_probs: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Sum of target log-probs over valid positions, in float64.
+
+    Args:
+        log_probs: (M, L + 1, V); targets: (M, L + 1); mask: (M, L + 1) bool.
+    Returns:
+        (M,) float64.
+    """
+    picked = log_probs.detach().cpu().double().gather(2, targets.unsqueeze(2)).squeeze(2)  # (M, L + 1)
+    return picked.masked_fill(~mask, 0.0).sum(1)
+
+
+def attention_rescore(
+    decoder_fn: DecoderFn,
+    encoder_outs: Sequence[torch.Tensor],
+    nbests: Sequence[Sequence[Hypothesis]],
+    *,
+    sos: int,
+    eos: int,
+    ctc_weight: float = 0.5,
+    reverse_weight: float = 0.3,
+) -> list[RescoreResult]:
+    """Rescore the n-best lists of S streams with one decoder call.
+
+    Args:
+        decoder_fn: the bidirectional decoder (see :class:`DecoderFn`).
+        encoder_outs: S tensors (T_s, D), each stream's encoder output.
+        nbests: S non-empty CTC n-best lists.
+        sos, eos: decoder start/end ids (the same id in WeNet models).
+        ctc_weight: weight of the CTC prefix score.
+        reverse_weight: weight of the right-to-left decoder score.
+    Returns:
+        S results, in stream order.
+    """
+    if len(encoder_outs) != len(nbests):
+        raise ValueError(f"{len(encoder_outs)} encoder outputs but {len(nbests)} n-best lists")
+    if not nbests:
+        return []
+    for s, nbest in enumerate(nbests):
+        if not nbest:
+            raise ValueError(f"stream {s} has an empty n-best list")
+    batch = build_decoder_batch(encoder_outs, nbests, sos, eos)
+    with torch.inference_mode():
+        l2r_logp, r2l_logp = decoder_fn(
+            batch.memory, batch.memory_mask, batch.ys_in_pad, batch.ys_in_lens, batch.r_ys_in_pad, reverse_weight
+        )
+    l2r = sequence_scores(l2r_logp, batch.targets, batch.target_mask).tolist()
+    use_r2l = reverse_weight > 0.0 and r2l_logp.numel() > 0
+    r2l = sequence_scores(r2l_logp, batch.r_targets, batch.target_mask).tolist() if use_r2l else [0.0] * len(l2r)
+
+    results = []
+    row = 0
+    for nbest in nbests:
+        scored = []
+        for index, hyp in enumerate(nbest):
+            decoder = (1.0 - reverse_weight) * l2r[row] + reverse_weight * r2l[row] if use_r2l else l2r[row]
+            scored.append(
+                HypothesisScore(
+                    tokens=hyp.tokens,
+                    score=decoder + ctc_weight * hyp.score,
+                    ctc_score=hyp.score,
+                    l2r_score=l2r[row],
+                    r2l_score=r2l[row],
+                    decoder_score=decoder,
+                    confidence=math.exp(decoder / (len(hyp.tokens) + 1)),
+                    nbest_index=index,
+                )
+            )
+            row += 1
+        ranked = tuple(sorted(scored, key=lambda h: -h.score))  # stable: first of equals wins, as WeNet
+        winner = ranked[0]
+        results.append(
+            RescoreResult(
+                tokens=winner.tokens,
+                score=winner.score,
+                confidence=winner.confidence,
+                times=nbest[winner.nbest_index].times,
+                hypotheses=ranked,
+            )
+        )
+    return results

@@ -1,0 +1,190 @@
+"""Attention rescoring: WeNet's winners and per-hypothesis scores from the golden fixture, and
+batching over streams equal to rescoring each stream alone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from asr_core.ctc_search import Hypothesis
+from rescoring.attention import attention_rescore, build_decoder_batch
+
+FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "wenet_u2pp_small"
+needs_fixture = pytest.mark.skipif(
+    not (FIXTURE / "decoding.json").exists(), reason=f"golden fixture not found at {FIXTURE}"
+)
+CASES = [("utt1", "full"), ("utt1", "stream_c8_l-1"), ("utt2", "full"), ("utt2", "stream_c8_l-1")]
+SOS = EOS = 59
+
+
+def score_ok(a: float, b: float) -> bool:
+    return abs(a - b) <= max(1e-3, 1e-5 * abs(b))
+
+
+@pytest.fixture(scope="module")
+def decoding() -> dict[str, Any]:
+    with open(FIXTURE / "decoding.json", encoding="utf-8") as f:
+        result: dict[str, Any] = json.load(f)
+    return result
+
+
+def nbest_of(decoding: dict[str, Any], utt: str, mode: str) -> list[Hypothesis]:
+    beam = decoding[utt][mode]["ctc_prefix_beam_search"]
+    return [
+        Hypothesis(tuple(tokens), score, tuple(times))
+        for tokens, score, times in zip(beam["nbest"], beam["nbest_scores"], beam["nbest_times"], strict=True)
+    ]
+
+
+class StoredDecoder:
+    """Stands in for the decoder: returns WeNet's stored log-probs for each input row.
+
+    Rows are matched by stream (case k has memory filled with the value k) and token sequence;
+    padding positions get random values so that a scorer reading past a hypothesis' end fails.
+    """
+
+    def __init__(self, decoding: dict[str, Any], cases: list[tuple[str, str]]) -> None:
+        arrays = np.load(FIXTURE / "expected.npz")
+        self.rows: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
+        for case, (utt, mode) in enumerate(cases):
+            l2r = arrays[f"{utt}__decoder_logprobs_l2r_{mode}"]
+            r2l = arrays[f"{utt}__decoder_logprobs_r2l_{mode}"]
+            for i, tokens in enumerate(decoding[utt][mode]["ctc_prefix_beam_search"]["nbest"]):
+                n = len(tokens)
+                self.rows[(case, *tokens)] = (l2r[i, : n + 1], r2l[i, : n + 1])
+        self.frames = [decoding[utt][mode]["num_encoder_frames"] for utt, mode in cases]
+        self.calls: list[tuple[int, ...]] = []
+
+    def __call__(
+        self,
+        memory: torch.Tensor,
+        memory_mask: torch.Tensor,
+        ys_in_pad: torch.Tensor,
+        ys_in_lens: torch.Tensor,
+        r_ys_in_pad: torch.Tensor,
+        reverse_weight: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.calls.append(tuple(ys_in_pad.shape))
+        gen = torch.Generator().manual_seed(0)
+        l2r = -torch.rand(ys_in_pad.shape[0], ys_in_pad.shape[1], 60, generator=gen) * 100
+        r2l = l2r.clone()
+        for i in range(ys_in_pad.shape[0]):
+            n = int(ys_in_lens[i])
+            tokens = tuple(ys_in_pad[i, 1:n].tolist())
+            assert tuple(r_ys_in_pad[i, 1:n].tolist()) == tokens[::-1]
+            assert (ys_in_pad[i, n:] == EOS).all() and (r_ys_in_pad[i, n:] == EOS).all()
+            case = int(memory[i, 0, 0])
+            assert int(memory_mask[i, 0].sum()) == self.frames[case]
+            stored_l2r, stored_r2l = self.rows[(case, *tokens)]
+            l2r[i, :n] = torch.from_numpy(stored_l2r)
+            r2l[i, :n] = torch.from_numpy(stored_r2l)
+        return l2r, r2l
+
+
+@needs_fixture
+def test_rescoring_on_stored_decoder_outputs_matches_wenet(decoding: dict[str, Any]) -> None:
+    decoder = StoredDecoder(decoding, CASES)
+    encoders = [torch.full((decoder.frames[k], 128), float(k)) for k in range(len(CASES))]
+    results = attention_rescore(decoder, encoders, [nbest_of(decoding, u, m) for u, m in CASES], sos=SOS, eos=EOS)
+    assert len(decoder.calls) == 1  # all hypotheses of all streams in one decoder call
+    for (utt, mode), result in zip(CASES, results, strict=True):
+        expected = decoding[utt][mode]
+        winner = expected["attention_rescoring"]
+        assert list(result.tokens) == winner["tokens"]
+        assert result.best.nbest_index == winner["best_index_in_nbest"]
+        assert score_ok(result.score, winner["score"])
+        assert result.confidence == pytest.approx(winner["confidence"], rel=1e-3)
+        assert list(result.times) == expected["ctc_prefix_beam_search"]["nbest_times"][winner["best_index_in_nbest"]]
+        by_index = {h.nbest_index: h for h in result.hypotheses}
+        for i, ref in enumerate(expected["per_hypothesis"]):
+            got = by_index[i]
+            assert list(got.tokens) == ref["tokens"]
+            assert score_ok(got.ctc_score, ref["ctc_prefix_score"])
+            assert score_ok(got.l2r_score, ref["l2r_decoder_score"])
+            assert score_ok(got.r2l_score, ref["r2l_decoder_score"])
+            assert score_ok(got.decoder_score, ref["decoder_score_combined"])
+            assert score_ok(got.score, ref["final_score"])
+        finals = [h.score for h in result.hypotheses]
+        assert finals == sorted(finals, reverse=True)
+
+
+@needs_fixture
+def test_decoder_inputs_match_wenet(decoding: dict[str, Any]) -> None:
+    utt, mode = "utt2", "full"
+    nbest = nbest_of(decoding, utt, mode)
+    batch = build_decoder_batch([torch.zeros(5, 4)], [nbest], SOS, EOS)
+    expected = decoding[utt][mode]["decoder_inputs"]
+    assert batch.ys_in_pad.tolist() == expected["l2r_with_sos_eos_padding"]
+    assert batch.r_ys_in_pad.tolist() == expected["r2l_with_sos_eos_padding"]
+    assert batch.ys_in_lens.tolist() == [len(h.tokens) + 1 for h in nbest]
+
+
+class ToyDecoder(torch.nn.Module):
+    """A small decoder whose output depends on the tokens and on the masked encoder memory."""
+
+    def __init__(self, vocab: int = 12, dim: int = 8) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(3)
+        self.embed = torch.nn.Parameter(torch.randn(vocab, dim, generator=gen))
+        self.out = torch.nn.Parameter(torch.randn(dim, vocab, generator=gen))
+
+    def forward(
+        self,
+        memory: torch.Tensor,
+        memory_mask: torch.Tensor,
+        ys_in_pad: torch.Tensor,
+        ys_in_lens: torch.Tensor,
+        r_ys_in_pad: torch.Tensor,
+        reverse_weight: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        weights = memory_mask.transpose(1, 2).float()  # (M, T, 1)
+        context = (memory * weights).sum(1) / weights.sum(1)  # (M, D)
+
+        def run(ys: torch.Tensor) -> torch.Tensor:
+            prefix = self.embed[ys].cumsum(1)  # (M, L + 1, D): causal summary of the prefix
+            return ((prefix + context[:, None, :]) @ self.out).log_softmax(-1)
+
+        return run(ys_in_pad), run(r_ys_in_pad)
+
+
+def test_batched_streams_equal_each_stream_alone() -> None:
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(1)
+    decoder = ToyDecoder()
+    encoders = [torch.randn(t, 8, generator=gen) for t in (7, 19, 3)]
+    nbests = [
+        [Hypothesis((1, 2, 3), -1.5), Hypothesis((1, 2), -1.7), Hypothesis((), -9.0)],
+        [Hypothesis((4, 4, 5, 6, 7, 8, 9), -3.0)],
+        [Hypothesis((10,), -0.2), Hypothesis((2, 10), -0.4)],
+    ]
+    together = attention_rescore(decoder, encoders, nbests, sos=11, eos=11)
+    for enc, nbest, joint in zip(encoders, nbests, together, strict=True):
+        (alone,) = attention_rescore(decoder, [enc], [nbest], sos=11, eos=11)
+        assert alone.tokens == joint.tokens
+        assert [h.nbest_index for h in alone.hypotheses] == [h.nbest_index for h in joint.hypotheses]
+        for a, b in zip(alone.hypotheses, joint.hypotheses, strict=True):
+            assert a.score == pytest.approx(b.score, abs=1e-4)
+            assert a.l2r_score == pytest.approx(b.l2r_score, abs=1e-4)
+            assert a.r2l_score == pytest.approx(b.r2l_score, abs=1e-4)
+
+
+def test_reverse_weight_zero_uses_left_to_right_only() -> None:
+    decoder = ToyDecoder()
+    nbest = [Hypothesis((1, 2), -1.0), Hypothesis((3,), -2.0)]
+    (result,) = attention_rescore(decoder, [torch.ones(4, 8)], [nbest], sos=11, eos=11, reverse_weight=0.0)
+    for h in result.hypotheses:
+        assert h.decoder_score == h.l2r_score
+        assert h.score == pytest.approx(h.l2r_score + 0.5 * h.ctc_score)
+
+
+def test_rejects_mismatched_inputs() -> None:
+    with pytest.raises(ValueError, match="empty n-best"):
+        attention_rescore(ToyDecoder(), [torch.ones(2, 8)], [[]], sos=11, eos=11)
+    with pytest.raises(ValueError, match="2 encoder outputs but 1"):
+        attention_rescore(ToyDecoder(), [torch.ones(2, 8)] * 2, [[Hypothesis((1,), 0.0)]], sos=11, eos=11)
+    assert attention_rescore(ToyDecoder(), [], [], sos=11, eos=11) == []
