@@ -1,0 +1,78 @@
+"""Input types of kb_hooks: what the composition root hands over for every call and transcript.
+
+kb_hooks never imports the SIP, RTP or engine packages; the service converts its own records
+into these small frozen dataclasses, so this package can be tested and reused on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Literal, NamedTuple
+
+ParticipantRole = Literal["caller", "agent", "mixed"]
+
+
+class RedactionMode(StrEnum):
+    """How phone and ID numbers appear in published text (per route)."""
+
+    MASK = "mask"  # replaced by '*' of the same length
+    KEEP = "keep"  # published as recognized
+    HASH = "hash"  # replaced by a keyed hash token, stable across calls for correlation
+
+
+@dataclass(frozen=True)
+class Participant:
+    """One side of the call as the dashboards know it."""
+
+    role: ParticipantRole
+    aor: str | None = None  # SIP address of record, e.g. "sip:1001@pbx.local"
+    label: str | None = None  # display name or agent id
+
+    def key(self) -> tuple[str, str | None, str | None]:
+        return (self.role, self.aor, self.label)
+
+    def to_json(self) -> dict[str, str | None]:
+        return {"role": self.role, "aor": self.aor, "label": self.label}
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """Per-call facts that every event of the call carries, plus the call's KB/tag/redaction choice."""
+
+    call_id: str
+    sip_call_id: str | None = None
+    route: str | None = None
+    key_prefix: str | None = None  # overrides RedisSettings.key_prefix for this call when set
+    redaction: RedactionMode = RedactionMode.MASK
+    kb_set: str | None = None  # name of the knowledge base to match; None disables KB matching
+    tag_rules: tuple[str, ...] = ()  # names of the tag rule sets to apply
+
+
+class TokenTiming(NamedTuple):
+    """A recognized unit with its times in ms from the start of the stream (None when unknown).
+
+    A plain ``(token, begin_ms, end_ms)`` tuple is accepted wherever a TokenTiming is.
+    """
+
+    token: str
+    begin_ms: int | None = None
+    end_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class TranscriptUpdate:
+    """One partial or final hypothesis of one utterance of one participant."""
+
+    call: CallContext
+    participant: Participant
+    utterance_id: int
+    is_partial: bool
+    text: str
+    tokens: tuple[tuple[str, int | None, int | None], ...] = ()
+    begin_offset_ms: int = 0  # utterance start, ms from the start of the participant's audio
+    end_offset_ms: int = 0
+    confidence: float | None = None
+    nbest: tuple[tuple[str, float], ...] = ()  # (text, score), best first; finals only
+    latency_ms: float | None = None  # engine-side latency the engine measured for this result
+    audio_end_monotonic: float | None = None  # time.monotonic() when the chunk's last sample arrived
