@@ -1,0 +1,172 @@
+"""Multi-head attention: plain (``selfattn``, decoder) and WeNet's ``rel_selfattn``.
+
+WeNet's rel_selfattn (at the fixture's commit) scores a query against a key as
+
+    ((q + pos_bias_u) . k + (q + pos_bias_v) . linear_pos(pe[pos_k])) / sqrt(d_k)
+
+with NO rel_shift, so the position term depends only on the key's ABSOLUTE position. That is
+what lets a batch mix streams at different offsets whose caches are in any order: each key
+carries its own position. ``linear_pos`` has no bias and the sinusoid is fixed, so in eval mode
+the projected table ``linear_pos(pe[0:N])`` is computed once per layer and rows are gathered.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from asr_core.model.embedding import sinusoid
+
+MIN_TABLE_ROWS = 1024
+
+
+class MultiHeadedAttention(nn.Module):
+    """Scaled dot-product attention with ``linear_q/k/v/out`` (WeNet names)."""
+
+    def __init__(
+        self,
+        n_head: int,
+        n_feat: int,
+        dropout_rate: float,
+        query_bias: bool = True,
+        key_bias: bool = True,
+        value_bias: bool = True,
+    ) -> None:
+        super().__init__()
+        self.d_k = n_feat // n_head
+        self.h = n_head
+        self.linear_q = nn.Linear(n_feat, n_feat, bias=query_bias)
+        self.linear_k = nn.Linear(n_feat, n_feat, bias=key_bias)
+        self.linear_v = nn.Linear(n_feat, n_feat, bias=value_bias)
+        self.linear_out = nn.Linear(n_feat, n_feat)
+        self.dropout = nn.Dropout(dropout_rate)
+
+    def _heads(self, x: Tensor, linear: nn.Module) -> Tensor:
+        """(B, T, D) -> (B, H, T, d_k)."""
+        b, t, _ = x.shape
+        return linear(x).view(b, t, self.h, self.d_k).transpose(1, 2)
+
+    def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of new frames: x (B, T, D) -> k, v (B, H, T, d_k)."""
+        return self._heads(x, self.linear_k), self._heads(x, self.linear_v)
+
+    def scores(self, q: Tensor, k: Tensor, key_positions: Tensor | None, table_rows: int) -> Tensor:
+        """q: (B, H, T1, d_k), k: (B, H, T2, d_k) -> (B, H, T1, T2) unnormalised scores."""
+        return torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.d_k)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, scores: Tensor, mask: Tensor | None) -> Tensor:
+        """Masked softmax over keys and weighted sum of values.
+
+        scores: (B, H, T1, T2); v: (B, H, T2, d_k); mask: (B, 1 or T1, T2) bool (True = keep).
+        Masked keys get -inf; a row with every key masked yields zeros (as WeNet).
+        Returns (B, T1, D).
+        """
+        if mask is not None:
+            drop = ~mask.unsqueeze(1)  # (B, 1, 1|T1, T2)
+            scores = scores.masked_fill(drop, -float("inf"))
+            attn = torch.softmax(scores, dim=-1).masked_fill(drop, 0.0)
+        else:
+            attn = torch.softmax(scores, dim=-1)
+        x = torch.matmul(self.dropout(attn), v)  # (B, H, T1, d_k)
+        b, _, t1, _ = x.shape
+        return self.linear_out(x.transpose(1, 2).reshape(b, t1, self.h * self.d_k))
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None,
+        key_positions: Tensor | None = None,
+        table_rows: int = 0,
+    ) -> Tensor:
+        """query: (B, T1, D); key/value: (B, T2, D); mask: (B, 1|T1, T2) bool -> (B, T1, D)."""
+        q = self._heads(query, self.linear_q)
+        k = self._heads(key, self.linear_k)
+        v = self._heads(value, self.linear_v)
+        return self.attend(q, k, v, self.scores(q, k, key_positions, table_rows), mask)
+
+    def forward_cached(
+        self,
+        x: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        mask: Tensor | None,
+        key_positions: Tensor | None,
+        table_rows: int,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention of new frames over cached + new keys.
+
+        x: (B, T, D) new frames; k_cache, v_cache: (B, H, W, d_k) (W may be 0);
+        mask: (B, 1|T, W+T) bool; key_positions: (B|1, W+T) int64 absolute frame index of
+        every key (cache first, then the new frames).
+        Returns (y (B, T, D), k_new, v_new (B, H, T, d_k)).
+        """
+        q = self._heads(x, self.linear_q)
+        k_new, v_new = self.project_kv(x)
+        k = torch.cat((k_cache, k_new), dim=2)  # (B, H, W+T, d_k)
+        v = torch.cat((v_cache, v_new), dim=2)
+        y = self.attend(q, k, v, self.scores(q, k, key_positions, table_rows), mask)
+        return y, k_new, v_new
+
+
+class RelPositionMultiHeadedAttention(MultiHeadedAttention):
+    """WeNet's rel_selfattn: adds ``linear_pos`` (no bias), ``pos_bias_u``, ``pos_bias_v``."""
+
+    def __init__(
+        self,
+        n_head: int,
+        n_feat: int,
+        dropout_rate: float,
+        query_bias: bool = True,
+        key_bias: bool = True,
+        value_bias: bool = True,
+    ) -> None:
+        super().__init__(n_head, n_feat, dropout_rate, query_bias, key_bias, value_bias)
+        self.linear_pos = nn.Linear(n_feat, n_feat, bias=False)
+        self.pos_bias_u = nn.Parameter(torch.empty(self.h, self.d_k))
+        self.pos_bias_v = nn.Parameter(torch.empty(self.h, self.d_k))
+        nn.init.xavier_uniform_(self.pos_bias_u)
+        nn.init.xavier_uniform_(self.pos_bias_v)
+        self._table: Tensor | None = None
+        self._table_key: tuple[int, int, torch.dtype, torch.device] | None = None
+
+    def _projected_table(self, rows: int) -> Tensor:
+        """linear_pos(pe[0:N]) as (N, H, d_k), N >= rows, cached until the weight changes."""
+        weight = self.linear_pos.weight
+        key = (weight.data_ptr(), weight._version, weight.dtype, weight.device)
+        if self._table is None or self._table_key != key or self._table.size(0) < rows:
+            n = max(MIN_TABLE_ROWS, 1 << (rows - 1).bit_length())
+            with torch.no_grad():
+                positions = torch.arange(n, device=weight.device)
+                table = self.linear_pos(sinusoid(positions, weight.size(1)).to(weight.dtype))
+            self._table = table.view(n, self.h, self.d_k)
+            self._table_key = key
+        return self._table
+
+    def position_keys(self, key_positions: Tensor, table_rows: int) -> Tensor:
+        """key_positions: (B|1, K) int64 -> projected embeddings (B|1, H, K, d_k).
+
+        table_rows > 0: gather from the cached table (positions clamped to [0, table_rows));
+        0: project on the fly (training, export, or positions beyond the table limit).
+        """
+        b, k = key_positions.shape
+        if table_rows > 0:
+            table = self._projected_table(table_rows)
+            index = key_positions.clamp(0, table_rows - 1).reshape(-1)
+            p = table.index_select(0, index).view(b, k, self.h, self.d_k)
+        else:
+            pe = sinusoid(key_positions, self.linear_pos.in_features).to(self.linear_pos.weight.dtype)
+            p = self.linear_pos(pe).view(b, k, self.h, self.d_k)
+        return p.transpose(1, 2)
+
+    def scores(self, q: Tensor, k: Tensor, key_positions: Tensor | None, table_rows: int) -> Tensor:
+        """q: (B, H, T1, d_k), k: (B, H, T2, d_k), key_positions (B|1, T2) -> (B, H, T1, T2)."""
+        if key_positions is None:
+            raise ValueError("rel_selfattn needs the absolute position of every key")
+        p = self.position_keys(key_positions, table_rows)  # (B|1, H, T2, d_k)
+        matrix_ac = torch.matmul(q + self.pos_bias_u.unsqueeze(1), k.transpose(-2, -1))
+        matrix_bd = torch.matmul(q + self.pos_bias_v.unsqueeze(1), p.transpose(-2, -1))
+        return (matrix_ac + matrix_bd) / math.sqrt(self.d_k)

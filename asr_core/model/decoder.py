@@ -1,0 +1,115 @@
+"""Attention decoders: ``TransformerDecoder`` and U2++'s ``BiTransformerDecoder``.
+
+Both return LOG-SOFTMAX outputs (WeNet's decoders return logits and
+``ASRModel.forward_attention_decoder`` applies log_softmax; here the decoder does it, and the
+label-smoothing loss is unchanged because log_softmax is idempotent).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from asr_core.model.attention import MultiHeadedAttention
+from asr_core.model.config import DecoderConfig
+from asr_core.model.embedding import PositionalEncoding
+from asr_core.model.feed_forward import PositionwiseFeedForward
+from asr_core.model.mask import make_pad_mask, subsequent_mask
+
+
+class DecoderLayer(nn.Module):
+    """Self-attention (causal) -> source attention over the encoder output -> FFN."""
+
+    def __init__(self, size: int, conf: DecoderConfig) -> None:
+        super().__init__()
+        bias = (conf.query_bias, conf.key_bias, conf.value_bias)
+        h = conf.attention_heads
+        self.self_attn = MultiHeadedAttention(h, size, conf.self_attention_dropout_rate, *bias)
+        self.src_attn = MultiHeadedAttention(h, size, conf.src_attention_dropout_rate, *bias)
+        self.feed_forward = PositionwiseFeedForward(size, conf.linear_units, conf.dropout_rate, conf.activation_type)
+        self.norm1 = nn.LayerNorm(size, eps=1e-5)
+        self.norm2 = nn.LayerNorm(size, eps=1e-5)
+        self.norm3 = nn.LayerNorm(size, eps=1e-5)
+        self.dropout = nn.Dropout(conf.dropout_rate)
+        self.normalize_before = conf.normalize_before
+
+    def forward(self, tgt: Tensor, tgt_mask: Tensor, memory: Tensor, memory_mask: Tensor) -> Tensor:
+        """tgt: (N, L, D); tgt_mask: (N, L, L); memory: (N, T', D); memory_mask: (N, 1, T')."""
+        nb = self.normalize_before
+        x = self.norm1(tgt) if nb else tgt
+        x = tgt + self.dropout(self.self_attn(x, x, x, tgt_mask))
+        x = x if nb else self.norm1(x)
+        y = self.norm2(x) if nb else x
+        x = x + self.dropout(self.src_attn(y, memory, memory, memory_mask))
+        x = x if nb else self.norm2(x)
+        y = self.norm3(x) if nb else x
+        x = x + self.dropout(self.feed_forward(y))
+        return x if nb else self.norm3(x)
+
+
+class TransformerDecoder(nn.Module):
+    """Token embedding + absolute positions -> blocks -> after_norm -> output_layer -> log_softmax."""
+
+    def __init__(self, vocab_size: int, d_model: int, conf: DecoderConfig, num_blocks: int) -> None:
+        super().__init__()
+        self.embed = nn.Sequential(
+            nn.Embedding(vocab_size, d_model), PositionalEncoding(d_model, conf.positional_dropout_rate)
+        )
+        self.normalize_before = conf.normalize_before
+        self.after_norm = nn.LayerNorm(d_model, eps=1e-5)
+        self.output_layer = nn.Linear(d_model, vocab_size)
+        self.decoders = nn.ModuleList(DecoderLayer(d_model, conf) for _ in range(num_blocks))
+
+    def forward(
+        self,
+        memory: Tensor,
+        memory_mask: Tensor,
+        ys_in_pad: Tensor,
+        ys_in_lens: Tensor,
+        r_ys_in_pad: Tensor | None = None,
+        reverse_weight: float = 0.0,
+    ) -> tuple[Tensor, Tensor]:
+        """memory: (N, T', D); memory_mask: (N, 1, T') bool; ys_in_pad: (N, L) int64 starting
+        with sos; ys_in_lens: (N,). Returns (log-probs (N, L, V), empty tensor): row j
+        predicts token j+1; a unidirectional decoder has no right-to-left output."""
+        length = ys_in_pad.size(1)
+        tgt_mask = ~make_pad_mask(ys_in_lens, length).unsqueeze(1)  # (N, 1, L)
+        tgt_mask = tgt_mask & subsequent_mask(length, ys_in_pad.device).unsqueeze(0)  # (N, L, L)
+        embedding: nn.Module = self.embed[0]
+        pos_enc = self.embed[1]
+        assert isinstance(pos_enc, PositionalEncoding)
+        x, _ = pos_enc(embedding(ys_in_pad), torch.arange(length, device=ys_in_pad.device))
+        for layer in self.decoders:
+            x = layer(x, tgt_mask, memory, memory_mask)
+        if self.normalize_before:
+            x = self.after_norm(x)
+        logp = torch.log_softmax(self.output_layer(x), dim=-1)
+        return logp, logp.new_zeros(0)
+
+
+class BiTransformerDecoder(nn.Module):
+    """U2++: ``left_decoder`` (left-to-right) and ``right_decoder`` (right-to-left)."""
+
+    def __init__(self, vocab_size: int, d_model: int, conf: DecoderConfig) -> None:
+        super().__init__()
+        self.left_decoder = TransformerDecoder(vocab_size, d_model, conf, conf.num_blocks)
+        self.right_decoder = TransformerDecoder(vocab_size, d_model, conf, conf.r_num_blocks)
+
+    def forward(
+        self,
+        memory: Tensor,
+        memory_mask: Tensor,
+        ys_in_pad: Tensor,
+        ys_in_lens: Tensor,
+        r_ys_in_pad: Tensor,
+        reverse_weight: float = 0.0,
+    ) -> tuple[Tensor, Tensor]:
+        """r_ys_in_pad: (N, L) sos + reversed tokens, eos padding.
+
+        Returns (l2r log-probs (N, L, V), r2l log-probs (N, L, V); empty if reverse_weight is 0).
+        """
+        l2r, empty = self.left_decoder(memory, memory_mask, ys_in_pad, ys_in_lens)
+        if reverse_weight <= 0.0:
+            return l2r, empty
+        r2l, _ = self.right_decoder(memory, memory_mask, r_ys_in_pad, ys_in_lens)
+        return l2r, r2l

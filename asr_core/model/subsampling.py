@@ -1,0 +1,58 @@
+"""Conv2d input layers: 4x, 6x or 8x time subsampling (WeNet ``Conv2dSubsampling*``)."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+
+class Conv2dSubsampling(nn.Module):
+    """Stacked stride-2/3 Conv2d + ReLU, flatten (channels x freq), Linear to d_model.
+
+    State-dict names as WeNet: ``conv.{0,2,4}`` and ``out.0`` (4x) or ``linear`` (6x, 8x).
+    """
+
+    def __init__(self, idim: int, odim: int, rate: int) -> None:
+        super().__init__()
+        if rate == 4:
+            kernels = [(3, 2), (3, 2)]
+            self.right_context = 6
+        elif rate == 6:
+            kernels = [(3, 2), (5, 3)]
+            self.right_context = 10
+        elif rate == 8:
+            kernels = [(3, 2), (3, 2), (3, 2)]
+            self.right_context = 14
+        else:
+            raise ValueError(f"subsampling rate {rate} not supported; allowed: 4, 6, 8")
+        self.subsampling_rate = rate
+        layers: list[nn.Module] = []
+        freq = idim
+        for i, (kernel, stride) in enumerate(kernels):
+            layers += [nn.Conv2d(1 if i == 0 else odim, odim, kernel, stride), nn.ReLU()]
+            freq = (freq - kernel) // stride + 1
+        self.kernels = kernels
+        self.conv = nn.Sequential(*layers)
+        linear = nn.Linear(odim * freq, odim)
+        if rate == 4:
+            self.out = nn.Sequential(linear)
+        else:
+            self.linear = linear
+
+    def output_length(self, t_in: int) -> int:
+        """Encoder frames produced from ``t_in`` fbank frames."""
+        for kernel, stride in self.kernels:
+            t_in = (t_in - kernel) // stride + 1
+        return t_in
+
+    def subsample_mask(self, mask: Tensor) -> Tensor:
+        """mask: (B, 1, T) -> (B, 1, T_out), keeping the frames WeNet keeps."""
+        for kernel, stride in self.kernels:
+            mask = mask[:, :, kernel - 1 :: stride]
+        return mask
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: (B, T, idim) -> (B, T_out, odim), before position encoding."""
+        x = self.conv(x.unsqueeze(1))  # (B, odim, T_out, F_out)
+        b, c, t, f = x.size()
+        x = x.transpose(1, 2).reshape(b, t, c * f)
+        return self.out(x) if self.subsampling_rate == 4 else self.linear(x)
