@@ -1,0 +1,246 @@
+"""Turns transcript updates into events: the (redacted) transcript, KB suggestions and tags.
+
+Runs on the engine's thread; pure CPU work on one utterance (two Aho-Corasick passes, a few
+regular expressions), no I/O. Per-call state makes each KB entry appear once per call unless
+its score improves, and lets a final confirm or withdraw what a partial suggested.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from kb_hooks.config import KbHooksSettings
+from kb_hooks.entities import Entity, extract_entities
+from kb_hooks.events import Event, EventType, envelope
+from kb_hooks.kb import KbMatch, KnowledgeBase, load_kb
+from kb_hooks.redact import SENSITIVE_LABELS, Redacted, Redactor
+from kb_hooks.reload import ReloadableRef, ReloadResult
+from kb_hooks.tags import TagRules, load_tag_rules
+from kb_hooks.types import CallContext, RedactionMode, TranscriptUpdate
+
+SuggestionStatus = Literal["suggested", "confirmed", "withdrawn"]
+_TAGGED_ENTITIES = frozenset({"phone", "id_number", "address", "date", "time"})
+_SCORE_EPSILON = 1e-6
+
+
+@dataclass
+class _Suggestion:
+    status: SuggestionStatus
+    score: float
+    event: Event  # the last event emitted for the entry, reused to build a withdrawal
+
+
+@dataclass
+class _CallState:
+    suggestions: dict[str, _Suggestion] = field(default_factory=dict)
+    # entries suggested on partials of an utterance and not yet confirmed or withdrawn
+    pending: dict[tuple[Any, ...], set[str]] = field(default_factory=dict)
+    tags_seen: set[tuple[str, str, str]] = field(default_factory=set)
+
+
+class TranscriptProcessor:
+    """``process(update)`` -> events to hand to ``Publisher.submit`` in order."""
+
+    def __init__(
+        self,
+        kb: Mapping[str, ReloadableRef[KnowledgeBase]],
+        tag_rules: Mapping[str, ReloadableRef[TagRules]],
+        redaction: Redactor,
+        *,
+        mask_digit_runs: int = 7,
+        max_suggestions_per_utterance: int = 3,
+        tags_on_partials: bool = False,
+    ) -> None:
+        self.kb = dict(kb)
+        self.tag_rules = dict(tag_rules)
+        self.redactor = redaction
+        self.mask_digit_runs = mask_digit_runs
+        self.max_suggestions = max_suggestions_per_utterance
+        self.tags_on_partials = tags_on_partials
+        self._calls: dict[str, _CallState] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls, settings: KbHooksSettings) -> TranscriptProcessor:
+        """Load every configured KB and rule set; a broken file raises ConfigError (file:line)."""
+        return cls(
+            {name: ReloadableRef(path, load_kb) for name, path in settings.kb_sets.items()},
+            {name: ReloadableRef(path, load_tag_rules) for name, path in settings.tag_rule_sets.items()},
+            Redactor(settings.hash_key.get_secret_value().encode()),
+            mask_digit_runs=settings.mask_digit_runs,
+            max_suggestions_per_utterance=settings.max_suggestions_per_utterance,
+            tags_on_partials=settings.tags_on_partials,
+        )
+
+    def reload_all(self) -> dict[str, ReloadResult]:
+        """Reload every changed file (SIGHUP); keys are ``kb:NAME`` and ``tags:NAME``."""
+        results = {f"kb:{name}": ref.try_reload() for name, ref in self.kb.items()}
+        results.update({f"tags:{name}": ref.try_reload() for name, ref in self.tag_rules.items()})
+        return results
+
+    def end_call(self, call_id: str) -> None:
+        """Forget a call's suggestion and tag state."""
+        with self._lock:
+            self._calls.pop(call_id, None)
+
+    def active_calls(self) -> int:
+        return len(self._calls)
+
+    def process(self, update: TranscriptUpdate) -> list[Event]:
+        ctx = update.call
+        with self._lock:
+            state = self._calls.setdefault(ctx.call_id, _CallState())
+        entities = extract_entities(update.text, self.mask_digit_runs)
+        redacted = self.redactor.redact(update.text, entities, ctx.redaction)
+        events = [self._transcript(update, redacted)]
+        events.extend(self._suggestions(update, redacted, state))
+        if not update.is_partial or self.tags_on_partials:
+            tags = self._tags(update, entities, redacted, state)
+            if tags is not None:
+                events.append(tags)
+        return events
+
+    def _transcript(self, update: TranscriptUpdate, redacted: Redacted) -> Event:
+        kind: EventType = "transcript.partial" if update.is_partial else "transcript.final"
+        event = envelope(kind, update.call, update.participant)
+        token_texts = self.redactor.redact_tokens(update.text, [t[0] for t in update.tokens], redacted)
+        event.update(
+            utterance_id=update.utterance_id,
+            is_partial=update.is_partial,
+            text=redacted.text,
+            begin_offset_ms=update.begin_offset_ms,
+            end_offset_ms=update.end_offset_ms,
+            tokens=[
+                {"text": text, "begin_ms": tok[1], "end_ms": tok[2]}
+                for text, tok in zip(token_texts, update.tokens, strict=True)
+            ],
+            confidence=update.confidence,
+            latency_ms=update.latency_ms,
+        )
+        if not update.is_partial:
+            event["nbest"] = [
+                {"text": self._redact_text(text, update.call), "score": score} for text, score in update.nbest
+            ]
+        return event
+
+    def _redact_text(self, text: str, ctx: CallContext) -> str:
+        return self.redactor.redact(text, extract_entities(text, self.mask_digit_runs), ctx.redaction).text
+
+    def _span(self, redacted: Redacted, begin: int, end: int) -> dict[str, int]:
+        return {"begin": redacted.map_offset(begin), "end": redacted.map_offset(end)}
+
+    def _suggestion_event(
+        self, update: TranscriptUpdate, redacted: Redacted, match: KbMatch, status: SuggestionStatus
+    ) -> Event:
+        event = envelope("kb.suggestion", update.call, update.participant)
+        span = self._span(redacted, match.begin, match.end)
+        event.update(
+            utterance_id=update.utterance_id,
+            is_partial=update.is_partial,
+            entry_id=match.entry.id,
+            title=match.entry.title,
+            score=match.score,
+            status=status,
+            match_kind=match.kind,
+            homophone=match.homophone,
+            matched_text=redacted.text[span["begin"] : span["end"]],
+            span=span,
+            priority=match.entry.priority,
+            entry_tags=list(match.entry.tags),
+            summary=match.entry.summary,
+            url=match.entry.url,
+        )
+        return event
+
+    def _suggestions(self, update: TranscriptUpdate, redacted: Redacted, state: _CallState) -> list[Event]:
+        ref = self.kb.get(update.call.kb_set) if update.call.kb_set else None
+        if ref is None:
+            return []
+        matches = ref.get().match(update.text)[: self.max_suggestions]
+        utterance = (*update.participant.key(), update.utterance_id)
+        out: list[Event] = []
+        for match in matches:
+            previous = state.suggestions.get(match.entry.id)
+            if update.is_partial:
+                if previous is not None and previous.status != "withdrawn":
+                    improves = previous.status == "suggested" and match.score > previous.score + _SCORE_EPSILON
+                    if not improves:
+                        continue
+                status: SuggestionStatus = "suggested"
+                state.pending.setdefault(utterance, set()).add(match.entry.id)
+            else:
+                if (
+                    previous is not None
+                    and previous.status == "confirmed"
+                    and match.score <= previous.score + _SCORE_EPSILON
+                ):
+                    continue
+                status = "confirmed"
+            event = self._suggestion_event(update, redacted, match, status)
+            state.suggestions[match.entry.id] = _Suggestion(status, match.score, event)
+            out.append(event)
+        if not update.is_partial:
+            matched = {m.entry.id for m in matches}
+            for entry_id in sorted(state.pending.pop(utterance, set()) - matched):
+                out.extend(self._withdraw(update, state, entry_id))
+        return out
+
+    def _withdraw(self, update: TranscriptUpdate, state: _CallState, entry_id: str) -> list[Event]:
+        previous = state.suggestions.get(entry_id)
+        if previous is None or previous.status != "suggested":
+            return []
+        event = envelope("kb.suggestion", update.call, update.participant)
+        for key, value in previous.event.items():
+            event.setdefault(key, value)
+        event.update(utterance_id=update.utterance_id, is_partial=False, status="withdrawn")
+        previous.status, previous.event = "withdrawn", event
+        return [event]
+
+    def _tags(
+        self, update: TranscriptUpdate, entities: list[Entity], redacted: Redacted, state: _CallState
+    ) -> Event | None:
+        tags: list[dict[str, Any]] = []
+        for name in update.call.tag_rules:
+            ref = self.tag_rules.get(name)
+            if ref is None:
+                continue
+            for match in ref.get().match(update.text):
+                if (match.kind, match.label, "") in state.tags_seen:
+                    continue
+                state.tags_seen.add((match.kind, match.label, ""))
+                span = self._span(redacted, match.begin, match.end)
+                tags.append(
+                    {
+                        "kind": match.kind,
+                        "label": match.label,
+                        "value": redacted.text[span["begin"] : span["end"]],
+                        "normalized": None,
+                        "span": span,
+                        "homophone": match.homophone,
+                        "redacted": False,
+                    }
+                )
+        for entity in entities:
+            if entity.label not in _TAGGED_ENTITIES or ("entity", entity.label, entity.normalized) in state.tags_seen:
+                continue
+            state.tags_seen.add(("entity", entity.label, entity.normalized))
+            hidden = entity.label in SENSITIVE_LABELS and update.call.redaction is not RedactionMode.KEEP
+            tags.append(
+                {
+                    "kind": "entity",
+                    "label": entity.label,
+                    "value": self.redactor.published_value(entity, update.call.redaction),
+                    "normalized": None if hidden else entity.normalized,
+                    "span": self._span(redacted, entity.begin, entity.end),
+                    "homophone": False,
+                    "redacted": hidden,
+                }
+            )
+        if not tags:
+            return None
+        event = envelope("tags", update.call, update.participant)
+        event.update(utterance_id=update.utterance_id, is_partial=update.is_partial, tags=tags)
+        return event
