@@ -305,6 +305,19 @@ class U2Encoder(nn.Module):
             start = max(keys - required_cache_size, 0)
         return ys, full[:, :, start:], new_cnn
 
+    def chunk_windows(self, num_frames: int, chunk: int) -> list[tuple[int, int]]:
+        """[start, end) fbank frame windows of WeNet's streaming loop for C = ``chunk``.
+
+        Windows are (C-1)*rate + right_context+1 frames long, advance by rate*C (overlapping by
+        right_context+1-rate frames) and the last one may be shorter (fewer output frames).
+        """
+        if chunk <= 0:
+            raise ValueError(f"decoding_chunk_size must be > 0, got {chunk}")
+        rate = self.subsampling_rate
+        context = self.right_context + 1
+        window = (chunk - 1) * rate + context
+        return [(start, min(start + window, num_frames)) for start in range(0, num_frames - context + 1, rate * chunk)]
+
     def forward_chunk_by_chunk(
         self, xs: Tensor, decoding_chunk_size: int, num_decoding_left_chunks: int = -1
     ) -> tuple[Tensor, Tensor]:
@@ -313,19 +326,12 @@ class U2Encoder(nn.Module):
         xs: (1, T, n_mels). Chunk k reads fbank frames [k*rate*C, k*rate*C + (C-1)*rate + rc + 1)
         (clipped to T). Returns (ys (1, T', D), masks (1, 1, T') all True).
         """
-        if decoding_chunk_size <= 0:
-            raise ValueError(f"decoding_chunk_size must be > 0, got {decoding_chunk_size}")
-        rate = self.subsampling_rate
-        context = self.right_context + 1
-        stride = rate * decoding_chunk_size
-        window = (decoding_chunk_size - 1) * rate + context
         required_cache_size = decoding_chunk_size * num_decoding_left_chunks
         att_cache: Tensor | None = None
         cnn_cache: Tensor | None = None
         outputs: list[Tensor] = []
         offset = 0
-        for start in range(0, xs.size(1) - context + 1, stride):
-            end = min(start + window, xs.size(1))
+        for start, end in self.chunk_windows(xs.size(1), decoding_chunk_size):
             ys, att_cache, cnn_cache = self.forward_chunk(
                 xs[:, start:end], offset, required_cache_size, att_cache, cnn_cache
             )
