@@ -1,0 +1,57 @@
+"""``SipSettings``: every knob of the SIP side, with defaults that work on one host.
+
+The service config embeds this model; each field is documented here once.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Transport = Literal["udp", "tcp", "tls"]
+_DEFAULT_TRANSPORTS: tuple[Transport, ...] = ("udp", "tcp")
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class AuthSettings(BaseModel):
+    """Digest authentication (RFC 2617/7616, MD5) of INVITEs; ``users`` maps user name to password."""
+
+    model_config = ConfigDict(extra="forbid")
+    realm: str = "hotline-asr"
+    users: dict[str, str] = Field(default_factory=dict)
+
+
+class SipSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    host: str = Field("0.0.0.0", description="address the SIP listeners bind to")
+    port: int = Field(5060, ge=0, le=65535, description="SIP port (UDP and TCP); 0 picks a free one")
+    tls_port: int = Field(5061, ge=0, le=65535, description="SIP over TLS port")
+    transports: list[Transport] = Field(default_factory=lambda: list(_DEFAULT_TRANSPORTS))
+    tls_cert: str | None = Field(None, description="PEM certificate file; needed for the tls transport")
+    tls_key: str | None = Field(None, description="PEM private key file; needed for the tls transport")
+    advertised_host: str | None = Field(
+        None, description="address put in Contact/Via/SDP; defaults to host, or 127.0.0.1 when host is 0.0.0.0"
+    )
+    acl_cidrs: list[Network] = Field(default_factory=list, description="allowed sources; empty allows all")
+    acl_action: Literal["reject", "drop"] = Field("reject", description="reject: 403; drop: no answer")
+    max_calls: int = Field(1000, ge=1, description="calls held at once; more get 503 + Retry-After")
+    max_message_bytes: int = Field(65536, ge=1024, description="larger messages are refused (513) or dropped")
+    invite_rate_per_s: float = Field(50.0, gt=0, description="new INVITEs per second per source IP")
+    invite_burst: int = Field(100, ge=1, description="token-bucket depth of the INVITE rate limit")
+    auth: AuthSettings | None = Field(None, description="digest auth for INVITEs; none when unset")
+    session_expires_s: int = Field(1800, ge=90, description="session interval we ask for (RFC 4028)")
+    min_se_s: int = Field(90, ge=90, description="smallest session interval we accept; less gets 422")
+    retry_after_s: int = Field(5, ge=1, description="Retry-After of 503 answers")
+    answer_delay_ms: int = Field(0, ge=0, description="ring this long (180) before answering; tests use it")
+    user_agent: str = "hotline-asr"
+    t1_ms: int = Field(500, ge=10, description="RFC 3261 T1 (RTT estimate)")
+    t2_ms: int = Field(4000, ge=100, description="RFC 3261 T2 (max retransmit interval)")
+    rtp_inactivity_timeout_s: float = Field(30.0, gt=0, description="hang up a leg after this much RTP silence")
+    rtp_reorder_ms: int = Field(60, ge=0, description="RTP reorder window")
+
+    def public_host(self) -> str:
+        if self.advertised_host:
+            return self.advertised_host
+        return "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host

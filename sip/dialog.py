@@ -1,0 +1,110 @@
+"""A call as seen by our UAS: the dialog (RFC 3261 section 12) and its state table.
+
+``Call`` holds what identifies the dialog (Call-ID, tags), the sequence numbers, where to
+send in-dialog requests, the legs we receive and the SDP session version. Its state moves
+only along ``CALL_TABLE``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from sip.app import CallInfo, LegInfo
+from sip.errors import LocalProtocolError, RemoteProtocolError
+from sip.message import Address, NameAddr, Request
+from sip.sdp import SessionDescription, StreamPlan
+from sip.siprec import RecordingMetadata, Role
+
+
+class CallState(enum.Enum):
+    RINGING = "Ringing"
+    ANSWERING = "Answering"
+    CONFIRMED = "Confirmed"
+    ENDING = "Ending"
+    ENDED = "Ended"
+
+
+class CallEvent(enum.Enum):
+    ANSWER = "answer"
+    REJECT = "reject"
+    CANCEL = "cancel"
+    ACK = "ack"
+    ACK_TIMEOUT = "ack timeout"
+    BYE_IN = "bye received"
+    HANGUP = "hangup"
+    BYE_DONE = "bye done"
+    UPDATE = "update"
+
+
+C, E = CallState, CallEvent
+CALL_TABLE: dict[tuple[CallState, CallEvent], CallState] = {
+    (C.RINGING, E.ANSWER): C.ANSWERING,
+    (C.RINGING, E.REJECT): C.ENDED,
+    (C.RINGING, E.CANCEL): C.ENDED,
+    (C.RINGING, E.HANGUP): C.ENDED,
+    (C.ANSWERING, E.ACK): C.CONFIRMED,
+    (C.ANSWERING, E.ACK_TIMEOUT): C.ENDING,
+    (C.ANSWERING, E.BYE_IN): C.ENDED,
+    (C.ANSWERING, E.HANGUP): C.ENDING,
+    (C.ANSWERING, E.UPDATE): C.ANSWERING,
+    (C.CONFIRMED, E.ACK): C.CONFIRMED,
+    (C.CONFIRMED, E.UPDATE): C.CONFIRMED,
+    (C.CONFIRMED, E.BYE_IN): C.ENDED,
+    (C.CONFIRMED, E.HANGUP): C.ENDING,
+    (C.ENDING, E.BYE_IN): C.ENDED,
+    (C.ENDING, E.BYE_DONE): C.ENDED,
+    (C.ENDING, E.ACK): C.ENDING,
+}
+_REMOTE_EVENTS = frozenset({E.CANCEL, E.ACK, E.BYE_IN, E.UPDATE})
+
+
+@dataclass
+class Leg:
+    info: LegInfo
+    plan: StreamPlan
+    port: int
+
+
+@dataclass
+class Call:
+    info: CallInfo
+    sip_call_id: str
+    local_tag: str
+    remote_tag: str | None
+    local_party: NameAddr
+    remote_party: NameAddr
+    remote_target: str
+    route_set: list[str]
+    source: Address
+    remote_cseq: int
+    request: Request
+    invite_tx: object
+    metadata: RecordingMetadata | None = None
+    state: CallState = CallState.RINGING
+    local_cseq: int = 1
+    legs: dict[int, Leg] = field(default_factory=dict)
+    sdp_session_id: int = 0
+    sdp_version: int = 0
+    answer_sdp: bytes = b""
+    answer_at: float | None = None
+    expires_at: float | None = None
+    session_expires: int | None = None
+    end_reason: str | None = None
+    offer: SessionDescription | None = None
+    pending_streams: list[tuple[StreamPlan, Role, str | None]] = field(default_factory=list)
+
+    def handle(self, event: CallEvent) -> CallState:
+        new = CALL_TABLE.get((self.state, event))
+        if new is None:
+            error = RemoteProtocolError if event in _REMOTE_EVENTS else LocalProtocolError
+            raise error(f"event {event.value!r} is illegal for the UAS dialog in state {self.state.value}", 481)
+        self.state = new
+        return new
+
+    def next_deadline(self) -> float | None:
+        times = [t for t in (self.answer_at, self.expires_at) if t is not None]
+        return min(times) if times else None
+
+    def leg_infos(self) -> tuple[LegInfo, ...]:
+        return tuple(leg.info for leg in self.legs.values())

@@ -1,0 +1,187 @@
+"""SDP offer/answer (RFC 3264/4566) for a receive-only recorder.
+
+We read offers with a small parser of our own because we need ``a=label`` (RFC 4574), which
+SIPREC uses to tie streams to participants. Each audio m-line is answered ``recvonly`` with
+the first G.711 codec it offers (PCMU or PCMA); ``telephone-event`` is accepted and ignored.
+A stream offered with port 0, or without G.711, is answered with port 0; when no stream is
+left the offer is refused with 488.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sip.errors import SipParseError
+
+G711 = {"PCMU": 0, "PCMA": 8}
+_STATIC_NAMES = {0: "PCMU", 8: "PCMA"}
+DIRECTIONS = ("sendrecv", "sendonly", "recvonly", "inactive")
+
+
+@dataclass
+class MediaDescription:
+    media: str
+    port: int
+    proto: str
+    formats: list[str]
+    rtpmap: dict[int, str] = field(default_factory=dict)
+    direction: str | None = None
+    label: str | None = None
+    connection: str | None = None
+
+    def encoding(self, payload_type: int) -> str | None:
+        """The upper-cased encoding name of ``payload_type`` (``"PCMU"``), from rtpmap or the static table."""
+        mapped = self.rtpmap.get(payload_type)
+        if mapped is not None:
+            return mapped.split("/", 1)[0].upper()
+        return _STATIC_NAMES.get(payload_type)
+
+
+@dataclass
+class SessionDescription:
+    connection: str | None
+    direction: str | None
+    media: list[MediaDescription]
+
+    @classmethod
+    def parse(cls, data: bytes | str) -> SessionDescription:
+        text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+        connection: str | None = None
+        direction: str | None = None
+        media: list[MediaDescription] = []
+        saw_version = False
+        for raw in text.splitlines():
+            line = raw.strip()
+            if not line:
+                continue
+            if len(line) < 2 or line[1] != "=":
+                raise SipParseError(f"SDP line {line[:40]!r} is not <type>=<value>", 400)
+            kind, value = line[0], line[2:]
+            if kind == "v":
+                saw_version = True
+            elif kind == "m":
+                media.append(_parse_m_line(value))
+            elif kind == "c":
+                address = _parse_c_line(value)
+                if media:
+                    media[-1].connection = address
+                else:
+                    connection = address
+            elif kind == "a":
+                name, _, attr = value.partition(":")
+                target = media[-1] if media else None
+                if name in DIRECTIONS:
+                    if target is None:
+                        direction = name
+                    else:
+                        target.direction = name
+                elif target is not None and name == "label":
+                    target.label = attr.strip()
+                elif target is not None and name == "rtpmap":
+                    pt, _, encoding = attr.strip().partition(" ")
+                    if pt.isdigit() and encoding:
+                        target.rtpmap[int(pt)] = encoding.strip()
+        if not saw_version:
+            raise SipParseError("SDP has no v= line", 400)
+        return cls(connection, direction, media)
+
+
+def _parse_m_line(value: str) -> MediaDescription:
+    fields = value.split()
+    if len(fields) < 4:
+        raise SipParseError(f"SDP m= line {value[:60]!r} needs media, port, proto and formats", 400)
+    port_text = fields[1].split("/", 1)[0]
+    if not port_text.isascii() or not port_text.isdigit() or int(port_text) > 65535:
+        raise SipParseError(f"SDP m= line has a bad port {fields[1][:10]!r}", 400)
+    return MediaDescription(fields[0], int(port_text), fields[2], fields[3:])
+
+
+def _parse_c_line(value: str) -> str:
+    fields = value.split()
+    if len(fields) != 3 or fields[0] != "IN" or fields[1] not in ("IP4", "IP6"):
+        raise SipParseError(f"SDP c= line {value[:60]!r} is not 'IN IP4|IP6 <address>'", 400)
+    return fields[2].split("/", 1)[0]
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """What we accepted for one offered m-line (``index`` counts m-lines from 0)."""
+
+    index: int
+    label: str | None
+    codec: str
+    payload_types: dict[int, str]
+    direction: str
+    on_hold: bool
+    remote: tuple[str, int] | None
+
+
+def plan_streams(offer: SessionDescription, sendonly_is_hold: bool = True) -> list[StreamPlan]:
+    """The audio streams we will receive; empty when nothing acceptable was offered.
+
+    Our direction is ``recvonly``, or ``inactive`` when the peer will not send. A stream is on
+    hold (the RTP inactivity timer pauses) when the peer sends nothing, or, for a plain call
+    (``sendonly_is_hold``), when it offers ``sendonly``; a SIPREC client always offers sendonly.
+    """
+    plans: list[StreamPlan] = []
+    for index, media in enumerate(offer.media):
+        if media.media != "audio" or media.port == 0 or "RTP/" not in media.proto.upper():
+            continue
+        payload_types: dict[int, str] = {}
+        codec: str | None = None
+        for fmt in media.formats:
+            if not fmt.isascii() or not fmt.isdigit():
+                continue
+            pt = int(fmt)
+            name = media.encoding(pt)
+            if name in G711 and codec is None:
+                codec = name
+                payload_types[pt] = name
+            elif name == "TELEPHONE-EVENT":
+                payload_types[pt] = "telephone-event"
+        if codec is None:
+            continue
+        direction = media.direction or offer.direction or "sendrecv"
+        address = media.connection or offer.connection
+        remote = (address, media.port) if address else None
+        silent = direction in ("inactive", "recvonly")
+        on_hold = silent or (sendonly_is_hold and direction == "sendonly")
+        answer = "inactive" if silent else "recvonly"
+        plans.append(StreamPlan(index, media.label, codec, payload_types, answer, on_hold, remote))
+    return plans
+
+
+def build_answer(
+    offer: SessionDescription,
+    plans: list[StreamPlan],
+    ports: dict[int, int],
+    host: str,
+    session_id: int,
+    version: int,
+) -> bytes:
+    """Our answer: one m-line per offered m-line, ``recvonly`` (``inactive`` on hold) or port 0."""
+    family = "IP6" if ":" in host else "IP4"
+    lines = [
+        "v=0",
+        f"o=hotline-asr {session_id} {version} IN {family} {host}",
+        "s=hotline-asr",
+        f"c=IN {family} {host}",
+        "t=0 0",
+    ]
+    by_index = {plan.index: plan for plan in plans}
+    for index, media in enumerate(offer.media):
+        plan = by_index.get(index)
+        if plan is None or index not in ports:
+            lines.append(f"m={media.media} 0 {media.proto} {' '.join(media.formats)}")
+            continue
+        formats = " ".join(str(pt) for pt in plan.payload_types)
+        lines.append(f"m=audio {ports[index]} {media.proto} {formats}")
+        for pt, name in plan.payload_types.items():
+            lines.append(f"a=rtpmap:{pt} {name}/8000")
+            if name == "telephone-event":
+                lines.append(f"a=fmtp:{pt} 0-15")
+        if plan.label is not None:
+            lines.append(f"a=label:{plan.label}")
+        lines.append(f"a={plan.direction}")
+        lines.append("a=rtcp:" + str(ports[index] + 1))
+    return ("\r\n".join(lines) + "\r\n").encode("utf-8")

@@ -1,0 +1,327 @@
+"""asyncio transports around the sans-IO ``UasCore``: UDP, TCP and TLS listeners, RTP legs.
+
+``SipServer`` owns the sockets and one worker task that performs the core's actions in order
+(send, open/update/close RTP legs, tell the application a call ended once its legs are
+flushed). The core's timers run on ``loop.call_at``; the core's clock is ``loop.time()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+from collections import Counter
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
+
+from rtp.leg import RtpLeg
+from rtp.sink import PcmSink
+from sip.app import CallHandler
+from sip.config import SipSettings
+from sip.errors import SipParseError
+from sip.message import Address, StreamFramer
+from sip.routing import Router
+from sip.uas import (
+    Action,
+    CallEnded,
+    LegUpdated,
+    PortSource,
+    SendMessage,
+    StartMedia,
+    StopMedia,
+    UasCore,
+    UpdateMedia,
+)
+
+log = logging.getLogger(__name__)
+_READ_BYTES = 65536
+
+
+class MediaLeg(Protocol):
+    """What the server needs of an RTP leg (``rtp.leg.RtpLeg``)."""
+
+    async def open(self, host: str, port: int) -> None: ...
+
+    def set_payload_types(self, payload_types: dict[int, str]) -> None: ...
+
+    def set_hold(self, on_hold: bool) -> None: ...
+
+    async def close(self) -> object: ...
+
+
+LegFactory = Callable[[PcmSink, dict[int, str], Callable[[str], None]], MediaLeg]
+
+
+class _Udp(asyncio.DatagramProtocol):
+    def __init__(self, server: SipServer) -> None:
+        self._server = server
+
+    def datagram_received(self, data: bytes, addr: tuple[str | object, int]) -> None:
+        self._server.feed(data, Address("udp", str(addr[0]), int(addr[1])))
+
+    def error_received(self, exc: Exception) -> None:
+        log.debug("sip udp error: %s", exc)
+
+
+class SipServer:
+    """The SIP service: ``await start()``, then ``await stop(grace_s)`` to drain and close."""
+
+    def __init__(
+        self,
+        settings: SipSettings,
+        handler: CallHandler,
+        ports: PortSource,
+        router: Router | None = None,
+        *,
+        leg_factory: LegFactory | None = None,
+        media_host: str | None = None,
+    ) -> None:
+        self.settings = settings
+        self.handler = handler
+        self.ports = ports
+        self.core = UasCore(settings, handler, ports, router)
+        self.media_host = media_host or settings.public_host()
+        self._leg_factory = leg_factory or self._rtp_leg
+        self._legs: dict[str, tuple[MediaLeg, int]] = {}
+        self._closing: dict[str, list[asyncio.Task[None]]] = {}
+        self._udp: asyncio.DatagramTransport | None = None
+        self._servers: list[asyncio.Server] = []
+        self._streams: dict[Address, asyncio.StreamWriter] = {}
+        self._queue: asyncio.Queue[list[Action]] = asyncio.Queue()
+        self._worker: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._armed_at: float | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.max_connections = settings.max_calls * 2 + 64
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        settings = self.settings
+        if "udp" in settings.transports:
+            transport, _ = await loop.create_datagram_endpoint(
+                lambda: _Udp(self), local_addr=(settings.host, settings.port)
+            )
+            self._udp = transport
+            self.core.local_ports["udp"] = transport.get_extra_info("sockname")[1]
+        if "tcp" in settings.transports:
+            port = self.core.local_ports["udp"] if "udp" in settings.transports else settings.port
+            server = await asyncio.start_server(self._serve_stream("tcp"), settings.host, port)
+            self._servers.append(server)
+            self.core.local_ports["tcp"] = server.sockets[0].getsockname()[1]
+        if "tls" in settings.transports:
+            if not settings.tls_cert or not settings.tls_key:
+                raise ValueError("the tls transport needs sip.tls_cert and sip.tls_key (PEM files)")
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(settings.tls_cert, settings.tls_key)
+            server = await asyncio.start_server(
+                self._serve_stream("tls"), settings.host, settings.tls_port, ssl=context
+            )
+            self._servers.append(server)
+            self.core.local_ports["tls"] = server.sockets[0].getsockname()[1]
+        self._worker = asyncio.create_task(self._work())
+
+    def set_draining(self) -> None:
+        self.core.set_draining()
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Refuse new calls, BYE the active ones, wait up to ``grace_s`` for them to end, then close."""
+        self.core.set_draining()
+        self._submit(self.core.hangup_all("shutdown", self._now()))
+        deadline = self._now() + grace_s
+        while self.core.active_calls and self._now() < deadline:
+            await asyncio.sleep(0.05)
+        await self._queue.join()
+        for leg_id in list(self._legs):
+            self._close_leg(leg_id, "")
+        for tasks in list(self._closing.values()):
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._worker is not None:
+            self._worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker
+        for writer in list(self._streams.values()):
+            writer.close()
+        for server in self._servers:
+            server.close()
+            await server.wait_closed()
+        if self._udp is not None:
+            self._udp.close()
+
+    @property
+    def active_calls(self) -> int:
+        return self.core.active_calls
+
+    @property
+    def counters(self) -> Counter[str]:
+        """Everything the core counted; ``responses.<code>`` are the responses by status code."""
+        return self.core.counters
+
+    def port(self, transport: str = "udp") -> int:
+        return self.core.local_ports[transport]
+
+    # ---- input -------------------------------------------------------------------------
+
+    def _now(self) -> float:
+        return (self._loop or asyncio.get_running_loop()).time()
+
+    def feed(self, data: bytes, source: Address) -> None:
+        """One datagram or framed message from ``source``: let the core decide, then act."""
+        try:
+            actions = self.core.receive(data, source, self._now())
+        except Exception:
+            log.exception("sip core failed on a message from %s:%s", source.host, source.port)
+            self.core.counters["errors.internal"] += 1
+            return
+        self._submit(actions)
+
+    def _serve_stream(
+        self, transport: str
+    ) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Coroutine[Any, Any, None]]:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            peer = writer.get_extra_info("peername")
+            source = Address(transport, str(peer[0]), int(peer[1]))
+            if len(self._streams) >= self.max_connections:
+                self.core.counters["dropped.connections"] += 1
+                writer.close()
+                return
+            self._streams[source] = writer
+            framer = StreamFramer(self.settings.max_message_bytes)
+            try:
+                while data := await reader.read(_READ_BYTES):
+                    framer.feed(data)
+                    for message in framer:
+                        self.feed(message, source)
+                    if framer.keepalives:
+                        framer.keepalives = 0
+                        writer.write(b"\r\n")
+            except SipParseError as exc:
+                log.info("closing %s connection from %s: %s", transport, source.host, exc)
+                self.core.counters["dropped.stream_framing"] += 1
+            except (ConnectionError, ssl.SSLError):
+                pass
+            finally:
+                self._streams.pop(source, None)
+                writer.close()
+
+        return serve
+
+    # ---- actions -----------------------------------------------------------------------
+
+    def _submit(self, actions: list[Action]) -> None:
+        if actions:
+            self._queue.put_nowait(actions)
+        self._arm_timer()
+
+    def _arm_timer(self) -> None:
+        deadline = self.core.next_deadline()
+        if deadline == self._armed_at or self._loop is None:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._armed_at = deadline
+        self._timer = self._loop.call_at(deadline, self._fire_timers) if deadline is not None else None
+
+    def _fire_timers(self) -> None:
+        self._timer = None
+        self._armed_at = None
+        self._submit(self.core.on_timer(self._now()))
+
+    async def _work(self) -> None:
+        while True:
+            actions = await self._queue.get()
+            try:
+                for action in actions:
+                    await self._perform(action)
+            except Exception:
+                log.exception("sip action failed")
+                self.core.counters["errors.internal"] += 1
+            finally:
+                self._queue.task_done()
+
+    async def _perform(self, action: Action) -> None:
+        if isinstance(action, SendMessage):
+            await self._send(bytes(action.message), action.dest)
+        elif isinstance(action, StartMedia):
+            await self._start_media(action)
+        elif isinstance(action, UpdateMedia):
+            entry = self._legs.get(action.leg.leg_id)
+            if entry is not None:
+                entry[0].set_payload_types(action.payload_types)
+                entry[0].set_hold(action.on_hold)
+        elif isinstance(action, StopMedia):
+            self._close_leg(action.leg_id, action.call_id)
+        elif isinstance(action, LegUpdated):
+            self.handler.leg_updated(action.call, action.leg)
+        elif isinstance(action, CallEnded):
+            self._spawn(self._end_call(action))
+
+    async def _send(self, data: bytes, dest: Address) -> None:
+        if dest.transport == "udp":
+            if self._udp is not None:
+                self._udp.sendto(data, (dest.host, dest.port))
+            return
+        writer = self._streams.get(dest)
+        if writer is None or writer.is_closing():
+            self.core.counters["dropped.no_connection"] += 1
+            log.info("no %s connection to %s:%s for an outgoing message", dest.transport, dest.host, dest.port)
+            return
+        writer.write(data)
+
+    def _rtp_leg(self, sink: PcmSink, payload_types: dict[int, str], on_end: Callable[[str], None]) -> MediaLeg:
+        return RtpLeg(
+            sink=sink,
+            payload_types=payload_types,
+            reorder_ms=self.settings.rtp_reorder_ms,
+            inactivity_timeout_s=self.settings.rtp_inactivity_timeout_s,
+            on_end=on_end,
+        )
+
+    async def _start_media(self, action: StartMedia) -> None:
+        call_id = action.call.call_id
+
+        def on_end(reason: str) -> None:
+            self._submit(self.core.media_ended(call_id, reason, self._now()))
+
+        leg = self._leg_factory(action.sink, action.payload_types, on_end)
+        try:
+            await leg.open(self.media_host, action.port)
+        except OSError as exc:
+            log.warning("cannot bind RTP port %s for call %s: %s", action.port, call_id, exc)
+            self.ports.release(action.port)
+            self._submit(self.core.media_ended(call_id, "media-bind-failed", self._now()))
+            return
+        if action.on_hold:
+            leg.set_hold(True)
+        self._legs[action.leg.leg_id] = (leg, action.port)
+
+    def _close_leg(self, leg_id: str, call_id: str) -> None:
+        entry = self._legs.pop(leg_id, None)
+        if entry is None:
+            return
+        leg, port = entry
+
+        async def close() -> None:
+            try:
+                await leg.close()
+            finally:
+                self.ports.release(port)
+
+        task = asyncio.create_task(close())
+        self._closing.setdefault(call_id, []).append(task)
+
+    async def _end_call(self, action: CallEnded) -> None:
+        tasks = self._closing.pop(action.call.call_id, [])
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.handler.call_ended(action.call, action.reason)
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
