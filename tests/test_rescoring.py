@@ -188,3 +188,31 @@ def test_rejects_mismatched_inputs() -> None:
     with pytest.raises(ValueError, match="2 encoder outputs but 1"):
         attention_rescore(ToyDecoder(), [torch.ones(2, 8)] * 2, [[Hypothesis((1,), 0.0)]], sos=11, eos=11)
     assert attention_rescore(ToyDecoder(), [], [], sos=11, eos=11) == []
+
+
+@needs_fixture
+def test_real_decoder_on_stored_encoder_outputs_matches_wenet(decoding: dict[str, Any]) -> None:
+    """The fixture model's decoder, all four (utterance, mode) streams in one batch, then each alone."""
+    loader = pytest.importorskip("asr_core.model.loader")
+    torch.set_num_threads(1)
+    loaded = loader.load_wenet_model(FIXTURE / "model")
+    arrays = np.load(FIXTURE / "expected.npz")
+    encoders = [torch.from_numpy(arrays[f"{utt}__encoder_out_{mode}"]) for utt, mode in CASES]
+    nbests = [nbest_of(decoding, utt, mode) for utt, mode in CASES]
+    together = attention_rescore(
+        loaded.model.decoder, encoders, nbests, sos=loaded.sos_id, eos=loaded.eos_id, ctc_weight=0.5, reverse_weight=0.3
+    )
+    for (utt, mode), enc, nbest, joint in zip(CASES, encoders, nbests, together, strict=True):
+        expected = decoding[utt][mode]
+        assert list(joint.tokens) == expected["attention_rescoring"]["tokens"]
+        assert score_ok(joint.score, expected["attention_rescoring"]["score"])
+        by_index = {h.nbest_index: h for h in joint.hypotheses}
+        for i, ref in enumerate(expected["per_hypothesis"]):
+            assert score_ok(by_index[i].l2r_score, ref["l2r_decoder_score"])
+            assert score_ok(by_index[i].r2l_score, ref["r2l_decoder_score"])
+            assert score_ok(by_index[i].score, ref["final_score"])
+        (alone,) = attention_rescore(loaded.model.decoder, [enc], [nbest], sos=loaded.sos_id, eos=loaded.eos_id)
+        assert alone.tokens == joint.tokens
+        for a, b in zip(alone.hypotheses, joint.hypotheses, strict=True):
+            assert a.nbest_index == b.nbest_index
+            assert score_ok(a.score, b.score)
