@@ -1,0 +1,370 @@
+"""Export a WeNet U2++ model to ONNX: the batched chunk step, the rescoring decoder, INT8.
+
+    python -m deploy.export.onnx_export --model MODEL_DIR --out OUT_DIR
+    python -m deploy.export.onnx_export check --model MODEL_DIR --out OUT_DIR [--wav WAV ...]
+
+`encoder_chunk.onnx` is `forward_chunk_batch` plus the CTC head, with dynamic batch B,
+cache length W and input length T_in (so any chunk size):
+
+    inputs   xs (B, T_in, n_mels) float32 raw fbank, offsets (B,) int64,
+             att_cache (L, B, H, W, 2*d_k) float32, cache_pos (B, W) int64,
+             cache_mask (B, W) bool, cnn_cache (L, B, D, K-1) float32
+    outputs  ys (B, C, D), log_probs (B, C, V), new_kv (L, B, H, C, 2*d_k), new_cnn (L, B, D, K-1)
+
+`encoder_chunk.int8.onnx` is the same graph with its weight MatMuls dynamically quantized to
+INT8 (activations quantized per call). `decoder.onnx` maps (memory (N, T', D), memory_mask
+(N, 1, T') bool, ys_in_pad (N, L) int64, ys_in_lens (N,), r_ys_in_pad (N, L)) to the
+left-to-right and right-to-left log-probs (N, L, V). `check` runs ONNX Runtime and torch side
+by side and prints the largest absolute differences as one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import onnx
+import torch
+from onnxruntime.quantization import QuantType, quantize_dynamic
+from torch import Tensor, nn
+
+from asr_core.audio_io import read_wav
+from asr_core.frontend import compute_fbank
+from asr_core.model.decoder import BiTransformerDecoder
+from asr_core.model.loader import LoadedModel, load_wenet_model
+from deploy.export.ort_runner import (
+    CHUNK_INPUTS,
+    CHUNK_OUTPUTS,
+    DECODER_INPUTS,
+    OrtChunkRunner,
+    OrtDecoderRunner,
+)
+from kv_ring import KvPool
+
+ENCODER_FILE = "encoder_chunk.onnx"
+ENCODER_INT8_FILE = "encoder_chunk.int8.onnx"
+DECODER_FILE = "decoder.onnx"
+DEFAULT_OPSET = 17
+# The TorchScript exporter needs no extra package (the torch.export one needs onnxscript) and
+# traces forward_chunk_batch as written; `check` verifies every exported graph numerically.
+LEGACY_EXPORTER_WARNING = "You are using the legacy TorchScript-based ONNX export"
+
+
+class ChunkStepGraph(nn.Module):
+    """`forward_chunk_batch` followed by the CTC head: what one engine step runs."""
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        super().__init__()
+        self.model = loaded.model
+
+    def forward(
+        self,
+        xs: Tensor,
+        offsets: Tensor,
+        att_cache: Tensor,
+        cache_pos: Tensor,
+        cache_mask: Tensor,
+        cnn_cache: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        ys, new_kv, new_cnn = self.model.encoder.forward_chunk_batch(
+            xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache
+        )
+        return ys, self.model.ctc_log_probs(ys), new_kv, new_cnn
+
+
+class DecoderGraph(nn.Module):
+    """The attention decoder with both directions always on (rescoring weighs them later)."""
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        super().__init__()
+        self.decoder = loaded.model.decoder
+
+    def forward(
+        self, memory: Tensor, memory_mask: Tensor, ys_in_pad: Tensor, ys_in_lens: Tensor, r_ys_in_pad: Tensor
+    ) -> tuple[Tensor, ...]:
+        l2r, r2l = self.decoder(memory, memory_mask, ys_in_pad, ys_in_lens, r_ys_in_pad, 1.0)
+        return (l2r, r2l) if isinstance(self.decoder, BiTransformerDecoder) else (l2r,)
+
+
+def model_metadata(loaded: LoadedModel) -> dict[str, int]:
+    """What a runner needs without asr_core: cache geometry and special token ids."""
+    return {
+        "num_blocks": loaded.num_blocks,
+        "heads": loaded.heads,
+        "d_k": loaded.d_k,
+        "d_model": loaded.d_model,
+        "cnn_cache_frames": loaded.cnn_cache_frames,
+        "subsampling": loaded.subsampling,
+        "right_context": loaded.right_context,
+        "vocab_size": loaded.vocab_size,
+        "blank_id": loaded.blank_id,
+        "sos_id": loaded.sos_id,
+        "eos_id": loaded.eos_id,
+        "n_mels": loaded.config.input_dim,
+    }
+
+
+def _chunk_example(loaded: LoadedModel, batch: int, chunk: int, window: int, seed: int) -> tuple[Tensor, ...]:
+    """Random chunk-step inputs: streams at different offsets, caches shuffled and partly invalid."""
+    generator = torch.Generator().manual_seed(seed)
+    t_in = (chunk - 1) * loaded.subsampling + loaded.right_context + 1
+    xs = torch.randn(batch, t_in, loaded.config.input_dim, generator=generator) * 3 + 8  # (B, T_in, n_mels)
+    offsets = torch.randint(0, 400, (batch,), generator=generator) + window  # (B,)
+    order = torch.stack([torch.randperm(window, generator=generator) for _ in range(batch)])  # (B, W)
+    cache_pos = offsets.unsqueeze(1) - window + order  # (B, W)
+    cache_mask = torch.rand(batch, window, generator=generator) > 0.3  # (B, W)
+    cache_mask[0] = False  # a brand-new stream
+    att_cache = torch.randn(loaded.num_blocks, batch, loaded.heads, window, 2 * loaded.d_k, generator=generator)
+    cnn_cache = torch.randn(loaded.num_blocks, batch, loaded.d_model, loaded.cnn_cache_frames, generator=generator)
+    return xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache
+
+
+def _add_metadata(path: Path, metadata: dict[str, int]) -> None:
+    graph = onnx.load(str(path))
+    for key, value in metadata.items():
+        entry = graph.metadata_props.add()
+        entry.key, entry.value = key, str(value)
+    onnx.checker.check_model(graph)
+    onnx.save(graph, str(path))
+
+
+def export_chunk_step(loaded: LoadedModel, path: Path, opset: int = DEFAULT_OPSET) -> None:
+    """Write the batched chunk step (encoder + CTC head) with dynamic B, W and T_in."""
+    example = _chunk_example(loaded, batch=3, chunk=5, window=7, seed=0)
+    axes = {
+        "xs": {0: "B", 1: "T_in"},
+        "offsets": {0: "B"},
+        "att_cache": {1: "B", 3: "W"},
+        "cache_pos": {0: "B", 1: "W"},
+        "cache_mask": {0: "B", 1: "W"},
+        "cnn_cache": {1: "B"},
+        "ys": {0: "B", 1: "C"},
+        "log_probs": {0: "B", 1: "C"},
+        "new_kv": {1: "B", 3: "C"},
+        "new_cnn": {1: "B"},
+    }
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", LEGACY_EXPORTER_WARNING, DeprecationWarning)
+        torch.onnx.export(
+            ChunkStepGraph(loaded).eval(),
+            example,
+            str(path),
+            input_names=list(CHUNK_INPUTS),
+            output_names=list(CHUNK_OUTPUTS),
+            dynamic_axes=axes,
+            opset_version=opset,
+            dynamo=False,
+        )
+    _add_metadata(path, model_metadata(loaded))
+
+
+def export_decoder(loaded: LoadedModel, path: Path, opset: int = DEFAULT_OPSET) -> None:
+    """Write the rescoring decoder with dynamic N hypotheses, L tokens and T' frames."""
+    bidirectional = isinstance(loaded.model.decoder, BiTransformerDecoder)
+    outputs = ["l2r_log_probs", "r2l_log_probs"] if bidirectional else ["l2r_log_probs"]
+    example = _decoder_example(loaded, hyps=3, length=6, frames=11, seed=0)
+    axes = {
+        "memory": {0: "N", 1: "T"},
+        "memory_mask": {0: "N", 2: "T"},
+        "ys_in_pad": {0: "N", 1: "L"},
+        "ys_in_lens": {0: "N"},
+        "r_ys_in_pad": {0: "N", 1: "L"},
+        **{name: {0: "N", 1: "L"} for name in outputs},
+    }
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", LEGACY_EXPORTER_WARNING, DeprecationWarning)
+        # make_pad_mask's `max_len > 0` is traced as a constant; L >= 1 always (sos comes first).
+        warnings.filterwarnings("ignore", "Converting a tensor to a Python boolean", torch.jit.TracerWarning)
+        torch.onnx.export(
+            DecoderGraph(loaded).eval(),
+            example,
+            str(path),
+            input_names=list(DECODER_INPUTS),
+            output_names=outputs,
+            dynamic_axes=axes,
+            opset_version=opset,
+            dynamo=False,
+        )
+    _add_metadata(path, model_metadata(loaded))
+
+
+def _decoder_example(loaded: LoadedModel, hyps: int, length: int, frames: int, seed: int) -> tuple[Tensor, ...]:
+    """Random rescoring inputs: sos + tokens padded with eos, forward and reversed."""
+    generator = torch.Generator().manual_seed(seed)
+    memory = torch.randn(hyps, frames, loaded.d_model, generator=generator)  # (N, T', D)
+    memory_mask = torch.ones(hyps, 1, frames, dtype=torch.bool)
+    memory_mask[0, 0, frames // 2 :] = False
+    tokens = torch.randint(2, loaded.vocab_size - 1, (hyps, length - 1), generator=generator)
+    lens = torch.randint(1, length, (hyps,), generator=generator)  # (N,) tokens per hypothesis
+    lens[0] = length - 1
+    steps = torch.arange(length - 1)
+    valid = steps.unsqueeze(0) < lens.unsqueeze(1)  # (N, L-1)
+    sos = torch.full((hyps, 1), loaded.sos_id)
+    forward = torch.cat((sos, torch.where(valid, tokens, loaded.eos_id)), dim=1)  # (N, L)
+    reversed_index = ((lens.unsqueeze(1) - 1 - steps) * valid).clamp(min=0)
+    backward = torch.cat((sos, torch.where(valid, tokens.gather(1, reversed_index), loaded.eos_id)), dim=1)
+    return memory, memory_mask, forward, lens + 1, backward
+
+
+def quantize_int8(source: Path, target: Path) -> None:
+    """Dynamic INT8 quantization of the MatMuls with constant weights (the linear layers)."""
+    quantize_dynamic(
+        source,
+        target,
+        op_types_to_quantize=["MatMul"],
+        weight_type=QuantType.QInt8,
+        extra_options={"MatMulConstBOnly": True},
+    )
+
+
+def export_all(model_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, int8: bool = True) -> dict[str, str]:
+    """Export every graph of the model in `model_dir` into `out_dir`; returns {name: path}."""
+    loaded = load_wenet_model(model_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = {"encoder_chunk": out_dir / ENCODER_FILE, "decoder": out_dir / DECODER_FILE}
+    export_chunk_step(loaded, written["encoder_chunk"], opset)
+    export_decoder(loaded, written["decoder"], opset)
+    if int8:
+        written["encoder_chunk_int8"] = out_dir / ENCODER_INT8_FILE
+        quantize_int8(written["encoder_chunk"], written["encoder_chunk_int8"])
+    return {name: str(path) for name, path in written.items()}
+
+
+def _max_abs(a: Tensor, b: Tensor) -> float:
+    return float((a.float() - b.float()).abs().max()) if a.numel() else 0.0
+
+
+def check_random(loaded: LoadedModel, runner: OrtChunkRunner) -> dict[str, float]:
+    """Largest |ONNX - torch| over random chunk steps of several batch, chunk and cache sizes."""
+    errors = dict.fromkeys(CHUNK_OUTPUTS, 0.0)
+    graph = ChunkStepGraph(loaded).eval()
+    for seed, (batch, chunk, window) in enumerate(((1, 4, 8), (4, 16, 64), (6, 8, 5))):
+        example = _chunk_example(loaded, batch, chunk, window, seed + 1)
+        with torch.no_grad():
+            want = graph(*example)
+        got = runner.step(*example)
+        for name, a, b in zip(CHUNK_OUTPUTS, got, want, strict=True):
+            errors[name] = max(errors[name], _max_abs(a, b))
+    return errors
+
+
+ChunkStepFn = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor, Tensor]]
+
+
+def stream_through_pool(
+    step: ChunkStepFn, loaded: LoadedModel, fbank: Tensor, chunk: int, left_chunks: int
+) -> tuple[Tensor, Tensor]:
+    """Stream one utterance's fbank (T, n_mels) chunk by chunk with a one-slot KvPool.
+
+    Returns (encoder output (T', D), CTC log-probs (T', V)).
+    """
+    pool = KvPool(
+        1, loaded.num_blocks, loaded.heads, loaded.d_k, chunk * left_chunks, loaded.d_model, loaded.cnn_cache_frames
+    )
+    slot = torch.tensor([pool.allocate(chunk * left_chunks)])
+    outputs: list[Tensor] = []
+    log_probs: list[Tensor] = []
+    offset = 0
+    with torch.no_grad():
+        for start, end in loaded.model.encoder.chunk_windows(fbank.size(0), chunk):
+            view = pool.gather(slot)
+            offsets = torch.tensor([offset])
+            ys, logp, new_kv, new_cnn = step(
+                fbank[start:end].unsqueeze(0), offsets, view.att, view.pos, view.mask, view.cnn
+            )
+            pool.write(slot, new_kv, offset + torch.arange(ys.size(1)).unsqueeze(0), new_cnn)
+            outputs.append(ys[0])
+            log_probs.append(logp[0])
+            offset += ys.size(1)
+    return torch.cat(outputs), torch.cat(log_probs)
+
+
+def check_audio(
+    loaded: LoadedModel, runners: dict[str, OrtChunkRunner], wavs: Sequence[Path], chunk: int, left_chunks: int
+) -> dict[str, dict[str, float]]:
+    """Stream each WAV through torch and each ONNX runner; per runner the largest differences
+    of the encoder output and log-probs, and the share of frames whose best CTC token agrees."""
+    graph = ChunkStepGraph(loaded).eval()
+    report: dict[str, dict[str, float]] = {
+        name: {"ys": 0.0, "log_probs": 0.0, "argmax_agreement": 1.0} for name in runners
+    }
+    for wav in wavs:
+        fbank = torch.from_numpy(compute_fbank(read_wav(wav).samples))  # (T, n_mels)
+        want_ys, want_logp = stream_through_pool(graph, loaded, fbank, chunk, left_chunks)
+        for name, runner in runners.items():
+            ys, logp = stream_through_pool(runner.step, loaded, fbank, chunk, left_chunks)
+            entry = report[name]
+            entry["ys"] = max(entry["ys"], _max_abs(ys, want_ys))
+            entry["log_probs"] = max(entry["log_probs"], _max_abs(logp, want_logp))
+            agreement = float((logp.argmax(-1) == want_logp.argmax(-1)).float().mean())
+            entry["argmax_agreement"] = min(entry["argmax_agreement"], agreement)
+    return report
+
+
+def check_decoder(loaded: LoadedModel, runner: OrtDecoderRunner) -> dict[str, float]:
+    """Largest |ONNX - torch| of the decoder log-probs over random hypotheses (valid rows only)."""
+    graph = DecoderGraph(loaded).eval()
+    errors: dict[str, float] = {}
+    for seed, (hyps, length, frames) in enumerate(((1, 3, 20), (10, 12, 90))):
+        example = _decoder_example(loaded, hyps, length, frames, seed + 1)
+        with torch.no_grad():
+            want = graph(*example)
+        got = runner(*example)
+        lens = example[3]
+        valid = (torch.arange(length).unsqueeze(0) < lens.unsqueeze(1)).unsqueeze(-1)  # (N, L, 1)
+        for name, a, b in zip(("l2r", "r2l"), got, want, strict=False):
+            errors[name] = max(errors.get(name, 0.0), _max_abs(a * valid, b * valid))
+    return errors
+
+
+def check_all(
+    model_dir: Path, out_dir: Path, wavs: Sequence[Path], chunk: int, left_chunks: int, threads: int
+) -> dict[str, object]:
+    """Compare every exported graph in `out_dir` with the torch model; JSON-ready report."""
+    torch.set_num_threads(threads)
+    loaded = load_wenet_model(model_dir)
+    fp32 = OrtChunkRunner(out_dir / ENCODER_FILE, threads)
+    runners = {"fp32": fp32}
+    if (out_dir / ENCODER_INT8_FILE).is_file():
+        runners["int8"] = OrtChunkRunner(out_dir / ENCODER_INT8_FILE, threads)
+    report: dict[str, object] = {
+        "random_fp32": check_random(loaded, fp32),
+        "decoder": check_decoder(loaded, OrtDecoderRunner(out_dir / DECODER_FILE, threads)),
+    }
+    if wavs:
+        report["audio"] = {
+            "chunk": chunk,
+            "left_chunks": left_chunks,
+            "wavs": [Path(w).name for w in wavs],
+            **check_audio(loaded, runners, wavs, chunk, left_chunks),
+        }
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m deploy.export.onnx_export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", nargs="?", choices=("export", "check"), default="export")
+    parser.add_argument("--model", type=Path, required=True, help="WeNet model dir (train.yaml, final.pt, ...)")
+    parser.add_argument("--out", type=Path, required=True, help="directory for the .onnx files")
+    parser.add_argument("--opset", type=int, default=DEFAULT_OPSET)
+    parser.add_argument("--no-int8", action="store_true", help="skip the INT8 encoder")
+    parser.add_argument("--wav", type=Path, nargs="*", default=[], help="check: 16 kHz WAVs streamed through both")
+    parser.add_argument("--chunk", type=int, default=16, help="check: chunk size in encoder frames")
+    parser.add_argument("--left-chunks", type=int, default=4, help="check: cached chunks of left context")
+    parser.add_argument("--threads", type=int, default=1, help="torch and ONNX Runtime threads")
+    args = parser.parse_args(argv)
+    if args.command == "export":
+        result: dict[str, object] = dict(export_all(args.model, args.out, args.opset, not args.no_int8))
+    else:
+        result = check_all(args.model, args.out, args.wav, args.chunk, args.left_chunks, args.threads)
+    json.dump(result, sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
