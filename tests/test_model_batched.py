@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from asr_core.model import LoadedModel, load_wenet_model
+from asr_core.model.attention import RelPositionMultiHeadedAttention
+from asr_core.model.encoder_layer import ConformerEncoderLayer
 
 FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "wenet_u2pp_small"
 pytestmark = pytest.mark.skipif(
@@ -151,6 +153,13 @@ def test_simulated_ring_matches_wenet_streaming(
         assert float((got - torch.from_numpy(want[utt])).abs().max()) <= TOL, utt
 
 
+def first_rel_attention(loaded: LoadedModel) -> RelPositionMultiHeadedAttention:
+    layer = loaded.model.encoder.encoders[0]
+    assert isinstance(layer, ConformerEncoderLayer)
+    assert isinstance(layer.self_attn, RelPositionMultiHeadedAttention)
+    return layer.self_attn
+
+
 def test_position_table_paths_agree(loaded: LoadedModel, fbanks: dict[str, torch.Tensor]) -> None:
     """Table lookup, on-the-fly projection (beyond the table limit) and weight edits agree."""
     encoder = loaded.model.encoder
@@ -174,7 +183,7 @@ def test_position_table_paths_agree(loaded: LoadedModel, fbanks: dict[str, torch
     finally:
         encoder.position_table_limit = limit
     assert float((table_ys - direct_ys).abs().max()) <= 1e-5
-    weight = encoder.encoders[0].self_attn.linear_pos.weight
+    weight = first_rel_attention(loaded).linear_pos.weight
     original = weight.detach().clone()
     try:
         with torch.no_grad():

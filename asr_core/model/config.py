@@ -26,12 +26,21 @@ from asr_core.model.errors import ModelConfigError
 Activation = Literal["swish", "relu", "gelu", "tanh"]
 
 
+TRANSFORMER_ENCODER_DEFAULTS = {
+    "pos_enc_layer_type": "abs_pos",
+    "selfattention_layer_type": "selfattn",
+    "activation_type": "relu",
+}
+"""WeNet's TransformerEncoder defaults that differ from its ConformerEncoder's."""
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class EncoderConfig(_Strict):
-    """``encoder_conf`` of a conformer or transformer encoder (WeNet defaults)."""
+    """``encoder_conf`` of a conformer or transformer encoder (WeNet's conformer defaults;
+    a transformer's differing defaults are filled in by ``ModelConfig``)."""
 
     output_size: int = Field(256, gt=0)
     attention_heads: int = Field(4, gt=0)
@@ -158,6 +167,11 @@ class ModelConfig(BaseModel):
         if not isinstance(data, dict):
             return data
         data = dict(data)
+        if data.get("encoder") == "transformer" and isinstance(data.get("encoder_conf", {}), dict):
+            conf = dict(data.get("encoder_conf") or {})
+            for key, default in TRANSFORMER_ENCODER_DEFAULTS.items():
+                conf.setdefault(key, default)
+            data["encoder_conf"] = conf
         if "output_dim" not in data and "vocab_size" in data:
             data["output_dim"] = data["vocab_size"]
         if "cmvn_conf" in data or isinstance(data.get("cmvn"), str):

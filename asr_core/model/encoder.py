@@ -69,12 +69,9 @@ class U2Encoder(nn.Module):
         attention_class = (
             RelPositionMultiHeadedAttention if conf.selfattention_layer_type == "rel_selfattn" else MultiHeadedAttention
         )
-        # WeNet's transformer encoder defaults to relu, its conformer to swish.
-        explicit = conformer or "activation_type" in conf.model_fields_set
-        activation = conf.activation_type if explicit else "relu"
 
         def ffn() -> PositionwiseFeedForward:
-            return PositionwiseFeedForward(d, conf.linear_units, conf.dropout_rate, activation)
+            return PositionwiseFeedForward(d, conf.linear_units, conf.dropout_rate, conf.activation_type)
 
         self.encoders = nn.ModuleList(
             ConformerEncoderLayer(
@@ -92,7 +89,7 @@ class U2Encoder(nn.Module):
                 ConvolutionModule(
                     d,
                     conf.cnn_module_kernel,
-                    activation,
+                    conf.activation_type,
                     conf.cnn_module_norm,
                     conf.causal,
                     conf.conv_bias,

@@ -23,6 +23,8 @@ SINUSOID_BUFFERS = (
 """Fixed sinusoid tables that newer WeNet checkpoints contain; recomputed here, so ignored."""
 
 CMVN_FILE = "global_cmvn"
+CMVN_BUFFERS = ("encoder.global_cmvn.mean", "encoder.global_cmvn.istd")
+"""Optional in final.pt: when absent, the statistics read from ``global_cmvn`` are used."""
 
 
 @dataclass
@@ -77,9 +79,13 @@ def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _apply_state_dict(model: ASRModel, state: dict[str, torch.Tensor], path: Path) -> None:
-    """Strict load, tolerating only the sinusoid buffers; every problem is listed."""
+    """Strict load, tolerating only absent/extra sinusoid buffers and absent CMVN buffers;
+    every problem is listed."""
     state = {k: v for k, v in state.items() if k not in SINUSOID_BUFFERS}
     expected = model.state_dict()
+    for key in CMVN_BUFFERS:
+        if key in expected and key not in state:
+            state[key] = expected[key]  # statistics from global_cmvn, as WeNet
     problems: list[str] = []
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
