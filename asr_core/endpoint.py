@@ -1,0 +1,71 @@
+"""CTC endpoint detection (WeNet's rules), vectorized over a batch of streams.
+
+A frame is silence when P(blank) > ``blank_threshold``. An utterance ends when
+1. nothing has been decoded and the silence reaches ``leading_silence_ms`` (the utterance is
+   dropped without a final: the caller has not said anything),
+2. something has been decoded and the trailing silence reaches ``trailing_silence_ms``,
+3. the utterance reaches ``max_utterance_ms``.
+Counting is in encoder frames (40 ms each with 4x subsampling of 10 ms fbank frames).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+NO_ENDPOINT = 0
+LEADING_SILENCE = 1
+TRAILING_SILENCE = 2
+MAX_LENGTH = 3
+REASONS = {LEADING_SILENCE: "leading_silence", TRAILING_SILENCE: "silence", MAX_LENGTH: "max_length"}
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointRules:
+    blank_threshold: float = 0.8
+    trailing_silence_ms: int = 800
+    leading_silence_ms: int = 5000
+    max_utterance_ms: int = 20000
+
+
+def trailing_silence_run(silent: np.ndarray) -> np.ndarray:
+    """Length of the run of silent frames at the end of each row.
+
+    silent: (B, C) bool. Returns (B,) int64; C where the whole row is silent.
+    """
+    _batch, frames = silent.shape
+    speech = ~silent
+    any_speech = speech.any(axis=1)
+    # Index of the last speech frame per row (reverse argmax finds the first True from the end).
+    last_speech = frames - 1 - np.argmax(speech[:, ::-1], axis=1)
+    return np.where(any_speech, frames - 1 - last_speech, frames).astype(np.int64)
+
+
+def update_endpoints(
+    rules: EndpointRules,
+    frame_ms: int,
+    blank_prob: np.ndarray,
+    trailing_frames: np.ndarray,
+    utterance_frames: np.ndarray,
+    decoded_any: np.ndarray,
+) -> np.ndarray:
+    """Advance the per-stream counters by one chunk and say which streams hit an endpoint.
+
+    blank_prob: (B, C) probability of blank per new frame.
+    trailing_frames, utterance_frames: (B,) int64 counters, updated IN PLACE.
+    decoded_any: (B,) bool, True once the utterance has a non-blank token (after this chunk).
+    Returns (B,) int8 endpoint codes (NO_ENDPOINT, LEADING_SILENCE, TRAILING_SILENCE, MAX_LENGTH).
+    """
+    silent = blank_prob > rules.blank_threshold  # (B, C)
+    frames = silent.shape[1]
+    run = trailing_silence_run(silent)
+    all_silent = run == frames
+    trailing_frames[:] = np.where(all_silent, trailing_frames + frames, run)
+    utterance_frames += frames
+    trailing_ms = trailing_frames * frame_ms
+    codes = np.full(trailing_frames.shape, NO_ENDPOINT, dtype=np.int8)
+    codes[(~decoded_any) & (trailing_ms >= rules.leading_silence_ms)] = LEADING_SILENCE
+    codes[decoded_any & (trailing_ms >= rules.trailing_silence_ms)] = TRAILING_SILENCE
+    codes[(codes == NO_ENDPOINT) & (utterance_frames * frame_ms >= rules.max_utterance_ms)] = MAX_LENGTH
+    return codes

@@ -1,0 +1,444 @@
+"""The shared streaming recognizer: one per device, many streams, batched chunk forwards.
+
+The ``Engine`` owns the weights, the cache pool (``kv_ring.KvPool``) and one scheduler
+thread. Each tick the scheduler
+1. moves every stream's queued audio into its fbank extractor,
+2. collects the streams whose next chunk is complete,
+3. groups them by chunk shape (chunk size, input frames) -- one bucket per shape, so streams
+   with different chunk sizes are all served, each by its own batched forward,
+4. forms batches of up to ``max_batch`` (a group smaller than that waits at most
+   ``max_wait_ms`` for more streams, unless every stream of that chunk size is already in it),
+5. runs ONE ``forward_chunk_batch`` per batch, ring-writes the new keys/values, takes the CTC
+   top-k, updates greedy partials and endpoint counters with array operations,
+6. finalizes every utterance that ended in this tick together: prefix beam search on the
+   stored per-frame top-k, then one batched attention-rescoring call across those streams.
+
+Oldest-ready-first ordering keeps it fair: a stream never waits behind newer chunks. When a
+chunk's latency exceeds ``behind_ms`` the engine counts it and logs (rate-limited) that it
+is behind real time; audio is never dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from asr_core.ctc_search import Hypothesis, ctc_prefix_beam_search_topk
+from asr_core.endpoint import LEADING_SILENCE, NO_ENDPOINT, REASONS, EndpointRules, update_endpoints
+from asr_core.events import Event, Final, NBestEntry, Partial
+from asr_core.model.loader import LoadedModel
+from asr_core.stream import Stream, StreamConfig
+from kv_ring import CapacityError, KvPool
+from rescoring.attention import RescoreResult, attention_rescore
+
+__all__ = ["CapacityError", "Engine", "EngineOptions", "EngineStats", "StreamConfig"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """Engine-wide limits. ``max_window_frames`` sizes the pool's per-slot ring."""
+
+    max_streams: int = 256
+    max_batch: int = 64
+    max_wait_ms: float = 20.0
+    allowed_chunk_ms: tuple[int, ...] = (160, 240, 320, 640)
+    max_left_chunks: int = 8
+    beam: int = 10
+    ctc_weight: float = 0.5
+    reverse_weight: float = 0.3
+    endpoint: EndpointRules = field(default_factory=EndpointRules)
+    device: str = "cpu"
+    dtype: torch.dtype = torch.float32
+    behind_ms: float = 1000.0
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Counters and bounded samples for metrics and benchmarks (read from any thread)."""
+
+    chunks: int = 0
+    batches: int = 0
+    finals: int = 0
+    behind_realtime_chunks: int = 0
+    batch_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=100_000))
+    forward_ms: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
+    partial_latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=500_000))
+    final_latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
+
+
+class Engine:
+    """Shared batched recognizer. Thread-safe API: ``open_stream``; streams' producer methods."""
+
+    def __init__(self, loaded: LoadedModel, options: EngineOptions | None = None) -> None:
+        self.options = options or EngineOptions()
+        self.loaded = loaded
+        self.device = torch.device(self.options.device)
+        self.model = loaded.model.to(device=self.device, dtype=self.options.dtype).eval()
+        self.subsampling = loaded.subsampling
+        self.frame_ms = 10 * loaded.subsampling
+        max_chunk = max(self.options.allowed_chunk_ms) // self.frame_ms
+        self.pool = KvPool(
+            num_slots=self.options.max_streams,
+            num_layers=loaded.num_blocks,
+            heads=loaded.heads,
+            d_k=loaded.d_k,
+            window=max_chunk * self.options.max_left_chunks,
+            d_model=loaded.d_model,
+            cnn_frames=loaded.cnn_cache_frames,
+            dtype=self.options.dtype,
+            device=self.device,
+        )
+        self.stats = EngineStats()
+        self._streams: dict[str, Stream] = {}
+        self._streams_lock = threading.Lock()
+        self._wakeup = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_behind_log = 0.0
+        self._blank = loaded.blank_id
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="asr-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the scheduler; streams still open get no further events."""
+        self._stop.set()
+        self._wakeup.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def __enter__(self) -> Engine:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- streams --------------------------------------------------------------------
+
+    @property
+    def active_streams(self) -> int:
+        return self.pool.used_slots
+
+    @property
+    def free_slots(self) -> int:
+        return self.pool.free_slots
+
+    def open_stream(self, config: StreamConfig, on_event: Callable[[Event], None]) -> Stream:
+        """A new stream in a free cache slot; raises ``CapacityError`` when none is free."""
+        if config.chunk_ms not in self.options.allowed_chunk_ms:
+            allowed = ", ".join(str(ms) for ms in self.options.allowed_chunk_ms)
+            raise ValueError(f"chunk_ms {config.chunk_ms} is not one of the engine's chunk sizes {allowed}")
+        if not 1 <= config.left_chunks <= self.options.max_left_chunks:
+            raise ValueError(f"left_chunks must be 1..{self.options.max_left_chunks}, got {config.left_chunks}")
+        chunk_frames = config.chunk_frames(self.subsampling)
+        slot = self.pool.allocate(chunk_frames * config.left_chunks)
+        stream = Stream(
+            stream_id=config.stream_id or uuid.uuid4().hex,
+            config=config,
+            slot=slot,
+            chunk_frames=chunk_frames,
+            subsampling=self.subsampling,
+            right_context=self.loaded.right_context,
+            on_event=on_event,
+            wake=self._wakeup.set,
+        )
+        with self._streams_lock:
+            if stream.stream_id in self._streams:
+                self.pool.release(slot)
+                raise ValueError(f"stream id {stream.stream_id!r} is already open")
+            self._streams[stream.stream_id] = stream
+        return stream
+
+    # -- scheduler ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)
+        while not self._stop.is_set():
+            timeout = self.run_once()
+            if timeout > 0:
+                self._wakeup.wait(timeout)
+                self._wakeup.clear()
+
+    def run_once(self) -> float:
+        """One scheduler tick; returns how long to wait for new audio (0: work may remain).
+
+        Public so tests and offline tools can drive the engine without its thread.
+        """
+        with self._streams_lock:
+            streams = list(self._streams.values())
+        ready: list[tuple[Stream, int]] = []
+        ending: list[tuple[Stream, str]] = []
+        now = time.monotonic()
+        for stream in streams:
+            stream.drain_inbox()
+            frames = stream.next_chunk_frames()
+            if frames:
+                if not stream.ready_since:
+                    stream.ready_since = stream.arrival_time_of_sample(stream.chunk_last_sample(frames))
+                ready.append((stream, frames))
+            elif stream.closing:
+                ending.append((stream, "closed"))
+            elif stream.finishing:
+                ending.append((stream, "input_finished"))
+
+        wait = self.options.max_wait_ms / 1000.0
+        ran = False
+        for batch in self._form_batches(ready, now):
+            self._process_batch(batch, ending)
+            ran = True
+        if ending:
+            self._finish_streams(ending)
+        if ran or ending:
+            return 0.0
+        return wait if ready else 0.05
+
+    def _form_batches(self, ready: list[tuple[Stream, int]], now: float) -> Iterable[list[tuple[Stream, int]]]:
+        groups: dict[tuple[int, int], list[tuple[Stream, int]]] = {}
+        for stream, frames in ready:
+            groups.setdefault((stream.chunk_frames, frames), []).append((stream, frames))
+        active_per_chunk: dict[int, int] = {}
+        with self._streams_lock:
+            for stream in self._streams.values():
+                active_per_chunk[stream.chunk_frames] = active_per_chunk.get(stream.chunk_frames, 0) + 1
+        max_batch = self.options.max_batch
+        max_wait = self.options.max_wait_ms / 1000.0
+        for (chunk_frames, _), members in groups.items():
+            members.sort(key=lambda item: item[0].ready_since)
+            oldest_wait = now - members[0][0].ready_since
+            complete = len(members) >= min(max_batch, active_per_chunk.get(chunk_frames, 0))
+            finishing = any(stream.finishing or stream.closing for stream, _ in members)
+            if not (complete or finishing or oldest_wait >= max_wait):
+                continue
+            for start in range(0, len(members), max_batch):
+                yield members[start : start + max_batch]
+
+    @torch.inference_mode()
+    def _process_batch(self, batch: list[tuple[Stream, int]], ending: list[tuple[Stream, str]]) -> None:
+        streams = [stream for stream, _ in batch]
+        frames = batch[0][1]
+        size = len(streams)
+        feats = np.stack([stream.take_chunk(frames) for stream in streams])  # (B, T_in, n_mels)
+        xs = torch.from_numpy(feats).to(device=self.device, dtype=self.options.dtype)
+        slots = torch.tensor([stream.slot for stream in streams], dtype=torch.int64)
+        offsets = torch.tensor([stream.utterance.offset for stream in streams], dtype=torch.int64)
+        started = time.perf_counter()
+        cache = self.pool.gather(slots, reuse_buffer=True)
+        ys, new_kv, new_cnn = self.model.encoder.forward_chunk_batch(
+            xs, offsets.to(self.device), cache.att, cache.pos, cache.mask, cache.cnn
+        )  # ys (B, C, D)
+        chunk = ys.shape[1]
+        positions = offsets.unsqueeze(1) + torch.arange(chunk, dtype=torch.int64).unsqueeze(0)  # (B, C)
+        self.pool.write(slots, new_kv, positions, new_cnn)
+        log_probs = self.model.ctc_log_probs(ys).float()  # (B, C, V)
+        top_values, top_ids = log_probs.topk(self.options.beam, dim=-1)  # (B, C, k)
+        blank_prob = log_probs[..., self._blank].exp().cpu().numpy()  # (B, C)
+        top_values_np = top_values.cpu().numpy()
+        top_ids_np = top_ids.cpu().numpy()
+        forward_ms = (time.perf_counter() - started) * 1000.0
+
+        decoded_any = self._update_greedy(streams, top_ids_np[:, :, 0], chunk)
+        trailing = np.array([s.utterance.trailing_frames for s in streams], dtype=np.int64)
+        utt_frames = np.array([s.utterance.offset for s in streams], dtype=np.int64)
+        codes = update_endpoints(self.options.endpoint, self.frame_ms, blank_prob, trailing, utt_frames, decoded_any)
+
+        now = time.monotonic()
+        for i, stream in enumerate(streams):
+            utt = stream.utterance
+            utt.offset += chunk
+            utt.trailing_frames = int(trailing[i])
+            utt.topk_values.append(top_values_np[i])
+            utt.topk_ids.append(top_ids_np[i])
+            utt.encoder_out.append(ys[i].clone())
+            latency_ms = (now - stream.ready_since) * 1000.0
+            self.stats.partial_latency_ms.append(latency_ms)
+            if latency_ms > self.options.behind_ms:
+                self._note_behind(latency_ms)
+            if utt.changed or stream.config.emit_unchanged_partials:
+                self._emit_partial(stream, latency_ms, stream.ready_since)
+                utt.changed = False
+            stream.ready_since = 0.0
+            if codes[i] != NO_ENDPOINT:
+                ending.append((stream, REASONS[int(codes[i])]))
+        self.stats.chunks += size
+        self.stats.batches += 1
+        self.stats.batch_sizes.append(size)
+        self.stats.forward_ms.append(forward_ms)
+
+    def _update_greedy(self, streams: list[Stream], best: np.ndarray, chunk: int) -> np.ndarray:
+        """CTC greedy over the new frames of every stream; returns (B,) 'utterance has text'."""
+        previous = np.array([s.utterance.last_token for s in streams], dtype=np.int64)  # (B,)
+        shifted = np.concatenate([previous[:, None], best[:, :-1]], axis=1)  # (B, C)
+        emit = (best != self._blank) & (best != shifted)  # (B, C)
+        rows, cols = np.nonzero(emit)
+        for row, col in zip(rows.tolist(), cols.tolist(), strict=True):
+            utt = streams[row].utterance
+            utt.tokens.append(int(best[row, col]))
+            utt.token_frames.append(utt.offset + col)
+            utt.changed = True
+        for i, stream in enumerate(streams):
+            stream.utterance.last_token = int(best[i, -1])
+        return np.array([bool(s.utterance.tokens) for s in streams])
+
+    def _note_behind(self, latency_ms: float) -> None:
+        self.stats.behind_realtime_chunks += 1
+        now = time.monotonic()
+        if now - self._last_behind_log > 10.0:
+            self._last_behind_log = now
+            log.warning(
+                "engine behind real time: chunk latency %.0f ms (%d such chunks so far, %d streams)",
+                latency_ms,
+                self.stats.behind_realtime_chunks,
+                self.active_streams,
+            )
+
+    # -- events ---------------------------------------------------------------------
+
+    def _text(self, tokens: Iterable[int]) -> str:
+        units = self.loaded.units
+        skip = {self._blank, self.loaded.sos_id, self.loaded.eos_id}
+        return "".join(units[t] for t in tokens if t not in skip and not units[t].startswith("<")).replace("▁", " ")
+
+    def _times_ms(self, stream: Stream, frames: Iterable[int]) -> tuple[int, ...]:
+        base = stream.utterance.start_frame
+        return tuple((base + f) * self.frame_ms for f in frames)
+
+    def _emit_partial(self, stream: Stream, latency_ms: float, audio_end: float) -> None:
+        utt = stream.utterance
+        event = Partial(
+            stream_id=stream.stream_id,
+            utterance_id=utt.utterance_id,
+            seq=stream.next_seq(),
+            text=self._text(utt.tokens),
+            tokens=tuple(utt.tokens),
+            token_times_ms=self._times_ms(stream, utt.token_frames),
+            begin_ms=utt.start_frame * self.frame_ms,
+            end_ms=(utt.start_frame + utt.offset) * self.frame_ms,
+            latency_ms=latency_ms,
+            audio_end_monotonic=audio_end,
+        )
+        self._deliver(stream, event)
+
+    def _deliver(self, stream: Stream, event: Event) -> None:
+        try:
+            stream.on_event(event)
+        except Exception:
+            log.exception("event callback of stream %s failed; event dropped", stream.stream_id)
+
+    # -- endpoints and finals -------------------------------------------------------
+
+    def _finish_streams(self, ending: list[tuple[Stream, str]]) -> None:
+        """Finalize the utterances that ended this tick (batched rescoring), reset or retire streams."""
+        seen: set[str] = set()
+        to_final: list[tuple[Stream, str, list[Hypothesis]]] = []
+        to_retire: list[Stream] = []
+        started = time.monotonic()
+        for stream, reason in ending:
+            if stream.stream_id in seen:
+                continue
+            seen.add(stream.stream_id)
+            retire = reason in ("closed", "input_finished") and not stream.next_chunk_frames()
+            if reason in ("closed", "input_finished") and not retire:
+                continue  # more chunks to decode first (input finished mid-tick)
+            utt = stream.utterance
+            if utt.tokens and reason != REASONS[LEADING_SILENCE]:
+                values = np.concatenate(utt.topk_values)  # (T, k)
+                ids = np.concatenate(utt.topk_ids)  # (T, k)
+                nbest = ctc_prefix_beam_search_topk(values, ids, self.options.beam, self._blank)
+                to_final.append((stream, reason, nbest))
+            elif not retire:
+                self._reset_utterance(stream)
+            if retire:
+                to_retire.append(stream)
+        if to_final:
+            self._emit_finals(to_final, started)
+        for stream in to_retire:
+            self._retire(stream)
+
+    def _emit_finals(self, items: list[tuple[Stream, str, list[Hypothesis]]], started: float) -> None:
+        rescore_items = [(s, r, nb) for s, r, nb in items if s.config.rescore and nb]
+        rescored: dict[str, RescoreResult] = {}
+        if rescore_items:
+            results = attention_rescore(
+                self.model.decoder,
+                [torch.cat(s.utterance.encoder_out, dim=0) for s, _, _ in rescore_items],
+                [nb for _, _, nb in rescore_items],
+                ctc_weight=self.options.ctc_weight,
+                reverse_weight=self.options.reverse_weight,
+                sos=self.loaded.sos_id,
+                eos=self.loaded.eos_id,
+            )
+            rescored = {s.stream_id: result for (s, _, _), result in zip(rescore_items, results, strict=True)}
+        for stream, reason, nbest in items:
+            utt = stream.utterance
+            result = rescored.get(stream.stream_id)
+            if result is not None:
+                entries = tuple(
+                    NBestEntry(h.tokens, self._text(h.tokens), h.score, h.ctc_score, h.l2r_score, h.r2l_score)
+                    for h in result.hypotheses
+                )
+                best_times, confidence = result.times, result.confidence
+            else:
+                entries = tuple(NBestEntry(h.tokens, self._text(h.tokens), h.score, h.score) for h in nbest)
+                best_times, confidence = nbest[0].times, _ctc_confidence(entries)
+            best = entries[0]
+            latency_ms = (time.monotonic() - started) * 1000.0
+            self.stats.final_latency_ms.append(latency_ms)
+            self.stats.finals += 1
+            event = Final(
+                stream_id=stream.stream_id,
+                utterance_id=utt.utterance_id,
+                seq=stream.next_seq(),
+                text=best.text,
+                tokens=best.tokens,
+                token_times_ms=self._times_ms(stream, best_times),
+                begin_ms=utt.start_frame * self.frame_ms,
+                end_ms=(utt.start_frame + utt.offset) * self.frame_ms,
+                reason=reason,
+                nbest=entries,
+                confidence=confidence,
+                latency_ms=latency_ms,
+                audio_end_monotonic=time.monotonic(),
+            )
+            self._deliver(stream, event)
+            if reason not in ("closed", "input_finished"):
+                self._reset_utterance(stream)
+
+    def _reset_utterance(self, stream: Stream) -> None:
+        """Start the next utterance: fresh model offset and caches, as WeNet's runtime does."""
+        utt = stream.utterance
+        utt.reset(utt.start_frame + utt.offset)
+        self.pool.reset(stream.slot)
+
+    def _retire(self, stream: Stream) -> None:
+        with self._streams_lock:
+            self._streams.pop(stream.stream_id, None)
+        self.pool.release(stream.slot)
+        stream.done.set()
+
+
+def _ctc_confidence(entries: tuple[NBestEntry, ...]) -> float:
+    """Posterior of the best hypothesis among the n-best (softmax over their CTC scores)."""
+    scores = np.array([e.ctc_score for e in entries], dtype=np.float64)
+    if scores.size == 0:
+        return 0.0
+    weights = np.exp(scores - scores.max())
+    return float(weights[0] / weights.sum())
+

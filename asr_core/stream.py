@@ -1,0 +1,196 @@
+"""One call leg's recognition state: audio inbox, features, utterance and cache slot.
+
+A ``Stream`` is created by ``Engine.open_stream``. Producers (the RTP side, a file reader)
+call ``accept_waveform`` / ``input_finished`` / ``close`` from any thread; those calls only
+append to an inbox under a short lock and wake the engine. Everything else on this object
+belongs to the engine's scheduler thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from asr_core.events import Event
+from asr_core.frontend import FbankStream
+
+SAMPLE_RATE = 16000
+FBANK_SHIFT_SAMPLES = 160  # 10 ms
+FBANK_WINDOW_SAMPLES = 400  # 25 ms
+
+
+@dataclass(frozen=True, slots=True)
+class StreamConfig:
+    """Per-stream recognition settings (a route or the caller picks them)."""
+
+    chunk_ms: int = 160
+    left_chunks: int = 8
+    rescore: bool = True
+    emit_unchanged_partials: bool = False
+    stream_id: str | None = None
+
+    def chunk_frames(self, subsampling: int, frame_ms: int = 10) -> int:
+        """Encoder frames per chunk: 160 ms -> 4 with 4x subsampling of 10 ms frames."""
+        frames, rest = divmod(self.chunk_ms, subsampling * frame_ms)
+        if rest or frames < 1:
+            raise ValueError(f"chunk_ms {self.chunk_ms} is not a multiple of {subsampling * frame_ms} ms")
+        return frames
+
+
+@dataclass(slots=True)
+class Utterance:
+    """Decoding state of the utterance in progress (reset at every endpoint)."""
+
+    utterance_id: int = 0
+    start_frame: int = 0  # encoder frame (stream time) where the utterance began
+    offset: int = 0  # encoder frames emitted in this utterance (the model's offset)
+    tokens: list[int] = field(default_factory=list)
+    token_frames: list[int] = field(default_factory=list)  # encoder frame (utterance time) per token
+    last_token: int = -1  # CTC greedy's previous frame label (for repeat collapsing)
+    topk_values: list[np.ndarray] = field(default_factory=list)  # each (C, k)
+    topk_ids: list[np.ndarray] = field(default_factory=list)  # each (C, k)
+    encoder_out: list[torch.Tensor] = field(default_factory=list)  # each (C, D), on the engine's device
+    trailing_frames: int = 0
+    changed: bool = False
+
+    def reset(self, next_start_frame: int) -> None:
+        self.utterance_id += 1
+        self.start_frame = next_start_frame
+        self.offset = 0
+        self.tokens = []
+        self.token_frames = []
+        self.last_token = -1
+        self.topk_values = []
+        self.topk_ids = []
+        self.encoder_out = []
+        self.trailing_frames = 0
+        self.changed = False
+
+
+class Stream:
+    """A call leg being recognized. See the module docstring for the threading contract."""
+
+    def __init__(
+        self,
+        stream_id: str,
+        config: StreamConfig,
+        slot: int,
+        chunk_frames: int,
+        subsampling: int,
+        right_context: int,
+        on_event: Callable[[Event], None],
+        wake: Callable[[], None],
+    ) -> None:
+        self.stream_id = stream_id
+        self.config = config
+        self.slot = slot
+        self.chunk_frames = chunk_frames
+        self.on_event = on_event
+        self._wake = wake
+        self._lock = threading.Lock()
+        self._inbox: list[np.ndarray] = []
+        self._input_finished = False
+        self._close_requested = False
+        self.done = threading.Event()  # set once the last Final (if any) has been emitted
+
+        # Arrival log: (total samples received after this piece, monotonic time of hand-off).
+        self._arrivals: deque[tuple[int, float]] = deque()
+        self._samples_in = 0
+
+        # Scheduler-thread state.
+        self.fbank = FbankStream()
+        self.frames_consumed = 0  # fbank frames (stream time) already behind the next chunk's start
+        self.stride = subsampling * chunk_frames  # fbank frames per chunk
+        self.window = (chunk_frames - 1) * subsampling + right_context + 1  # fbank frames per chunk input
+        self.context = right_context + 1  # fewest fbank frames that yield one encoder frame
+        self.utterance = Utterance()
+        self.seq = 0
+        self.finishing = False  # input finished and drained into the fbank
+        self.closing = False
+        self.ready_since = 0.0
+
+    # -- producer side (any thread) -------------------------------------------------
+
+    def accept_waveform(self, samples: np.ndarray) -> None:
+        """Queue 16 kHz mono PCM (int16, or float in int16 range) of any length; never blocks on the engine."""
+        if samples.ndim != 1:
+            raise ValueError(f"expected mono samples (1-D), got shape {samples.shape}")
+        if samples.size == 0:
+            return
+        now = time.monotonic()
+        with self._lock:
+            if self._input_finished:
+                raise RuntimeError(f"stream {self.stream_id}: audio after input_finished/close")
+            self._inbox.append(samples)
+            self._samples_in += samples.size
+            self._arrivals.append((self._samples_in, now))
+        self._wake()
+
+    def input_finished(self) -> None:
+        """No more audio: decode what is buffered, emit the last Final, then release the slot."""
+        with self._lock:
+            self._input_finished = True
+        self._wake()
+
+    def close(self) -> None:
+        """The call ended: decode what was received, emit the Final, release the slot."""
+        with self._lock:
+            self._close_requested = True
+            self._input_finished = True
+        self._wake()
+
+    # -- scheduler side -------------------------------------------------------------
+
+    def drain_inbox(self) -> None:
+        """Move queued audio into the feature extractor; note input end and close requests."""
+        with self._lock:
+            pieces, self._inbox = self._inbox, []
+            finished = self._input_finished
+            self.closing = self._close_requested
+        for piece in pieces:
+            self.fbank.accept_waveform(piece)
+        if finished and not self.finishing:
+            self.fbank.input_finished()
+            self.finishing = True
+
+    def arrival_time_of_sample(self, sample_index: int) -> float:
+        """Monotonic time the piece holding ``sample_index`` (0-based) was handed over.
+
+        Older log entries are dropped: chunks are formed in order, so they are not needed again.
+        """
+        with self._lock:
+            arrivals = self._arrivals
+            while len(arrivals) > 1 and arrivals[0][0] <= sample_index:
+                arrivals.popleft()
+            return arrivals[0][1] if arrivals else time.monotonic()
+
+    def next_chunk_frames(self) -> int:
+        """Fbank frames the next chunk would read now (0: not ready)."""
+        available = self.fbank.num_frames_ready - self.frames_consumed
+        if available >= self.window:
+            return self.window
+        if self.finishing and available >= self.context:
+            return available
+        return 0
+
+    def chunk_last_sample(self, num_frames: int) -> int:
+        """Index of the last audio sample that the next chunk of ``num_frames`` fbank frames needs."""
+        last_frame = self.frames_consumed + num_frames - 1
+        return last_frame * FBANK_SHIFT_SAMPLES + FBANK_WINDOW_SAMPLES - 1
+
+    def take_chunk(self, num_frames: int) -> np.ndarray:
+        """The fbank frames of the next chunk, (num_frames, n_mels); advances by one stride."""
+        frames = self.fbank.get_frames(self.frames_consumed, num_frames)
+        self.frames_consumed += min(self.stride, num_frames)
+        self.fbank.drop_frames(self.frames_consumed - self.fbank.first_available)
+        return frames
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq

@@ -1,0 +1,227 @@
+"""The shared engine: batched multi-stream decoding equals each stream decoded alone.
+
+Uses WeNet's fixture model (random weights, peaky CTC) so that token sequences are long and
+varied; references come from the single-stream chunked path (``encode_streaming``) with the
+same searches ``asr-transcribe`` runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from asr_core.audio_io import read_wav
+from asr_core.ctc_search import ctc_greedy_batch, ctc_prefix_beam_search
+from asr_core.endpoint import EndpointRules
+from asr_core.engine import CapacityError, Engine, EngineOptions
+from asr_core.events import Event, Final, Partial
+from asr_core.frontend import compute_fbank
+from asr_core.model.loader import LoadedModel, load_wenet_model
+from asr_core.offline import encode_streaming
+from asr_core.stream import StreamConfig
+from rescoring.attention import attention_rescore
+
+FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "wenet_u2pp_small"
+pytestmark = pytest.mark.skipif(not FIXTURE.is_dir(), reason=f"WeNet fixture not found at {FIXTURE}")
+
+NO_ENDPOINTS = EndpointRules(trailing_silence_ms=10**9, leading_silence_ms=10**9, max_utterance_ms=10**9)
+
+
+@pytest.fixture(scope="module")
+def loaded() -> LoadedModel:
+    torch.set_num_threads(1)
+    return load_wenet_model(FIXTURE / "model")
+
+
+@pytest.fixture(scope="module")
+def audio() -> list[np.ndarray]:
+    return [read_wav(FIXTURE / "wav" / name).samples for name in ("utt1.wav", "utt2.wav")]
+
+
+@dataclass
+class Collector:
+    events: dict[str, list[Event]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self, event: Event) -> None:
+        with self.lock:
+            self.events.setdefault(event.stream_id, []).append(event)
+
+    def finals(self, stream_id: str) -> list[Final]:
+        return [e for e in self.events.get(stream_id, []) if isinstance(e, Final)]
+
+    def partials(self, stream_id: str) -> list[Partial]:
+        return [e for e in self.events.get(stream_id, []) if isinstance(e, Partial)]
+
+
+@dataclass(frozen=True)
+class Reference:
+    greedy: list[int]
+    best: tuple[int, ...]
+    score: float
+    nbest: list[tuple[int, ...]]
+
+
+def reference(loaded: LoadedModel, samples: np.ndarray, chunk_ms: int, left_chunks: int) -> Reference:
+    """What one stream alone gives: chunked encoder, greedy, prefix beam search, rescoring."""
+    fbank = torch.from_numpy(compute_fbank(samples))
+    encoder_out, _ = encode_streaming(loaded, fbank, chunk_ms // 40, left_chunks)
+    log_probs = loaded.model.ctc_log_probs(encoder_out.unsqueeze(0))  # (1, T, V)
+    greedy = ctc_greedy_batch(log_probs, torch.tensor([encoder_out.shape[0]]))[0]
+    nbest = ctc_prefix_beam_search(log_probs[0], beam=10)
+    (result,) = attention_rescore(
+        loaded.model.decoder, [encoder_out], [nbest], sos=loaded.sos_id, eos=loaded.eos_id,
+        ctc_weight=0.5, reverse_weight=0.3,
+    )
+    return Reference(greedy, result.tokens, result.score, [h.tokens for h in nbest])
+
+
+def drain(engine: Engine, streams: list) -> None:
+    for _ in range(100_000):
+        if all(s.done.is_set() for s in streams):
+            return
+        engine.run_once()
+    raise AssertionError("engine did not finish the streams")
+
+
+def test_many_streams_batched_equal_each_stream_alone(loaded: LoadedModel, audio: list[np.ndarray]) -> None:
+    """24 streams, four chunk sizes, different lengths, staggered starts and ends, odd piece sizes."""
+    rng = np.random.default_rng(7)
+    chunk_sizes = [160, 240, 320, 640]
+    plans = []
+    for i in range(24):
+        source = audio[i % 2]
+        start = int(rng.integers(0, 8000))
+        length = int(rng.integers(16000, len(source) - start))
+        plans.append(
+            {
+                "samples": source[start : start + length],
+                "chunk_ms": chunk_sizes[i % 4],
+                "left_chunks": [2, 4, 8][i % 3],
+                "first_round": i // 3,
+            }
+        )
+    engine = Engine(loaded, EngineOptions(max_streams=24, max_batch=8, endpoint=NO_ENDPOINTS))
+    collector = Collector()
+    streams = [None] * len(plans)
+    cursors = [0] * len(plans)
+    round_index = 0
+    while any(s is None or not s.done.is_set() for s in streams):
+        for i, plan in enumerate(plans):
+            if round_index < plan["first_round"]:
+                continue
+            if streams[i] is None:
+                config = StreamConfig(chunk_ms=plan["chunk_ms"], left_chunks=plan["left_chunks"], stream_id=f"s{i}")
+                streams[i] = engine.open_stream(config, collector)
+            samples = plan["samples"]
+            if cursors[i] < len(samples):
+                piece = int(rng.integers(1, 2000))
+                streams[i].accept_waveform(samples[cursors[i] : cursors[i] + piece])
+                cursors[i] += piece
+                if cursors[i] >= len(samples):
+                    streams[i].input_finished()
+        engine.run_once()
+        round_index += 1
+        assert round_index < 20_000
+    assert engine.stats.batch_sizes and max(engine.stats.batch_sizes) > 1, "nothing was batched"
+    assert engine.free_slots == 24
+
+    for i, plan in enumerate(plans):
+        ref = reference(loaded, plan["samples"], plan["chunk_ms"], plan["left_chunks"])
+        partials = collector.partials(f"s{i}")
+        (final,) = collector.finals(f"s{i}")
+        assert list(partials[-1].tokens) == ref.greedy, f"stream {i}: partial differs from single-stream greedy"
+        assert final.tokens == ref.best, f"stream {i}: final differs from single-stream rescoring"
+        assert abs(final.nbest[0].score - ref.score) <= max(1e-3, 1e-5 * abs(ref.score))
+        assert sorted(e.tokens for e in final.nbest) == sorted(ref.nbest)
+        assert final.reason == "input_finished"
+        seqs = [e.seq for e in collector.events[f"s{i}"]]
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+
+
+def test_engine_thread_with_concurrent_producers(loaded: LoadedModel, audio: list[np.ndarray]) -> None:
+    collector = Collector()
+    with Engine(loaded, EngineOptions(max_streams=6, max_batch=4, max_wait_ms=5, endpoint=NO_ENDPOINTS)) as engine:
+        streams = [
+            engine.open_stream(StreamConfig(chunk_ms=320, left_chunks=4, stream_id=f"t{i}"), collector)
+            for i in range(6)
+        ]
+
+        def produce(stream, samples: np.ndarray) -> None:
+            for k in range(0, len(samples), 320):
+                stream.accept_waveform(samples[k : k + 320])
+            stream.input_finished()
+
+        threads = [threading.Thread(target=produce, args=(s, audio[i % 2])) for i, s in enumerate(streams)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for s in streams:
+            assert s.done.wait(60)
+    refs = [reference(loaded, audio[k], 320, 4) for k in range(2)]
+    for i in range(6):
+        (final,) = collector.finals(f"t{i}")
+        assert final.tokens == refs[i % 2].best
+
+
+def test_capacity_close_and_final_on_close(loaded: LoadedModel, audio: list[np.ndarray]) -> None:
+    engine = Engine(loaded, EngineOptions(max_streams=2, endpoint=NO_ENDPOINTS))
+    collector = Collector()
+    first = engine.open_stream(StreamConfig(stream_id="a"), collector)
+    engine.open_stream(StreamConfig(stream_id="b"), collector)
+    with pytest.raises(CapacityError):
+        engine.open_stream(StreamConfig(stream_id="c"), collector)
+    first.accept_waveform(audio[0][:24000])  # the call hangs up mid-utterance
+    deadline = time.monotonic() + 5.0
+    while not collector.partials("a") and time.monotonic() < deadline:
+        time.sleep(engine.run_once())  # "b" sends nothing: "a" waits at most max_wait_ms for it
+    assert collector.partials("a"), "no partial before the close"
+    first.close()
+    drain(engine, [first])
+    (final,) = collector.finals("a")
+    assert final.reason == "closed" and final.tokens
+    assert final.tokens == reference(loaded, audio[0][:24000], 160, 8).best
+    assert engine.free_slots == 1
+    engine.open_stream(StreamConfig(stream_id="c"), collector)  # the freed slot is usable again
+
+
+def test_bad_stream_configs_are_refused(loaded: LoadedModel) -> None:
+    engine = Engine(loaded, EngineOptions(max_streams=1, allowed_chunk_ms=(160, 320)))
+    with pytest.raises(ValueError, match="chunk_ms 640 is not one of"):
+        engine.open_stream(StreamConfig(chunk_ms=640), print)
+    with pytest.raises(ValueError, match="left_chunks must be"):
+        engine.open_stream(StreamConfig(left_chunks=99), print)
+    assert engine.free_slots == 1
+
+
+def test_endpoint_splits_utterances_and_resets_the_model_state(loaded: LoadedModel, audio: list[np.ndarray]) -> None:
+    """A max-length endpoint every 2 s: consecutive utterances, each decoded from a fresh model state.
+
+    (The fixture's random model does not see silence as blank, so the length rule is the
+    deterministic one to drive here; the silence rules are covered in test_endpoint.py.)
+    """
+    rules = EndpointRules(trailing_silence_ms=10**9, leading_silence_ms=10**9, max_utterance_ms=2000)
+    engine = Engine(loaded, EngineOptions(max_streams=1, endpoint=rules))
+    collector = Collector()
+    stream = engine.open_stream(StreamConfig(chunk_ms=160, left_chunks=4, stream_id="e"), collector)
+    stream.accept_waveform(audio[1])
+    stream.input_finished()
+    drain(engine, [stream])
+    finals = collector.finals("e")
+    assert [f.reason for f in finals[:-1]] == ["max_length"] * (len(finals) - 1) and len(finals) == 4
+    assert [f.utterance_id for f in finals] == [0, 1, 2, 3]
+    assert finals[0].begin_ms == 0 and finals[0].end_ms == 13 * 160  # 13 chunks of 160 ms reach 2 s
+    assert all(a.end_ms == b.begin_ms for a, b in itertools.pairwise(finals))
+    # The first utterance is exactly the first 13 chunks: 12 strides of 16 fbank frames + a
+    # 19-frame window = 211 frames = 34000 samples, decoded from scratch.
+    assert finals[0].tokens == reference(loaded, audio[1][:34000], 160, 4).best
+    partial_ids = [p.utterance_id for p in collector.partials("e")]
+    assert partial_ids == sorted(partial_ids)
