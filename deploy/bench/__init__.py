@@ -1,0 +1,1 @@
+"""Benchmarks: commands that print one JSON object each (``asr-bench ...``)."""

@@ -1,0 +1,23 @@
+"""``asr-bench``: capacity and accuracy benchmarks, each printing one JSON object."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from deploy.bench import engine_bench
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="asr-bench", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    engine = sub.add_parser("engine", help="streams one engine sustains in real time (batched vs unbatched)")
+    engine_bench.add_arguments(engine)
+    engine.set_defaults(func=engine_bench.run)
+    args = parser.parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

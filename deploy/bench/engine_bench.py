@@ -1,0 +1,264 @@
+"""Capacity benchmark of the shared engine: many streams fed at real-time pace.
+
+``asr-bench engine`` opens N streams on one Engine, feeds each 20 ms of 16 kHz audio every
+20 ms (as RTP would), with start times spread over one chunk so chunks do not all line up,
+and reports one JSON object. ``--find-max`` searches the largest N that keeps up in real
+time with p95 partial latency <= 300 ms, once batched and once with ``--max-batch 1``, and
+reports the ratio as ``batching_gain``. ``--fast`` feeds as fast as possible (throughput).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from asr_core.audio_io import read_wav
+from asr_core.engine import Engine, EngineOptions
+from asr_core.events import Event
+from asr_core.model.loader import LoadedModel, load_wenet_model
+from asr_core.stream import StreamConfig
+
+PIECE_SAMPLES = 320  # 20 ms at 16 kHz: one RTP packet's worth
+PIECE_S = PIECE_SAMPLES / 16000
+LATENCY_LIMIT_MS = 300.0
+
+
+@dataclass(frozen=True)
+class Trial:
+    streams: int
+    seconds: float
+    chunk_ms: int
+    left_chunks: int
+    max_batch: int
+    max_wait_ms: float
+    fast: bool
+
+
+def synthetic_speech(seconds: float, seed: int) -> np.ndarray:
+    """Speech-like int16 audio: voiced bursts with formant-ish harmonics, pauses between."""
+    rng = np.random.default_rng(seed)
+    n = int(seconds * 16000)
+    t = np.arange(n) / 16000.0
+    f0 = 110 + 60 * rng.random() + 20 * np.sin(2 * np.pi * 0.7 * t)
+    phase = 2 * np.pi * np.cumsum(f0) / 16000.0
+    voiced = sum(np.sin(k * phase) / k for k in range(1, 12))
+    syllables = (np.sin(2 * np.pi * 4.0 * t + rng.random() * 6) > -0.2).astype(np.float64)
+    pauses = (np.sin(2 * np.pi * 0.15 * t + rng.random() * 6) > -0.6).astype(np.float64)
+    noise = rng.normal(0, 0.05, n)
+    wave = (voiced * 0.25 * syllables * pauses + noise) * 8000
+    return np.clip(wave, -32768, 32767).astype(np.int16)
+
+
+def _percentiles(values: list[float], qs: tuple[int, ...]) -> dict[str, float]:
+    if not values:
+        return {f"p{q}": math.nan for q in qs}
+    arr = np.asarray(values)
+    return {f"p{q}": round(float(np.percentile(arr, q)), 2) for q in qs}
+
+
+def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray) -> dict[str, Any]:
+    """Run one load level; returns the measurements as a dict."""
+    options = EngineOptions(
+        max_streams=trial.streams,
+        max_batch=trial.max_batch,
+        max_wait_ms=trial.max_wait_ms,
+        allowed_chunk_ms=(trial.chunk_ms,),
+        max_left_chunks=trial.left_chunks,
+        device=device,
+        dtype=torch.float16 if device.startswith("cuda") else torch.float32,
+    )
+    engine = Engine(loaded, options)
+    finals = [0]
+    lock = threading.Lock()
+
+    def on_event(event: Event) -> None:
+        if event.__class__.__name__ == "Final":
+            with lock:
+                finals[0] += 1
+
+    config = StreamConfig(chunk_ms=trial.chunk_ms, left_chunks=trial.left_chunks)
+    streams = [engine.open_stream(config, on_event) for _ in range(trial.streams)]
+    pieces_total = int(trial.seconds / PIECE_S)
+    audio_pieces = len(audio) // PIECE_SAMPLES
+    # Each stream starts at a different point of the audio and of the chunk period.
+    starts = np.linspace(0, audio_pieces, num=trial.streams, endpoint=False).astype(int)
+    stagger = np.linspace(0, trial.chunk_ms / 1000.0, num=trial.streams, endpoint=False)
+    cpu0 = time.process_time()
+    engine.start()
+    wall0 = time.monotonic()
+    latency_mark = 0
+    if trial.fast:
+        for k in range(pieces_total):
+            for i, stream in enumerate(streams):
+                j = (starts[i] + k) % audio_pieces
+                stream.accept_waveform(audio[j * PIECE_SAMPLES : (j + 1) * PIECE_SAMPLES])
+    else:
+        next_piece = np.zeros(trial.streams, dtype=np.int64)
+        while True:
+            now = time.monotonic() - wall0
+            due = np.minimum(np.floor((now - stagger) / PIECE_S).astype(np.int64) + 1, pieces_total)
+            for i in np.nonzero(due > next_piece)[0].tolist():
+                for k in range(int(next_piece[i]), int(due[i])):
+                    j = (starts[i] + k) % audio_pieces
+                    streams[i].accept_waveform(audio[j * PIECE_SAMPLES : (j + 1) * PIECE_SAMPLES])
+                next_piece[i] = due[i]
+            if not latency_mark and now >= 0.75 * trial.seconds:
+                latency_mark = len(engine.stats.partial_latency_ms)
+            if (next_piece >= pieces_total).all():
+                break
+            time.sleep(0.004)
+    feed_end = time.monotonic()
+    for stream in streams:
+        stream.input_finished()
+    for stream in streams:
+        stream.done.wait(timeout=600)
+    wall = time.monotonic() - wall0
+    cpu = time.process_time() - cpu0
+    engine.stop()
+    stats = engine.stats
+    latencies = list(stats.partial_latency_ms)
+    tail = latencies[latency_mark:] if latency_mark else latencies[len(latencies) * 3 // 4 :]
+    audio_s = trial.streams * pieces_total * PIECE_S
+    drain_s = wall - (feed_end - wall0)
+    chunk_limit = max(1000.0, 3 * trial.chunk_ms)
+    realtime_ok = (not trial.fast) and bool(tail) and max(tail) <= chunk_limit and drain_s < 2.0
+    batch_sizes = list(stats.batch_sizes)
+    return {
+        "streams": trial.streams,
+        "chunk_ms": trial.chunk_ms,
+        "left_chunks": trial.left_chunks,
+        "seconds": trial.seconds,
+        "max_batch": trial.max_batch,
+        "max_wait_ms": trial.max_wait_ms,
+        "fast": trial.fast,
+        "realtime_ok": realtime_ok,
+        "rtf": round(wall / audio_s if trial.fast else cpu / audio_s, 4),
+        "throughput_x_realtime": round(audio_s / wall, 2),
+        "chunks": stats.chunks,
+        "batches": stats.batches,
+        "batch_size_mean": round(float(np.mean(batch_sizes)), 2) if batch_sizes else 0.0,
+        "batch_size_p95": float(np.percentile(batch_sizes, 95)) if batch_sizes else 0.0,
+        "forward_ms_mean": round(float(np.mean(stats.forward_ms)), 3) if stats.forward_ms else 0.0,
+        "partial_latency_ms": _percentiles(latencies, (50, 95, 99)),
+        "final_latency_ms": _percentiles(list(stats.final_latency_ms), (50, 95)),
+        "finals": finals[0],
+        "behind_realtime_chunks": stats.behind_realtime_chunks,
+        "drain_s": round(drain_s, 3),
+        "kv_bytes_per_stream": engine.pool.bytes_per_slot,
+        "kv_bytes_total": engine.pool.total_bytes,
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+
+
+def _passes(result: dict[str, Any]) -> bool:
+    return bool(result["realtime_ok"]) and result["partial_latency_ms"]["p95"] <= LATENCY_LIMIT_MS
+
+
+def find_max(loaded: LoadedModel, base: Trial, device: str, audio: np.ndarray, start: int) -> tuple[int, list[dict]]:
+    """Largest stream count that passes: doubling, then bisection to within ~10 %."""
+    trials: list[dict[str, Any]] = []
+
+    def attempt(n: int) -> bool:
+        result = run_trial(loaded, Trial(**{**base.__dict__, "streams": n}), device, audio)
+        trials.append(result)
+        print(json.dumps({"trial": n, "ok": _passes(result), "p95": result["partial_latency_ms"]["p95"]}),
+              file=sys.stderr)
+        return _passes(result)
+
+    low, high = 0, None
+    n = start
+    while high is None:
+        if attempt(n):
+            low, n = n, n * 2
+        else:
+            high = n
+        if n > 100_000:
+            break
+    high = high or low
+    while high - low > max(1, low // 10):
+        mid = (low + high) // 2
+        if attempt(mid):
+            low = mid
+        else:
+            high = mid
+    return low, trials
+
+
+def _load_model(args: argparse.Namespace, workdir: Path) -> LoadedModel:
+    if args.model:
+        return load_wenet_model(args.model)
+    from deploy.bench.make_random_model import write_random_model
+
+    model_dir = workdir / f"random_{args.arch}"
+    write_random_model(args.arch, model_dir, seed=0)
+    return load_wenet_model(model_dir)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--model", type=Path, help="WeNet model directory")
+    source.add_argument("--arch", choices=["aishell", "wenetspeech", "small"], default="aishell",
+                        help="random-weight model of this shape (default: aishell)")
+    load = parser.add_mutually_exclusive_group()
+    load.add_argument("--streams", type=int, default=16)
+    load.add_argument("--find-max", action="store_true", help="search the largest real-time stream count")
+    parser.add_argument("--start", type=int, default=8, help="first stream count tried by --find-max")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--chunk-ms", type=int, default=160, choices=[160, 240, 320, 640])
+    parser.add_argument("--left-chunks", type=int, default=8)
+    parser.add_argument("--max-batch", type=int, default=64)
+    parser.add_argument("--max-wait-ms", type=float, default=20.0)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--backend", default="torch", choices=["torch"])
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: default)")
+    parser.add_argument("--fast", action="store_true", help="feed as fast as possible (throughput)")
+    parser.add_argument("--audio", type=Path, help="a 16 kHz mono WAV to feed instead of synthetic speech")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    audio = read_wav(args.audio)[0] if args.audio else synthetic_speech(30.0, seed=1)
+    with tempfile.TemporaryDirectory() as tmp:
+        loaded = _load_model(args, Path(tmp))
+    base = Trial(args.streams, args.seconds, args.chunk_ms, args.left_chunks, args.max_batch, args.max_wait_ms,
+                 args.fast)
+    header = {"arch": None if args.model else args.arch, "model": str(args.model) if args.model else None,
+              "device": args.device, "backend": args.backend, "torch_threads": torch.get_num_threads()}
+    if not args.find_max:
+        print(json.dumps({**header, **run_trial(loaded, base, args.device, audio)}, ensure_ascii=False))
+        return 0
+    batched, batched_trials = find_max(loaded, base, args.device, audio, args.start)
+    unbatched_base = Trial(**{**base.__dict__, "max_batch": 1})
+    unbatched, _ = find_max(loaded, unbatched_base, args.device, audio, max(1, args.start // 4))
+    best = next((t for t in batched_trials if t["streams"] == batched), batched_trials[-1])
+    print(json.dumps({
+        **header,
+        **best,
+        "max_realtime_streams": batched,
+        "unbatched_max_realtime_streams": unbatched,
+        "batching_gain": round(batched / unbatched, 2) if unbatched else None,
+    }, ensure_ascii=False))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="asr-bench engine", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
