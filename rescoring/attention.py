@@ -147,8 +147,9 @@ def sequence_scores(log_probs: torch.Tensor, targets: torch.Tensor, mask: torch.
     Returns:
         (M,) float64.
     """
-    picked = log_probs.detach().cpu().double().gather(2, targets.unsqueeze(2)).squeeze(2)  # (M, L + 1)
-    return picked.masked_fill(~mask, 0.0).sum(1)
+    index = targets.to(log_probs.device).unsqueeze(2)  # (M, L + 1, 1)
+    picked = log_probs.detach().gather(2, index).squeeze(2).cpu().double()  # (M, L + 1)
+    return picked.masked_fill(~mask.cpu(), 0.0).sum(1)
 
 
 def attention_rescore(
