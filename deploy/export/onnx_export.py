@@ -51,7 +51,7 @@ DECODER_FILE = "decoder.onnx"
 DEFAULT_OPSET = 17
 # The TorchScript exporter needs no extra package (the torch.export one needs onnxscript) and
 # traces forward_chunk_batch as written; `check` verifies every exported graph numerically.
-LEGACY_EXPORTER_WARNING = "You are using the legacy TorchScript-based ONNX export"
+LEGACY_EXPORTER_WARNINGS = "You are using the legacy TorchScript-based ONNX export|The feature will be removed"
 
 
 class ChunkStepGraph(nn.Module):
@@ -148,7 +148,7 @@ def export_chunk_step(loaded: LoadedModel, path: Path, opset: int = DEFAULT_OPSE
         "new_cnn": {1: "B"},
     }
     with torch.no_grad(), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", LEGACY_EXPORTER_WARNING, DeprecationWarning)
+        warnings.filterwarnings("ignore", LEGACY_EXPORTER_WARNINGS, DeprecationWarning)
         torch.onnx.export(
             ChunkStepGraph(loaded).eval(),
             example,
@@ -176,7 +176,7 @@ def export_decoder(loaded: LoadedModel, path: Path, opset: int = DEFAULT_OPSET) 
         **{name: {0: "N", 1: "L"} for name in outputs},
     }
     with torch.no_grad(), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", LEGACY_EXPORTER_WARNING, DeprecationWarning)
+        warnings.filterwarnings("ignore", LEGACY_EXPORTER_WARNINGS, DeprecationWarning)
         # make_pad_mask's `max_len > 0` is traced as a constant; L >= 1 always (sos comes first).
         warnings.filterwarnings("ignore", "Converting a tensor to a Python boolean", torch.jit.TracerWarning)
         torch.onnx.export(
