@@ -125,6 +125,19 @@ class ReorderBuffer:
     ) -> list[Frame]:
         """Add one received packet; returns the frames now ready, in order (often one)."""
         out: list[Frame] = []
+        expected = self._next
+        if expected is not None and ssrc == self.ssrc and not self._held and seq == expected & 0xFFFF:
+            # Fast path: the next packet in order, nothing waiting; it plays at once.
+            self._unwrapper.highest = expected
+            self._next = expected + 1
+            self._bad_seq = None
+            samples = len(payload) if kind is PacketKind.AUDIO else 0
+            if samples and samples != self._packet_samples:
+                self._packet_samples = samples
+                self._depth = self._depth_for(samples)
+            self._emit(_Held(timestamp, payload_type, payload, kind, samples), out)
+            self._history = (self._history << 1 | 1) & _HISTORY_MASK
+            return out
         if self.ssrc != ssrc:
             if self.ssrc is not None:
                 self._drain(out)
