@@ -155,13 +155,19 @@ class RoleRule:
     label_order: tuple[Role, ...] = ("caller", "agent")
 
 
-def assign_role(rule: RoleRule, aor: str | None, position: int) -> Role:
-    """Role of the stream at ``position`` (0-based among accepted streams) sent by ``aor``."""
-    if aor is not None:
-        if rule.agent_aor and re.search(rule.agent_aor, aor):
-            return "agent"
-        if rule.caller_aor and re.search(rule.caller_aor, aor):
-            return "caller"
-    if position < len(rule.label_order):
-        return rule.label_order[position]
-    return "mixed"
+def assign_roles(rule: RoleRule, aors: list[str | None]) -> list[Role]:
+    """Roles of the streams (in offer order) sent by ``aors``.
+
+    A stream whose AOR matches a pattern takes that role; the others take, in order, the
+    roles of ``label_order`` that no pattern gave away, then ``mixed``.
+    """
+    matched: list[Role | None] = []
+    for aor in aors:
+        if aor is not None and rule.agent_aor and re.search(rule.agent_aor, aor):
+            matched.append("agent")
+        elif aor is not None and rule.caller_aor and re.search(rule.caller_aor, aor):
+            matched.append("caller")
+        else:
+            matched.append(None)
+    free = [role for role in rule.label_order if role not in matched]
+    return [role if role is not None else (free.pop(0) if free else "mixed") for role in matched]

@@ -42,7 +42,7 @@ from sip.message import (
 )
 from sip.routing import CallFacts, Profile, Router
 from sip.sdp import SessionDescription, StreamPlan, build_answer, plan_streams
-from sip.siprec import RecordingMetadata, Role, assign_role, is_siprec, split_body
+from sip.siprec import RecordingMetadata, Role, assign_roles, is_siprec, split_body
 from sip.transaction import ClientTransaction, ServerTransaction, TimerConfig, TimerQueue, TxState
 
 ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, UPDATE, INFO"
@@ -411,19 +411,20 @@ class UasCore:
         from_party: NameAddr,
     ) -> list[tuple[StreamPlan, Role, str | None]]:
         """Each acceptable stream with its role and participant AOR, keeping only roles the profile transcribes."""
-        rule = profile.roles.to_rule()
-        streams: list[tuple[StreamPlan, Role, str | None]] = []
-        for position, plan in enumerate(plans):
+        aors: list[str | None] = []
+        for plan in plans:
             if not siprec:
-                role: Role = "mixed"
-                aor: str | None = from_party.uri
-            else:
-                participant = metadata.participant_for_label(plan.label) if metadata and plan.label else None
-                aor = participant.aor if participant else None
-                role = assign_role(rule, aor, position)
-            if role in profile.transcribe:
-                streams.append((plan, role, aor))
-        return streams
+                aors.append(from_party.uri)
+                continue
+            participant = metadata.participant_for_label(plan.label) if metadata and plan.label else None
+            aors.append(participant.aor if participant else None)
+        if siprec:
+            roles = assign_roles(profile.roles.to_rule(), aors)
+        else:
+            roles = ["mixed"] * len(plans)
+        return [
+            (plan, role, aor) for plan, role, aor in zip(plans, roles, aors, strict=True) if role in profile.transcribe
+        ]
 
     def _open_legs(self, call: Call, streams: list[tuple[StreamPlan, Role, str | None]]) -> list[Action]:
         """Allocate ports and ask the application for sinks; undo everything on failure (503)."""
