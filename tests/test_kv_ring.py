@@ -283,3 +283,21 @@ def test_gather_into_the_reused_buffer_equals_a_fresh_gather() -> None:
         assert reused.att.data_ptr() == pointer
         for name in ("att", "pos", "mask", "cnn"):
             assert torch.equal(getattr(fresh, name), getattr(reused, name)), name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_pool_on_cuda_matches_the_cpu_pool() -> None:
+    generator = torch.Generator().manual_seed(8)
+    pools = {device: KvPool(3, LAYERS, HEADS, D_K, WINDOW, D_MODEL, CNN, device=device) for device in ("cpu", "cuda")}
+    slots = {device: [pool.allocate(5), pool.allocate(WINDOW)] for device, pool in pools.items()}
+    assert slots["cpu"] == slots["cuda"]
+    index = torch.tensor(slots["cpu"])
+    for step in range(6):
+        new_kv, new_cnn = random_chunk(2, 3, generator)
+        positions = (3 * step + torch.arange(3)).expand(2, 3).contiguous()
+        for device, pool in pools.items():
+            pool.write(index, new_kv.to(device), positions.to(device), new_cnn.to(device), torch.tensor([3, 2]))
+    cpu, cuda = (pools[d].gather(index, reuse_buffer=True) for d in ("cpu", "cuda"))
+    for name in ("att", "pos", "mask", "cnn"):
+        assert torch.equal(getattr(cpu, name), getattr(cuda, name).cpu()), name
