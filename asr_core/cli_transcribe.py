@@ -247,6 +247,12 @@ def _validate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
         parser.error("--reverse-weight must be between 0 and 1")
     if args.threads < 0:
         parser.error("--threads must be 0 (torch's choice) or more")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        parser.error(f"--device {args.device}: not a torch device (e.g. cpu, cuda, cuda:1)")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: CUDA is not available on this machine; use --device cpu")
 
 
 def _dump_key(path: str, name: str) -> str:

@@ -226,11 +226,23 @@ def test_bad_inputs_exit_2_with_one_line(
 
 
 def test_bad_option_values(capsys: pytest.CaptureFixture[str]) -> None:
-    for args in (["--left-chunks", "0"], ["--chunk-ms", "100"], ["--beam", "0"]):
+    for args in (["--left-chunks", "0"], ["--chunk-ms", "100"], ["--beam", "0"], ["--device", "tpu9"]):
         with pytest.raises(SystemExit) as info:
             main([str(FIXTURE / "wav" / "utt1.wav"), "--model", str(FIXTURE / "model"), *args])
         assert info.value.code == 2
     capsys.readouterr()
+
+
+def test_model_dir_from_environment(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    wav = str(FIXTURE / "wav" / "utt1.wav")
+    monkeypatch.setenv("ASR_MODEL_DIR", str(FIXTURE / "model"))
+    assert main([wav, "--mode", "greedy"]) == 0
+    monkeypatch.delenv("ASR_MODEL_DIR")
+    monkeypatch.setattr("asr_core.cli_transcribe.DEMO_MODEL_DIR", FIXTURE / "absent_demo_model")
+    assert main([wav, "--mode", "greedy"]) == 2
+    out, err = capsys.readouterr()
+    assert out.startswith(wav + "\t")
+    assert "no model: pass --model DIR or set ASR_MODEL_DIR" in err
 
 
 def test_no_traceback_in_a_real_process(tmp_path: Path) -> None:
