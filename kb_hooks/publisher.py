@@ -130,6 +130,7 @@ class Publisher:
         self._client = client
         self._own_client = client is None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
         self._lock = threading.Lock()
         self._inbox: deque[_Item] = deque()
         self._intake_scheduled = False
@@ -183,6 +184,9 @@ class Publisher:
             self._intake_scheduled = self._intake_scheduled or wake
         if wake:
             assert self._loop is not None
+            if threading.get_ident() == self._loop_thread:
+                self._intake()  # called from the loop itself: nothing to wake, and it may not yield soon
+                return
             try:
                 self._loop.call_soon_threadsafe(self._intake)
             except RuntimeError:  # loop closed: the items stay in the inbox for the next start()
@@ -220,6 +224,7 @@ class Publisher:
     async def start(self) -> None:
         """Open the spool (replaying what a previous run left) and start the sender task."""
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         self._work = asyncio.Event()
         self._stopping = False
         s = self.settings
