@@ -6,7 +6,9 @@ Opens N `RtpLeg`s (with `CountingSink`) on loopback, starts a child process that
 20 ms packet to every leg every 20 ms (50 packets/s per stream) from a few UDP sockets, and
 prints one JSON object. CPU is measured per process, so `receiver_cpu_us_per_packet` is the
 receiving side only (sockets, event loop, parse, reorder, decode, resample, sink):
-process CPU time of the receiver over the send period / packets received.
+process CPU time of the receiver from the first packet sent until its sockets are drained,
+divided by the packets received. `receiver_backlog_s` is how long the receiver needed after
+the sender's last packet to drain its socket buffers (near 0 when it keeps up).
 
 `max_streams_held` counts legs that received at least 99% of the packets sent to them and did
 not time out. `lost` is packets sent but never received (socket drops), `leg_lost` what the
@@ -40,6 +42,7 @@ PACKET_MS = 20
 PACKET_SAMPLES = 160
 PAYLOAD_TYPES = {0: "PCMU", 8: "PCMA", 101: "telephone-event", 13: "CN"}
 HELD_FRACTION = 0.99
+DRAIN_LIMIT_S = 30.0
 
 
 def _tone_payloads(codec: str) -> list[bytes]:
@@ -118,12 +121,17 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     while not receive_end.poll():
         await asyncio.sleep(0.05)
     sender_report: dict[str, Any] = receive_end.recv()
-    await asyncio.sleep(0.2)
+    received = sum(leg.stats.packets for leg in legs)
+    drain_deadline = time.monotonic() + DRAIN_LIMIT_S
+    while time.monotonic() < drain_deadline:
+        await asyncio.sleep(0.2)
+        previous, received = received, sum(leg.stats.packets for leg in legs)
+        if received == previous:
+            break
     cpu_s = time.process_time() - cpu_start
     wall_s = time.monotonic() - wall_start
     sender.join(timeout=5)
 
-    received = sum(leg.stats.packets for leg in legs)
     per_leg_sent = sender_report["packets_sent"] / max(1, len(legs))
     held = sum(
         1 for index, leg in enumerate(legs) if index not in ended and leg.stats.packets >= HELD_FRACTION * per_leg_sent
@@ -142,6 +150,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         "late": sum(leg.stats.late for leg in legs),
         "receiver_cpu_us_per_packet": round(cpu_s * 1e6 / max(1, received), 2),
         "receiver_cpu_fraction": round(cpu_s / wall_s, 3),
+        "receiver_backlog_s": round(wall_s - sender_report["send_wall_s"], 2),
         "sender_cpu_us_per_packet": round(
             sender_report["sender_cpu_s"] * 1e6 / max(1, sender_report["packets_sent"]), 2
         ),
