@@ -32,7 +32,12 @@ per-layer projected position tables; later positions are projected on the fly.""
 
 
 def _exporting() -> bool:
-    return torch.jit.is_tracing() or torch.jit.is_scripting() or torch.onnx.is_in_onnx_export()
+    return (
+        torch.jit.is_tracing()
+        or torch.jit.is_scripting()
+        or torch.onnx.is_in_onnx_export()
+        or torch.compiler.is_compiling()
+    )
 
 
 class U2Encoder(nn.Module):
@@ -136,7 +141,11 @@ class U2Encoder(nn.Module):
         return self.embed.right_context
 
     def _uses_position_table(self) -> bool:
-        return self.conf.selfattention_layer_type == "rel_selfattn" and not (self.training or _exporting())
+        """Gather rel_selfattn position terms from cached tables: only without autograd (the
+        tables carry no gradient to linear_pos) and outside tracing/export/compile."""
+        return self.conf.selfattention_layer_type == "rel_selfattn" and not (
+            self.training or torch.is_grad_enabled() or _exporting()
+        )
 
     def _table_rows(self, needed: int) -> int:
         """Rows of the projected position table to use (0: project on the fly)."""
