@@ -529,7 +529,7 @@ def parse_multipart(content_type: str, body: bytes) -> list[BodyPart]:
             head, sep, content = chunk.partition(b"\n\n")
         if not sep:
             head, content = b"", chunk
-        content = content.removesuffix(b"\r\n").removesuffix(b"\n")
+        content = content[:-2] if content.endswith(b"\r\n") else content.removesuffix(b"\n")
         headers: list[tuple[str, str]] = []
         for line in head.decode("utf-8", "replace").splitlines():
             name, colon, value = line.partition(":")

@@ -165,7 +165,8 @@ class ServerTransaction(_Transaction):
             self._stop_timers()
             if self.state is S.ACCEPTED:
                 self.ack_timed_out = True
-            self._move("timeout" if self.state in (S.ACCEPTED, S.COMPLETED) else "expire", remote=False)
+            waiting_for_ack = self.method == "INVITE" and self.state in (S.ACCEPTED, S.COMPLETED)
+            self._move("timeout" if waiting_for_ack else "expire", remote=False)
             return None
         if self.retransmit_at is not None and now >= self.retransmit_at:
             self._backoff(now)

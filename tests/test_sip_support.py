@@ -1,4 +1,4 @@
-"""Shared builders for the SIP tests: requests as a peer would send them, a fake port allocator."""
+"""Shared builders for the SIP tests (no tests here): requests as a peer sends them, fake RTP ports."""
 
 from __future__ import annotations
 
