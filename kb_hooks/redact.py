@@ -34,6 +34,8 @@ class Redacted:
             if pos <= begin:
                 break
             if pos < end:
+                if len(replacement) == end - begin:
+                    return pos + shift
                 return begin + shift + (len(replacement) if pos > begin else 0)
             shift += len(replacement) - (end - begin)
         return pos + shift
