@@ -1,0 +1,113 @@
+"""TranscriptProcessor -> events: schema v1 for every type, suggestions' lifecycle, tags, redaction."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from kb_hooks import events as ev
+from kb_hooks.config import KbHooksSettings
+from kb_hooks.processor import TranscriptProcessor
+from kb_hooks.types import CallContext, Participant, RedactionMode, TranscriptUpdate
+
+REPO = Path(__file__).resolve().parents[1]
+SEED = "我今天发现新华路十二号井盖发生了破损，有安全隐患"
+CALLER = Participant("caller", "sip:caller@pbx.local", None)
+_seq = itertools.count(1)
+
+
+@pytest.fixture
+def processor() -> TranscriptProcessor:
+    settings = KbHooksSettings(
+        kb_sets={"hotline": REPO / "deploy" / "config" / "kb.example.yaml"},
+        tag_rule_sets={"demands": REPO / "deploy" / "config" / "tags.example.yaml"},
+    )
+    return TranscriptProcessor.from_settings(settings)
+
+
+def ctx(mode: RedactionMode = RedactionMode.MASK, call_id: str = "call-1") -> CallContext:
+    return CallContext(call_id, "a84b4c76e66710@pbx.local", "hotline", None, mode, "hotline", ("demands",))
+
+
+def update(text: str, partial: bool, utterance_id: int = 0, call: CallContext | None = None) -> TranscriptUpdate:
+    tokens = tuple((ch, 100 * i, 100 * i + 80) for i, ch in enumerate(text))
+    return TranscriptUpdate(call or ctx(), CALLER, utterance_id, partial, text, tokens, 0, 100 * len(text),
+                            0.91, () if partial else ((text, -1.2), (text[:-1], -3.4)), 35.0)  # fmt: skip
+
+
+def validated(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    for event in events:
+        event.setdefault("seq", next(_seq))  # the Publisher stamps seq
+        jsonschema.validate(event, ev.schema())
+    return events
+
+
+def test_every_event_type_matches_the_schema(processor: TranscriptProcessor) -> None:
+    call = ctx()
+    events = [ev.call_started(call, [CALLER, Participant("agent", "sip:1001@pbx.local", "agent-1001")])]
+    events += processor.process(update("我今天发现新华路", True))
+    events += processor.process(update(SEED, False))
+    events.append(ev.call_ended(call, "bye", {"duration_ms": 61_000, "utterances": 1}))
+    validated(events)
+    assert {e["event_type"] for e in events} == set(ev.EVENT_TYPES)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**events[1], "participant": {"role": "boss", "aor": None, "label": None}}, ev.schema())
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**events[1], "is_partial": False}, ev.schema())
+
+
+def test_seed_example_end_to_end(processor: TranscriptProcessor) -> None:
+    events = validated(processor.process(update(SEED, False)))
+    final, suggestion, tags = events
+    assert final["event_type"] == "transcript.final" and final["text"] == SEED
+    assert final["tokens"][0] == {"text": "我", "begin_ms": 0, "end_ms": 80}
+    assert suggestion["title"] == "井盖破损应急处置流程"
+    assert (suggestion["status"], suggestion["matched_text"]) == ("confirmed", "井盖发生了破损")
+    found = {(t["kind"], t["label"], t["value"]) for t in tags["tags"]}
+    assert ("demand", "市政设施/井盖", "井盖") in found
+    assert ("entity", "address", "新华路十二号") in found
+    address = next(t for t in tags["tags"] if t["label"] == "address")
+    assert SEED[address["span"]["begin"] : address["span"]["end"]] == "新华路十二号"
+
+
+def test_partial_suggestion_confirmed_or_withdrawn_by_the_final(processor: TranscriptProcessor) -> None:
+    first = processor.process(update("警盖破损", True, 0))
+    assert [(e["status"], e["homophone"]) for e in first if e["event_type"] == "kb.suggestion"] == [("suggested", True)]
+    assert not [e for e in processor.process(update("警盖破损了", True, 0)) if e["event_type"] == "kb.suggestion"]
+    confirmed = [e for e in processor.process(update("井盖破损了", False, 0)) if e["event_type"] == "kb.suggestion"]
+    assert [(e["status"], e["score"]) for e in confirmed] == [("confirmed", 1.0)]
+    again = processor.process(update("井盖破损了", False, 1))
+    assert not [e for e in again if e["event_type"] == "kb.suggestion"]  # once per call
+
+    processor.process(update("路灯不亮", True, 2))
+    withdrawn = [e for e in processor.process(update("路上有灯", False, 2)) if e["event_type"] == "kb.suggestion"]
+    validated(withdrawn)
+    assert [(e["entry_id"], e["status"]) for e in withdrawn] == [("kb-streetlight", "withdrawn")]
+    processor.end_call("call-1")
+    assert processor.active_calls() == 0
+
+
+def test_tags_once_per_call_and_only_on_finals(processor: TranscriptProcessor) -> None:
+    assert [e["event_type"] for e in processor.process(update("井盖坏了", True))] == [
+        "transcript.partial", "kb.suggestion"]  # fmt: skip
+    assert any(e["event_type"] == "tags" for e in processor.process(update("井盖坏了", False)))
+    assert not any(e["event_type"] == "tags" for e in processor.process(update("井盖坏了", False, 1)))
+
+
+@pytest.mark.parametrize("mode", list(RedactionMode))
+def test_redaction_per_route(processor: TranscriptProcessor, mode: RedactionMode) -> None:
+    text = "我的电话是幺三八零零一三八零零零"
+    final, tags = validated(processor.process(update(text, False, call=ctx(mode))))
+    phone = next(t for t in tags["tags"] if t["label"] == "phone")
+    if mode is RedactionMode.KEEP:
+        assert final["text"] == text and phone["normalized"] == "13800138000" and not phone["redacted"]
+    else:
+        assert "幺三八" not in final["text"] and "13800138000" not in str(final)
+        assert phone["redacted"] and phone["normalized"] is None
+        assert final["text"][phone["span"]["begin"] : phone["span"]["end"]] == phone["value"]
+        assert all("三" not in t["text"] for t in final["tokens"][5:])
+        assert "幺三八" not in final["nbest"][0]["text"]
