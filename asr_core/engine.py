@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from asr_core.backends import ChunkRunner, make_runner
 from asr_core.ctc_search import Hypothesis, ctc_prefix_beam_search_topk
 from asr_core.endpoint import LEADING_SILENCE, NO_ENDPOINT, REASONS, EndpointRules, update_endpoints
 from asr_core.events import Event, Final, NBestEntry, Partial
@@ -59,6 +60,7 @@ class EngineOptions:
     endpoint: EndpointRules = field(default_factory=EndpointRules)
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
+    backend: str = "torch"
     behind_ms: float = 1000.0
 
 
@@ -79,11 +81,14 @@ class EngineStats:
 class Engine:
     """Shared batched recognizer. Thread-safe API: ``open_stream``; streams' producer methods."""
 
-    def __init__(self, loaded: LoadedModel, options: EngineOptions | None = None) -> None:
+    def __init__(
+        self, loaded: LoadedModel, options: EngineOptions | None = None, runner: ChunkRunner | None = None
+    ) -> None:
         self.options = options or EngineOptions()
         self.loaded = loaded
         self.device = torch.device(self.options.device)
         self.model = loaded.model.to(device=self.device, dtype=self.options.dtype).eval()
+        self.runner = runner or make_runner(self.options.backend, loaded)
         self.subsampling = loaded.subsampling
         self.frame_ms = 10 * loaded.subsampling
         max_chunk = max(self.options.allowed_chunk_ms) // self.frame_ms
@@ -241,13 +246,12 @@ class Engine:
         offsets = torch.tensor([stream.utterance.offset for stream in streams], dtype=torch.int64)
         started = time.perf_counter()
         cache = self.pool.gather(slots, reuse_buffer=True)
-        ys, new_kv, new_cnn = self.model.encoder.forward_chunk_batch(
+        ys, log_probs, new_kv, new_cnn = self.runner.step(
             xs, offsets.to(self.device), cache.att, cache.pos, cache.mask, cache.cnn
-        )  # ys (B, C, D)
+        )  # ys (B, C, D), log_probs (B, C, V)
         chunk = ys.shape[1]
         positions = offsets.unsqueeze(1) + torch.arange(chunk, dtype=torch.int64).unsqueeze(0)  # (B, C)
         self.pool.write(slots, new_kv, positions, new_cnn)
-        log_probs = self.model.ctc_log_probs(ys).float()  # (B, C, V)
         top_values, top_ids = log_probs.topk(self.options.beam, dim=-1)  # (B, C, k)
         blank_prob = log_probs[..., self._blank].exp().cpu().numpy()  # (B, C)
         top_values_np = top_values.cpu().numpy()
