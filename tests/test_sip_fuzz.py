@@ -1,0 +1,204 @@
+"""Fuzzing: 100,000 mutated SIP messages into the parser, the TCP framer and the UAS core.
+
+Only ``SipParseError``/``ValueError`` may escape the parser; nothing may escape the UAS core,
+and its tables must stay bounded. A seeded mutation loop gives the volume (about 20 s on one
+core); a smaller hypothesis test explores structure. ``SIP_FUZZ_MESSAGES`` scales the loop.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sip.app import CountingCallHandler
+from sip.config import SipSettings
+from sip.message import Address, BodyPart, StreamFramer, build_multipart, parse
+from sip.uas import UasCore
+from tests.test_sip_support import OFFER_PCMU, FakePorts, ack, invite
+
+MESSAGES = int(os.environ.get("SIP_FUZZ_MESSAGES", "100000"))
+METADATA = (
+    '<recording xmlns="urn:ietf:params:xml:ns:recording:1"><participant participant_id="p">'
+    '<nameID aor="sip:a@b"/></participant><stream stream_id="s"><label>1</label></stream>'
+    '<participantstreamassoc participant_id="p"><send>s</send></participantstreamassoc></recording>'
+)
+SIPREC_BODY = build_multipart(
+    [
+        BodyPart("application/sdp", OFFER_PCMU.replace("a=sendrecv", "a=label:1\r\na=sendonly").encode()),
+        BodyPart("application/rs-metadata+xml", METADATA.encode()),
+    ],
+    "fz",
+).decode()
+
+
+def corpus() -> list[bytes]:
+    return [
+        invite(),
+        invite(
+            extra="Require: siprec\r\nSupported: timer\r\nSession-Expires: 1800;refresher=uac\r\n",
+            body=SIPREC_BODY,
+            content_type="multipart/mixed;boundary=fz",
+        ),
+        invite(to_tag="t1", cseq=2, body=OFFER_PCMU.replace("sendrecv", "sendonly")),
+        invite(method="UPDATE", to_tag="t1", cseq=3, body=""),
+        invite(method="OPTIONS", body=""),
+        invite(method="BYE", to_tag="t1", cseq=4, body=""),
+        invite(method="CANCEL", body=""),
+        ack(to_tag="t1"),
+        b"SIP/2.0 200 OK\r\nVia: SIP/2.0/UDP 127.0.0.1:5060;branch=z9hG4bKabc\r\nCSeq: 2 BYE\r\nl: 0\r\n\r\n",
+        b"INVITE sip:x@y SIP/2.0\r\nv: SIP/2.0/TCP h;branch=z9hG4bK1\r\nf: <sip:a@b>;tag=1\r\nt: sip:c@d\r\n"
+        b'i: q\r\nCSeq: 1 INVITE\r\nm: "A, B" <sip:a@b;lr>;+sip.src\r\nc: application/sdp\r\nl: 6\r\n\r\nv=0\r\n',
+    ]
+
+
+TOKENS = [
+    b"\r\n",
+    b"\r\n\r\n",
+    b":",
+    b";",
+    b",",
+    b"<",
+    b">",
+    b'"',
+    b"\\",
+    b"=",
+    b" ",
+    b"\x00",
+    b"\xff",
+    b"@",
+    b"tag=",
+    b"branch=z9hG4bK",
+    b"Content-Length: 99999",
+    b"l: 0",
+    b"-1",
+    b"SIP/2.0",
+    b"m=audio 0 RTP/AVP 0",
+    b"a=label:",
+    b"--fz",
+    b"<!DOCTYPE",
+    b"To: <sip:x@y>;tag=t1",
+    b"CSeq: 0 INVITE",
+    b"\xe4\xb8\xad",
+]
+
+
+def mutate(rng: random.Random, data: bytes) -> bytes:
+    buf = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        kind = rng.randrange(7)
+        pos = rng.randrange(len(buf) + 1)
+        if kind == 0 and buf:
+            buf[min(pos, len(buf) - 1)] = rng.randrange(256)
+        elif kind == 1:
+            buf[pos:pos] = rng.choice(TOKENS)
+        elif kind == 2:
+            del buf[pos : pos + rng.randint(1, 20)]
+        elif kind == 3:
+            end = min(len(buf), pos + rng.randint(1, 40))
+            buf[pos:pos] = buf[pos:end]
+        elif kind == 4:
+            del buf[pos:]
+        elif kind == 5:
+            lines = bytes(buf).split(b"\r\n")
+            rng.shuffle(lines)
+            buf = bytearray(b"\r\n".join(lines))
+        else:
+            buf[pos:pos] = bytes(rng.randrange(32, 127) for _ in range(rng.randint(1, 12)))
+    return bytes(buf)
+
+
+def check_parser(data: bytes) -> None:
+    try:
+        message = parse(data)
+    except ValueError:
+        return
+    assert parse(bytes(message)) == message
+
+
+def test_fuzz_parser_framer_and_core() -> None:
+    rng = random.Random(20240601)
+    seeds = corpus()
+    core = UasCore(SipSettings(max_calls=50), CountingCallHandler(capacity=60), FakePorts(count=200))
+    framer = StreamFramer(max_message_bytes=8192)
+    sources = [Address("udp", f"10.0.0.{i}", 5060 + i) for i in range(1, 9)]
+    now = 0.0
+    for i in range(MESSAGES):
+        seed = rng.choice(seeds).replace(b"call-1@10.0.0.5", b"c%d" % (i % 300)).replace(b"z9hG4bK-1", b"z9hG4bK%d" % i)
+        data = mutate(rng, seed) if i % 10 else seed
+        check_parser(data)
+        core.receive(data, rng.choice(sources), now)
+        try:
+            framer.feed(data[: rng.randrange(len(data) + 1)])
+            list(framer)
+        except ValueError:
+            framer = StreamFramer(max_message_bytes=8192)
+        if i % 100 == 0:
+            now += 1.0
+            core.on_timer(now)
+    assert core.active_calls <= 50
+    core.hangup_all("shutdown", now)
+    core.on_timer(now + 3600.0)
+    assert core.active_calls == 0
+    assert len(core._server_tx) == 0 and len(core._client_tx) == 0
+    assert core.counters["errors.internal"] == 0
+
+
+HEADER_NAMES = st.sampled_from(
+    [
+        "Via",
+        "v",
+        "From",
+        "f",
+        "To",
+        "t",
+        "Call-ID",
+        "i",
+        "CSeq",
+        "Contact",
+        "m",
+        "Content-Type",
+        "c",
+        "Content-Length",
+        "l",
+        "Require",
+        "Session-Expires",
+        "X-Queue",
+        "Authorization",
+    ]
+)
+TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"), max_size=40)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    method=st.sampled_from(["INVITE", "ACK", "BYE", "CANCEL", "OPTIONS", "UPDATE", "INFO", "FOO", "invite"]),
+    headers=st.lists(st.tuples(HEADER_NAMES, TEXT), max_size=12),
+    body=st.binary(max_size=200),
+    start=st.sampled_from(["{m} sip:x@y SIP/2.0", "SIP/2.0 200 OK", "{m} sip:x@y SIP/2.0 extra", "SIP/2.0 99 x"]),
+)
+def test_hypothesis_messages(method: str, headers: list[tuple[str, str]], body: bytes, start: str) -> None:
+    head = "\r\n".join([start.format(m=method)] + [f"{n}: {v}" for n, v in headers])
+    data = head.encode() + b"\r\n\r\n" + body
+    check_parser(data)
+    core = UasCore(SipSettings(), CountingCallHandler(), FakePorts())
+    core.receive(data, Address("udp", "127.0.0.1", 5062), 0.0)
+    core.on_timer(100.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=50), max_size=30))
+def test_framer_any_split(cuts: list[int]) -> None:
+    stream = b"\r\n\r\n".join(corpus()[:5])
+    framer = StreamFramer()
+    out: list[bytes] = []
+    pos = 0
+    for cut in cuts + [len(stream)]:
+        framer.feed(stream[pos : pos + cut])
+        pos += cut
+        out.extend(framer)
+    framer.feed(stream[pos:])
+    out.extend(framer)
+    assert out == corpus()[:5]
