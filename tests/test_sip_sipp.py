@@ -88,7 +88,12 @@ def write_rtp_pcap(path: Path, payload_type: int, seconds: float = 1.0, first_se
 
 
 async def run_sipp(
-    scenario: str, server_port: int, workdir: Path, keys: dict[str, str] | None = None, timeout_s: float = 20.0
+    scenario: str,
+    server_port: int,
+    workdir: Path,
+    keys: dict[str, str] | None = None,
+    timeout_s: float = 20.0,
+    transport: str = "u1",
 ) -> tuple[int, str]:
     """Run one sipp call of ``scenario``; returns (exit code, its error log)."""
     assert SIPP is not None
@@ -137,7 +142,7 @@ class Harness:
         base = free_port(pair=True)
         self.ports = PortAllocator("127.0.0.1", 30000 + base % 20000, 30000 + base % 20000 + 40)
         self.handler = CountingCallHandler(capacity)
-        config = SipSettings(host="127.0.0.1", port=0, transports=["udp"], **settings)  # type: ignore[arg-type]
+        config = SipSettings(host="127.0.0.1", port=0, transports=["udp", "tcp"], **settings)  # type: ignore[arg-type]
         self.server = SipServer(config, self.handler, self.ports, router)
         self.tmp_path = tmp_path
 
@@ -148,8 +153,9 @@ class Harness:
     async def __aexit__(self, *exc: object) -> None:
         await self.server.stop(grace_s=2.0)
 
-    async def sipp(self, scenario: str, **keys: str) -> None:
-        rc, errors = await run_sipp(scenario, self.server.port("udp"), self.tmp_path, keys)
+    async def sipp(self, scenario: str, transport: str = "u1", **keys: str) -> None:
+        port = self.server.port("udp" if transport == "u1" else "tcp")
+        rc, errors = await run_sipp(scenario, port, self.tmp_path, keys, transport=transport)
         assert rc == 0, f"sipp {scenario} failed (rc {rc}):\n{errors[-3000:]}"
 
     async def settle(self) -> None:
@@ -208,10 +214,11 @@ def test_reinvite_hold_and_resume(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
-def test_bye_from_us_after_rtp_timeout(tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", ["u1", "t1"])
+def test_bye_from_us_after_rtp_timeout(tmp_path: Path, transport: str) -> None:
     async def scenario() -> None:
         async with Harness(tmp_path, rtp_inactivity_timeout_s=1.0) as h:
-            await h.sipp("uac_rtp_timeout.xml", codec="8", codec_name="PCMA")
+            await h.sipp("uac_rtp_timeout.xml", transport, codec="8", codec_name="PCMA")
             await h.settle()
             assert list(h.handler.ended.values()) == ["rtp-timeout"]
             assert h.server.counters["bye.sent"] == 1

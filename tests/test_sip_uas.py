@@ -335,3 +335,32 @@ def test_tables_are_bounded_after_many_calls() -> None:
     core.on_timer(1000.0)
     assert core.active_calls == 0
     assert len(core._server_tx) == 0 and len(core._client_tx) == 0
+
+
+def test_siprec_metadata_update_changes_roles() -> None:
+    from tests.test_sip_fuzz import SIPREC_BODY
+
+    handler = CountingCallHandler()
+    core = make_core(handler)
+    siprec = "Require: siprec\r\n"
+    tag, actions = answer(core, extra=siprec, body=SIPREC_BODY, content_type="multipart/mixed;boundary=fz")
+    (start,) = [a for a in actions if isinstance(a, StartMedia)]
+    assert (start.leg.label, start.leg.aor, start.leg.role, start.call.siprec) == ("1", "sip:a@b", "caller", True)
+    ok = responses(actions)[-1]
+    assert "+sip.srs" in (ok.headers.get("Contact") or "") and b"a=label:1" in ok.body
+    core.receive(ack(to_tag=tag), SOURCE, 0.1)
+    metadata = SIPREC_BODY.split("application/rs-metadata+xml\r\n\r\n")[1].split("\r\n--fz")[0]
+    moved = metadata.replace("sip:a@b", "sip:agent7@pbx")
+    update = invite(
+        method="UPDATE",
+        to_tag=tag,
+        cseq=2,
+        branch="z9hG4bK-u",
+        body=moved,
+        content_type="application/rs-metadata+xml",
+        extra=siprec,
+    )
+    actions = core.receive(update, SOURCE, 1.0)
+    assert statuses(actions) == [200]
+    (updated,) = [a for a in actions if isinstance(a, LegUpdated)]
+    assert (updated.leg.aor, updated.leg.leg_id) == ("sip:agent7@pbx", start.leg.leg_id)
