@@ -1,0 +1,199 @@
+"""``asr-gateway tail``: print live events from Redis, readably.
+
+Finals, KB suggestions, tags and call events come from the firehose (or one call's stream)
+with ``XREAD BLOCK``, so a restarted tail can resume with ``--from-id``; partials come from
+pub/sub. In a terminal a partial is rewritten in place (``\\r``) until its final replaces it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import sys
+from collections import deque
+from typing import Any, TextIO
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from kb_hooks.connection import make_client
+from kb_hooks.publisher import firehose_key, live_channel, stream_key
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+_BLOCK_MS = 500
+_SEEN_IDS = 10_000
+_COLOURS = {"final": "\033[1m", "kb": "\033[32m", "withdrawn": "\033[33m", "tags": "\033[36m", "call": "\033[35m"}
+_RESET = "\033[0m"
+_CLEAR_LINE = "\r\033[K"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="asr-gateway tail", description="Print live transcript events from Redis.")
+    parser.add_argument("--redis", default=os.environ.get("ASR_REDIS_URL", DEFAULT_URL),
+                        help="Redis URL (default: $ASR_REDIS_URL or %(default)s)")  # fmt: skip
+    parser.add_argument("--prefix", default="asr", help="key prefix of the service (default: %(default)s)")
+    parser.add_argument("--call", metavar="ID", help="only this call (reads its stream)")
+    start = parser.add_mutually_exclusive_group()
+    start.add_argument("--from-start", action="store_true", help="print what the stream already holds first")
+    start.add_argument("--from-id", metavar="STREAM_ID", help="resume after this stream entry id")
+    parser.add_argument("--no-partials", action="store_true", help="do not subscribe to partials")
+    parser.add_argument("--json", action="store_true", help="print each event as one JSON line")
+    parser.add_argument("--max-events", type=int, metavar="N", help="exit after N events")
+    parser.add_argument("--timeout", type=float, metavar="S", help="exit after S seconds")
+    return parser
+
+
+class Printer:
+    """Formats events; keeps track of a partial shown in place on a terminal."""
+
+    def __init__(self, out: TextIO, as_json: bool, tty: bool) -> None:
+        self.out = out
+        self.as_json = as_json
+        self.tty = tty
+        self._partial_shown = False
+
+    def _paint(self, kind: str, text: str) -> str:
+        return f"{_COLOURS[kind]}{text}{_RESET}" if self.tty else text
+
+    def show(self, event: dict[str, Any], stream_id: str | None = None) -> None:
+        if self.as_json:
+            self.out.write(json.dumps(event, ensure_ascii=False) + "\n")
+            self.out.flush()
+            return
+        line = self.format(event)
+        if event.get("event_type") == "transcript.partial" and self.tty:
+            self.out.write(_CLEAR_LINE + line)
+            self._partial_shown = True
+        else:
+            if self._partial_shown:
+                self.out.write(_CLEAR_LINE)
+                self._partial_shown = False
+            self.out.write(line + (f"  [{stream_id}]" if stream_id and self.tty else "") + "\n")
+        self.out.flush()
+
+    def format(self, event: dict[str, Any]) -> str:
+        kind = event.get("event_type", "?")
+        ts = str(event.get("ts", ""))[11:23]
+        who = (event.get("participant") or {}).get("role", "")
+        head = f"{ts} {event.get('call_id', '?')} {who:<6}"
+        if kind in ("transcript.partial", "transcript.final"):
+            if kind == "transcript.partial":
+                return f"{head} … {event.get('text', '')}"
+            conf = event.get("confidence")
+            tail = f"  (conf {conf:.2f})" if isinstance(conf, (int, float)) else ""
+            return f"{head} {self._paint('final', '▶ ' + str(event.get('text', '')))}{tail}"
+        if kind == "kb.suggestion":
+            status = event.get("status", "")
+            mark = {"suggested": "?", "confirmed": "✓", "withdrawn": "✗"}.get(status, "")
+            via = "homophone " if event.get("homophone") else ""
+            body = (f"KB {mark} {status} {event.get('title')} [{event.get('entry_id')}] "
+                    f"score {event.get('score')} {via}«{event.get('matched_text')}»")  # fmt: skip
+            return f"{head} {self._paint('withdrawn' if status == 'withdrawn' else 'kb', body)}"
+        if kind == "tags":
+            items = " · ".join(f"{t.get('kind')} {t.get('label')}={t.get('value')}" for t in event.get("tags", []))
+            return f"{head} {self._paint('tags', 'TAGS ' + items)}"
+        if kind == "call.started":
+            roles = ",".join(p.get("role", "?") for p in event.get("participants", []))
+            body = (f"CALL STARTED route={event.get('route')} sip_call_id={event.get('sip_call_id')} "
+                    f"participants={roles}")  # fmt: skip
+            return f"{head} {self._paint('call', body)}"
+        if kind == "call.ended":
+            body = f"CALL ENDED reason={event.get('reason')} {json.dumps(event.get('stats'), ensure_ascii=False)}"
+            return f"{head} {self._paint('call', body)}"
+        return f"{head} {kind} {json.dumps(event, ensure_ascii=False)}"
+
+
+async def _start_id(client: aioredis.Redis, key: str, args: argparse.Namespace) -> str:
+    if args.from_start:
+        return "0-0"
+    if args.from_id:
+        return str(args.from_id)
+    newest: Any = await client.xrevrange(key, count=1)
+    return newest[0][0].decode() if newest else "0-0"
+
+
+async def _read_stream(
+    client: aioredis.Redis, key: str, last_id: str, queue: asyncio.Queue[Any], stop: asyncio.Event
+) -> None:
+    # Stopped by ``stop`` between short blocks, not by cancellation: redis-py may sit on a
+    # cancelled XREAD BLOCK for seconds.
+    while not stop.is_set():
+        reply: Any = await client.xread({key: last_id}, block=_BLOCK_MS, count=100)
+        for _, entries in reply or []:
+            for entry_id, fields in entries:
+                last_id = entry_id.decode()
+                await queue.put((json.loads(fields[b"event"]), last_id))
+
+
+async def _read_partials(client: aioredis.Redis, channel: str, queue: asyncio.Queue[Any]) -> None:
+    pubsub = client.pubsub()
+    await pubsub.subscribe(channel)
+    try:
+        while True:
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            if message is not None:
+                event = json.loads(message["data"])
+                if event.get("event_type") == "transcript.partial":
+                    await queue.put((event, None))
+    finally:
+        await pubsub.aclose()
+
+
+async def _tail(args: argparse.Namespace, out: TextIO) -> int:
+    client = make_client(args.redis, 2.0, _BLOCK_MS / 1000 + 5.0)
+    key = stream_key(args.prefix, args.call) if args.call else firehose_key(args.prefix)
+    printer = Printer(out, args.json, out.isatty())
+    queue: asyncio.Queue[tuple[dict[str, Any], str | None]] = asyncio.Queue(maxsize=1000)
+    tasks: list[asyncio.Task[None]] = []
+    seen: deque[str] = deque(maxlen=_SEEN_IDS)
+    stop = asyncio.Event()
+    printed = 0
+    try:
+        start = await _start_id(client, key, args)
+        tasks.append(asyncio.create_task(_read_stream(client, key, start, queue, stop)))
+        if not args.no_partials:
+            tasks.append(asyncio.create_task(_read_partials(client, live_channel(args.prefix, args.call), queue)))
+        deadline = None if args.timeout is None else asyncio.get_running_loop().time() + args.timeout
+        while args.max_events is None or printed < args.max_events:
+            remaining = None if deadline is None else deadline - asyncio.get_running_loop().time()
+            if remaining is not None and remaining <= 0:
+                break
+            getter = asyncio.ensure_future(queue.get())
+            done, _ = await asyncio.wait([getter, *tasks], timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            if getter not in done:
+                getter.cancel()
+                for task in done:
+                    task.result()  # a reader failed: raise its error
+                continue
+            event, stream_id = getter.result()
+            if event.get("event_id") in seen:
+                continue
+            seen.append(str(event.get("event_id")))
+            printer.show(event, stream_id)
+            printed += 1
+    except (RedisError, OSError) as exc:
+        print(f"asr-gateway tail: cannot read from {args.redis.split('@')[-1]}: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        stop.set()
+        for task in tasks[1:]:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks[:1], timeout=_BLOCK_MS / 1000 + 1.0)
+            tasks[0].cancel()  # still waiting on a full queue
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, RedisError, OSError):
+                await task
+        await client.aclose()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return asyncio.run(_tail(args, sys.stdout))
+    except KeyboardInterrupt:
+        return 130

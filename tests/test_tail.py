@@ -1,0 +1,99 @@
+"""``asr-gateway tail`` against a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kb_hooks import events as ev
+from kb_hooks.publisher import Publisher
+from kb_hooks.tail import Printer, main
+from kb_hooks.types import CallContext
+from tests.redis_server import RedisServer, free_port, redis_server  # noqa: F401
+from tests.test_publisher import CALLER, settings, transcript, wait_until
+
+pytestmark = pytest.mark.timeout(60)
+CTX = CallContext("call-9", "x@pbx", "hotline")
+
+
+def publish(url: str, tmp_path: Path, events: list[dict[str, object]]) -> None:
+    async def run() -> None:
+        publisher = Publisher(settings(url, tmp_path))
+        await publisher.start()
+        await wait_until(lambda: publisher.connected)
+        for event in events:
+            publisher.submit(event)
+        await wait_until(lambda: publisher.published == len(events))
+        await publisher.stop()
+
+    asyncio.run(run())
+
+
+def test_tail_prints_history_of_one_call(redis_server: RedisServer, tmp_path: Path,  # noqa: F811
+                                         capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    publish(redis_server.url, tmp_path, [
+        ev.call_started(CTX, [CALLER]),
+        transcript(CTX, 0, False, "我今天发现井盖破损"),
+        transcript(CallContext("other"), 0, False, "别的电话"),
+        ev.call_ended(CTX, "bye"),
+    ])  # fmt: skip
+    assert main(["--redis", redis_server.url, "--call", "call-9", "--from-start", "--no-partials",
+                 "--max-events", "3", "--timeout", "10"]) == 0  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3
+    assert "CALL STARTED" in lines[0] and "▶ 我今天发现井盖破损" in lines[1] and "CALL ENDED reason=bye" in lines[2]
+
+    assert main(["--redis", redis_server.url, "--from-start", "--json", "--max-events", "4", "--timeout", "10"]) == 0
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [e["call_id"] for e in events] == ["call-9", "call-9", "other", "call-9"]
+
+
+def test_tail_follows_live_partials_and_finals(redis_server: RedisServer, tmp_path: Path,  # noqa: F811
+                                               capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(main(
+        ["--redis", redis_server.url, "--max-events", "2", "--timeout", "10"])))  # fmt: skip
+    thread.start()
+    time.sleep(0.5)  # let it subscribe
+
+    async def run() -> None:
+        publisher = Publisher(settings(redis_server.url, tmp_path))
+        await publisher.start()
+        await wait_until(lambda: publisher.connected)
+        publisher.submit(transcript(CTX, 0, True, "我今天"))
+        await asyncio.sleep(0.2)
+        publisher.submit(transcript(CTX, 0, False, "我今天发现"))
+        await wait_until(lambda: not thread.is_alive())
+        await publisher.stop()
+
+    asyncio.run(run())
+    thread.join()
+    assert codes == [0]
+    out = capsys.readouterr().out
+    assert "… 我今天" in out and "▶ 我今天发现" in out
+
+
+def test_tail_reports_unreachable_redis(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--redis", f"redis://127.0.0.1:{free_port()}/0", "--timeout", "1"]) == 2
+    assert "cannot read from" in capsys.readouterr().err
+
+
+def test_partials_rewrite_in_place_on_a_terminal() -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Terminal()
+    printer = Printer(out, as_json=False, tty=True)
+    for event in (transcript(CTX, 0, True, "我今"), transcript(CTX, 0, True, "我今天"),
+                  transcript(CTX, 0, False, "我今天发现")):  # fmt: skip
+        printer.show(event)
+    text = out.getvalue()
+    assert text.count("\r\033[K") == 3 and text.endswith("\n") and text.count("\n") == 1
+    assert "\033[1m▶ 我今天发现" in text
