@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from asr_core.backends.onnx_graph import chunk_example
+from asr_core.backends.onnxruntime import OrtChunkRunner, OrtDecoderRunner
 from deploy.export import onnx_export
-from deploy.export.ort_runner import OrtChunkRunner, OrtDecoderRunner
 
 torch.set_num_threads(1)
 
@@ -67,7 +68,7 @@ def test_onnx_streaming_through_the_pool_equals_wenet(
 
 def test_runner_is_a_drop_in_for_forward_chunk_batch(exported: Path, loaded: LoadedModel) -> None:
     runner = OrtChunkRunner(exported / onnx_export.ENCODER_FILE)
-    example = onnx_export._chunk_example(loaded, batch=2, chunk=4, window=0, seed=7)
+    example = chunk_example(loaded, batch=2, chunk=4, window=0, seed=7)
     with torch.no_grad():
         want = loaded.model.encoder.forward_chunk_batch(*example)
     got = runner(*example)

@@ -8,6 +8,7 @@ that their packages stay optional.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import NamedTuple, Protocol
 
 import torch
@@ -60,8 +61,66 @@ class TorchChunkRunner:
         return ChunkStep(ys, self.model.ctc_log_probs(ys).float(), new_kv, new_cnn)
 
 
-def make_runner(backend: str, loaded: LoadedModel) -> ChunkRunner:
-    """The chunk runner for ``backend`` (``torch`` here; others are optional extras)."""
+BACKENDS = (
+    "torch",
+    "torch-cudagraph",
+    "onnxruntime",
+    "onnxruntime-int8",
+    "tensorrt",
+    "tensorrt-fp16",
+    "tensorrt-int8",
+)
+"""Names ``make_runner`` accepts; ``tensorrt`` means ``tensorrt-fp16``."""
+
+EXTRA_FOR_MODULE = {"onnx": "onnx", "onnxruntime": "onnx", "tensorrt": "gpu", "cuda": "gpu"}
+"""Optional top-level package -> the hotline-asr extra that installs it."""
+
+
+def make_runner(
+    backend: str,
+    loaded: LoadedModel,
+    *,
+    onnx_path: str | Path | None = None,
+    cache_dir: Path | None = None,
+    threads: int | None = None,
+    calibration_dir: Path | None = None,
+) -> ChunkRunner:
+    """The chunk runner for ``backend`` (one of ``BACKENDS``) on the device ``loaded`` is on.
+
+    ONNX and TensorRT backends run the graph at ``onnx_path``, or export ``loaded`` on first use
+    into ``cache_dir`` (default ``$ASR_ONNX_CACHE`` or ``$XDG_CACHE_HOME/hotline-asr/onnx``).
+    ``threads``: ONNX Runtime intra-op threads (default: torch's). ``calibration_dir``: WAVs
+    for the TensorRT INT8 calibrator. Optional packages are imported only here, when chosen.
+    """
     if backend == "torch":
         return TorchChunkRunner(loaded)
-    raise ValueError(f"engine backend {backend!r} is not available; choose one of: torch")
+    if backend not in BACKENDS:
+        raise ValueError(f"engine backend {backend!r} is not available; choose one of: {', '.join(BACKENDS)}")
+    try:
+        if backend == "torch-cudagraph":
+            from asr_core.backends.cudagraph import CudaGraphChunkRunner
+
+            return CudaGraphChunkRunner(loaded)
+        if backend.startswith("onnxruntime"):
+            from asr_core.backends.onnxruntime import OrtChunkRunner
+
+            return OrtChunkRunner.for_model(
+                loaded, int8=backend.endswith("int8"), path=onnx_path, cache_dir=cache_dir, threads=threads
+            )
+        from asr_core.backends.tensorrt import TensorRTChunkRunner
+
+        return TensorRTChunkRunner.for_model(
+            loaded,
+            int8=backend.endswith("int8"),
+            onnx_path=onnx_path,
+            cache_dir=cache_dir,
+            calibration_dir=calibration_dir,
+        )
+    except ModuleNotFoundError as exc:
+        package = (exc.name or "").split(".")[0]
+        if package not in EXTRA_FOR_MODULE:
+            raise
+        raise RuntimeError(
+            f"engine backend {backend!r} needs the Python package {package!r}, which is not installed; "
+            f"install the extra: pip install 'hotline-asr[{EXTRA_FOR_MODULE[package]}]'"
+        ) from exc

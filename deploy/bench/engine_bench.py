@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from asr_core.audio_io import read_wav
+from asr_core.backends import BACKENDS
 from asr_core.engine import Engine, EngineOptions
 from asr_core.events import Event
 from asr_core.model.loader import LoadedModel, load_wenet_model
@@ -68,7 +69,9 @@ def _percentiles(values: list[float], qs: tuple[int, ...]) -> dict[str, float]:
     return {f"p{q}": round(float(np.percentile(arr, q)), 2) for q in qs}
 
 
-def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray) -> dict[str, Any]:
+def run_trial(
+    loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray, backend: str = "torch"
+) -> dict[str, Any]:
     """Run one load level; returns the measurements as a dict."""
     options = EngineOptions(
         max_streams=trial.streams,
@@ -78,6 +81,7 @@ def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray)
         max_left_chunks=trial.left_chunks,
         device=device,
         dtype=torch.float16 if device.startswith("cuda") else torch.float32,
+        backend=backend,
     )
     engine = Engine(loaded, options)
     finals = [0]
@@ -166,12 +170,14 @@ def _passes(result: dict[str, Any]) -> bool:
     return bool(result["realtime_ok"]) and result["partial_latency_ms"]["p95"] <= LATENCY_LIMIT_MS
 
 
-def find_max(loaded: LoadedModel, base: Trial, device: str, audio: np.ndarray, start: int) -> tuple[int, list[dict]]:
+def find_max(
+    loaded: LoadedModel, base: Trial, device: str, audio: np.ndarray, start: int, backend: str = "torch"
+) -> tuple[int, list[dict]]:
     """Largest stream count that passes: doubling, then bisection to within ~10 %."""
     trials: list[dict[str, Any]] = []
 
     def attempt(n: int) -> bool:
-        result = run_trial(loaded, Trial(**{**base.__dict__, "streams": n}), device, audio)
+        result = run_trial(loaded, Trial(**{**base.__dict__, "streams": n}), device, audio, backend)
         trials.append(result)
         print(json.dumps({"trial": n, "ok": _passes(result), "p95": result["partial_latency_ms"]["p95"]}),
               file=sys.stderr)
@@ -246,7 +252,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--max-wait-ms", type=float, default=20.0)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--backend", default="torch", choices=["torch"])
+    parser.add_argument("--backend", default="torch", choices=list(BACKENDS))
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: default)")
     parser.add_argument("--fast", action="store_true", help="feed as fast as possible (throughput)")
     parser.add_argument("--audio", type=Path, help="a 16 kHz mono WAV to feed instead of synthetic speech")
@@ -266,11 +272,11 @@ def run(args: argparse.Namespace) -> int:
               "blank_rate": None if args.model else args.blank_rate, "model": str(args.model) if args.model else None,
               "device": args.device, "backend": args.backend, "torch_threads": torch.get_num_threads()}
     if not args.find_max:
-        print(json.dumps({**header, **run_trial(loaded, base, args.device, audio)}, ensure_ascii=False))
+        print(json.dumps({**header, **run_trial(loaded, base, args.device, audio, args.backend)}, ensure_ascii=False))
         return 0
-    batched, batched_trials = find_max(loaded, base, args.device, audio, args.start)
+    batched, batched_trials = find_max(loaded, base, args.device, audio, args.start, args.backend)
     unbatched_base = Trial(**{**base.__dict__, "max_batch": 1})
-    unbatched, _ = find_max(loaded, unbatched_base, args.device, audio, max(1, args.start // 4))
+    unbatched, _ = find_max(loaded, unbatched_base, args.device, audio, max(1, args.start // 4), args.backend)
     best = next((t for t in batched_trials if t["streams"] == batched), batched_trials[-1])
     print(json.dumps({
         **header,

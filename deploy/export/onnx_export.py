@@ -27,53 +27,32 @@ import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import onnx
 import torch
-from onnxruntime.quantization import QuantType, quantize_dynamic
 from torch import Tensor, nn
 
 from asr_core.audio_io import read_wav
+from asr_core.backends.onnx_graph import (
+    CHUNK_OUTPUTS,
+    DEFAULT_OPSET,
+    ENCODER_FILE,
+    ENCODER_INT8_FILE,
+    LEGACY_EXPORTER_WARNINGS,
+    ChunkStepGraph,
+    add_metadata,
+    chunk_example,
+    export_chunk_step,
+    model_metadata,
+    quantize_int8,
+)
+from asr_core.backends.onnxruntime import DECODER_INPUTS, OrtChunkRunner, OrtDecoderRunner
 from asr_core.frontend import compute_fbank
 from asr_core.model.decoder import BiTransformerDecoder
 from asr_core.model.loader import LoadedModel, load_wenet_model
-from deploy.export.ort_runner import (
-    CHUNK_INPUTS,
-    CHUNK_OUTPUTS,
-    DECODER_INPUTS,
-    OrtChunkRunner,
-    OrtDecoderRunner,
-)
 from kv_ring import KvPool
 
-ENCODER_FILE = "encoder_chunk.onnx"
-ENCODER_INT8_FILE = "encoder_chunk.int8.onnx"
+__all__ = ["DECODER_FILE", "ENCODER_FILE", "ENCODER_INT8_FILE", "export_all", "export_decoder", "main"]
+
 DECODER_FILE = "decoder.onnx"
-DEFAULT_OPSET = 17
-# The TorchScript exporter needs no extra package (the torch.export one needs onnxscript) and
-# traces forward_chunk_batch as written; `check` verifies every exported graph numerically.
-LEGACY_EXPORTER_WARNINGS = "You are using the legacy TorchScript-based ONNX export|The feature will be removed"
-
-
-class ChunkStepGraph(nn.Module):
-    """`forward_chunk_batch` followed by the CTC head: what one engine step runs."""
-
-    def __init__(self, loaded: LoadedModel) -> None:
-        super().__init__()
-        self.model = loaded.model
-
-    def forward(
-        self,
-        xs: Tensor,
-        offsets: Tensor,
-        att_cache: Tensor,
-        cache_pos: Tensor,
-        cache_mask: Tensor,
-        cnn_cache: Tensor,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        ys, new_kv, new_cnn = self.model.encoder.forward_chunk_batch(
-            xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache
-        )
-        return ys, self.model.ctc_log_probs(ys), new_kv, new_cnn
 
 
 class DecoderGraph(nn.Module):
@@ -88,78 +67,6 @@ class DecoderGraph(nn.Module):
     ) -> tuple[Tensor, ...]:
         l2r, r2l = self.decoder(memory, memory_mask, ys_in_pad, ys_in_lens, r_ys_in_pad, 1.0)
         return (l2r, r2l) if isinstance(self.decoder, BiTransformerDecoder) else (l2r,)
-
-
-def model_metadata(loaded: LoadedModel) -> dict[str, int]:
-    """What a runner needs without asr_core: cache geometry and special token ids."""
-    return {
-        "num_blocks": loaded.num_blocks,
-        "heads": loaded.heads,
-        "d_k": loaded.d_k,
-        "d_model": loaded.d_model,
-        "cnn_cache_frames": loaded.cnn_cache_frames,
-        "subsampling": loaded.subsampling,
-        "right_context": loaded.right_context,
-        "vocab_size": loaded.vocab_size,
-        "blank_id": loaded.blank_id,
-        "sos_id": loaded.sos_id,
-        "eos_id": loaded.eos_id,
-        "n_mels": loaded.config.input_dim,
-    }
-
-
-def _chunk_example(loaded: LoadedModel, batch: int, chunk: int, window: int, seed: int) -> tuple[Tensor, ...]:
-    """Random chunk-step inputs: streams at different offsets, caches shuffled and partly invalid."""
-    generator = torch.Generator().manual_seed(seed)
-    t_in = (chunk - 1) * loaded.subsampling + loaded.right_context + 1
-    xs = torch.randn(batch, t_in, loaded.config.input_dim, generator=generator) * 3 + 8  # (B, T_in, n_mels)
-    offsets = torch.randint(0, 400, (batch,), generator=generator) + window  # (B,)
-    order = torch.stack([torch.randperm(window, generator=generator) for _ in range(batch)])  # (B, W)
-    cache_pos = offsets.unsqueeze(1) - window + order  # (B, W)
-    cache_mask = torch.rand(batch, window, generator=generator) > 0.3  # (B, W)
-    cache_mask[0] = False  # a brand-new stream
-    att_cache = torch.randn(loaded.num_blocks, batch, loaded.heads, window, 2 * loaded.d_k, generator=generator)
-    cnn_cache = torch.randn(loaded.num_blocks, batch, loaded.d_model, loaded.cnn_cache_frames, generator=generator)
-    return xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache
-
-
-def _add_metadata(path: Path, metadata: dict[str, int]) -> None:
-    graph = onnx.load(str(path))
-    for key, value in metadata.items():
-        entry = graph.metadata_props.add()
-        entry.key, entry.value = key, str(value)
-    onnx.checker.check_model(graph)
-    onnx.save(graph, str(path))
-
-
-def export_chunk_step(loaded: LoadedModel, path: Path, opset: int = DEFAULT_OPSET) -> None:
-    """Write the batched chunk step (encoder + CTC head) with dynamic B, W and T_in."""
-    example = _chunk_example(loaded, batch=3, chunk=5, window=7, seed=0)
-    axes = {
-        "xs": {0: "B", 1: "T_in"},
-        "offsets": {0: "B"},
-        "att_cache": {1: "B", 3: "W"},
-        "cache_pos": {0: "B", 1: "W"},
-        "cache_mask": {0: "B", 1: "W"},
-        "cnn_cache": {1: "B"},
-        "ys": {0: "B", 1: "C"},
-        "log_probs": {0: "B", 1: "C"},
-        "new_kv": {1: "B", 3: "C"},
-        "new_cnn": {1: "B"},
-    }
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", LEGACY_EXPORTER_WARNINGS, DeprecationWarning)
-        torch.onnx.export(
-            ChunkStepGraph(loaded).eval(),
-            example,
-            str(path),
-            input_names=list(CHUNK_INPUTS),
-            output_names=list(CHUNK_OUTPUTS),
-            dynamic_axes=axes,
-            opset_version=opset,
-            dynamo=False,
-        )
-    _add_metadata(path, model_metadata(loaded))
 
 
 def export_decoder(loaded: LoadedModel, path: Path, opset: int = DEFAULT_OPSET) -> None:
@@ -189,7 +96,7 @@ def export_decoder(loaded: LoadedModel, path: Path, opset: int = DEFAULT_OPSET) 
             opset_version=opset,
             dynamo=False,
         )
-    _add_metadata(path, model_metadata(loaded))
+    add_metadata(path, dict(model_metadata(loaded)))
 
 
 def _decoder_example(loaded: LoadedModel, hyps: int, length: int, frames: int, seed: int) -> tuple[Tensor, ...]:
@@ -208,17 +115,6 @@ def _decoder_example(loaded: LoadedModel, hyps: int, length: int, frames: int, s
     reversed_index = ((lens.unsqueeze(1) - 1 - steps) * valid).clamp(min=0)
     backward = torch.cat((sos, torch.where(valid, tokens.gather(1, reversed_index), loaded.eos_id)), dim=1)
     return memory, memory_mask, forward, lens + 1, backward
-
-
-def quantize_int8(source: Path, target: Path) -> None:
-    """Dynamic INT8 quantization of the MatMuls with constant weights (the linear layers)."""
-    quantize_dynamic(
-        source,
-        target,
-        op_types_to_quantize=["MatMul"],
-        weight_type=QuantType.QInt8,
-        extra_options={"MatMulConstBOnly": True},
-    )
 
 
 def export_all(model_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, int8: bool = True) -> dict[str, str]:
@@ -243,7 +139,7 @@ def check_random(loaded: LoadedModel, runner: OrtChunkRunner) -> dict[str, float
     errors = dict.fromkeys(CHUNK_OUTPUTS, 0.0)
     graph = ChunkStepGraph(loaded).eval()
     for seed, (batch, chunk, window) in enumerate(((1, 4, 8), (4, 16, 64), (6, 8, 5))):
-        example = _chunk_example(loaded, batch, chunk, window, seed + 1)
+        example = chunk_example(loaded, batch, chunk, window, seed + 1)
         with torch.no_grad():
             want = graph(*example)
         got = runner.step(*example)

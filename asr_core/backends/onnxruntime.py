@@ -1,32 +1,24 @@
-"""ONNX Runtime runners for the exported graphs, independent of `asr_core`.
+"""ONNX Runtime runners for the exported graphs (``backend: onnxruntime`` / ``onnxruntime-int8``).
 
-`OrtChunkRunner` is a drop-in for `encoder.forward_chunk_batch` (same arguments, torch
-tensors out), so the engine can select `backend: onnxruntime`; `step` also returns the CTC
-log-probs the graph computes. The geometry a `KvPool` needs (blocks, heads, d_k, ...) is
-read from the model's metadata, written by `deploy.export.onnx_export`.
+`OrtChunkRunner` implements ``ChunkRunner`` (and is a drop-in for ``forward_chunk_batch`` via
+``__call__``). The geometry a ``KvPool`` needs (blocks, heads, d_k, ...) is read from the
+graph's metadata, written by ``asr_core.backends.onnx_graph``. This module imports
+``onnxruntime``; ``make_runner`` imports it only when an ONNX backend is chosen.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 import onnxruntime as ort
 import torch
 
-CHUNK_INPUTS = ("xs", "offsets", "att_cache", "cache_pos", "cache_mask", "cnn_cache")
-CHUNK_OUTPUTS = ("ys", "log_probs", "new_kv", "new_cnn")
+from asr_core.backends import ChunkStep
+from asr_core.backends.onnx_graph import CHUNK_INPUTS, CHUNK_OUTPUTS, cached_chunk_graph
+from asr_core.model.loader import LoadedModel
+
 DECODER_INPUTS = ("memory", "memory_mask", "ys_in_pad", "ys_in_lens", "r_ys_in_pad")
-
-
-class ChunkStep(NamedTuple):
-    """Outputs of one batched chunk step (B streams, C new encoder frames)."""
-
-    ys: torch.Tensor  # (B, C, D)
-    log_probs: torch.Tensor  # (B, C, V) CTC log-softmax
-    new_kv: torch.Tensor  # (L, B, H, C, 2*d_k)
-    new_cnn: torch.Tensor  # (L, B, D, K-1)
 
 
 def _session(path: str | Path, threads: int, providers: list[str] | None) -> ort.InferenceSession:
@@ -43,11 +35,18 @@ def _numpy(x: torch.Tensor) -> np.ndarray:
     return x.detach().to("cpu").contiguous().numpy()
 
 
+def providers_for(device: str | torch.device) -> list[str]:
+    """CUDA execution provider first on a CUDA device when this onnxruntime build has it."""
+    if torch.device(device).type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
 class OrtChunkRunner:
     """The exported batched chunk step (`encoder_chunk.onnx` or its INT8 version).
 
-    Inputs and outputs are torch tensors; outputs come back on the device of `xs`.
-    Tensors travel through host memory (numpy), so this suits the CPU provider.
+    Inputs and outputs are torch tensors; outputs come back on the device and in the dtype of
+    `xs`. Tensors travel through host memory (numpy), so this suits the CPU provider best.
     """
 
     def __init__(self, path: str | Path, threads: int = 1, providers: list[str] | None = None) -> None:
@@ -58,6 +57,29 @@ class OrtChunkRunner:
             raise ValueError(f"{path}: not a chunk-step graph (inputs {names}, expected {list(CHUNK_INPUTS)})")
         metadata = self.session.get_modelmeta().custom_metadata_map
         self.meta = {key: int(value) for key, value in metadata.items() if value.lstrip("-").isdigit()}
+
+    @classmethod
+    def for_model(
+        cls,
+        loaded: LoadedModel,
+        int8: bool = False,
+        path: str | Path | None = None,
+        cache_dir: Path | None = None,
+        threads: int | None = None,
+    ) -> OrtChunkRunner:
+        """A runner for ``loaded``: the graph at ``path``, else the cached export (made on first use).
+
+        ``threads`` defaults to torch's intra-op thread count, so both backends get the same cores.
+        """
+        graph = Path(path) if path is not None else cached_chunk_graph(loaded, int8, cache_dir)
+        device = next(loaded.model.parameters()).device
+        runner = cls(graph, threads or torch.get_num_threads(), providers_for(device))
+        if runner.meta.get("num_blocks") != loaded.num_blocks or runner.meta.get("d_model") != loaded.d_model:
+            raise ValueError(
+                f"{graph}: exported from another model (num_blocks {runner.meta.get('num_blocks')}, "
+                f"d_model {runner.meta.get('d_model')}; the loaded model has {loaded.num_blocks}, {loaded.d_model})"
+            )
+        return runner
 
     def step(
         self,
@@ -80,7 +102,8 @@ class OrtChunkRunner:
             "cnn_cache": _numpy(cnn_cache.float()),
         }
         outputs = self.session.run(list(CHUNK_OUTPUTS), feeds)
-        ys, log_probs, new_kv, new_cnn = (torch.from_numpy(o).to(xs.device) for o in outputs)
+        ys, new_kv, new_cnn = (torch.from_numpy(outputs[i]).to(xs.device, xs.dtype) for i in (0, 2, 3))
+        log_probs = torch.from_numpy(outputs[1]).to(xs.device)
         return ChunkStep(ys, log_probs, new_kv, new_cnn)
 
     def __call__(
@@ -104,6 +127,7 @@ class OrtDecoderRunner:
         self.path = Path(path)
         self.session = _session(path, threads, providers)
         self.output_names = [o.name for o in self.session.get_outputs()]
+        self.input_names = {i.name for i in self.session.get_inputs()}
 
     def __call__(
         self,
@@ -123,12 +147,8 @@ class OrtDecoderRunner:
             "ys_in_lens": _numpy(ys_in_lens.long()),
             "r_ys_in_pad": _numpy(r_ys_in_pad.long()),
         }
-        feeds = {name: value for name, value in feeds.items() if name in self._input_names}
+        feeds = {name: value for name, value in feeds.items() if name in self.input_names}
         outputs = [torch.from_numpy(o).to(memory.device) for o in self.session.run(self.output_names, feeds)]
         l2r = outputs[0]
         r2l = outputs[1] if len(outputs) > 1 else l2r.new_zeros(0)
         return l2r, r2l
-
-    @property
-    def _input_names(self) -> set[str]:
-        return {i.name for i in self.session.get_inputs()}
