@@ -8,7 +8,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Transport = Literal["udp", "tcp", "tls"]
 _DEFAULT_TRANSPORTS: tuple[Transport, ...] = ("udp", "tcp")
@@ -50,6 +50,12 @@ class SipSettings(BaseModel):
     t2_ms: int = Field(4000, ge=100, description="RFC 3261 T2 (max retransmit interval)")
     rtp_inactivity_timeout_s: float = Field(30.0, gt=0, description="hang up a leg after this much RTP silence")
     rtp_reorder_ms: int = Field(60, ge=0, description="RTP reorder window")
+
+    @model_validator(mode="after")
+    def _tls_files(self) -> SipSettings:
+        if "tls" in self.transports and not (self.tls_cert and self.tls_key):
+            raise ValueError("the tls transport needs tls_cert and tls_key (PEM files)")
+        return self
 
     def public_host(self) -> str:
         if self.advertised_host:

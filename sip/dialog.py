@@ -89,6 +89,7 @@ class Call:
     answer_sdp: bytes = b""
     answer_at: float | None = None
     expires_at: float | None = None
+    refresh_at: float | None = None
     session_expires: int | None = None
     end_reason: str | None = None
     offer: SessionDescription | None = None
@@ -103,7 +104,7 @@ class Call:
         return new
 
     def next_deadline(self) -> float | None:
-        times = [t for t in (self.answer_at, self.expires_at) if t is not None]
+        times = [t for t in (self.answer_at, self.expires_at, self.refresh_at) if t is not None]
         return min(times) if times else None
 
     def leg_infos(self) -> tuple[LegInfo, ...]:

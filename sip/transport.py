@@ -93,6 +93,7 @@ class SipServer:
         self._timer: asyncio.TimerHandle | None = None
         self._armed_at: float | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self._calls_gone = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.max_connections = settings.max_calls * 2 + 64
 
@@ -132,9 +133,10 @@ class SipServer:
         """Refuse new calls, BYE the active ones, wait up to ``grace_s`` for them to end, then close."""
         self.core.set_draining()
         self._submit(self.core.hangup_all("shutdown", self._now()))
-        deadline = self._now() + grace_s
-        while self.core.active_calls and self._now() < deadline:
-            await asyncio.sleep(0.05)
+        if self.core.active_calls:
+            self._calls_gone.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._calls_gone.wait(), grace_s)
         await self._queue.join()
         for leg_id in list(self._legs):
             self._close_leg(leg_id, "")
@@ -217,6 +219,8 @@ class SipServer:
     def _submit(self, actions: list[Action]) -> None:
         if actions:
             self._queue.put_nowait(actions)
+        if not self.core.active_calls:
+            self._calls_gone.set()
         self._arm_timer()
 
     def _arm_timer(self) -> None:

@@ -228,7 +228,8 @@ class UasCore:
             actions = self._final_for_invite(call, 503 if self.draining else 480, now)
             return actions + self._end_call(call, reason)
         call.handle(CallEvent.HANGUP)
-        return self._end_call(call, reason) + self._send_bye(call, reason, now)
+        reason_header = (("Reason", f'SIP;cause=200;text="{reason}"'),)
+        return self._end_call(call, reason) + self._send_request(call, "BYE", now, reason_header)
 
     def hangup_all(self, reason: str, now: float) -> list[Action]:
         actions: list[Action] = []
@@ -494,9 +495,10 @@ class UasCore:
         return interval
 
     def _session_timer_headers(self, call: Call, request: Request, now: float) -> tuple[tuple[str, str], ...]:
-        """Session-Expires for a 2xx; the UAC refreshes, and we hang up if it stops refreshing."""
+        """Session-Expires for a 2xx. When the UAC refreshes we hang up if it stops; when it does
+        not support session timers we are the refresher and send UPDATE every half interval."""
+        call.expires_at = call.refresh_at = None
         if call.session_expires is None:
-            call.expires_at = None
             return ()
         value = request.headers.get("Session-Expires") or ""
         refresher = parse_params(value.partition(";")[2]).get("refresher") or "uac"
@@ -507,7 +509,7 @@ class UasCore:
         if refresher == "uac":
             call.expires_at = now + interval - min(32, interval / 3)
         else:
-            call.expires_at = None
+            call.refresh_at = now + interval / 2
         self._queue.schedule(("call", call.info.call_id), call.next_deadline())
         headers = [("Session-Expires", f"{interval};refresher={refresher}")]
         if supported:
@@ -668,16 +670,28 @@ class UasCore:
             self.counters["dropped.stray_response"] += 1
             return []
         if tx.receive_response(response):
-            self._finish_client_tx(tx)
+            return self._finish_client_tx(tx, now)
         return []
 
-    def _finish_client_tx(self, tx: ClientTransaction) -> None:
+    def _finish_client_tx(self, tx: ClientTransaction, now: float) -> list[Action]:
+        """Our BYE completed (or timed out): forget the call. Our refresh UPDATE: re-arm or hang up."""
         self._client_tx.pop(str(tx.key), None)
         self._queue.schedule(("ctx", tx.key), None)
         call = self._calls.get(tx.owner or "")
-        if call is not None and call.state is CallState.ENDING:
+        if call is None or tx.request is None:
+            return []
+        if tx.request.method == "BYE" and call.state is CallState.ENDING:
             call.handle(CallEvent.BYE_DONE)
             self._forget(call)
+        elif tx.request.method == "UPDATE" and call.session_expires is not None:
+            status = tx.final_status
+            if status is not None and 200 <= status < 300:
+                call.refresh_at = now + call.session_expires / 2
+                self._queue.schedule(("call", call.info.call_id), call.next_deadline())
+            elif status is None or status in (408, 481):
+                self.counters["calls.refresh_failed"] += 1
+                return self.hangup(call.info.call_id, "session-refresh-failed", now)
+        return []
 
     # ---- timers ------------------------------------------------------------------------
 
@@ -708,9 +722,8 @@ class UasCore:
             return []
         request = tx.on_timer(now)
         if tx.state is TxState.TERMINATED:
-            self.counters["bye.timeout"] += 1
-            self._finish_client_tx(tx)
-            return []
+            self.counters[f"{tx.request.method.lower() if tx.request else 'request'}.timeout"] += 1
+            return self._finish_client_tx(tx, now)
         self._queue.schedule(("ctx", key), tx.next_deadline())
         if request is not None and tx.peer is not None:
             return [SendMessage(request, tx.peer)]
@@ -726,6 +739,10 @@ class UasCore:
             call.expires_at = None
             self.counters["calls.session_expired"] += 1
             return self.hangup(call.info.call_id, "session-expired", now)
+        if call.refresh_at is not None and now >= call.refresh_at and call.session_expires is not None:
+            call.refresh_at = None
+            refresh = (("Session-Expires", f"{call.session_expires};refresher=uas"), ("Supported", "timer"))
+            return self._send_request(call, "UPDATE", now, refresh)
         self._queue.schedule(("call", call_id), call.next_deadline())
         return []
 
@@ -734,7 +751,7 @@ class UasCore:
     def _end_call(self, call: Call, reason: str) -> list[Action]:
         """Stop the media and tell the application (once); the dialog may live on until BYE completes."""
         call.end_reason = reason
-        call.answer_at = call.expires_at = None
+        call.answer_at = call.expires_at = call.refresh_at = None
         self._queue.schedule(("call", call.info.call_id), None)
         actions: list[Action] = [StopMedia(call.info.call_id, leg.info.leg_id, leg.port) for leg in call.legs.values()]
         if call.legs:
@@ -753,7 +770,10 @@ class UasCore:
             return []
         return self._respond(tx, call.request, status, now, to_tag=call.local_tag)
 
-    def _send_bye(self, call: Call, reason: str, now: float) -> list[Action]:
+    def _send_request(
+        self, call: Call, method: str, now: float, extra: tuple[tuple[str, str], ...] = ()
+    ) -> list[Action]:
+        """An in-dialog request (BYE, refresh UPDATE) to the peer the dialog came from."""
         transport = call.source.transport
         branch = BRANCH_MAGIC + secrets.token_hex(8)
         call.local_cseq += 1
@@ -765,16 +785,17 @@ class UasCore:
         headers.add("From", str(call.local_party))
         headers.add("To", str(call.remote_party))
         headers.add("Call-ID", call.sip_call_id)
-        headers.add("CSeq", f"{call.local_cseq} BYE")
-        headers.add("Reason", f'SIP;cause=200;text="{reason}"')
+        headers.add("CSeq", f"{call.local_cseq} {method}")
+        for name, value in extra:
+            headers.add(name, value)
         headers.add("User-Agent", self.settings.user_agent)
-        request = Request("BYE", call.remote_target, headers)
+        request = Request(method, call.remote_target, headers)
         tx = ClientTransaction.create(branch, request, transport != "udp", self.timers, now)
         tx.peer = call.source
         tx.owner = call.info.call_id
         self._client_tx[branch] = tx
         self._queue.schedule(("ctx", branch), tx.next_deadline())
-        self.counters["bye.sent"] += 1
+        self.counters[f"{method.lower()}.sent"] += 1
         return [SendMessage(request, call.source)]
 
     def _via_host(self, transport: str) -> str:

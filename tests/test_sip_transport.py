@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
 import ssl
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from sip.app import CountingCallHandler
+from sip.app import CountingCallHandler, PcmSink
 from sip.config import SipSettings
+from sip.message import Message, NameAddr, Request, Response, parse
 from sip.transport import SipServer
-from tests.test_sip_support import FakePorts, invite
+from tests.test_sip_support import FakePorts, ack, invite
 
 pytestmark = pytest.mark.timeout(30)
 OPTIONS = invite(method="OPTIONS", body="").replace(b"SIP/2.0/UDP", b"SIP/2.0/TCP")
@@ -93,9 +96,68 @@ def test_tls_options(tmp_path: Path) -> None:
 
 
 def test_tls_needs_cert_and_key() -> None:
+    with pytest.raises(ValueError, match="tls_cert and tls_key"):
+        SipSettings(transports=["tls"])
+
+
+class FakeLeg:
+    def __init__(self, sink: PcmSink) -> None:
+        self.sink = sink
+        self.closed = False
+
+    async def open(self, host: str, port: int) -> None:
+        return None
+
+    def set_payload_types(self, payload_types: dict[int, str]) -> None:
+        return None
+
+    def set_hold(self, on_hold: bool) -> None:
+        return None
+
+    async def close(self) -> None:
+        self.closed = True
+        self.sink.input_finished()
+
+
+def test_stop_drains_with_bye_and_refuses_new_work() -> None:
     async def scenario() -> None:
-        server = SipServer(SipSettings(transports=["tls"]), CountingCallHandler(), FakePorts())
-        with pytest.raises(ValueError, match=r"tls_cert and sip\.tls_key"):
-            await server.start()
+        handler = CountingCallHandler()
+        legs: list[FakeLeg] = []
+
+        def factory(sink: PcmSink, payload_types: dict[int, str], on_end: Callable[[str], None]) -> FakeLeg:
+            legs.append(FakeLeg(sink))
+            return legs[-1]
+
+        server = SipServer(
+            SipSettings(host="127.0.0.1", port=0, transports=["udp"]), handler, FakePorts(), leg_factory=factory
+        )
+        await server.start()
+        peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        peer.bind(("127.0.0.1", 0))
+        peer.setblocking(False)
+        loop = asyncio.get_running_loop()
+        target = ("127.0.0.1", server.port("udp"))
+
+        async def receive() -> Message:
+            return parse(await asyncio.wait_for(loop.sock_recv(peer, 65536), 5))
+
+        port = peer.getsockname()[1]
+        await loop.sock_sendto(peer, invite().replace(b"10.0.0.5:5062", b"127.0.0.1:%d" % port), target)
+        assert isinstance(await receive(), Response)
+        ok = await receive()
+        assert isinstance(ok, Response) and ok.status == 200
+        tag = NameAddr.parse(ok.headers.get("To") or "").tag or ""
+        await loop.sock_sendto(peer, ack(to_tag=tag), target)
+        stopping = asyncio.create_task(server.stop(grace_s=5.0))
+        bye = await receive()
+        assert isinstance(bye, Request) and bye.method == "BYE"
+        await loop.sock_sendto(peer, invite(method="OPTIONS", body="", branch="z9hG4bK-o"), target)
+        busy = await receive()
+        assert isinstance(busy, Response) and busy.status == 503
+        await loop.sock_sendto(peer, bytes(Response(200, "OK", bye.headers)), target)
+        await asyncio.wait_for(stopping, 3)
+        assert list(handler.ended.values()) == ["shutdown"]
+        assert legs[0].closed and legs[0].sink.finished == 1  # type: ignore[attr-defined]
+        peer.close()
 
     asyncio.run(scenario())

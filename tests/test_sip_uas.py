@@ -364,3 +364,18 @@ def test_siprec_metadata_update_changes_roles() -> None:
     assert statuses(actions) == [200]
     (updated,) = [a for a in actions if isinstance(a, LegUpdated)]
     assert (updated.leg.aor, updated.leg.leg_id) == ("sip:agent7@pbx", start.leg.leg_id)
+
+
+def test_we_refresh_when_the_uac_does_not_support_timers() -> None:
+    core = make_core()
+    tag, actions = answer(core, extra="Session-Expires: 90\r\n")
+    ok = responses(actions)[-1]
+    assert (ok.headers.get("Session-Expires"), ok.headers.get("Require")) == ("90;refresher=uas", None)
+    core.receive(ack(to_tag=tag), SOURCE, 0.1)
+    (update,) = requests(core.on_timer(45.0))
+    assert update.method == "UPDATE" and update.headers.get("Session-Expires") == "90;refresher=uas"
+    assert core.receive(bytes(Response(200, "OK", update.headers)), SOURCE, 45.1) == []
+    (second,) = requests(core.on_timer(90.1))
+    actions = core.receive(bytes(Response(481, "Gone", second.headers)), SOURCE, 90.2)
+    assert [r.method for r in requests(actions)] == ["BYE"]
+    assert any(isinstance(a, CallEnded) and a.reason == "session-refresh-failed" for a in actions)
