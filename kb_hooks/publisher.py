@@ -65,25 +65,40 @@ COUNTERS = (
 _ENDED_CALLS_REMEMBERED = 10_000
 _LATENCY_SAMPLES = 100_000
 
-# KEYS: call stream, firehose.  ARGV: id, json, type, call maxlen, firehose maxlen,
-# call channel ('' = no publish), all channel, ttl when ended (0 = keep), orphan ttl, call_id.
+# One call publishes a whole batch. KEYS: the call streams and firehoses of the batch.
+# ARGV: call maxlen, firehose maxlen, orphan ttl, then per event 10 fields: mode ('s' stream
+# and pub/sub, 'n' stream only, 'p' pub/sub only), call key index, firehose key index, id, json,
+# type, ttl when ended ('0' = none), call channel, all channel, call_id.
+# Result per event: 1 added, 0 already there (a retry), or the error text.
 _PUBLISH_LUA = """
-local added = redis.pcall('XADD', KEYS[1], 'MAXLEN', '~', ARGV[4], ARGV[1], 'type', ARGV[3], 'event', ARGV[2])
-if type(added) == 'table' and added.err then
-  if string.find(added.err, 'equal or smaller', 1, true) then return 0 end
-  return added
+local call_maxlen, fire_maxlen, orphan_ttl = ARGV[1], ARGV[2], ARGV[3]
+local out = {}
+for i = 4, #ARGV, 10 do
+  local mode, ck, fk = ARGV[i], KEYS[tonumber(ARGV[i + 1])], KEYS[tonumber(ARGV[i + 2])]
+  local id, payload, kind, ttl = ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6]
+  local result = 1
+  if mode ~= 'p' then
+    local added = redis.pcall('XADD', ck, 'MAXLEN', '~', call_maxlen, id, 'type', kind, 'event', payload)
+    if type(added) == 'table' and added.err then
+      if string.find(added.err, 'equal or smaller', 1, true) then result = 0 else result = added.err end
+    else
+      local fire = redis.pcall('XADD', fk, 'MAXLEN', '~', fire_maxlen, '*', 'type', kind,
+                               'call_id', ARGV[i + 9], 'event', payload)
+      if type(fire) == 'table' and fire.err then result = fire.err end
+      if ttl ~= '0' then
+        redis.call('EXPIRE', ck, ttl)
+      elseif redis.call('TTL', ck) == -1 then
+        redis.call('EXPIRE', ck, orphan_ttl)
+      end
+    end
+  end
+  if result == 1 and mode ~= 'n' then
+    redis.call('PUBLISH', ARGV[i + 7], payload)
+    redis.call('PUBLISH', ARGV[i + 8], payload)
+  end
+  out[#out + 1] = result
 end
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'type', ARGV[3], 'call_id', ARGV[10], 'event', ARGV[2])
-if ARGV[8] ~= '0' then
-  redis.call('EXPIRE', KEYS[1], ARGV[8])
-elseif redis.call('TTL', KEYS[1]) == -1 then
-  redis.call('EXPIRE', KEYS[1], ARGV[9])
-end
-if ARGV[6] ~= '' then
-  redis.call('PUBLISH', ARGV[6], ARGV[2])
-  redis.call('PUBLISH', ARGV[7], ARGV[2])
-end
-return 1
+return out
 """
 
 
@@ -339,6 +354,9 @@ class Publisher:
                     self._retry = [i for i in batch if not i.partial]
                     self.partials_dropped += sum(i.partial for i in batch)
                 continue
+            except Exception:  # a server-side script error or a bug: retrying would fail the same way
+                self.rejected += len(batch)
+                log.exception("redis rejected a batch of %d events; dropping it", len(batch))
             if source == "spool":
                 assert self._spool is not None
                 self._spool.commit(offset)
@@ -396,43 +414,40 @@ class Publisher:
             return None
 
     async def _send(self, batch: list[_Item]) -> None:
+        """One EVALSHA for the whole batch (the Script object reloads it after a Redis restart)."""
         assert self._client is not None
         s = self.settings
-        pipe = self._client.pipeline(transaction=False)
+        keys: dict[str, int] = {}
+        args: list[str | int] = [s.stream_maxlen, s.firehose_maxlen, s.orphan_ttl_s]
         for item in batch:
-            payload = json.dumps(item.event, ensure_ascii=False)
             call_id = str(item.event["call_id"])
             kind = str(item.event["event_type"])
-            publish = s.partials_to_pubsub or not item.partial
             if item.partial and not s.partials_to_stream:
-                pipe.publish(live_channel(item.prefix, call_id), payload)
-                pipe.publish(live_channel(item.prefix), payload)
+                mode = "p" if s.partials_to_pubsub else "-"
+            else:
+                mode = "s" if s.partials_to_pubsub or not item.partial else "n"
+            if mode == "-":
                 continue
-            ttl = s.call_ttl_s if kind == "call.ended" else 0
-            args: list[str | int] = [item.stream_id, payload, kind, s.stream_maxlen, s.firehose_maxlen,
-                    live_channel(item.prefix, call_id) if publish else "", live_channel(item.prefix),
-                    ttl, s.orphan_ttl_s, call_id]  # fmt: skip
-            keys = [stream_key(item.prefix, call_id), firehose_key(item.prefix)]
-            await self._script(keys=keys, args=args, client=pipe)
-        results = await asyncio.wait_for(pipe.execute(raise_on_error=False), s.op_timeout_s * 2)
+            call_key = keys.setdefault(stream_key(item.prefix, call_id), len(keys) + 1)
+            fire_key = keys.setdefault(firehose_key(item.prefix), len(keys) + 1)
+            args += [mode, call_key, fire_key, item.stream_id, json.dumps(item.event, ensure_ascii=False), kind,
+                     s.call_ttl_s if kind == "call.ended" else 0,
+                     live_channel(item.prefix, call_id), live_channel(item.prefix), call_id]  # fmt: skip
+        results: list[Any] = []
+        if keys:
+            results = await asyncio.wait_for(self._script(keys=list(keys), args=args), s.op_timeout_s * 2)
         self._account(batch, results)
 
     def _account(self, batch: list[_Item], results: list[Any]) -> None:
         now = time.monotonic()
-        for error in (r for r in results if isinstance(r, BaseException)):
-            if isinstance(error, RETRYABLE):
-                raise error
-        index = 0
+        outcomes = iter(results)
+        skipped = not self.settings.partials_to_stream and not self.settings.partials_to_pubsub
         for item in batch:
-            if item.partial and not self.settings.partials_to_stream:
-                outcome: Any = 1
-                index += 2
-            else:
-                outcome = results[index]
-                index += 1
-            if isinstance(outcome, BaseException):
+            outcome = 1 if item.partial and skipped else next(outcomes)
+            if isinstance(outcome, bytes):
                 self.rejected += 1
-                log.error("redis rejected %s of call %s: %s", item.event["event_type"], item.event["call_id"], outcome)
+                log.error("redis rejected %s of call %s: %s", item.event["event_type"], item.event["call_id"],
+                          outcome.decode(errors="replace"))  # fmt: skip
                 continue
             if outcome == 0:
                 self.duplicates_suppressed += 1
