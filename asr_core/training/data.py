@@ -22,39 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
+from asr_core.frontend import NUM_MEL_BINS, compute_fbank
 from asr_core.training import channel, synth
 from asr_core.training.textgen import Sentence
-
-NUM_MEL_BINS = 80
-
-
-def compute_fbank(samples: np.ndarray) -> np.ndarray:
-    """16 kHz samples in int16 scale, float (N,) -> log-mel fbank float32 (T, 80), WeNet's Kaldi options."""
-    try:
-        from asr_core.frontend import compute_fbank as frontend_fbank
-    except ImportError:
-        return _knf_fbank(samples)
-    return np.asarray(frontend_fbank(samples), dtype=np.float32)
-
-
-def _knf_fbank(samples: np.ndarray) -> np.ndarray:
-    import kaldi_native_fbank as knf
-
-    opts = knf.FbankOptions()
-    opts.frame_opts.samp_freq = 16000
-    opts.frame_opts.frame_length_ms = 25
-    opts.frame_opts.frame_shift_ms = 10
-    opts.frame_opts.dither = 0.0
-    opts.frame_opts.snip_edges = True
-    opts.mel_opts.num_bins = NUM_MEL_BINS
-    opts.energy_floor = 0.0
-    fbank = knf.OnlineFbank(opts)
-    fbank.accept_waveform(16000, samples.astype(np.float32).tolist())
-    fbank.input_finished()
-    frames = fbank.num_frames_ready
-    if frames == 0:
-        return np.zeros((0, NUM_MEL_BINS), dtype=np.float32)
-    return np.stack([fbank.get_frame(i) for i in range(frames)]).astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -121,6 +91,24 @@ def prepare(
     np.save(out_dir / "feats.npy", np.concatenate(chunks) if chunks else np.zeros((0, NUM_MEL_BINS), np.float16))
     if write_wavs:
         (out_dir / "text").write_text("".join(f"{j.utt_id} {t}\n" for j, t in zip(jobs, transcripts, strict=True)))
+    return offset
+
+
+def prepare_from_testset(testset: Path, out_dir: Path) -> int:
+    """Build a prepared data dir from a test-set dir (WAVs + ``text``); returns fbank frames."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    chunks = []
+    offset = 0
+    with open(out_dir / "index.tsv", "w", encoding="utf-8") as index:
+        for line in (testset / "text").read_text(encoding="utf-8").splitlines():
+            utt_id, _, transcript = line.partition(" ")
+            pcm, rate = read_wav(testset / f"{utt_id}.wav")
+            audio = channel.to_model_rate(pcm) if rate == channel.TELEPHONE_RATE else pcm.astype(np.float32)
+            feats = compute_fbank(audio)
+            index.write(f"{utt_id}\t{offset}\t{len(feats)}\t{transcript.strip()}\n")
+            chunks.append(feats.astype(np.float16))
+            offset += len(feats)
+    np.save(out_dir / "feats.npy", np.concatenate(chunks))
     return offset
 
 

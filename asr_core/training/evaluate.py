@@ -1,0 +1,140 @@
+"""Character error rate of a model directory on a test set, per chunk size and decoding mode.
+
+    python -m asr_core.training.evaluate --model asr_core/demo_model --testset exp/demo/test_sentences
+
+A test set is a directory of WAVs (mono 16-bit, 8 or 16 kHz) plus ``text`` with
+``<utt_id> <transcript>`` per line. Each utterance is decoded with the chunk attention mask of
+160, 320 and 640 ms chunks (4, 8, 16 encoder frames; equal to chunk-by-chunk streaming with an
+unlimited cache) and with full context; CTC greedy search always, plus attention rescoring
+of the CTC prefix-beam n-best when ``rescoring.attention`` is available. Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import soxr
+import torch
+
+from asr_core.ctc_search import ctc_greedy_batch, ctc_prefix_beam_search
+from asr_core.frontend import compute_fbank
+from asr_core.model.loader import LoadedModel, load_wenet_model
+from asr_core.training.data import read_wav
+
+CHUNK_MODES = {"160ms": 4, "320ms": 8, "640ms": 16, "full": -1}
+
+
+def edit_distance(ref: str, hyp: str) -> int:
+    """Levenshtein distance between two strings (characters)."""
+    previous = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, start=1):
+        current = [i]
+        for j, h in enumerate(hyp, start=1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (r != h)))
+        previous = current
+    return previous[-1]
+
+
+def read_testset(testset: Path) -> list[tuple[str, str, np.ndarray]]:
+    """(utt_id, transcript, fbank (T, 80)) per line of ``<testset>/text``."""
+    items = []
+    for line in (testset / "text").read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        utt_id, _, transcript = line.partition(" ")
+        samples, rate = read_wav(testset / f"{utt_id}.wav")
+        audio = samples.astype(np.float32)
+        if rate != 16000:
+            audio = soxr.resample(audio, rate, 16000).astype(np.float32)
+        items.append((utt_id, transcript.strip(), compute_fbank(audio)))
+    return items
+
+
+def _rescorer() -> Any:
+    try:
+        from rescoring.attention import attention_rescore
+    except ImportError:
+        return None
+    return attention_rescore
+
+
+@torch.no_grad()
+def decode(
+    loaded: LoadedModel, feats: list[np.ndarray], chunk: int, beam: int, batch_size: int = 16
+) -> dict[str, list[str]]:
+    """Texts per decoding method ("greedy", and "rescore" when available) for each utterance."""
+    model = loaded.model
+    rescore = _rescorer() if beam > 0 else None
+    out: dict[str, list[str]] = {"greedy": []}
+    if rescore is not None:
+        out["rescore"] = []
+    for start in range(0, len(feats), batch_size):
+        part = feats[start : start + batch_size]
+        lens = torch.tensor([len(f) for f in part])
+        xs = torch.zeros(len(part), int(lens.max()), part[0].shape[1])
+        for i, f in enumerate(part):
+            xs[i, : len(f)] = torch.from_numpy(f)
+        enc, mask = model.encoder(xs, lens, decoding_chunk_size=chunk, num_decoding_left_chunks=-1)
+        enc_lens = mask.squeeze(1).sum(1)
+        log_probs = model.ctc_log_probs(enc)  # (B, T', V)
+        for tokens in ctc_greedy_batch(log_probs, enc_lens, loaded.blank_id):
+            out["greedy"].append(_text(loaded, tokens))
+        if rescore is not None:
+            nbests = [
+                ctc_prefix_beam_search(log_probs[i, : enc_lens[i]], beam, loaded.blank_id) for i in range(len(part))
+            ]
+            keep = [i for i, n in enumerate(nbests) if n]
+            results = rescore(
+                model.decoder, [enc[i, : enc_lens[i]] for i in keep], [nbests[i] for i in keep],
+                sos=loaded.sos_id, eos=loaded.eos_id,
+            )
+            texts = ["" for _ in part]
+            for i, result in zip(keep, results, strict=True):
+                texts[i] = _text(loaded, list(result.tokens))
+            out["rescore"].extend(texts)
+    return out
+
+
+def _text(loaded: LoadedModel, tokens: list[int]) -> str:
+    return "".join(loaded.units[t] for t in tokens if loaded.units[t] not in ("<blank>", "<unk>", "<sos/eos>"))
+
+
+def evaluate(model_dir: Path, testset: Path, beam: int = 10, limit: int | None = None) -> dict[str, Any]:
+    loaded = load_wenet_model(model_dir)
+    items = read_testset(testset)[:limit]
+    refs = [t for _, t, _ in items]
+    feats = [f for _, _, f in items]
+    ref_chars = sum(len(r) for r in refs)
+    result: dict[str, Any] = {"model": str(model_dir), "testset": str(testset), "utterances": len(items),
+                              "reference_chars": ref_chars, "cer": {}, "examples": {}}
+    for mode, chunk in CHUNK_MODES.items():
+        started = time.monotonic()
+        hyps = decode(loaded, feats, chunk, beam)
+        result["cer"][mode] = {
+            method: round(sum(edit_distance(r, h) for r, h in zip(refs, texts, strict=True)) / max(ref_chars, 1), 4)
+            for method, texts in hyps.items()
+        }
+        result["cer"][mode]["seconds"] = round(time.monotonic() - started, 1)
+        result["examples"][mode] = [{"ref": r, "hyp": h} for r, h in list(zip(refs, hyps["greedy"], strict=True))[:3]]
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, required=True, help="WeNet model dir")
+    parser.add_argument("--testset", type=Path, required=True, help="dir with WAVs and a text file")
+    parser.add_argument("--beam", type=int, default=10, help="n-best size for rescoring; 0 = greedy only")
+    parser.add_argument("--limit", type=int, help="only the first N utterances")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    print(json.dumps(evaluate(args.model, args.testset, args.beam, args.limit), ensure_ascii=False))
+
+
+if __name__ == "__main__":
+    main()
