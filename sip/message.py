@@ -8,6 +8,7 @@ stream into messages using Content-Length. Every parse failure raises ``SipParse
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -88,6 +89,7 @@ _STATUS_LINE = re.compile(r"^SIP/2\.0 ([1-6][0-9][0-9]) ?(.*)$")
 _REQUEST_LINE = re.compile(r"^([A-Za-z0-9.!%*_+`'~-]+) (\S+) SIP/2\.0$")
 
 
+@functools.lru_cache(maxsize=1024)
 def canonical_name(name: str) -> str:
     """``"i"`` -> ``"Call-ID"``, ``"cseq"`` -> ``"CSeq"``; unknown names keep their spelling."""
     lower = name.lower()
