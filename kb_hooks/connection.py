@@ -53,7 +53,9 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
             raise ValueError(f"bad sentinel address {item!r} in {url!r}; expected host:port") from None
     path = [p for p in parts.path.split("/") if p]
     if not path:
-        raise ValueError(f"Sentinel URL {url!r} needs the master's service name: redis+sentinel://host:26379/mymaster/0")
+        raise ValueError(
+            f"Sentinel URL {url!r} needs the master's service name: redis+sentinel://host:26379/mymaster/0"
+        )
     try:
         db = int(path[1]) if len(path) > 1 else 0
     except ValueError:

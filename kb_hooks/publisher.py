@@ -160,7 +160,8 @@ class Publisher:
         self.connected = False
         self.submitted = 0
         self.published = 0
-        self.partials_dropped = 0
+        self._inbox_partials_dropped = 0  # counted by submitters, under the lock
+        self._loop_partials_dropped = 0  # counted on the event loop
         self.duplicates_suppressed = 0
         self.rejected = 0
         self.spooled = 0
@@ -171,6 +172,10 @@ class Publisher:
         self.reconnects = 0
         self.ack_latency_s: deque[float] = deque(maxlen=_LATENCY_SAMPLES)
         self.audio_to_ack_s: deque[float] = deque(maxlen=_LATENCY_SAMPLES)
+
+    @property
+    def partials_dropped(self) -> int:
+        return self._inbox_partials_dropped + self._loop_partials_dropped
 
     # ---- engine side (any thread) -------------------------------------------------------
 
@@ -210,7 +215,7 @@ class Publisher:
 
     def _count_inbox_drop(self, event: dict[str, Any]) -> None:
         if ev.is_partial(event):
-            self.partials_dropped += 1
+            self._inbox_partials_dropped += 1
         else:
             self.inbox_full_dropped += 1
             log.error("publisher inbox full (event loop stalled?): dropped %s of call %s",
@@ -279,7 +284,7 @@ class Publisher:
         assert self._spool is not None
         retry = [i.record() for i in self._retry if not i.partial]
         rest = [i.record() for i in self._backlog if not i.partial]
-        self.partials_dropped += sum(i.partial for i in self._retry) + sum(i.partial for i in self._backlog)
+        self._loop_partials_dropped += sum(i.partial for i in self._retry) + sum(i.partial for i in self._backlog)
         if retry:
             self.spool_full_dropped += self._spool.rewrite(retry, rest)
         elif rest:
@@ -303,7 +308,7 @@ class Publisher:
         for item in items:
             if item.partial:
                 if degraded or len(self._backlog) >= self.settings.queue_size:
-                    self.partials_dropped += 1
+                    self._loop_partials_dropped += 1
                     continue
             elif len(self._backlog) >= self.settings.queue_size:
                 self._spill()
@@ -314,7 +319,7 @@ class Publisher:
         """Move the whole backlog to the spool (it is newer than anything already spooled)."""
         assert self._spool is not None
         records = [i.record() for i in self._backlog if not i.partial]
-        self.partials_dropped += sum(i.partial for i in self._backlog)
+        self._loop_partials_dropped += sum(i.partial for i in self._backlog)
         self._backlog.clear()
         written = self._spool.append(records)
         self.spooled += written
@@ -352,7 +357,7 @@ class Publisher:
                 self._lost_connection(exc)
                 if source != "spool":
                     self._retry = [i for i in batch if not i.partial]
-                    self.partials_dropped += sum(i.partial for i in batch)
+                    self._loop_partials_dropped += sum(i.partial for i in batch)
                 continue
             except Exception:  # a server-side script error or a bug: retrying would fail the same way
                 self.rejected += len(batch)
@@ -391,7 +396,7 @@ class Publisher:
         self.connected = False
         log.warning("redis publish failed (%s: %s); queueing and retrying", type(exc).__name__, exc)
         kept = deque(i for i in self._backlog if not i.partial)
-        self.partials_dropped += len(self._backlog) - len(kept)
+        self._loop_partials_dropped += len(self._backlog) - len(kept)
         self._backlog = kept
 
     def _next_batch(self) -> tuple[list[_Item], str, int]:

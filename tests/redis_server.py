@@ -28,10 +28,13 @@ def free_port() -> int:
 class RedisServer:
     """One redis-server process; ``stop(kill=True)`` simulates a crash, ``start()`` again reuses the port."""
 
-    def __init__(self, workdir: Path, port: int | None = None, extra_args: Sequence[str] = ()) -> None:
+    def __init__(
+        self, workdir: Path, port: int | None = None, extra_args: Sequence[str] = (), config_file: Path | None = None
+    ) -> None:
         self.workdir = workdir
         self.port = port or free_port()
         self.extra_args = list(extra_args)
+        self.config_file = config_file  # required first on the command line, e.g. for --sentinel
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -43,7 +46,8 @@ class RedisServer:
         if binary is None:
             pytest.skip("redis-server is not installed (apt-get install redis-server)")
         self.workdir.mkdir(parents=True, exist_ok=True)
-        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+        head = [binary] if self.config_file is None else [binary, str(self.config_file)]
+        args = [*head, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                 "--dir", str(self.workdir), "--daemonize", "no", "--loglevel", "warning", *self.extra_args]  # fmt: skip
         log = (self.workdir / "redis.log").open("ab")
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)

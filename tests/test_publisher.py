@@ -48,7 +48,8 @@ async def wait_until(predicate: Any, timeout_s: float = 10.0) -> None:
 
 
 async def stream_events(client: aioredis.Redis, key: str) -> list[dict[str, Any]]:
-    return [json.loads(fields[b"event"]) for _, fields in await client.xrange(key)]
+    entries: Any = await client.xrange(key)
+    return [json.loads(fields[b"event"]) for _, fields in entries]
 
 
 def test_call_lifecycle_streams_pubsub_groups_ttl(redis_server: RedisServer, tmp_path: Path) -> None:  # noqa: F811
@@ -77,7 +78,7 @@ def test_call_lifecycle_streams_pubsub_groups_ttl(redis_server: RedisServer, tmp
             jsonschema.validate(event, ev.schema())
         assert 0 < await client.ttl(stream_key("asr", "c1")) <= 120
 
-        reply = await client.xreadgroup("dashboards", "worker-1", {firehose_key("asr"): ">"}, count=100)
+        reply: Any = await client.xreadgroup("dashboards", "worker-1", {firehose_key("asr"): ">"}, count=100)
         fire = [json.loads(fields[b"event"]) for _, fields in reply[0][1]]
         assert [e["event_id"] for e in fire] == [e["event_id"] for e in in_call]
         assert await client.xack(firehose_key("asr"), "dashboards", *[i for i, _ in reply[0][1]]) == 4
@@ -154,3 +155,26 @@ def test_sentinel_url_parsing() -> None:
         parse_sentinel_url("redis+sentinel://h:26379")
     with pytest.raises(ValueError, match="unknown option"):
         parse_sentinel_url("redis+sentinel://h:26379/m?colour=blue")
+
+
+def test_sentinel_url_reaches_the_master(redis_server: RedisServer, tmp_path: Path) -> None:  # noqa: F811
+    conf = tmp_path / "sentinel.conf"
+    conf.write_text(f"sentinel monitor mymaster 127.0.0.1 {redis_server.port} 1\n")
+    sentinel = RedisServer(tmp_path / "sentinel", extra_args=["--sentinel"], config_file=conf)
+    sentinel.start()
+    try:
+
+        async def scenario() -> None:
+            url = f"redis+sentinel://127.0.0.1:{sentinel.port}/mymaster/0"
+            publisher = Publisher(settings(url, tmp_path))
+            await publisher.start()
+            publisher.call_started(CallContext("c4"), [CALLER])
+            await wait_until(lambda: publisher.published == 1)
+            await publisher.stop()
+            client = aioredis.from_url(redis_server.url)
+            assert await client.xlen(stream_key("asr", "c4")) == 1
+            await client.aclose()
+
+        asyncio.run(scenario())
+    finally:
+        sentinel.stop()

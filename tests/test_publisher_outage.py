@@ -25,7 +25,8 @@ CALLS = [CallContext(f"call-{n}", f"sip-{n}@pbx", "hotline") for n in range(5)]
 
 
 async def ids_in(client: aioredis.Redis, key: str) -> list[dict[str, Any]]:
-    return [json.loads(fields[b"event"]) for _, fields in await client.xrange(key)]
+    entries: Any = await client.xrange(key)
+    return [json.loads(fields[b"event"]) for _, fields in entries]
 
 
 def test_redis_killed_mid_stream_loses_no_final(tmp_path: Path) -> None:
