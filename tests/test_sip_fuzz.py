@@ -169,7 +169,7 @@ HEADER_NAMES = st.sampled_from(
         "Authorization",
     ]
 )
-TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"), max_size=40)
+TEXT = st.text(alphabet=st.characters(exclude_categories=["Cs"], exclude_characters="\r\n"), max_size=40)
 
 
 @settings(max_examples=400, deadline=None)

@@ -142,7 +142,7 @@ class Harness:
         base = free_port(pair=True)
         self.ports = PortAllocator("127.0.0.1", 30000 + base % 20000, 30000 + base % 20000 + 40)
         self.handler = CountingCallHandler(capacity)
-        config = SipSettings(host="127.0.0.1", port=0, transports=["udp", "tcp"], **settings)  # type: ignore[arg-type]
+        config = SipSettings(host="127.0.0.1", port=0, transports=["udp", "tcp"], **settings)
         self.server = SipServer(config, self.handler, self.ports, router)
         self.tmp_path = tmp_path
 

@@ -6,6 +6,7 @@ import hashlib
 
 import pytest
 
+from rtp.sink import CountingSink
 from sip.app import CallInfo, CapacityError, CountingCallHandler, LegInfo
 from sip.config import AuthSettings, SipSettings
 from sip.dialog import Call, CallEvent, CallState
@@ -40,7 +41,7 @@ def statuses(actions: list[Action]) -> list[int]:
 
 
 def make_core(handler: CountingCallHandler | None = None, **settings: object) -> UasCore:
-    return UasCore(SipSettings(**settings), handler or CountingCallHandler(), FakePorts())  # type: ignore[arg-type]
+    return UasCore(SipSettings(**settings), handler or CountingCallHandler(), FakePorts())
 
 
 def answer(core: UasCore, now: float = 0.0, **kwargs: object) -> tuple[str, list[Action]]:
@@ -199,7 +200,7 @@ def test_options_and_admission() -> None:
 
 def test_capacity_error_from_open_leg_gives_503() -> None:
     class Refusing(CountingCallHandler):
-        def open_leg(self, call: CallInfo, leg: LegInfo):  # type: ignore[no-untyped-def]
+        def open_leg(self, call: CallInfo, leg: LegInfo) -> CountingSink:
             raise CapacityError("engine full")
 
     ports = FakePorts()
