@@ -11,7 +11,7 @@ import torch
 import yaml
 
 from asr_core.model.loader import load_wenet_model
-from asr_core.training import data, export, train
+from asr_core.training import data, evaluate, export, train
 
 BUNDLE = Path(__file__).resolve().parent / "data" / "hotline_8k"
 
@@ -71,8 +71,14 @@ def test_loss_goes_down_resumes_and_exports(prepared: tuple[Path, Path], tmp_pat
     enc, _ = loaded.model.encoder(feats, torch.tensor([feats.size(1)]), decoding_chunk_size=4)
     assert enc.shape[-1] == 32 and torch.isfinite(enc).all()
 
+    report = evaluate.evaluate(out, BUNDLE, beam=2)
+    assert report["utterances"] == 4
+    assert set(report["cer"]) == {"160ms", "320ms", "640ms", "full"}
+    assert all(v["greedy"] >= 0.0 for v in report["cer"].values())
+
 
 def test_helpers() -> None:
+    assert evaluate.edit_distance("井盖破损", "井破损了") == 2
     assert train.make_batches([5, 1, 3, 2], max_frames=6) == [[1, 3], [2], [0]]
     assert train.warmup_lr(10, 1e-3, 10) == pytest.approx(1e-3)
     assert train.warmup_lr(5, 1e-3, 10) == pytest.approx(5e-4)
