@@ -8,6 +8,7 @@ same searches ``asr-transcribe`` runs.
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -225,3 +226,41 @@ def test_endpoint_splits_utterances_and_resets_the_model_state(loaded: LoadedMod
     assert finals[0].tokens == reference(loaded, audio[1][:34000], 160, 4).best
     partial_ids = [p.utterance_id for p in collector.partials("e")]
     assert partial_ids == sorted(partial_ids)
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as statm:
+        pages = int(statm.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def test_an_hour_long_call_keeps_constant_memory(loaded: LoadedModel, audio: list[np.ndarray]) -> None:
+    """60 minutes of audio through one stream, faster than real time: the cache slot is the same
+    tensor memory throughout, and the process grows by less than 50 MB after warm-up."""
+    engine = Engine(loaded, EngineOptions(max_streams=1, allowed_chunk_ms=(640,), max_left_chunks=2))
+    finals: list[Final] = []
+    stream = engine.open_stream(
+        StreamConfig(chunk_ms=640, left_chunks=2, rescore=False),
+        lambda e: finals.append(e) if isinstance(e, Final) else None,
+    )
+    pool_pointers = (engine.pool.att.data_ptr(), engine.pool.cnn.data_ptr(), engine.pool.pos.data_ptr())
+    pool_bytes = engine.pool.total_bytes
+    minute = np.resize(np.concatenate([audio[1], audio[0]]), 16000 * 60)  # repeated to fill 60 s
+    rss_after_warmup = 0.0
+    for minute_index in range(60):
+        for start in range(0, len(minute), 16000):
+            stream.accept_waveform(minute[start : start + 16000])
+            while engine.run_once() == 0.0:
+                pass
+        if minute_index == 4:
+            rss_after_warmup = _rss_mb()
+        assert len(stream.utterance.topk_values) <= 20_000 // 640 + 1  # per-utterance buffers stay bounded
+    growth = _rss_mb() - rss_after_warmup
+    stream.input_finished()
+    drain(engine, [stream])
+    assert (engine.pool.att.data_ptr(), engine.pool.cnn.data_ptr(), engine.pool.pos.data_ptr()) == pool_pointers
+    assert engine.pool.total_bytes == pool_bytes
+    assert engine.stats.chunks >= 60 * 60 * 1000 // 640 - 2
+    assert len(finals) >= 3_600_000 // 20_480  # the 20 s max-utterance rule ends one every 32 chunks at least
+    assert finals[-1].end_ms >= 3_599_000
+    assert growth < 50, f"RSS grew by {growth:.1f} MB after warm-up"
