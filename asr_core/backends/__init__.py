@@ -55,8 +55,9 @@ class TorchChunkRunner:
         cache_mask: torch.Tensor,
         cnn_cache: torch.Tensor,
     ) -> ChunkStep:
+        # kv_ring's pool is zero-initialised and only ever holds model outputs.
         ys, new_kv, new_cnn = self.model.encoder.forward_chunk_batch(
-            xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache
+            xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache, cache_is_finite=True
         )
         return ChunkStep(ys, self.model.ctc_log_probs(ys).float(), new_kv, new_cnn)
 
