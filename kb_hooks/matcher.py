@@ -11,11 +11,12 @@ from __future__ import annotations
 import re
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Generic, Literal, TypeVar
 
 import ahocorasick
 
-from kb_hooks.normalize import Normalized, normalize, pinyin_keys
+from kb_hooks.normalize import Normalized, normalize, phrase_readings, pinyin_keys
 
 PayloadT = TypeVar("PayloadT", bound=Hashable)
 MatchKind = Literal["exact", "homophone", "pattern"]
@@ -56,6 +57,29 @@ def _pinyin_string(keys: Sequence[str]) -> str:
     return _SEP + _SEP.join(keys) + _SEP
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A text in the forms the automatons search; shared by the KB and every tag rule set."""
+
+    norm: Normalized  # numerals as digits, for exact phrases and patterns
+    plain: Normalized  # numerals kept, for pinyin
+    haystack: str  # "|wo|jin|tian|..." pinyin of ``plain``
+    token_at_end: dict[int, int]  # haystack position of the separator closing token i -> i
+
+
+@lru_cache(maxsize=4096)
+def prepare(text: str) -> Prepared:
+    """Normalize and transliterate once per distinct text (partials repeat, KB and tags share)."""
+    plain = normalize(text, numerals=False)
+    keys = pinyin_keys(plain.text)
+    token_at_end: dict[int, int] = {}
+    pos = 0
+    for index, key in enumerate(keys):
+        pos += len(_SEP) + len(key)
+        token_at_end[pos] = index
+    return Prepared(normalize(text), plain, _pinyin_string(keys), token_at_end)
+
+
 class PhraseMatcher(Generic[PayloadT]):
     """Finds every phrase and pattern occurrence in a text (one pass per automaton)."""
 
@@ -71,8 +95,8 @@ class PhraseMatcher(Generic[PayloadT]):
             exact.setdefault(key, []).append(spec.payload)
             plain = normalize(spec.phrase, numerals=False).text
             if spec.homophones and len(_CJK.findall(plain)) >= 2:
-                keys = pinyin_keys(plain)
-                sounds.setdefault(_pinyin_string(keys), []).append(spec.payload)
+                for reading in phrase_readings(plain):
+                    sounds.setdefault(_pinyin_string(reading), []).append(spec.payload)
         if exact:
             self._exact = ahocorasick.Automaton()
             for key, payloads in exact.items():
@@ -88,29 +112,23 @@ class PhraseMatcher(Generic[PayloadT]):
     def find(self, text: str) -> list[Hit[PayloadT]]:
         """All hits in ``text``; a homophone hit on the same span as an exact hit of the same payload is dropped."""
         hits: list[Hit[PayloadT]] = []
-        norm = normalize(text)
+        prepared = prepare(text)
+        norm = prepared.norm
         if self._exact is not None and norm.text:
             for end, (length, payloads) in self._exact.iter(norm.text):
                 begin, stop = norm.original_span(end - length + 1, end + 1)
                 hits.extend(Hit(p, "exact", begin, stop) for p in payloads)
         if self._pinyin is not None:
-            hits.extend(self._homophone_hits(text, {(h.payload, h.begin, h.end) for h in hits}))
+            hits.extend(self._homophone_hits(prepared, {(h.payload, h.begin, h.end) for h in hits}))
         if self._patterns and norm.text:
             hits.extend(self._pattern_hits(norm))
         return hits
 
-    def _homophone_hits(self, text: str, exact: set[tuple[PayloadT, int, int]]) -> list[Hit[PayloadT]]:
+    def _homophone_hits(self, prepared: Prepared, exact: set[tuple[PayloadT, int, int]]) -> list[Hit[PayloadT]]:
         assert self._pinyin is not None
-        plain = normalize(text, numerals=False)
+        plain, haystack, token_at_end = prepared.plain, prepared.haystack, prepared.token_at_end
         if not plain.text:
             return []
-        keys = pinyin_keys(plain.text)
-        haystack = _pinyin_string(keys)
-        token_at_end: dict[int, int] = {}
-        pos = 0
-        for index, key in enumerate(keys):
-            pos += len(_SEP) + len(key)
-            token_at_end[pos] = index  # position of the separator that closes token ``index``
         out: list[Hit[PayloadT]] = []
         for end, (count, payloads) in self._pinyin.iter(haystack):
             last = token_at_end[end]

@@ -8,8 +8,10 @@ from, so a match can be reported on the text the user sees.
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from pypinyin import Style, lazy_pinyin
@@ -18,6 +20,7 @@ DIGIT_CHARS = {"零": 0, "〇": 0, "一": 1, "幺": 1, "二": 2, "两": 2, "三"
                "六": 6, "七": 7, "八": 8, "九": 9}  # fmt: skip
 UNIT_CHARS = {"十": 10, "百": 100, "千": 1000, "万": 10_000}
 NUMERAL_CHARS = frozenset(DIGIT_CHARS) | frozenset(UNIT_CHARS)
+_NUMERAL_RUN = re.compile(f"[{''.join(sorted(NUMERAL_CHARS))}]+")
 
 
 @dataclass(frozen=True)
@@ -32,15 +35,11 @@ class Normalized:
         return self.spans[begin][0], self.spans[end - 1][1]
 
 
-def _dropped(ch: str) -> bool:
-    category = unicodedata.category(ch)
-    return category[0] in "PZSC"
-
-
+@lru_cache(maxsize=16_384)
 def fold_char(ch: str) -> str:
     """Full-width to half-width and lower case (NFKC), '' for punctuation, spaces and symbols."""
     folded = unicodedata.normalize("NFKC", ch).lower()
-    return "".join(c for c in folded if not _dropped(c))
+    return "".join(c for c in folded if unicodedata.category(c)[0] not in "PZSC")
 
 
 def chinese_number_value(run: str) -> int | None:
@@ -79,16 +78,21 @@ def normalize(text: str, numerals: bool = True) -> Normalized:
     """Fold width/case, drop punctuation and spaces, and (optionally) write numerals as digits."""
     out: list[str] = []
     spans: list[tuple[int, int]] = []
+    numeral_runs = {m.start(): m.end() for m in _NUMERAL_RUN.finditer(text)} if numerals else {}
     i = 0
-    while i < len(text):
+    n = len(text)
+    while i < n:
         ch = text[i]
-        if numerals and ch in NUMERAL_CHARS:
-            j = i
-            while j < len(text) and text[j] in NUMERAL_CHARS:
-                j += 1
+        if "\u4e00" <= ch <= "\u9fff" and i not in numeral_runs:  # common case: a Chinese character
+            out.append(ch)
+            spans.append((i, i + 1))
+            i += 1
+            continue
+        j = numeral_runs.get(i)
+        if j is not None:
             run = text[i:j]
             # A lone unit character (十/百/千/万) is a word more often than a number.
-            digits = numeral_to_digits(run) if any(c in DIGIT_CHARS for c in run) or len(run) > 1 else run
+            digits = numeral_to_digits(run) if len(run) > 1 or run in DIGIT_CHARS else run
             out.extend(digits)
             spans.extend([(i, j)] * len(digits))
             i = j
@@ -100,11 +104,23 @@ def normalize(text: str, numerals: bool = True) -> Normalized:
     return Normalized("".join(out), tuple(spans))
 
 
-def pinyin_keys(text: str) -> list[str]:
-    """Toneless pinyin of each character of ``text`` (non-Chinese characters stand for themselves).
+@lru_cache(maxsize=32_768)
+def char_pinyin(ch: str) -> str:
+    """Toneless pinyin of one character in its most common reading (the character itself if not Chinese)."""
+    return lazy_pinyin(ch, style=Style.NORMAL)[0] if "\u3400" <= ch <= "\u9fff" else ch
 
-    The whole string is converted at once so that pypinyin's phrase dictionary picks the
-    right reading of polyphones (长 in 长江 vs 长大).
+
+def pinyin_keys(text: str) -> list[str]:
+    """Toneless pinyin of each character of ``text``, one character at a time (cached, fast).
+
+    Phrases are also registered under their in-context reading (see ``phrase_readings``), so
+    a polyphone read differently in a phrase (行 in 银行) still matches.
     """
+    return [char_pinyin(ch) for ch in text]
+
+
+def phrase_readings(phrase: str) -> set[tuple[str, ...]]:
+    """The per-character and the in-context (pypinyin phrase dictionary) readings of a phrase."""
     split_chars: Any = list  # pypinyin accepts a list from ``errors`` though its stubs say str
-    return lazy_pinyin(text, style=Style.NORMAL, errors=split_chars)
+    in_context = lazy_pinyin(phrase, style=Style.NORMAL, errors=split_chars)
+    return {tuple(pinyin_keys(phrase)), tuple(in_context)}

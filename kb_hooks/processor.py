@@ -39,6 +39,7 @@ class _CallState:
     # entries suggested on partials of an utterance and not yet confirmed or withdrawn
     pending: dict[tuple[Any, ...], set[str]] = field(default_factory=dict)
     tags_seen: set[tuple[str, str, str]] = field(default_factory=set)
+    last_partial: dict[tuple[Any, ...], tuple[str, Redacted]] = field(default_factory=dict)
 
 
 class TranscriptProcessor:
@@ -93,8 +94,17 @@ class TranscriptProcessor:
         ctx = update.call
         with self._lock:
             state = self._calls.setdefault(ctx.call_id, _CallState())
+        utterance = (*update.participant.key(), update.utterance_id)
+        last = state.last_partial.get(utterance)
+        if update.is_partial and last is not None and last[0] == update.text:
+            # The engine repeats a partial while nothing new is decoded: same matches, skip them.
+            return [self._transcript(update, last[1])]
         entities = extract_entities(update.text, self.mask_digit_runs)
         redacted = self.redactor.redact(update.text, entities, ctx.redaction)
+        if update.is_partial:
+            state.last_partial[utterance] = (update.text, redacted)
+        else:
+            state.last_partial.pop(utterance, None)
         events = [self._transcript(update, redacted)]
         events.extend(self._suggestions(update, redacted, state))
         if not update.is_partial or self.tags_on_partials:

@@ -78,6 +78,8 @@ def test_partial_suggestion_confirmed_or_withdrawn_by_the_final(processor: Trans
     first = processor.process(update("警盖破损", True, 0))
     assert [(e["status"], e["homophone"]) for e in first if e["event_type"] == "kb.suggestion"] == [("suggested", True)]
     assert not [e for e in processor.process(update("警盖破损了", True, 0)) if e["event_type"] == "kb.suggestion"]
+    repeated = processor.process(update("警盖破损了", True, 0))
+    assert [e["event_type"] for e in repeated] == ["transcript.partial"] and repeated[0]["text"] == "警盖破损了"
     confirmed = [e for e in processor.process(update("井盖破损了", False, 0)) if e["event_type"] == "kb.suggestion"]
     assert [(e["status"], e["score"]) for e in confirmed] == [("confirmed", 1.0)]
     again = processor.process(update("井盖破损了", False, 1))
