@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from asr_core.model.embedding import sinusoid
+from asr_core.model.inference import may_cache_derived, weights_key
 
 MIN_TABLE_ROWS = 1024
 
@@ -42,15 +43,43 @@ class MultiHeadedAttention(nn.Module):
         self.linear_v = nn.Linear(n_feat, n_feat, bias=value_bias)
         self.linear_out = nn.Linear(n_feat, n_feat)
         self.dropout = nn.Dropout(dropout_rate)
+        self._fused: tuple[Tensor, Tensor | None] | None = None
+        self._fused_key: tuple[object, ...] = ()
 
     def _heads(self, x: Tensor, linear: nn.Module) -> Tensor:
         """(B, T, D) -> (B, H, T, d_k)."""
         b, t, _ = x.shape
         return linear(x).view(b, t, self.h, self.d_k).transpose(1, 2)
 
-    def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys and values of new frames: x (B, T, D) -> k, v (B, H, T, d_k)."""
-        return self._heads(x, self.linear_k), self._heads(x, self.linear_v)
+    def _fused_qkv(self) -> tuple[Tensor, Tensor | None]:
+        """``linear_q/k/v`` as one (3D, D) weight and (3D,) bias, rows ordered
+        [q | head 0 (k | v) | head 1 (k | v) | ...] so that one matmul yields the queries and the
+        new frames' keys|values already in att_cache layout. Cached while ``may_cache_derived``
+        (until a weight changes); rebuilt from the parameters otherwise, so gradients flow."""
+        linears = (self.linear_q, self.linear_k, self.linear_v)
+        weights = [lin.weight for lin in linears]
+        biases = [lin.bias for lin in linears]
+        cache = may_cache_derived(self)
+        key = weights_key(*weights, *biases) if cache else ()
+        if cache and self._fused is not None and self._fused_key == key:
+            return self._fused
+        d, dk = self.h * self.d_k, self.d_k
+
+        def interleave(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            """q, k, v: (D, ...) -> (3D, ...) rows [q | per head (k | v)]."""
+            kv = torch.stack((k.reshape(self.h, dk, -1), v.reshape(self.h, dk, -1)), dim=1)  # (H, 2, d_k, ...)
+            return torch.cat((q.reshape(d, -1), kv.reshape(2 * d, -1)), dim=0).view((3 * d, *q.shape[1:]))
+
+        weight = interleave(*weights)
+        bias: Tensor | None = None
+        if any(b is not None for b in biases):
+            zeros = weight.new_zeros(d)
+            q_b, k_b, v_b = (zeros if b is None else b for b in biases)
+            bias = interleave(q_b, k_b, v_b)
+        if cache:
+            self._fused = (weight, bias)
+            self._fused_key = key
+        return weight, bias
 
     def scores(self, q: Tensor, k: Tensor, key_positions: Tensor | None, table_rows: int) -> Tensor:
         """q: (B, H, T1, d_k), k: (B, H, T2, d_k) -> (B, H, T1, T2) unnormalised scores."""
@@ -91,25 +120,34 @@ class MultiHeadedAttention(nn.Module):
     def forward_cached(
         self,
         x: Tensor,
-        k_cache: Tensor,
-        v_cache: Tensor,
+        kv_cache: Tensor,
         mask: Tensor | None,
         key_positions: Tensor | None,
         table_rows: int,
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    ) -> tuple[Tensor, Tensor]:
         """Self-attention of new frames over cached + new keys.
 
-        x: (B, T, D) new frames; k_cache, v_cache: (B, H, W, d_k) (W may be 0);
+        x: (B, T, D) new frames; kv_cache: (B, H, W, 2*d_k) cached keys|values (W may be 0);
         mask: (B, 1|T, W+T) bool; key_positions: (B|1, W+T) int64 absolute frame index of
         every key (cache first, then the new frames).
-        Returns (y (B, T, D), k_new, v_new (B, H, T, d_k)).
+        Returns (y (B, T, D), kv_new (B, H, T, 2*d_k) keys|values of the new frames).
         """
-        q = self._heads(x, self.linear_q)
-        k_new, v_new = self.project_kv(x)
-        k = torch.cat((k_cache, k_new), dim=2)  # (B, H, W+T, d_k)
-        v = torch.cat((v_cache, v_new), dim=2)
+        b, t, d = x.shape
+        if all(type(lin) is nn.Linear for lin in (self.linear_q, self.linear_k, self.linear_v)):
+            weight, bias = self._fused_qkv()
+            qkv = nn.functional.linear(x, weight, bias)  # (B, T, 3D)
+            q = qkv[..., :d].view(b, t, self.h, self.d_k)  # (B, T, H, d_k)
+            kv_heads = qkv[..., d:].view(b, t, self.h, 2 * self.d_k)  # (B, T, H, 2*d_k)
+        else:  # replaced projections (e.g. dynamically quantized): one matmul each
+            q = self.linear_q(x).view(b, t, self.h, self.d_k)
+            k_heads = self.linear_k(x).view(b, t, self.h, self.d_k)
+            kv_heads = torch.cat((k_heads, self.linear_v(x).view(b, t, self.h, self.d_k)), dim=-1)
+        q = q.transpose(1, 2)  # (B, H, T, d_k)
+        kv_new = kv_heads.transpose(1, 2)  # (B, H, T, 2*d_k)
+        kv = torch.cat((kv_cache, kv_new), dim=2)  # (B, H, W+T, 2*d_k)
+        k, v = kv[..., : self.d_k], kv[..., self.d_k :]
         y = self.attend(q, k, v, self.scores(q, k, key_positions, table_rows), mask)
-        return y, k_new, v_new
+        return y, kv_new
 
 
 class RelPositionMultiHeadedAttention(MultiHeadedAttention):

@@ -43,26 +43,25 @@ class ConvolutionModule(nn.Module):
     def forward(self, x: Tensor, mask_pad: Tensor | None, cache: Tensor | None) -> tuple[Tensor, Tensor]:
         """x: (B, T, D); mask_pad: (B, 1, T) bool or None; cache: (B, D, kernel-1) or None (zeros).
 
+        Frames stay channels-last: the kernel-1 pointwise convs run as matmuls on (B, T, D)
+        with the Conv1d weights viewed as (out, in); only the depthwise conv sees (B, D, T).
         Returns (y (B, T, D), new_cache (B, D, kernel-1); (B, D, 0) when not causal).
         """
-        x = x.transpose(1, 2)  # (B, D, T)
         if mask_pad is not None:
-            x = x.masked_fill(~mask_pad, 0.0)
+            x = x.masked_fill(~mask_pad.transpose(1, 2), 0.0)  # padding frames -> 0
         if self.lorder > 0:
             if cache is None:
-                x = nn.functional.pad(x, (self.lorder, 0), "constant", 0.0)
+                x = nn.functional.pad(x, (0, 0, self.lorder, 0), "constant", 0.0)
             else:
-                x = torch.cat((cache, x), dim=2)  # (B, D, kernel-1 + T)
-            new_cache = x[:, :, -self.lorder :]
+                x = torch.cat((cache.transpose(1, 2), x), dim=1)  # (B, kernel-1 + T, D)
+            new_cache = x[:, -self.lorder :].transpose(1, 2)
         else:
-            new_cache = x[:, :, :0]
-        x = nn.functional.glu(self.pointwise_conv1(x), dim=1)  # (B, D, T')
-        x = self.depthwise_conv(x)  # (B, D, T)
-        if self.use_layer_norm:
-            x = self.activation(self.norm(x.transpose(1, 2))).transpose(1, 2)
-        else:
-            x = self.activation(self.norm(x))
-        x = self.pointwise_conv2(x)
+            new_cache = x[:, :0].transpose(1, 2)
+        x = nn.functional.linear(x, self.pointwise_conv1.weight.squeeze(2), self.pointwise_conv1.bias)  # (B, T', 2D)
+        x = nn.functional.glu(x, dim=2)  # (B, T', D)
+        x = self.depthwise_conv(x.transpose(1, 2))  # (B, D, T)
+        x = self.norm(x.transpose(1, 2)) if self.use_layer_norm else self.norm(x).transpose(1, 2)  # (B, T, D)
+        x = nn.functional.linear(self.activation(x), self.pointwise_conv2.weight.squeeze(2), self.pointwise_conv2.bias)
         if mask_pad is not None:
-            x = x.masked_fill(~mask_pad, 0.0)
-        return x.transpose(1, 2), new_cache
+            x = x.masked_fill(~mask_pad.transpose(1, 2), 0.0)
+        return x, new_cache

@@ -21,6 +21,7 @@ from asr_core.model.convolution import ConvolutionModule
 from asr_core.model.embedding import PositionalEncoding, RelPositionalEncoding
 from asr_core.model.encoder_layer import ConformerEncoderLayer
 from asr_core.model.feed_forward import PositionwiseFeedForward
+from asr_core.model.inference import may_cache_derived
 from asr_core.model.mask import add_optional_chunk_mask, make_pad_mask
 from asr_core.model.subsampling import Conv2dSubsampling
 
@@ -29,15 +30,6 @@ SUBSAMPLING_RATES = {"conv2d": 4, "conv2d6": 6, "conv2d8": 8}
 DEFAULT_POSITION_TABLE_LIMIT = 1 << 16
 """Largest absolute encoder frame (65536 frames = 43.7 min at 25 frames/s) served from the
 per-layer projected position tables; later positions are projected on the fly."""
-
-
-def _exporting() -> bool:
-    return (
-        torch.jit.is_tracing()
-        or torch.jit.is_scripting()
-        or torch.onnx.is_in_onnx_export()
-        or torch.compiler.is_compiling()
-    )
 
 
 class U2Encoder(nn.Module):
@@ -143,9 +135,7 @@ class U2Encoder(nn.Module):
     def _uses_position_table(self) -> bool:
         """Gather rel_selfattn position terms from cached tables: only without autograd (the
         tables carry no gradient to linear_pos) and outside tracing/export/compile."""
-        return self.conf.selfattention_layer_type == "rel_selfattn" and not (
-            self.training or torch.is_grad_enabled() or _exporting()
-        )
+        return self.conf.selfattention_layer_type == "rel_selfattn" and may_cache_derived(self)
 
     def _table_rows(self, needed: int) -> int:
         """Rows of the projected position table to use (0: project on the fly)."""
@@ -167,21 +157,17 @@ class U2Encoder(nn.Module):
         """
         new_kv: list[Tensor] = []
         new_cnn: list[Tensor] = []
-        d_k = self.d_k
         for i, layer in enumerate(self.encoders):
-            k_cache = att_cache[i, ..., :d_k]  # (B, H, W, d_k)
-            v_cache = att_cache[i, ..., d_k:]
-            xs, k_new, v_new, cnn = layer(
+            xs, kv, cnn = layer(
                 xs,
                 mask,
                 key_positions,
                 table_rows,
                 mask_pad,
-                k_cache,
-                v_cache,
+                att_cache[i],
                 None if cnn_cache is None else cnn_cache[i],
             )
-            new_kv.append(torch.cat((k_new, v_new), dim=-1))
+            new_kv.append(kv)
             new_cnn.append(cnn)
         if self.normalize_before:
             xs = self.after_norm(xs)
@@ -231,6 +217,9 @@ class U2Encoder(nn.Module):
         cache_pos: Tensor,
         cache_mask: Tensor,
         cnn_cache: Tensor,
+        *,
+        cache_is_finite: bool = False,
+        max_offset: int | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """One chunk of B independent streams in one pass.
 
@@ -242,6 +231,11 @@ class U2Encoder(nn.Module):
         cache_mask: (B, W) bool, True where the cache frame is valid; invalid frames are
             ignored whatever they hold.
         cnn_cache: (L, B, D, K-1) last K-1 conv-module inputs per layer (zeros for a new stream).
+        cache_is_finite: the caller guarantees att_cache holds no NaN/inf, even in invalid frames
+            (a zero-initialised pool of model outputs such as ``kv_ring``): skips zeroing them,
+            a copy of the whole cache.
+        max_offset: ``int(offsets.max())`` when the caller knows it on the host; sizes the
+            position table without a device-to-host sync.
         Returns (ys (B, C, D), new_kv (L, B, H, C, 2*d_k) keys|values of this chunk's frames
         only, new_cnn (L, B, D, K-1)).
         """
@@ -256,11 +250,14 @@ class U2Encoder(nn.Module):
         key_positions = torch.cat((cache_pos, chunk_pos), dim=1)  # (B, W+C)
         new_valid = torch.ones_like(chunk_pos, dtype=torch.bool)
         key_mask = torch.cat((cache_mask, new_valid), dim=1).unsqueeze(1)  # (B, 1, W+C)
-        # Invalid cache frames may hold anything (even NaN); zero them so 0 * value stays 0.
-        att_cache = att_cache.masked_fill(~cache_mask[None, :, None, :, None], 0.0)
+        if not cache_is_finite:
+            # Invalid cache frames may hold anything (even NaN); zero them so 0 * value stays 0.
+            att_cache = att_cache.masked_fill(~cache_mask[None, :, None, :, None], 0.0)
         table_rows = 0
         if self._uses_position_table():
-            table_rows = self._table_rows(int(offsets.max()) + chunk if offsets.numel() else chunk)
+            if max_offset is None:
+                max_offset = int(offsets.max()) if offsets.numel() else 0
+            table_rows = self._table_rows(max_offset + chunk)
         return self._run_layers(
             xs,
             key_mask,

@@ -60,16 +60,15 @@ class ConformerEncoderLayer(nn.Module):
         key_positions: Tensor,
         table_rows: int,
         mask_pad: Tensor | None,
-        k_cache: Tensor,
-        v_cache: Tensor,
+        kv_cache: Tensor,
         cnn_cache: Tensor | None,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """One block over new frames with cached left context.
 
         x: (B, T, D); mask: (B, 1|T, W+T) bool attention mask over cache+new keys;
         key_positions: (B|1, W+T) int64; mask_pad: (B, 1, T) bool or None (padding in the
-        full-utterance forward); k_cache, v_cache: (B, H, W, d_k); cnn_cache: (B, D, K-1) or None
-        (zeros). Returns (y (B, T, D), k_new, v_new (B, H, T, d_k), new_cnn (B, D, K-1)).
+        full-utterance forward); kv_cache: (B, H, W, 2*d_k) keys|values; cnn_cache: (B, D, K-1)
+        or None (zeros). Returns (y (B, T, D), kv_new (B, H, T, 2*d_k), new_cnn (B, D, K-1)).
         """
         norm_mha: nn.Module = getattr(self, self._norm_names[0])
         norm_ff: nn.Module = getattr(self, self._norm_names[1])
@@ -77,7 +76,7 @@ class ConformerEncoderLayer(nn.Module):
             x = self._sub_block(x, self.norm_ff_macaron, self.feed_forward_macaron, self.ff_scale)
         residual = x
         h = norm_mha(x) if self.normalize_before else x
-        att, k_new, v_new = self.self_attn.forward_cached(h, k_cache, v_cache, mask, key_positions, table_rows)
+        att, kv_new = self.self_attn.forward_cached(h, kv_cache, mask, key_positions, table_rows)
         x = residual + self.dropout(att)
         if not self.normalize_before:
             x = norm_mha(x)
@@ -92,4 +91,4 @@ class ConformerEncoderLayer(nn.Module):
         x = self._sub_block(x, norm_ff, self.feed_forward, self.ff_scale)
         if self.conv_module is not None:
             x = self.norm_final(x)
-        return x, k_new, v_new, new_cnn
+        return x, kv_new, new_cnn

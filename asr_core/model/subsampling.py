@@ -28,7 +28,7 @@ class Conv2dSubsampling(nn.Module):
         layers: list[nn.Module] = []
         freq = idim
         for i, (kernel, stride) in enumerate(kernels):
-            layers += [nn.Conv2d(1 if i == 0 else odim, odim, kernel, stride), nn.ReLU()]
+            layers += [nn.Conv2d(1 if i == 0 else odim, odim, kernel, stride), nn.ReLU(inplace=True)]
             freq = (freq - kernel) // stride + 1
         self.kernels = kernels
         self.conv = nn.Sequential(*layers)

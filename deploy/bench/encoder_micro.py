@@ -1,0 +1,130 @@
+"""Micro-benchmark of the batched chunk step (encoder + CTC head) the engine runs per batch.
+
+    python -m deploy.bench.encoder_micro --arch aishell --batch 1,8,32,64 --chunk 4 --window 32 --threads 1
+
+Each call is one ``ChunkRunner.step`` of B streams in steady state: C new encoder frames per
+stream, a full window of W cached frames in ring order, offsets spread over a long call. The
+wall time of a call is timed ``--repeat`` times after ``--warmup`` calls; the minimum is the
+number to compare (the machine may be shared), the median is printed too. Several backends
+(``--backend torch,torch-int8``) are measured in the same run, interleaved per batch size, so
+that their numbers are comparable. Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from asr_core.backends import ChunkRunner, make_runner
+from asr_core.model.loader import LoadedModel, load_wenet_model
+from deploy.bench.make_random_model import ARCHS, make_random_model
+
+FIRST_OFFSET = 1000
+"""Encoder frame of the youngest stream's chunk (40 s into a call); stream b is b*7 frames older."""
+
+
+def step_inputs(loaded: LoadedModel, batch: int, chunk: int, window: int) -> dict[str, torch.Tensor]:
+    """Arguments of ``ChunkRunner.step`` for ``batch`` streams in steady state (full windows)."""
+    g = torch.Generator().manual_seed(batch)
+    rate = loaded.subsampling
+    t_in = (chunk - 1) * rate + loaded.right_context + 1
+    offsets = FIRST_OFFSET + 7 * torch.arange(batch, dtype=torch.int64)  # (B,)
+    # Ring order as kv_ring stores it: frame p lives at index p % W.
+    ring = torch.arange(window, dtype=torch.int64)  # (W,)
+    newest = offsets.unsqueeze(1) - 1  # (B, 1)
+    cache_pos = newest - (newest - ring) % window  # (B, W) the frame at each ring index
+    return {
+        "xs": 10.0 + 3.0 * torch.randn(batch, t_in, 80, generator=g),
+        "offsets": offsets,
+        "att_cache": torch.randn(loaded.num_blocks, batch, loaded.heads, window, 2 * loaded.d_k, generator=g),
+        "cache_pos": cache_pos,
+        "cache_mask": torch.ones(batch, window, dtype=torch.bool),
+        "cnn_cache": torch.randn(loaded.num_blocks, batch, loaded.d_model, loaded.cnn_cache_frames, generator=g),
+    }
+
+
+def time_calls(runner: ChunkRunner, inputs: dict[str, torch.Tensor], warmup: int, repeat: int) -> list[float]:
+    """Milliseconds of each of ``repeat`` calls after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        runner.step(**inputs)
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        runner.step(**inputs)
+        times.append((time.perf_counter() - started) * 1000.0)
+    return times
+
+
+def run(
+    loaded: LoadedModel,
+    backends: list[str],
+    batches: list[int],
+    chunk: int,
+    window: int,
+    warmup: int,
+    repeat: int,
+) -> dict[str, dict[str, dict[str, float]]]:
+    """{backend: {B: {ms_min, ms_median, stream_chunks_per_s, realtime_streams}}}."""
+    runners = {name: make_runner(name, loaded) for name in backends}
+    chunk_s = chunk * loaded.subsampling * 0.01  # 10 ms fbank frames
+    results: dict[str, dict[str, dict[str, float]]] = {name: {} for name in backends}
+    for batch in batches:
+        inputs = step_inputs(loaded, batch, chunk, window)
+        for name, runner in runners.items():
+            times = time_calls(runner, inputs, warmup, repeat)
+            best = min(times)
+            per_s = batch * 1000.0 / best
+            results[name][str(batch)] = {
+                "ms_min": round(best, 3),
+                "ms_median": round(statistics.median(times), 3),
+                "stream_chunks_per_s": round(per_s, 1),
+                "realtime_streams": round(per_s * chunk_s, 1),
+            }
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--arch", choices=sorted(ARCHS), help="random-weight model of this architecture")
+    source.add_argument("--model", type=Path, help="WeNet model directory")
+    parser.add_argument("--batch", default="1,8,32,64", help="comma-separated batch sizes (streams per call)")
+    parser.add_argument("--chunk", type=int, default=4, help="encoder frames per chunk (4 = 160 ms)")
+    parser.add_argument("--window", type=int, default=32, help="cached encoder frames per stream")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--backend", default="torch", help="comma-separated backends, e.g. torch,torch-int8")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed calls per batch size")
+    parser.add_argument("--repeat", type=int, default=20, help="timed calls per batch size")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    batches = [int(b) for b in args.batch.split(",")]
+    backends = args.backend.split(",")
+    report: dict[str, Any] = {
+        "model": str(args.model) if args.model else f"random:{args.arch}",
+        "chunk": args.chunk,
+        "window": args.window,
+        "threads": args.threads,
+        "torch": torch.__version__,
+    }
+    if args.model is not None:
+        loaded = load_wenet_model(args.model)
+        report["results"] = run(loaded, backends, batches, args.chunk, args.window, args.warmup, args.repeat)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            make_random_model(args.arch, Path(tmp))
+            loaded = load_wenet_model(Path(tmp))
+        report["results"] = run(loaded, backends, batches, args.chunk, args.window, args.warmup, args.repeat)
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
