@@ -8,11 +8,15 @@ that their packages stay optional.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, TypeVar
 
 import torch
+from torch import nn
 
+from asr_core.model.ctc import CTC
+from asr_core.model.encoder import U2Encoder
 from asr_core.model.loader import LoadedModel
 
 
@@ -40,10 +44,20 @@ class ChunkRunner(Protocol):
 
 
 class TorchChunkRunner:
-    """Eager PyTorch: the model's own ``forward_chunk_batch`` and CTC head."""
+    """Eager PyTorch: the model's own ``forward_chunk_batch`` and CTC head.
 
-    def __init__(self, loaded: LoadedModel) -> None:
+    ``int8`` (backend ``torch-int8``, CPU): runs a copy of the encoder and CTC head whose Linear
+    layers are dynamically quantized (int8 weights, activations quantized per call); the loaded
+    float model (and its decoder, for rescoring) stays as it is.
+    """
+
+    def __init__(self, loaded: LoadedModel, int8: bool = False) -> None:
         self.model = loaded.model
+        self.encoder: U2Encoder = loaded.model.encoder
+        self.ctc: CTC = loaded.model.ctc
+        if int8:
+            self.encoder = _int8_linears(self.encoder)
+            self.ctc = _int8_linears(self.ctc)
 
     @torch.inference_mode()
     def step(
@@ -56,14 +70,31 @@ class TorchChunkRunner:
         cnn_cache: torch.Tensor,
     ) -> ChunkStep:
         # kv_ring's pool is zero-initialised and only ever holds model outputs.
-        ys, new_kv, new_cnn = self.model.encoder.forward_chunk_batch(
+        ys, new_kv, new_cnn = self.encoder.forward_chunk_batch(
             xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache, cache_is_finite=True
         )
-        return ChunkStep(ys, self.model.ctc_log_probs(ys).float(), new_kv, new_cnn)
+        return ChunkStep(ys, self.ctc.log_softmax(ys).float(), new_kv, new_cnn)
+
+
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+
+
+def _int8_linears(module: ModuleT) -> ModuleT:
+    """A copy of ``module`` with every ``nn.Linear`` dynamically quantized to int8, except the
+    position projections (``linear_pos``), which only build a float table once."""
+    float_copy = copy.deepcopy(module)
+    names = {
+        name
+        for name, child in float_copy.named_modules()
+        if type(child) is nn.Linear and not name.endswith("linear_pos")
+    }
+    quantized: ModuleT = torch.ao.quantization.quantize_dynamic(float_copy, names, dtype=torch.qint8)
+    return quantized
 
 
 BACKENDS = (
     "torch",
+    "torch-int8",
     "torch-cudagraph",
     "onnxruntime",
     "onnxruntime-int8",
@@ -93,8 +124,8 @@ def make_runner(
     ``threads``: ONNX Runtime intra-op threads (default: torch's). ``calibration_dir``: WAVs
     for the TensorRT INT8 calibrator. Optional packages are imported only here, when chosen.
     """
-    if backend == "torch":
-        return TorchChunkRunner(loaded)
+    if backend in ("torch", "torch-int8"):
+        return TorchChunkRunner(loaded, int8=backend == "torch-int8")
     if backend not in BACKENDS:
         raise ValueError(f"engine backend {backend!r} is not available; choose one of: {', '.join(BACKENDS)}")
     try:
