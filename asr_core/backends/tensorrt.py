@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -37,6 +38,8 @@ DEFAULT_MAX_INPUT_FRAMES = 67
 """Fbank frames of the largest chunk: 640 ms = 16 encoder frames -> (16-1)*4 + 7."""
 DEFAULT_MAX_WINDOW = 128
 """Cache frames of the engine's pool by default: 16-frame chunks x 8 left chunks."""
+CALIBRATION_DIR_ENV = "ASR_TRT_CALIBRATION_DIR"
+"""Directory of WAVs for INT8 calibration when none is passed (e.g. call recordings on site)."""
 CALIBRATION_CHUNK = 4
 CALIBRATION_LEFT_CHUNKS = 8
 CALIBRATION_BATCH = 32
@@ -163,7 +166,9 @@ def build_engine(
         config.add_optimization_profile(profile)
     if int8:
         if not calibration:
-            raise ValueError("tensorrt-int8 needs calibration data: pass a directory of WAVs (calibration_dir)")
+            raise ValueError(
+                f"tensorrt-int8 needs calibration data: set {CALIBRATION_DIR_ENV} to a directory of 16 kHz WAVs"
+            )
         config.set_flag(trt.BuilderFlag.INT8)
         batch = min(CALIBRATION_BATCH, len(calibration))
         fixed = _shapes(meta, batch, int(calibration[0][0].shape[1]), int(calibration[0][2].shape[3]))
@@ -203,6 +208,8 @@ class TensorRTChunkRunner:
         """Build (or load the cached) engine for ``loaded`` from its chunk-step ONNX graph."""
         import onnx
 
+        calibration_dir = calibration_dir or (Path(os.environ[CALIBRATION_DIR_ENV])
+                                              if os.environ.get(CALIBRATION_DIR_ENV) else None)
         graph = Path(onnx_path) if onnx_path is not None else cached_chunk_graph(loaded, False, cache_dir)
         meta = {p.key: int(p.value) for p in onnx.load(str(graph), load_external_data=False).metadata_props
                 if p.value.lstrip("-").isdigit()}
