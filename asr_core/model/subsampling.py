@@ -26,16 +26,18 @@ class Conv2dSubsampling(nn.Module):
         else:
             raise ValueError(f"subsampling rate {rate} not supported; allowed: 4, 6, 8")
         self.subsampling_rate = rate
+        # Channels-last conv weights make oneDNN (and cuDNN) run the whole stack channels-last:
+        # on CPU the 1-channel first conv is ~10x and the stack ~2x faster than NCHW. The layout
+        # survives load_state_dict (copy_) and .to(); values and state-dict names are WeNet's.
         layers: list[nn.Module] = []
         freq = idim
         for i, (kernel, stride) in enumerate(kernels):
-            layers += [nn.Conv2d(1 if i == 0 else odim, odim, kernel, stride), nn.ReLU(inplace=True)]
+            conv = nn.Conv2d(1 if i == 0 else odim, odim, kernel, stride)
+            conv.weight = nn.Parameter(conv.weight.detach().contiguous(memory_format=torch.channels_last))
+            layers += [conv, nn.ReLU(inplace=True)]
             freq = (freq - kernel) // stride + 1
         self.kernels = kernels
-        # Channels-last weights make oneDNN (and cuDNN) run the whole stack channels-last: on CPU
-        # the 1-channel first conv is ~10x and the stack ~2x faster than with NCHW. The layout
-        # survives load_state_dict (copy_) and .to(); the values and state-dict names are WeNet's.
-        self.conv = nn.Sequential(*layers).to(memory_format=torch.channels_last)
+        self.conv = nn.Sequential(*layers)
         linear = nn.Linear(odim * freq, odim)
         if rate == 4:
             self.out = nn.Sequential(linear)
