@@ -34,7 +34,7 @@ import torch
 from asr_core.backends import ChunkRunner, make_runner
 from asr_core.ctc_search import Hypothesis, ctc_prefix_beam_search_topk
 from asr_core.endpoint import LEADING_SILENCE, NO_ENDPOINT, REASONS, EndpointRules, update_endpoints
-from asr_core.events import Event, Final, NBestEntry, Partial
+from asr_core.events import Ended, Event, Final, NBestEntry, Partial
 from asr_core.model.loader import LoadedModel
 from asr_core.stream import Stream, StreamConfig
 from kv_ring import CapacityError, KvPool
@@ -435,6 +435,10 @@ class Engine:
         with self._streams_lock:
             self._streams.pop(stream.stream_id, None)
         self.pool.release(stream.slot)
+        utt = stream.utterance
+        reason = "closed" if stream.closing else "input_finished"
+        audio_ms = (utt.start_frame + utt.offset) * self.frame_ms
+        self._deliver(stream, Ended(stream.stream_id, stream.next_seq(), reason, audio_ms))
         stream.done.set()
 
 

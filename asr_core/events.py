@@ -56,4 +56,14 @@ class Final:
     audio_end_monotonic: float = 0.0
 
 
-Event = Partial | Final
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """The stream is finished: its last Final (if it said anything) came before this."""
+
+    stream_id: str
+    seq: int
+    reason: str  # "input_finished" or "closed"
+    audio_ms: int  # audio decoded, ms
+
+
+Event = Partial | Final | Ended

@@ -27,15 +27,58 @@ def _check_config(args: argparse.Namespace) -> int:
 
 
 def check_referenced_files(config: ServiceConfig) -> list[str]:
-    """Validate the files the config points at; one line per problem."""
+    """Validate the files the config points at (routes, KB, tag rules, model); one line per problem."""
+    from asr_gateway.service import load_router
+    from kb_hooks.kb import load_kb
+    from kb_hooks.tags import load_tag_rules
+
     problems: list[str] = []
-    for path in [config.routes, *config.kb, *config.tags]:
-        if path is not None and not Path(path).is_file():
-            problems.append(f"{path}: file not found")
+    try:
+        load_router(config)
+    except ConfigError as exc:
+        problems += exc.errors
+    for path in config.kb_hooks.kb_sets.values():
+        try:
+            load_kb(path)
+        except ConfigError as exc:
+            problems += exc.errors
+    for path in config.kb_hooks.tag_rule_sets.values():
+        try:
+            load_tag_rules(path)
+        except ConfigError as exc:
+            problems += exc.errors
     model_dir = config.engine.model_dir
-    if model_dir is not None and not Path(model_dir).is_dir():
-        problems.append(f"{model_dir}: engine.model_dir is not a directory")
+    if model_dir is not None:
+        missing = [name for name in MODEL_FILES if not (Path(model_dir) / name).is_file()]
+        if missing:
+            problems.append(f"{model_dir}: engine.model_dir lacks {', '.join(missing)}")
     return problems
+
+
+MODEL_FILES = ("train.yaml", "final.pt", "units.txt")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from asr_gateway.logs import configure_logging
+    from asr_gateway.service import run_service
+
+    try:
+        config = load_config(args.config)
+        problems = check_referenced_files(config)
+    except ConfigError as exc:
+        problems = exc.errors
+    if problems:
+        for line in problems:
+            print(line, file=sys.stderr)
+        return 1
+    configure_logging(config.logging.level, config.logging.format)
+    return run_service(config)
+
+
+def _tail(argv: list[str]) -> int:
+    from kb_hooks.tail import main as tail_main
+
+    return tail_main(argv)
 
 
 def _not_yet(name: str) -> int:
@@ -50,14 +93,18 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("file", type=Path)
     check.set_defaults(func=_check_config)
     serve = sub.add_parser("serve", help="run the service")
-    serve.add_argument("--config", type=Path)
-    serve.set_defaults(func=lambda _args: _not_yet("serve"))
+    serve.add_argument("--config", type=Path, help="service config (YAML); default: built-in defaults + ASR_* env")
+    serve.set_defaults(func=_serve)
+    sub.add_parser("tail", help="print live events from Redis (`asr-gateway tail --help` for its options)")
     demo = sub.add_parser("demo", help="run the whole pipeline once on this machine")
     demo.set_defaults(func=lambda _args: _not_yet("demo"))
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["tail"]:
+        return _tail(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     result: int = args.func(args)

@@ -9,7 +9,6 @@ scalars, so ``ASR_SIP_TRANSPORTS='[udp, tcp]'`` gives a list.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,6 +18,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from asr_gateway.yamlconf import ConfigError, read_yaml, validate_data
+from kb_hooks.config import KbHooksSettings, RedisSettings
+from sip.config import SipSettings
 
 CHUNK_SIZES_MS = (160, 240, 320, 640)
 ENV_PREFIX = "ASR_"
@@ -35,49 +36,12 @@ def _check_chunk_ms(value: int) -> int:
     return value
 
 
-class SipSettings(_Section):
-    """Where and how SIP is accepted."""
-
-    host: str = "0.0.0.0"
-    port: int = Field(5060, ge=1, le=65535)
-    transports: list[Literal["udp", "tcp", "tls"]] = ["udp", "tcp"]
-    tls_port: int = Field(5061, ge=1, le=65535)
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    acl_cidrs: list[str] = ["0.0.0.0/0", "::/0"]
-    acl_action: Literal["reject", "drop"] = "reject"
-    max_calls: int = Field(1000, ge=1)
-    max_message_bytes: int = Field(65535, ge=1024)
-    invite_rate_per_s: float = Field(200.0, gt=0)
-    session_expires_s: int = Field(1800, ge=90)
-    retry_after_s: int = Field(5, ge=1)
-
-    @field_validator("acl_cidrs")
-    @classmethod
-    def _cidrs(cls, values: list[str]) -> list[str]:
-        for value in values:
-            try:
-                ipaddress.ip_network(value, strict=False)
-            except ValueError:
-                raise ValueError(f"{value!r} is not a CIDR such as 10.0.0.0/8 or 2001:db8::/32") from None
-        return values
-
-    @model_validator(mode="after")
-    def _tls_files(self) -> SipSettings:
-        if "tls" in self.transports and (self.tls_cert is None or self.tls_key is None):
-            raise ValueError("transport tls needs both tls_cert and tls_key")
-        return self
-
-
 class RtpSettings(_Section):
-    """Media sockets and per-leg packet handling."""
+    """Media sockets. (Per-leg packet handling -- reorder window, inactivity timeout -- is in ``sip``.)"""
 
-    host: str = "0.0.0.0"
-    advertise_host: str | None = Field(None, description="address put in SDP answers; default: the SIP local address")
+    host: str = Field("0.0.0.0", description="address the RTP sockets bind to")
     port_min: int = Field(20000, ge=1024, le=65534)
     port_max: int = Field(39999, ge=1025, le=65535)
-    reorder_ms: int = Field(60, ge=0, le=1000)
-    inactivity_timeout_s: float = Field(30.0, gt=0)
 
     @model_validator(mode="after")
     def _range(self) -> RtpSettings:
@@ -134,27 +98,6 @@ class EngineSettings(_Section):
         return self
 
 
-class RedisSettings(_Section):
-    """Where transcripts and events go."""
-
-    url: str = "redis://127.0.0.1:6379/0"
-    key_prefix: str = Field("asr", pattern=r"^[A-Za-z0-9_.:-]+$")
-    stream_maxlen: int = Field(100_000, ge=100)
-    call_ttl_s: int = Field(86_400, ge=60)
-    partials_to_stream: bool = False
-    queue_size: int = Field(10_000, ge=100)
-    spool_dir: Path = Path("spool")
-    spool_max_bytes: int = Field(1 << 30, ge=1 << 20)
-
-    @field_validator("url")
-    @classmethod
-    def _scheme(cls, value: str) -> str:
-        schemes = ("redis://", "rediss://", "unix://", "redis+sentinel://")
-        if not value.startswith(schemes):
-            raise ValueError(f"{value!r} must start with one of {', '.join(schemes)}")
-        return value
-
-
 class LoggingSettings(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "json", "console"] = Field("auto", description="auto: console on a TTY, else JSON lines")
@@ -162,21 +105,21 @@ class LoggingSettings(_Section):
 
 class MetricsSettings(_Section):
     host: str = "127.0.0.1"
-    port: int = Field(9108, ge=0, le=65535, description="Prometheus /metrics and /health; 0 disables")
+    enabled: bool = True
+    port: int = Field(9108, ge=0, le=65535, description="Prometheus /metrics and /health; 0 picks a free port")
 
 
 class ServiceConfig(_Section):
     """Everything the service reads. File paths are relative to the config file."""
 
-    sip: SipSettings = SipSettings()
-    rtp: RtpSettings = RtpSettings()
-    engine: EngineSettings = EngineSettings()
-    redis: RedisSettings = RedisSettings()
-    logging: LoggingSettings = LoggingSettings()
-    metrics: MetricsSettings = MetricsSettings()
-    routes: Path | None = Field(None, description="routing rules file (YAML)")
-    kb: list[Path] = Field(default_factory=list, description="knowledge-base files (YAML or CSV)")
-    tags: list[Path] = Field(default_factory=list, description="demand tag rule files (YAML)")
+    sip: SipSettings = Field(default_factory=SipSettings)
+    rtp: RtpSettings = Field(default_factory=RtpSettings)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+    kb_hooks: KbHooksSettings = Field(default_factory=KbHooksSettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    routes: Path | None = Field(None, description="routing rules file (YAML); none: all calls get the default profile")
 
 
 def _env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
@@ -263,11 +206,17 @@ def _resolve_paths(config: ServiceConfig, base: Path) -> ServiceConfig:
     def resolve(p: Path) -> Path:
         return p if p.is_absolute() else base / p
 
-    updates: dict[str, Any] = {"kb": [resolve(p) for p in config.kb], "tags": [resolve(p) for p in config.tags]}
+    updates: dict[str, Any] = {}
     if config.routes is not None:
         updates["routes"] = resolve(config.routes)
     engine = config.engine
     if engine.model_dir is not None:
         engine = engine.model_copy(update={"model_dir": resolve(engine.model_dir)})
     redis = config.redis.model_copy(update={"spool_dir": resolve(config.redis.spool_dir)})
-    return config.model_copy(update={**updates, "engine": engine, "redis": redis})
+    hooks = config.kb_hooks.model_copy(
+        update={
+            "kb_sets": {name: resolve(p) for name, p in config.kb_hooks.kb_sets.items()},
+            "tag_rule_sets": {name: resolve(p) for name, p in config.kb_hooks.tag_rule_sets.items()},
+        }
+    )
+    return config.model_copy(update={**updates, "engine": engine, "redis": redis, "kb_hooks": hooks})

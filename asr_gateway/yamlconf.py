@@ -68,15 +68,30 @@ def _describe(error: Mapping[str, Any]) -> str:
     return message
 
 
+def _is_branch_tag(part: str | int) -> bool:
+    """pydantic names union branches and validators inside ``loc``; they are not keys of the file."""
+    return isinstance(part, str) and (part.startswith("function-") or any(c in part for c in "[]()"))
+
+
 def format_validation_error(
     path: Path | str, exc: ValidationError, index: Mapping[tuple[str | int, ...], int]
 ) -> list[str]:
-    """Turn a pydantic error into ``file:line dotted.key: message`` lines."""
-    lines = []
+    """Turn a pydantic error into ``file:line dotted.key: message`` lines (one per key)."""
+    by_loc: dict[tuple[str | int, ...], list[str]] = {}
     for error in exc.errors():
-        loc = tuple(part for part in error["loc"] if not isinstance(part, str) or not part.startswith("function-"))
+        loc = tuple(part for part in error["loc"] if not _is_branch_tag(part))
+        messages = by_loc.setdefault(loc, [])
+        message = _describe(error)
+        if message not in messages:
+            messages.append(message)
+    lines = []
+    for loc, messages in by_loc.items():
         dotted = ".".join(str(part) for part in loc) or "(top level)"
-        lines.append(f"{path}:{_nearest_line(index, loc)} {dotted}: {_describe(error)}")
+        # Union types fail once per branch: "X is invalid: A", "X is invalid: B" -> "X is invalid: A; or B".
+        head, _, first = messages[0].partition(" is invalid: ")
+        rest = [m.partition(" is invalid: ")[2] or m for m in messages[1:]]
+        text = f"{head} is invalid: {'; or '.join([first, *rest])}" if first else "; ".join(messages)
+        lines.append(f"{path}:{_nearest_line(index, loc)} {dotted}: {text}")
     return lines
 
 

@@ -44,7 +44,7 @@ def test_empty_file_is_all_defaults(tmp_path: Path) -> None:
 
 def test_example_config_is_valid() -> None:
     config = load_config(EXAMPLE, {})
-    assert config.sip.acl_cidrs[0] == "10.0.0.0/8"
+    assert str(config.sip.acl_cidrs[0]) == "10.0.0.0/8"
 
 
 def test_env_overrides_file_values(tmp_path: Path) -> None:
@@ -86,7 +86,8 @@ def test_unknown_key_is_reported_with_its_line(tmp_path: Path) -> None:
 def test_bad_cidr(tmp_path: Path) -> None:
     path = write(tmp_path, "sip:\n  acl_cidrs:\n    - 10.0.0.0/8\n    - 10.0.0.0/33\n")
     (line,) = errors_of(path)
-    assert line.startswith(f"{path}:2 sip.acl_cidrs: '10.0.0.0/33' is not a CIDR")
+    assert line.startswith(f"{path}:4 sip.acl_cidrs.1: '10.0.0.0/33' is invalid: ")
+    assert "IPv4 network" in line and "IPv6 network" in line
 
 
 def test_chunk_size_lists_allowed_values(tmp_path: Path) -> None:
@@ -95,11 +96,11 @@ def test_chunk_size_lists_allowed_values(tmp_path: Path) -> None:
 
 
 def test_several_errors_are_all_reported(tmp_path: Path) -> None:
-    path = write(tmp_path, "rtp:\n  port_min: 30000\n  port_max: 20000\nredis:\n  url: http://x\n")
+    path = write(tmp_path, "rtp:\n  port_min: 30000\n  port_max: 20000\nredis:\n  stream_maxlen: 5\n")
     lines = errors_of(path)
     assert len(lines) == 2
     assert any("port_max (20000) must be above port_min (30000)" in line for line in lines)
-    assert any(line.startswith(f"{path}:5 redis.url:") for line in lines)
+    assert any(line.startswith(f"{path}:5 redis.stream_maxlen:") for line in lines)
 
 
 def test_yaml_syntax_error_has_a_line(tmp_path: Path) -> None:
@@ -115,14 +116,16 @@ def test_missing_file() -> None:
 def test_tls_requires_cert_and_key(tmp_path: Path) -> None:
     path = write(tmp_path, "sip:\n  transports: [udp, tls]\n")
     (line,) = errors_of(path)
-    assert "tls needs both tls_cert and tls_key" in line
+    assert "tls transport needs tls_cert and tls_key" in line
 
 
 def test_relative_paths_resolve_against_the_config_file(tmp_path: Path) -> None:
-    path = write(tmp_path, "routes: routes.yaml\nkb: [kb/a.yaml]\nengine:\n  model_dir: models/m\n")
+    path = write(
+        tmp_path, "routes: routes.yaml\nkb_hooks:\n  kb_sets: {hotline: kb/a.yaml}\nengine:\n  model_dir: models/m\n"
+    )
     config = load_config(path, {})
     assert config.routes == tmp_path / "routes.yaml"
-    assert config.kb == [tmp_path / "kb" / "a.yaml"]
+    assert config.kb_hooks.kb_sets == {"hotline": tmp_path / "kb" / "a.yaml"}
     assert config.engine.model_dir == tmp_path / "models" / "m"
 
 

@@ -1,0 +1,257 @@
+"""Between SIP calls, engine streams and the Redis publisher.
+
+``CallBridge`` is the ``sip.app.CallHandler`` of the service: each transcribed call leg
+becomes an engine ``Stream`` whose PCM comes straight from the RTP leg. Engine events are
+handed to one worker thread (bounded queue) that runs KB matching, tagging and redaction
+(``kb_hooks.TranscriptProcessor``) and submits the results to the publisher, so neither the
+engine thread nor the event loop ever waits on them. ``call.ended`` is published after the
+last final of the call's last leg.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from asr_core.engine import Engine
+from asr_core.events import Ended, Event, Final, Partial
+from asr_core.stream import Stream, StreamConfig
+from kb_hooks.processor import TranscriptProcessor
+from kb_hooks.publisher import Publisher
+from kb_hooks.types import CallContext, Participant, RedactionMode, TranscriptUpdate
+from kv_ring import CapacityError as PoolCapacityError
+from sip.app import CallInfo, CapacityError, LegInfo
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+class StreamSink:
+    """``rtp.sink.PcmSink`` that feeds an engine stream."""
+
+    def __init__(self, stream: Stream) -> None:
+        self.stream = stream
+
+    def accept_waveform(self, samples: np.ndarray) -> None:
+        self.stream.accept_waveform(samples)
+
+    def input_finished(self) -> None:
+        self.stream.input_finished()
+
+
+@dataclass
+class _CallState:
+    ctx: CallContext
+    participants: dict[str, Participant] = field(default_factory=dict)  # leg_id -> participant
+    open_legs: set[str] = field(default_factory=set)
+    started: bool = False
+    ended_reason: str | None = None
+    audio_ms: dict[str, int] = field(default_factory=dict)
+
+
+class CallBridge:
+    """SIP call handler + engine event consumer. Thread-safe."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        processor: TranscriptProcessor,
+        publisher: Publisher,
+        default_redaction: RedactionMode = RedactionMode.MASK,
+        queue_size: int = 50_000,
+    ) -> None:
+        self.engine = engine
+        self.processor = processor
+        self.publisher = publisher
+        self.default_redaction = default_redaction
+        self._calls: dict[str, _CallState] = {}
+        self._leg_call: dict[str, str] = {}  # stream/leg id -> call id
+        self._lock = threading.Lock()
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
+        self._worker: threading.Thread | None = None
+        self.partials_dropped = 0
+        self.worker_errors = 0
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._worker = threading.Thread(target=self._work, name="kb-hooks", daemon=True)
+        self._worker.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Process what is queued, then stop the worker."""
+        if self._worker is None:
+            return
+        self._queue.put(_STOP)
+        self._worker.join(timeout)
+        self._worker = None
+
+    @property
+    def active_calls(self) -> int:
+        with self._lock:
+            return len(self._calls)
+
+    # -- sip.app.CallHandler ----------------------------------------------------------
+
+    def has_capacity(self, legs: int) -> bool:
+        return self.engine.free_slots >= legs
+
+    def open_leg(self, call: CallInfo, leg: LegInfo) -> StreamSink:
+        profile = call.profile
+        config = StreamConfig(chunk_ms=profile.chunk_ms, left_chunks=profile.left_chunks, stream_id=leg.leg_id)
+        try:
+            stream = self.engine.open_stream(config, self._on_engine_event)
+        except PoolCapacityError as exc:
+            raise CapacityError(str(exc)) from exc
+        with self._lock:
+            state = self._calls.get(call.call_id)
+            if state is None:
+                state = _CallState(self._context(call))
+                self._calls[call.call_id] = state
+            state.participants[leg.leg_id] = _participant(leg)
+            state.open_legs.add(leg.leg_id)
+            self._leg_call[leg.leg_id] = call.call_id
+        # Legs of one call are opened back to back in one step of the SIP worker: announce
+        # the call after that step, when all of them are known.
+        try:
+            asyncio.get_running_loop().call_soon(self._queue_put, ("started", call.call_id))
+        except RuntimeError:  # no event loop (direct use): announce now
+            self._queue_put(("started", call.call_id))
+        return StreamSink(stream)
+
+    def leg_updated(self, call: CallInfo, leg: LegInfo) -> None:
+        with self._lock:
+            state = self._calls.get(call.call_id)
+            if state is not None:
+                state.participants[leg.leg_id] = _participant(leg)
+
+    def call_ended(self, call: CallInfo, reason: str) -> None:
+        self._queue_put(("ended", call.call_id, reason))
+
+    # -- engine events (engine thread) -----------------------------------------------
+
+    def _on_engine_event(self, event: Event) -> None:
+        if isinstance(event, Partial):
+            try:
+                self._queue.put_nowait(event)
+            except queue.Full:
+                self.partials_dropped += 1
+            return
+        self._queue_put(event)
+
+    def _queue_put(self, item: Any) -> None:
+        """Finals, stream ends and call events are never dropped: wait for room if needed."""
+        self._queue.put(item)
+
+    # -- worker -----------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            try:
+                self._handle(item)
+            except Exception:
+                self.worker_errors += 1
+                log.exception("transcript post-processing failed for %r", item)
+
+    def _handle(self, item: Any) -> None:
+        if isinstance(item, tuple):
+            if item[0] == "started":
+                self._publish_started(item[1])
+            else:
+                self._mark_call_ended(item[1], item[2])
+            return
+        call_id = self._leg_call.get(item.stream_id)
+        state = self._calls.get(call_id) if call_id else None
+        if state is None:
+            return
+        if isinstance(item, Ended):
+            with self._lock:
+                state.open_legs.discard(item.stream_id)
+                state.audio_ms[item.stream_id] = item.audio_ms
+                self._leg_call.pop(item.stream_id, None)
+            self._maybe_publish_ended(state)
+            return
+        participant = state.participants.get(item.stream_id, Participant("mixed"))
+        for out in self.processor.process(_update(state.ctx, participant, item, self.engine.loaded.units)):
+            self.publisher.submit(out, audio_end_monotonic=item.audio_end_monotonic)
+
+    def _publish_started(self, call_id: str) -> None:
+        state = self._calls.get(call_id)
+        if state is None or state.started:
+            return
+        state.started = True
+        self.publisher.call_started(state.ctx, list(state.participants.values()))
+
+    def _mark_call_ended(self, call_id: str, reason: str) -> None:
+        state = self._calls.get(call_id)
+        if state is None:
+            return
+        state.ended_reason = reason
+        self._maybe_publish_ended(state)
+
+    def _maybe_publish_ended(self, state: _CallState) -> None:
+        if state.ended_reason is None or state.open_legs:
+            return
+        with self._lock:
+            self._calls.pop(state.ctx.call_id, None)
+        self._publish_started(state.ctx.call_id)
+        stats = {"audio_ms": dict(state.audio_ms)}
+        self.publisher.call_ended(state.ctx, state.ended_reason, stats)
+        self.processor.end_call(state.ctx.call_id)
+
+    def _context(self, call: CallInfo) -> CallContext:
+        profile = call.profile
+        return CallContext(
+            call_id=call.call_id,
+            sip_call_id=call.sip_call_id,
+            route=call.route,
+            key_prefix=profile.key_prefix,
+            redaction=RedactionMode(profile.redaction) if profile.redaction else self.default_redaction,
+            kb_set=profile.kb_set,
+            tag_rules=(profile.tag_rules,) if profile.tag_rules else (),
+        )
+
+
+def _participant(leg: LegInfo) -> Participant:
+    return Participant(role=leg.role, aor=leg.aor, label=leg.label)
+
+
+def _update(ctx: CallContext, participant: Participant, event: Partial | Final, units: list[str]) -> TranscriptUpdate:
+    tokens = tuple((units[t], ms, None) for t, ms in zip(event.tokens, event.token_times_ms, strict=False))
+    if isinstance(event, Final):
+        return TranscriptUpdate(
+            call=ctx,
+            participant=participant,
+            utterance_id=event.utterance_id,
+            is_partial=False,
+            text=event.text,
+            tokens=tokens,
+            begin_offset_ms=event.begin_ms,
+            end_offset_ms=event.end_ms,
+            confidence=event.confidence,
+            nbest=tuple((e.text, e.score) for e in event.nbest),
+            latency_ms=event.latency_ms,
+            audio_end_monotonic=event.audio_end_monotonic,
+        )
+    return TranscriptUpdate(
+        call=ctx,
+        participant=participant,
+        utterance_id=event.utterance_id,
+        is_partial=True,
+        text=event.text,
+        tokens=tokens,
+        begin_offset_ms=event.begin_ms,
+        end_offset_ms=event.end_ms,
+        latency_ms=event.latency_ms,
+        audio_end_monotonic=event.audio_end_monotonic,
+    )

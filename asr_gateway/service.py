@@ -1,0 +1,260 @@
+"""``asr-gateway serve``: one process wiring SIP + RTP, the engine and the Redis publisher.
+
+Threads: the asyncio loop (uvloop when installed) runs SIP, the RTP legs, the publisher and
+the health/metrics HTTP server; the engine runs its scheduler thread; KB matching and tagging
+run in the bridge's worker thread. Bounded queues sit between them.
+
+Signals: SIGTERM/SIGINT drain (new INVITEs and OPTIONS get 503, active calls get BYE within
+the grace period, their finals are decoded and published, the spool is flushed); SIGHUP
+reloads the routes, KB and tag files (also reloaded when their files change). An invalid
+file is rejected, logged with its errors, and the previous version stays in force.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from asr_core.endpoint import EndpointRules
+from asr_core.engine import Engine, EngineOptions
+from asr_core.model.loader import LoadedModel, load_wenet_model
+from asr_gateway.bridge import CallBridge
+from asr_gateway.config import ServiceConfig
+from asr_gateway.metrics import MetricsServer
+from asr_gateway.yamlconf import ConfigError
+from kb_hooks.processor import TranscriptProcessor
+from kb_hooks.publisher import Publisher
+from rtp.ports import PortAllocator
+from sip.routing import Router, load_routes
+from sip.transport import SipServer
+
+log = logging.getLogger(__name__)
+
+DEMO_MODEL_DIR = Path(__file__).resolve().parents[1] / "asr_core" / "demo_model"
+RELOAD_POLL_S = 2.0
+
+
+def model_dir_of(config: ServiceConfig) -> Path:
+    """The configured model, else the bundled demo model."""
+    if config.engine.model_dir is not None:
+        return config.engine.model_dir
+    if (DEMO_MODEL_DIR / "final.pt").is_file():
+        return DEMO_MODEL_DIR
+    raise ConfigError(["engine.model_dir is not set and the bundled demo model is missing; point it at a WeNet model"])
+
+
+def engine_options(config: ServiceConfig) -> EngineOptions:
+    engine = config.engine
+    rules = engine.endpoint
+    on_gpu = engine.device.startswith("cuda")
+    return EngineOptions(
+        max_streams=engine.max_streams,
+        max_batch=engine.max_batch,
+        max_wait_ms=engine.max_wait_ms,
+        allowed_chunk_ms=tuple(engine.allowed_chunk_ms),
+        max_left_chunks=engine.left_chunks,
+        beam=engine.beam,
+        ctc_weight=engine.ctc_weight,
+        reverse_weight=engine.reverse_weight,
+        endpoint=EndpointRules(
+            rules.blank_threshold, rules.trailing_silence_ms, rules.leading_silence_ms, rules.max_utterance_ms
+        ),
+        device=engine.device,
+        dtype=torch.float16 if on_gpu and engine.dtype == "float16" else torch.float32,
+        backend=engine.backend,
+    )
+
+
+def check_profiles(router: Router, config: ServiceConfig, where: str) -> list[str]:
+    """Profiles must ask only for what the engine was sized for."""
+    problems = []
+    for name, profile in router.routes.profiles.items():
+        if profile.chunk_ms not in config.engine.allowed_chunk_ms:
+            problems.append(
+                f"{where}: profile {name!r} chunk_ms {profile.chunk_ms} is not in engine.allowed_chunk_ms "
+                f"{config.engine.allowed_chunk_ms}"
+            )
+        if profile.left_chunks > config.engine.left_chunks:
+            problems.append(
+                f"{where}: profile {name!r} left_chunks {profile.left_chunks} exceeds engine.left_chunks "
+                f"{config.engine.left_chunks} (the cache pool's window)"
+            )
+        if profile.kb_set is not None and profile.kb_set not in config.kb_hooks.kb_sets:
+            known = ", ".join(sorted(config.kb_hooks.kb_sets)) or "none"
+            problems.append(f"{where}: profile {name!r} kb_set {profile.kb_set!r} is not in kb_hooks.kb_sets ({known})")
+        if profile.tag_rules is not None and profile.tag_rules not in config.kb_hooks.tag_rule_sets:
+            known = ", ".join(sorted(config.kb_hooks.tag_rule_sets)) or "none"
+            problems.append(
+                f"{where}: profile {name!r} tag_rules {profile.tag_rules!r} is not in kb_hooks.tag_rule_sets ({known})"
+            )
+    return problems
+
+
+def load_router(config: ServiceConfig) -> Router:
+    router = load_routes(config.routes) if config.routes is not None else Router()
+    problems = check_profiles(router, config, str(config.routes or "default routes"))
+    if problems:
+        raise ConfigError(problems)
+    return router
+
+
+def _files_signature(paths: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        with contextlib.suppress(OSError):
+            stat = path.stat()
+            digest.update(f"{path}:{stat.st_mtime_ns}:{stat.st_size};".encode())
+    return digest.hexdigest()
+
+
+@dataclass
+class Ports:
+    """Where the service actually listens (ports may be chosen by the OS when configured as 0)."""
+
+    sip_udp: int | None
+    sip_tcp: int | None
+    metrics: int | None
+
+
+class Service:
+    """The running gateway. ``await start()``, ``await run_until_stopped()`` or ``await stop()``."""
+
+    def __init__(self, config: ServiceConfig, loaded: LoadedModel | None = None) -> None:
+        self.config = config
+        self.loaded = loaded or load_wenet_model(model_dir_of(config))
+        self.router = load_router(config)
+        self.processor = TranscriptProcessor.from_settings(config.kb_hooks)
+        self.engine = Engine(self.loaded, engine_options(config))
+        self.publisher = Publisher(config.redis)
+        self.bridge = CallBridge(self.engine, self.processor, self.publisher, config.kb_hooks.default_redaction)
+        rtp = config.rtp
+        self.ports_allocator = PortAllocator(rtp.host, rtp.port_min, rtp.port_max)
+        max_calls_by_engine = min(config.sip.max_calls, config.engine.max_streams)
+        sip_settings = config.sip.model_copy(update={"max_calls": max_calls_by_engine})
+        self.sip = SipServer(sip_settings, self.bridge, self.ports_allocator, self.router, media_host=None)
+        self.metrics = MetricsServer(self, config.metrics.host, config.metrics.port)
+        self._stopping = asyncio.Event()
+        self._reload_signature = _files_signature(self._watched_files())
+        self._reload_task: asyncio.Task[None] | None = None
+        self.started_at = 0.0
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    async def start(self) -> Ports:
+        self.started_at = time.monotonic()
+        await self.publisher.start()
+        self.bridge.start()
+        self.engine.start()
+        await self.sip.start()
+        metrics_port = self.metrics.start() if self.config.metrics.enabled else None
+        self._reload_task = asyncio.create_task(self._watch_files(), name="config-reload")
+        transports = self.config.sip.transports
+        ports = Ports(
+            sip_udp=self.sip.port("udp") if "udp" in transports else None,
+            sip_tcp=self.sip.port("tcp") if "tcp" in transports else None,
+            metrics=metrics_port,
+        )
+        log.info(
+            "hotline-asr serving: sip udp %s tcp %s, metrics %s, engine %d slots (%.1f MB kv), model %s",
+            ports.sip_udp,
+            ports.sip_tcp,
+            ports.metrics,
+            self.engine.pool.num_slots,
+            self.engine.pool.total_bytes / 2**20,
+            self.loaded.config.encoder,
+        )
+        return ports
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    async def run_until_stopped(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        loop.add_signal_handler(signal.SIGHUP, self.reload)
+        await self._stopping.wait()
+        await self.stop()
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        """Drain: refuse new calls, BYE active ones, decode and publish their finals, flush Redis."""
+        log.info("draining: %d active calls", self.sip.active_calls)
+        if self._reload_task is not None:
+            self._reload_task.cancel()
+        await self.sip.stop(grace_s)
+        deadline = time.monotonic() + grace_s
+        while self.engine.active_streams and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        self.engine.stop()
+        await asyncio.to_thread(self.bridge.stop, grace_s)
+        await self.publisher.stop(flush_timeout_s=grace_s)
+        self.metrics.stop()
+        log.info("stopped")
+
+    # -- health -----------------------------------------------------------------------
+
+    @property
+    def healthy(self) -> bool:
+        """Mirrors the OPTIONS answer: 200 while calls are accepted, 503 when full or draining."""
+        return not self._stopping.is_set() and self.engine.free_slots > 0 and (
+            self.sip.active_calls < self.config.sip.max_calls
+        )
+
+    # -- reload -----------------------------------------------------------------------
+
+    def _watched_files(self) -> list[Path]:
+        files = [*self.config.kb_hooks.kb_sets.values(), *self.config.kb_hooks.tag_rule_sets.values()]
+        if self.config.routes is not None:
+            files.append(self.config.routes)
+        return files
+
+    def reload(self) -> bool:
+        """Reload routes, KB and tag files; keep the previous version of any invalid one."""
+        ok = True
+        try:
+            router = load_router(self.config)
+        except (ConfigError, ValueError) as exc:
+            ok = False
+            log.error("routes reload rejected, previous routes kept: %s", exc)
+        else:
+            self.sip.core.router = router
+            self.router = router
+            log.info("routes reloaded from %s", self.config.routes or "defaults")
+        for name, result in self.processor.reload_all().items():
+            if not result.ok:
+                ok = False
+                log.error("%s reload rejected, previous version kept: %s", name, "; ".join(result.errors))
+            elif result.changed:
+                log.info("%s reloaded, content hash %s", name, result.content_hash)
+        self._reload_signature = _files_signature(self._watched_files())
+        return ok
+
+    async def _watch_files(self) -> None:
+        while True:
+            await asyncio.sleep(RELOAD_POLL_S)
+            if _files_signature(self._watched_files()) != self._reload_signature:
+                self.reload()
+
+
+def run_service(config: ServiceConfig) -> int:
+    """Blocking entry point of ``asr-gateway serve``."""
+    async def main() -> None:
+        service = Service(config)
+        await service.start()
+        await service.run_until_stopped()
+
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a Linux dependency
+        asyncio.run(main())
+    else:
+        uvloop.run(main())
+    return 0

@@ -1,0 +1,216 @@
+"""Real SIP calls with sipp (Debian's ``sip-tester``) for the demo, end-to-end tests and benchmarks.
+
+sipp plays the PBX: it sends an INVITE offering G.711, replays a pcap of RTP packets to the
+port our SDP answer names (``play_pcap_audio``), waits, and hangs up. ``write_rtp_pcap``
+turns 16-bit PCM into such a pcap (G.711 at 8 kHz, 20 ms packets), and ``scenario_xml``
+writes a plain or SIPREC (two labelled streams, rs-metadata) call scenario.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import soxr
+
+from rtp.g711 import encode_alaw, encode_ulaw
+
+SAMPLES_PER_PACKET = 160  # 20 ms at 8 kHz
+PCMU, PCMA = 0, 8
+
+
+def _ip_checksum(header: bytes) -> int:
+    total = sum(struct.unpack(f"!{len(header) // 2}H", header))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+def write_rtp_pcap(
+    path: Path, pcm: np.ndarray, sample_rate: int, payload_type: int = PCMU, ssrc: int = 0x1234
+) -> float:
+    """Write ``pcm`` (int16-range mono) as G.711 RTP packets 20 ms apart; returns the duration in s."""
+    if sample_rate != 8000:
+        pcm = soxr.resample(np.asarray(pcm, dtype=np.float32), sample_rate, 8000)
+    samples = np.clip(np.asarray(pcm, dtype=np.float64), -32768, 32767).astype(np.int16)
+    encode = encode_ulaw if payload_type == PCMU else encode_alaw
+    payload = encode(samples)
+    packets = len(payload) // SAMPLES_PER_PACKET
+    out = bytearray(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1))  # pcap header, Ethernet
+    for i in range(packets):
+        rtp = struct.pack("!BBHII", 0x80, payload_type, i & 0xFFFF, i * SAMPLES_PER_PACKET, ssrc)
+        rtp += bytes(payload[i * SAMPLES_PER_PACKET : (i + 1) * SAMPLES_PER_PACKET])
+        udp = struct.pack("!HHHH", 40000, 40000, 8 + len(rtp), 0) + rtp
+        ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), i & 0xFFFF, 0, 64, 17, 0,
+                         bytes([127, 0, 0, 1]), bytes([127, 0, 0, 1]))  # fmt: skip
+        ip = ip[:10] + struct.pack("!H", _ip_checksum(ip)) + ip[12:]
+        frame = b"\x00" * 12 + b"\x08\x00" + ip + udp
+        usec = i * 20_000
+        out += struct.pack("<IIII", usec // 1_000_000, usec % 1_000_000, len(frame), len(frame)) + frame
+    path.write_bytes(bytes(out))
+    return packets * SAMPLES_PER_PACKET / 8000
+
+
+_HEADERS = """Via: SIP/2.0/[transport] [local_ip]:[local_port];branch=[branch]
+From: {from_name} <sip:{from_user}@[local_ip]:[local_port]>;tag=[pid]SIPpTag00[call_number]
+To: <sip:{to_user}@[remote_ip]:[remote_port]>{to_tag}
+Call-ID: [call_id]
+CSeq: {cseq} {method}
+Contact: <sip:{from_user}@[local_ip]:[local_port]>{contact_params}
+Max-Forwards: 70"""
+
+_SDP_PLAIN = """v=0
+o=pbx 1 1 IN IP[local_ip_type] [local_ip]
+s=-
+c=IN IP[media_ip_type] [media_ip]
+t=0 0
+m=audio [media_port] RTP/AVP {pt} 101
+a=rtpmap:{pt} {codec}/8000
+a=rtpmap:101 telephone-event/8000
+a=sendonly
+"""
+
+_SIPREC_BODY = """--hotline-boundary
+Content-Type: application/sdp
+
+v=0
+o=src 1 1 IN IP[local_ip_type] [local_ip]
+s=-
+c=IN IP[media_ip_type] [media_ip]
+t=0 0
+m=audio [media_port] RTP/AVP {pt}
+a=rtpmap:{pt} {codec}/8000
+a=label:1
+a=sendonly
+m=audio [media_port+2] RTP/AVP {pt}
+a=rtpmap:{pt} {codec}/8000
+a=label:2
+a=sendonly
+
+--hotline-boundary
+Content-Type: application/rs-metadata+xml
+Content-Disposition: recording-session
+
+<?xml version="1.0" encoding="UTF-8"?>
+<recording xmlns="urn:ietf:params:xml:ns:recording:1">
+  <datamode>complete</datamode>
+  <session session_id="hotlinesess1"><sipSessionID>[call_id]</sipSessionID></session>
+  <participant participant_id="p1"><nameID aor="sip:{caller}@citizen.example"><name>caller</name></nameID></participant>
+  <participant participant_id="p2"><nameID aor="sip:{agent}@pbx.example"><name>agent</name></nameID></participant>
+  <stream stream_id="s1" session_id="hotlinesess1"><label>1</label></stream>
+  <stream stream_id="s2" session_id="hotlinesess1"><label>2</label></stream>
+  <participantstreamassoc participant_id="p1"><send>s1</send></participantstreamassoc>
+  <participantstreamassoc participant_id="p2"><send>s2</send></participantstreamassoc>
+</recording>
+--hotline-boundary--
+"""
+
+
+def _message(method: str, cseq: int, body: str = "", content_type: str = "", extra: str = "", **names: str) -> str:
+    to_tag = "" if method == "INVITE" else "[peer_tag_param]"
+    contact_params = names.pop("contact_params", "")
+    head = f"{method} sip:{names['to_user']}@[remote_ip]:[remote_port] SIP/2.0\n" + _HEADERS.format(
+        cseq=cseq, method=method, to_tag=to_tag, contact_params=contact_params, **names
+    )
+    if extra:
+        head += "\n" + extra
+    if body:
+        head += f"\nContent-Type: {content_type}\nContent-Length: [len]\n\n{body}"
+    else:
+        head += "\nContent-Length: 0\n\n"
+    return head
+
+
+def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False, to_user: str = "12345",
+                 from_user: str = "citizen", agent: str = "1001") -> str:  # fmt: skip
+    """A sipp UAC scenario: INVITE, ACK, play ``audio.pcap`` for ``seconds`` (+1 s), BYE."""
+    codec = "PCMU" if payload_type == PCMU else "PCMA"
+    names = {"from_name": "pbx", "from_user": from_user, "to_user": to_user}
+    if siprec:
+        body = _SIPREC_BODY.format(pt=payload_type, codec=codec, caller=from_user, agent=agent)
+        invite = _message("INVITE", 1, body, "multipart/mixed;boundary=hotline-boundary", "Require: siprec",
+                          contact_params=";+sip.src", **names)  # fmt: skip
+    else:
+        invite = _message("INVITE", 1, _SDP_PLAIN.format(pt=payload_type, codec=codec), "application/sdp", **names)
+    ack = _message("ACK", 1, **names)
+    bye = _message("BYE", 2, **names)
+    pause_ms = int(seconds * 1000) + 1000
+    return f"""<?xml version="1.0" encoding="ISO-8859-1" ?>
+<!DOCTYPE scenario SYSTEM "sipp.dtd">
+<scenario name="hotline-asr call">
+<send retrans="500"><![CDATA[
+{invite}]]></send>
+<recv response="100" optional="true"/>
+<recv response="180" optional="true"/>
+<recv response="200" rtd="true"/>
+<send><![CDATA[
+{ack}]]></send>
+<nop><action><exec play_pcap_audio="audio.pcap"/></action></nop>
+<pause milliseconds="{pause_ms}"/>
+<send retrans="500"><![CDATA[
+{bye}]]></send>
+<recv response="200" crlf="true"/>
+</scenario>
+"""
+
+
+@dataclass(frozen=True)
+class CallResult:
+    returncode: int
+    errors: str
+
+
+def sipp_path() -> str:
+    path = shutil.which("sipp")
+    if path is None:
+        raise FileNotFoundError("sipp not found: install the Debian package sip-tester (make setup does)")
+    return path
+
+
+async def place_call(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate: int, *,
+                     payload_type: int = PCMU, siprec: bool = False, host: str = "127.0.0.1",
+                     timeout_s: float | None = None, **names: str) -> CallResult:  # fmt: skip
+    """One sipp call that streams ``pcm`` over RTP to our service, then hangs up."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    seconds = write_rtp_pcap(workdir / "audio.pcap", pcm, sample_rate, payload_type)
+    scenario = workdir / "scenario.xml"
+    scenario.write_text(scenario_xml(seconds, payload_type, siprec, **names), encoding="latin-1")
+    media_base = _free_udp_ports(4)
+    process = await asyncio.create_subprocess_exec(
+        sipp_path(), "-sf", str(scenario), "-m", "1", "-l", "1", "-i", host, "-p", str(_free_udp_ports(1)),
+        "-mp", str(media_base), "-timeout", f"{int(timeout_s or seconds + 30)}s", "-timeout_error", "-nostdin",
+        "-trace_err", "-error_file", str(workdir / "errors.log"), f"{host}:{sip_port}",
+        cwd=workdir, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, stderr = await process.communicate()
+    errors = stderr.decode(errors="replace")
+    log_file = workdir / "errors.log"
+    if log_file.exists():
+        errors += log_file.read_text(errors="replace")
+    return CallResult(process.returncode or 0, errors[-4000:])
+
+
+def _free_udp_ports(count: int) -> int:
+    """The first of ``count`` consecutive free loopback UDP ports (even when count > 1)."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1] & (~1 if count > 1 else ~0)
+        sockets: list[socket.socket] = []
+        try:
+            for offset in range(count):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", base + offset))
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+        return base
+    raise RuntimeError(f"no {count} free consecutive UDP ports on loopback")

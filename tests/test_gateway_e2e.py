@@ -1,0 +1,145 @@
+"""The whole service on loopback: real sipp calls in, real redis-server out.
+
+sipp (the PBX) streams bundled telephone-quality WAVs over RTP in PCMU and PCMA; a Redis
+consumer reads the firehose and checks the events: call.started, partials, finals,
+call.ended, SIPREC role labels, and (with the bundled demo model) the transcripts themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+
+from asr_core.audio_io import read_wav
+from asr_gateway.config import load_config
+from asr_gateway.service import DEMO_MODEL_DIR, Service
+from asr_gateway.sipp_calls import PCMA, PCMU, place_call
+from tests.redis_server import RedisServer
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "tests" / "data" / "hotline_8k"
+FIXTURE_MODEL = REPO.parent / "shared" / "fixtures" / "wenet_u2pp_small" / "model"
+HAVE_DEMO_MODEL = (DEMO_MODEL_DIR / "final.pt").is_file()
+
+pytestmark = [
+    pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp not installed (Debian package sip-tester)"),
+    pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed"),
+    pytest.mark.skipif(
+        not HAVE_DEMO_MODEL and not FIXTURE_MODEL.is_dir(), reason="neither the demo model nor the WeNet fixture"
+    ),
+]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture()
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def write_config(tmp_path: Path, redis_url: str) -> Path:
+    model_dir = DEMO_MODEL_DIR if HAVE_DEMO_MODEL else FIXTURE_MODEL
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"""
+sip: {{host: 127.0.0.1, port: {free_port()}, transports: [udp], rtp_inactivity_timeout_s: 20}}
+rtp: {{host: 127.0.0.1, port_min: 41000, port_max: 41999}}
+engine: {{model_dir: {model_dir}, max_streams: 8, max_batch: 8, left_chunks: 8}}
+redis: {{url: "{redis_url}", spool_dir: {tmp_path / "spool"}}}
+metrics: {{host: 127.0.0.1, port: 0}}
+routes: {REPO / "deploy" / "config" / "routes.example.yaml"}
+kb_hooks:
+  kb_sets: {{hotline: {REPO / "deploy" / "config" / "kb.example.yaml"}}}
+  tag_rule_sets: {{hotline: {REPO / "deploy" / "config" / "tags.example.yaml"}}}
+""",
+        encoding="utf-8",
+    )
+    return config
+
+
+def read_events(url: str) -> list[dict[str, Any]]:
+    client = redis.Redis.from_url(url)
+    entries = client.xrange("asr:events")
+    events = []
+    for _, fields in entries:
+        raw = fields.get(b"event") or next(iter(fields.values()))
+        events.append(json.loads(raw))
+    return events
+
+
+def cer(hyp: str, ref: str) -> float:
+    d = np.arange(len(ref) + 1)
+    for i, h in enumerate(hyp, 1):
+        prev, d[0] = d[0], i
+        for j, r in enumerate(ref, 1):
+            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (h != r))
+    return float(d[len(ref)]) / max(1, len(ref))
+
+
+def test_calls_through_the_whole_service(tmp_path: Path, redis_server: RedisServer) -> None:
+    texts = dict(line.split(maxsplit=1) for line in (DATA / "text").read_text(encoding="utf-8").splitlines())
+    seed = read_wav(DATA / "hotline_seed.wav")
+    other = read_wav(DATA / "hotline_1.wav")
+    config = load_config(write_config(tmp_path, redis_server.url), {})
+
+    async def scenario() -> None:
+        service = Service(config)
+        ports = await service.start()
+        assert ports.sip_udp is not None
+        try:
+            results = await asyncio.gather(
+                place_call(tmp_path / "c1", ports.sip_udp, seed.samples, 16000, payload_type=PCMU),
+                place_call(tmp_path / "c2", ports.sip_udp, other.samples, 16000, payload_type=PCMA),
+                place_call(tmp_path / "c3", ports.sip_udp, seed.samples, 16000, payload_type=PCMU, siprec=True),
+            )
+            for result in results:
+                assert result.returncode == 0, result.errors
+            for _ in range(200):
+                if service.engine.active_streams == 0 and service.bridge.active_calls == 0:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            await service.stop(grace_s=5)
+
+    asyncio.run(scenario())
+    events = read_events(redis_server.url)
+    by_call: dict[str, list[dict[str, Any]]] = {}
+    for event in events:
+        by_call.setdefault(event["call_id"], []).append(event)
+    assert len(by_call) == 3
+    for call_events in by_call.values():
+        types = [e["event_type"] for e in call_events]
+        assert types[0] == "call.started" and types[-1] == "call.ended", types
+        assert "transcript.final" in types
+        seqs = [e["seq"] for e in call_events]
+        assert seqs == sorted(seqs)
+    siprec = [evs for evs in by_call.values() if len(evs[0].get("participants", [])) == 2]
+    assert siprec, "the SIPREC call announces two participants"
+    roles = {p["role"] for p in siprec[0][0]["participants"]}
+    assert roles == {"caller", "agent"}
+    if HAVE_DEMO_MODEL:
+        finals = [e for e in events if e["event_type"] == "transcript.final"]
+        seed_finals = ["".join(e["text"] for e in evs if e["event_type"] == "transcript.final")
+                       for evs in by_call.values()]  # fmt: skip
+        assert min(cer(text, texts["hotline_seed"]) for text in seed_finals) <= 0.15, seed_finals
+        assert finals
+        kinds = {e["event_type"] for e in events}
+        assert "kb.suggestion" in kinds and "tags" in kinds
