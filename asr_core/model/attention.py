@@ -169,42 +169,44 @@ class RelPositionMultiHeadedAttention(MultiHeadedAttention):
         nn.init.xavier_uniform_(self.pos_bias_u)
         nn.init.xavier_uniform_(self.pos_bias_v)
         self._table: Tensor | None = None
-        self._table_key: tuple[int, int, torch.dtype, torch.device] | None = None
+        self._table_key: tuple[object, ...] = ()
 
     def _projected_table(self, rows: int) -> Tensor:
-        """linear_pos(pe[0:N]) as (N, H, d_k), N >= rows, cached until the weight changes."""
+        """linear_pos(pe[0:N]) head-major as (H, N, d_k), N >= rows, cached until the weight
+        changes."""
         weight = self.linear_pos.weight
-        key = (weight.data_ptr(), weight._version, weight.dtype, weight.device)
-        if self._table is None or self._table_key != key or self._table.size(0) < rows:
+        key = weights_key(weight)
+        if self._table is None or self._table_key != key or self._table.size(1) < rows:
             n = max(MIN_TABLE_ROWS, 1 << (rows - 1).bit_length())
             with torch.no_grad():
                 positions = torch.arange(n, device=weight.device)
-                table = self.linear_pos(sinusoid(positions, weight.size(1)).to(weight.dtype))
-            self._table = table.view(n, self.h, self.d_k)
+                table = self.linear_pos(sinusoid(positions, weight.size(1)).to(weight.dtype))  # (N, D)
+            self._table = table.view(n, self.h, self.d_k).transpose(0, 1).contiguous()
             self._table_key = key
         return self._table
 
-    def position_keys(self, key_positions: Tensor, table_rows: int) -> Tensor:
-        """key_positions: (B|1, K) int64 -> projected embeddings (B|1, H, K, d_k).
+    def position_scores(self, q_v: Tensor, key_positions: Tensor, table_rows: int) -> Tensor:
+        """q_v: (B, H, T1, d_k) queries + pos_bias_v; key_positions: (B|1, T2) int64 ->
+        (B, H, T1, T2) dot products with the projected embedding of each key's position.
 
-        table_rows > 0: gather from the cached table (positions clamped to [0, table_rows));
+        table_rows > 0: gather from the cached table (positions clamped to [0, table_rows)),
+        head-major so that the gathered keys feed the matmul without a transposing copy;
         0: project on the fly (training, export, or positions beyond the table limit).
         """
         b, k = key_positions.shape
         if table_rows > 0:
-            table = self._projected_table(table_rows)
+            table = self._projected_table(table_rows)  # (H, N, d_k)
             index = key_positions.clamp(0, table_rows - 1).reshape(-1)
-            p = table.index_select(0, index).view(b, k, self.h, self.d_k)
-        else:
-            pe = sinusoid(key_positions, self.linear_pos.in_features).to(self.linear_pos.weight.dtype)
-            p = self.linear_pos(pe).view(b, k, self.h, self.d_k)
-        return p.transpose(1, 2)
+            p = table.index_select(1, index).view(self.h, b, k, self.d_k)  # (H, B|1, T2, d_k)
+            return torch.matmul(q_v.transpose(0, 1), p.transpose(-2, -1)).transpose(0, 1)
+        pe = sinusoid(key_positions, self.linear_pos.in_features).to(self.linear_pos.weight.dtype)
+        p = self.linear_pos(pe).view(b, k, self.h, self.d_k).transpose(1, 2)  # (B|1, H, T2, d_k)
+        return torch.matmul(q_v, p.transpose(-2, -1))
 
     def scores(self, q: Tensor, k: Tensor, key_positions: Tensor | None, table_rows: int) -> Tensor:
         """q: (B, H, T1, d_k), k: (B, H, T2, d_k), key_positions (B|1, T2) -> (B, H, T1, T2)."""
         if key_positions is None:
             raise ValueError("rel_selfattn needs the absolute position of every key")
-        p = self.position_keys(key_positions, table_rows)  # (B|1, H, T2, d_k)
         matrix_ac = torch.matmul(q + self.pos_bias_u.unsqueeze(1), k.transpose(-2, -1))
-        matrix_bd = torch.matmul(q + self.pos_bias_v.unsqueeze(1), p.transpose(-2, -1))
+        matrix_bd = self.position_scores(q + self.pos_bias_v.unsqueeze(1), key_positions, table_rows)
         return (matrix_ac + matrix_bd) / math.sqrt(self.d_k)
