@@ -29,11 +29,12 @@ class Conv2dSubsampling(nn.Module):
         # Channels-last conv weights make oneDNN (and cuDNN) run the whole stack channels-last:
         # on CPU the 1-channel first conv is ~10x and the stack ~2x faster than NCHW. The layout
         # survives load_state_dict (copy_) and .to(); values and state-dict names are WeNet's.
+        # (.to, not .contiguous: a 1-input-channel weight counts as both layouts for the latter.)
         layers: list[nn.Module] = []
         freq = idim
         for i, (kernel, stride) in enumerate(kernels):
             conv = nn.Conv2d(1 if i == 0 else odim, odim, kernel, stride)
-            conv.weight = nn.Parameter(conv.weight.detach().contiguous(memory_format=torch.channels_last))
+            conv.weight = nn.Parameter(conv.weight.detach().to(memory_format=torch.channels_last))
             layers += [conv, nn.ReLU(inplace=True)]
             freq = (freq - kernel) // stride + 1
         self.kernels = kernels
