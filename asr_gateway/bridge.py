@@ -228,30 +228,18 @@ def _participant(leg: LegInfo) -> Participant:
 
 def _update(ctx: CallContext, participant: Participant, event: Partial | Final, units: list[str]) -> TranscriptUpdate:
     tokens = tuple((units[t], ms, None) for t, ms in zip(event.tokens, event.token_times_ms, strict=False))
-    if isinstance(event, Final):
-        return TranscriptUpdate(
-            call=ctx,
-            participant=participant,
-            utterance_id=event.utterance_id,
-            is_partial=False,
-            text=event.text,
-            tokens=tokens,
-            begin_offset_ms=event.begin_ms,
-            end_offset_ms=event.end_ms,
-            confidence=event.confidence,
-            nbest=tuple((e.text, e.score) for e in event.nbest),
-            latency_ms=event.latency_ms,
-            audio_end_monotonic=event.audio_end_monotonic,
-        )
+    final = event if isinstance(event, Final) else None
     return TranscriptUpdate(
         call=ctx,
         participant=participant,
         utterance_id=event.utterance_id,
-        is_partial=True,
+        is_partial=final is None,
         text=event.text,
         tokens=tokens,
         begin_offset_ms=event.begin_ms,
         end_offset_ms=event.end_ms,
+        confidence=final.confidence if final else None,
+        nbest=tuple((e.text, e.score) for e in final.nbest) if final else (),
         latency_ms=event.latency_ms,
         audio_end_monotonic=event.audio_end_monotonic,
     )
