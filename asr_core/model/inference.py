@@ -26,6 +26,4 @@ def may_cache_derived(module: nn.Module) -> bool:
 def weights_key(*tensors: Tensor | None) -> tuple[object, ...]:
     """Identity and version of ``tensors``: changes when any of them is replaced or edited
     in place (``load_state_dict``, ``.to()``, ``mul_`` ...), which invalidates a cache."""
-    return tuple(
-        None if t is None else (t.data_ptr(), t._version, t.dtype, t.device, tuple(t.shape)) for t in tensors
-    )
+    return tuple(None if t is None else (t.data_ptr(), t._version, t.dtype, t.device, tuple(t.shape)) for t in tensors)

@@ -1,0 +1,185 @@
+"""The inference fast paths of asr_core.model equal the straightforward (WeNet-shaped) code:
+channels-last conv module, fused q/k|v projection, skipped cache zeroing, host-side max offset,
+channels-last subsampling; and the ``torch-int8`` runner stays close to float."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import Tensor, nn
+
+from asr_core.backends import make_runner
+from asr_core.model import LoadedModel, load_wenet_model
+from asr_core.model.attention import MultiHeadedAttention, RelPositionMultiHeadedAttention
+from asr_core.model.convolution import ConvolutionModule
+
+FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "wenet_u2pp_small"
+needs_fixture = pytest.mark.skipif(
+    not (FIXTURE / "expected.npz").is_file(), reason=f"WeNet fixture not found at {FIXTURE}"
+)
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+def wenet_conv_module(module: ConvolutionModule, x: Tensor, mask_pad: Tensor | None, cache: Tensor | None) -> Tensor:
+    """WeNet's ConvolutionModule.forward (channels first, Conv1d calls); returns y (B, T, D)."""
+    x = x.transpose(1, 2)  # (B, D, T)
+    if mask_pad is not None:
+        x = x.masked_fill(~mask_pad, 0.0)
+    if module.lorder > 0:
+        x = nn.functional.pad(x, (module.lorder, 0)) if cache is None else torch.cat((cache, x), dim=2)
+    x = nn.functional.glu(module.pointwise_conv1(x), dim=1)
+    x = module.depthwise_conv(x)
+    if module.use_layer_norm:
+        x = module.norm(x.transpose(1, 2)).transpose(1, 2)
+    else:
+        x = module.norm(x)
+    x = module.pointwise_conv2(module.activation(x))
+    if mask_pad is not None:
+        x = x.masked_fill(~mask_pad, 0.0)
+    return x.transpose(1, 2)
+
+
+@pytest.mark.parametrize(
+    ("norm", "causal", "with_cache", "with_mask"),
+    [
+        ("layer_norm", True, True, False),
+        ("layer_norm", True, False, False),
+        ("batch_norm", True, True, False),
+        ("layer_norm", False, False, True),
+        ("batch_norm", False, False, True),
+    ],
+)
+def test_conv_module_matches_wenet(norm: str, causal: bool, with_cache: bool, with_mask: bool) -> None:
+    torch.manual_seed(0)
+    module = ConvolutionModule(16, 7 if not causal else 8, "swish", norm, causal).eval()
+    if isinstance(module.norm, nn.BatchNorm1d):
+        assert module.norm.running_mean is not None and module.norm.running_var is not None
+        module.norm.running_mean.normal_()
+        module.norm.running_var.uniform_(0.5, 2.0)
+    x = torch.randn(3, 5, 16)
+    cache = torch.randn(3, 16, module.lorder) if with_cache else None
+    mask_pad = (torch.arange(5)[None, None, :] < torch.tensor([5, 3, 1])[:, None, None]) if with_mask else None
+    with torch.inference_mode():
+        y, new_cache = module(x, mask_pad, cache)
+        want = wenet_conv_module(module, x, mask_pad, cache)
+    assert float((y - want).abs().max()) <= 1e-5
+    if causal:
+        context = torch.cat((cache if cache is not None else torch.zeros(3, 16, module.lorder), x.transpose(1, 2)), 2)
+        assert torch.equal(new_cache, context[:, :, -module.lorder :])
+    else:
+        assert new_cache.shape == (3, 16, 0)
+
+
+def separate_projections(att: MultiHeadedAttention, x: Tensor) -> tuple[Tensor, Tensor]:
+    """q (B, H, T, d_k) and keys|values (B, H, T, 2*d_k) from linear_q/k/v one by one."""
+    b, t, _ = x.shape
+    q = att.linear_q(x).view(b, t, att.h, att.d_k).transpose(1, 2)
+    k = att.linear_k(x).view(b, t, att.h, att.d_k).transpose(1, 2)
+    v = att.linear_v(x).view(b, t, att.h, att.d_k).transpose(1, 2)
+    return q, torch.cat((k, v), dim=-1)
+
+
+def reference_cached(att: MultiHeadedAttention, x: Tensor, kv_cache: Tensor, positions: Tensor) -> Tensor:
+    q, kv_new = separate_projections(att, x)
+    kv = torch.cat((kv_cache, kv_new), dim=2)
+    k, v = kv[..., : att.d_k], kv[..., att.d_k :]
+    return att.attend(q, k, v, att.scores(q, k, positions, 0), None)
+
+
+@pytest.mark.parametrize("cls", [MultiHeadedAttention, RelPositionMultiHeadedAttention])
+def test_fused_qkv_equals_separate_projections_and_follows_weight_edits(cls: type[MultiHeadedAttention]) -> None:
+    torch.manual_seed(1)
+    att = cls(4, 32, 0.0, key_bias=False).eval()
+    x = torch.randn(2, 3, 32)
+    kv_cache = torch.randn(2, 4, 5, 16)
+    positions = torch.arange(8)[None].expand(2, -1) + 100
+    with torch.inference_mode():
+        y, kv_new = att.forward_cached(x, kv_cache, None, positions, 0)
+        assert float((kv_new - separate_projections(att, x)[1]).abs().max()) <= 1e-6
+        assert float((y - reference_cached(att, x, kv_cache, positions)).abs().max()) <= 1e-5
+    with torch.no_grad():
+        att.linear_k.weight.mul_(1.5)  # in place: the cached fused weight must follow
+    with torch.inference_mode():
+        y_edit, kv_edit = att.forward_cached(x, kv_cache, None, positions, 0)
+        assert float((kv_edit - kv_new).abs().max()) > 1e-3
+        assert float((kv_edit - separate_projections(att, x)[1]).abs().max()) <= 1e-6
+        assert float((y_edit - reference_cached(att, x, kv_cache, positions)).abs().max()) <= 1e-5
+
+
+def test_fused_qkv_trains() -> None:
+    torch.manual_seed(2)
+    att = RelPositionMultiHeadedAttention(4, 32, 0.0).train()
+    y, kv_new = att.forward_cached(torch.randn(2, 3, 32), torch.zeros(2, 4, 0, 16), None, torch.arange(3)[None], 0)
+    (y.square().sum() + kv_new.sum()).backward()
+    for linear in (att.linear_q, att.linear_k, att.linear_v):
+        assert linear.weight.grad is not None and float(linear.weight.grad.abs().sum()) > 0
+
+
+@pytest.fixture(scope="module")
+def loaded() -> LoadedModel:
+    return load_wenet_model(FIXTURE / "model")
+
+
+def chunk_inputs(loaded: LoadedModel, invalid: float) -> tuple[Tensor, ...]:
+    """Three streams, a 12-frame ring each, partly valid; invalid frames hold ``invalid``."""
+    g = torch.Generator().manual_seed(4)
+    batch, width = 3, 12
+    offsets = torch.tensor([0, 9, 700])
+    pos = offsets[:, None] - width + torch.randperm(width, generator=g)[None]
+    mask = (pos >= 0) & (torch.rand(batch, width, generator=g) > 0.2)
+    att = torch.randn(loaded.num_blocks, batch, loaded.heads, width, 2 * loaded.d_k, generator=g)
+    att = att.masked_fill(~mask[None, :, None, :, None], invalid)
+    return (
+        10 + 3 * torch.randn(batch, 19, 80, generator=g),
+        offsets,
+        att,
+        pos,
+        mask,
+        torch.randn(loaded.num_blocks, batch, loaded.d_model, loaded.cnn_cache_frames, generator=g),
+    )
+
+
+@needs_fixture
+def test_skipped_cache_zeroing_and_host_max_offset_change_nothing(loaded: LoadedModel) -> None:
+    encoder = loaded.model.encoder
+    with torch.inference_mode():
+        want = encoder.forward_chunk_batch(*chunk_inputs(loaded, float("nan")))
+        finite = chunk_inputs(loaded, 123.0)
+        for got in (
+            encoder.forward_chunk_batch(*finite, cache_is_finite=True),
+            encoder.forward_chunk_batch(*finite, cache_is_finite=True, max_offset=700),
+            encoder.forward_chunk_batch(*finite, cache_is_finite=True, max_offset=5000),
+        ):
+            for g, w in zip(got, want, strict=True):
+                assert torch.isfinite(g).all()
+                assert torch.equal(g, w)
+
+
+@needs_fixture
+def test_subsampling_runs_channels_last(loaded: LoadedModel) -> None:
+    convs = [m for m in loaded.model.encoder.embed.conv if isinstance(m, nn.Conv2d)]
+    assert convs and all(c.weight.stride()[1] == 1 for c in convs)
+
+
+@needs_fixture
+@pytest.mark.filterwarnings("ignore:torch.ao.quantization is deprecated:DeprecationWarning")
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor:UserWarning")
+def test_torch_int8_runner_stays_close_to_float(loaded: LoadedModel) -> None:
+    inputs = chunk_inputs(loaded, 0.0)
+    float_step = make_runner("torch", loaded).step(*inputs)
+    int8_step = make_runner("torch-int8", loaded).step(*inputs)
+    assert all(type(m) is not nn.Linear or m.weight.dtype == torch.float32 for m in loaded.model.modules())
+    for got, want in zip(int8_step, float_step, strict=True):
+        assert got.shape == want.shape and got.dtype == want.dtype
+    # Measured on this fixture: max |diff| of log-probs ~0.6, greedy tokens agree on ~98% of frames.
+    assert float((int8_step.log_probs - float_step.log_probs).abs().max()) < 2.0
+    agree = (int8_step.log_probs.argmax(-1) == float_step.log_probs.argmax(-1)).float().mean()
+    assert float(agree) >= 0.8
+    assert np.isfinite(int8_step.ys.numpy()).all()
