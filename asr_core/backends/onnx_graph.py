@@ -20,6 +20,7 @@ import copy
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import tempfile
 import warnings
@@ -155,13 +156,30 @@ def quantize_int8(source: Path, target: Path) -> None:
     """Dynamic INT8 quantization of the MatMuls with constant weights (the linear layers)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(
-        source,
-        target,
-        op_types_to_quantize=["MatMul"],
-        weight_type=QuantType.QInt8,
-        extra_options={"MatMulConstBOnly": True},
-    )
+    root = logging.getLogger()
+    advice = _DropMessage("Please consider to run pre-processing before quantization")
+    root.addFilter(advice)
+    try:
+        quantize_dynamic(
+            source,
+            target,
+            op_types_to_quantize=["MatMul"],
+            weight_type=QuantType.QInt8,
+            extra_options={"MatMulConstBOnly": True},
+        )
+    finally:
+        root.removeFilter(advice)
+
+
+class _DropMessage(logging.Filter):
+    """Drops onnxruntime's generic pre-processing advice (shape inference gains nothing here)."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefix)
 
 
 def model_fingerprint(loaded: LoadedModel, opset: int = DEFAULT_OPSET) -> str:
