@@ -81,9 +81,10 @@ def _tail(argv: list[str]) -> int:
     return tail_main(argv)
 
 
-def _not_yet(name: str) -> int:
-    print(f"asr-gateway {name}: not available in this build yet", file=sys.stderr)
-    return 2
+def _demo(argv: list[str]) -> int:
+    from asr_gateway.demo import main as demo_main
+
+    return demo_main(argv)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,8 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", type=Path, help="service config (YAML); default: built-in defaults + ASR_* env")
     serve.set_defaults(func=_serve)
     sub.add_parser("tail", help="print live events from Redis (`asr-gateway tail --help` for its options)")
-    demo = sub.add_parser("demo", help="run the whole pipeline once on this machine")
-    demo.set_defaults(func=lambda _args: _not_yet("demo"))
+    sub.add_parser("demo", help="run the whole pipeline once on this machine (`asr-gateway demo --help`)")
     return parser
 
 
@@ -105,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["tail"]:
         return _tail(argv[1:])
+    if argv[:1] == ["demo"]:
+        return _demo(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     result: int = args.func(args)

@@ -1,17 +1,24 @@
 """Real SIP calls with sipp (Debian's ``sip-tester``) for the demo, end-to-end tests and benchmarks.
 
 sipp plays the PBX: it sends an INVITE offering G.711, replays a pcap of RTP packets to the
-port our SDP answer names (``play_pcap_audio``), waits, and hangs up. ``write_rtp_pcap``
-turns 16-bit PCM into such a pcap (G.711 at 8 kHz, 20 ms packets), and ``scenario_xml``
-writes a plain or SIPREC (two labelled streams, rs-metadata) call scenario.
+port our SDP answer names (``play_pcap_audio``), waits, and hangs up (or, to test RTP
+timeouts, vanishes without a BYE). ``write_rtp_pcap`` turns 16-bit PCM into such a pcap
+(G.711 at 8 kHz, 20 ms packets), and ``scenario_xml`` writes a plain or SIPREC (two labelled
+streams, rs-metadata) call scenario.
+
+sipp's ``play_pcap_audio`` only feeds the first m-line. For the second SIPREC stream the
+scenario logs the port of our answer's second m-line (``<ereg>`` + ``<log>``) and
+``place_call`` streams that leg itself, paced at 20 ms per packet.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import socket
 import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +28,9 @@ import soxr
 from rtp.g711 import encode_alaw, encode_ulaw
 
 SAMPLES_PER_PACKET = 160  # 20 ms at 8 kHz
+PACKET_S = 0.02
 PCMU, PCMA = 0, 8
+SECOND_LEG_MARK = "SECOND_LEG_PORT"
 
 
 def _ip_checksum(header: bytes) -> int:
@@ -31,20 +40,27 @@ def _ip_checksum(header: bytes) -> int:
     return ~total & 0xFFFF
 
 
-def write_rtp_pcap(
-    path: Path, pcm: np.ndarray, sample_rate: int, payload_type: int = PCMU, ssrc: int = 0x1234
-) -> float:
-    """Write ``pcm`` (int16-range mono) as G.711 RTP packets 20 ms apart; returns the duration in s."""
+def rtp_packets(pcm: np.ndarray, sample_rate: int, payload_type: int = PCMU, ssrc: int = 0x1234) -> list[bytes]:
+    """``pcm`` (int16-range mono, any rate) as G.711 RTP packets of 20 ms (160 samples at 8 kHz)."""
     if sample_rate != 8000:
         pcm = soxr.resample(np.asarray(pcm, dtype=np.float32), sample_rate, 8000)
     samples = np.clip(np.asarray(pcm, dtype=np.float64), -32768, 32767).astype(np.int16)
     encode = encode_ulaw if payload_type == PCMU else encode_alaw
     payload = encode(samples)
-    packets = len(payload) // SAMPLES_PER_PACKET
+    return [
+        struct.pack("!BBHII", 0x80, payload_type, i & 0xFFFF, i * SAMPLES_PER_PACKET, ssrc)
+        + bytes(payload[i * SAMPLES_PER_PACKET : (i + 1) * SAMPLES_PER_PACKET])
+        for i in range(len(payload) // SAMPLES_PER_PACKET)
+    ]
+
+
+def write_rtp_pcap(
+    path: Path, pcm: np.ndarray, sample_rate: int, payload_type: int = PCMU, ssrc: int = 0x1234
+) -> float:
+    """Write ``pcm`` (int16-range mono) as G.711 RTP packets 20 ms apart; returns the duration in s."""
+    packets = rtp_packets(pcm, sample_rate, payload_type, ssrc)
     out = bytearray(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1))  # pcap header, Ethernet
-    for i in range(packets):
-        rtp = struct.pack("!BBHII", 0x80, payload_type, i & 0xFFFF, i * SAMPLES_PER_PACKET, ssrc)
-        rtp += bytes(payload[i * SAMPLES_PER_PACKET : (i + 1) * SAMPLES_PER_PACKET])
+    for i, rtp in enumerate(packets):
         udp = struct.pack("!HHHH", 40000, 40000, 8 + len(rtp), 0) + rtp
         ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), i & 0xFFFF, 0, 64, 17, 0,
                          bytes([127, 0, 0, 1]), bytes([127, 0, 0, 1]))  # fmt: skip
@@ -53,7 +69,7 @@ def write_rtp_pcap(
         usec = i * 20_000
         out += struct.pack("<IIII", usec // 1_000_000, usec % 1_000_000, len(frame), len(frame)) + frame
     path.write_bytes(bytes(out))
-    return packets * SAMPLES_PER_PACKET / 8000
+    return len(packets) * SAMPLES_PER_PACKET / 8000
 
 
 _HEADERS = """Via: SIP/2.0/[transport] [local_ip]:[local_port];branch=[branch]
@@ -127,8 +143,12 @@ def _message(method: str, cseq: int, body: str = "", content_type: str = "", ext
 
 
 def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False, to_user: str = "12345",
-                 from_user: str = "citizen", agent: str = "1001") -> str:  # fmt: skip
-    """A sipp UAC scenario: INVITE, ACK, play ``audio.pcap`` for ``seconds`` (+1 s), BYE."""
+                 from_user: str = "citizen", agent: str = "1001", hangup: bool = True) -> str:  # fmt: skip
+    """A sipp UAC scenario: INVITE, ACK, play ``audio.pcap`` for ``seconds`` (+1 s), BYE.
+
+    ``siprec``: logs ``SECOND_LEG_PORT <port>`` (the answer's second m-line) to sipp's log file.
+    ``hangup=False``: the caller vanishes after the audio, without a BYE.
+    """
     codec = "PCMU" if payload_type == PCMU else "PCMA"
     names = {"from_name": "pbx", "from_user": from_user, "to_user": to_user}
     if siprec:
@@ -139,7 +159,19 @@ def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False,
         invite = _message("INVITE", 1, _SDP_PLAIN.format(pt=payload_type, codec=codec), "application/sdp", **names)
     ack = _message("ACK", 1, **names)
     bye = _message("BYE", 2, **names)
-    pause_ms = int(seconds * 1000) + 1000
+    answered = '<recv response="200" rtd="true"/>'
+    if siprec:
+        answered = f"""<recv response="200" rtd="true"><action>
+<ereg regexp="m=audio ([0-9]+)(.|\n)*m=audio ([0-9]+)" search_in="body" check_it="true" assign_to="m,p1,x,p2"/>
+<log message="{SECOND_LEG_MARK} [$p2]"/>
+</action></recv>
+<Reference variables="m,p1,x"/>"""
+    ending = f"""<pause milliseconds="{int(seconds * 1000) + 1000}"/>
+<send retrans="500"><![CDATA[
+{bye}]]></send>
+<recv response="200" crlf="true"/>"""
+    if not hangup:
+        ending = f'<pause milliseconds="{int(seconds * 1000) + 200}"/>'
     return f"""<?xml version="1.0" encoding="ISO-8859-1" ?>
 <!DOCTYPE scenario SYSTEM "sipp.dtd">
 <scenario name="hotline-asr call">
@@ -147,14 +179,11 @@ def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False,
 {invite}]]></send>
 <recv response="100" optional="true"/>
 <recv response="180" optional="true"/>
-<recv response="200" rtd="true"/>
+{answered}
 <send><![CDATA[
 {ack}]]></send>
 <nop><action><exec play_pcap_audio="audio.pcap"/></action></nop>
-<pause milliseconds="{pause_ms}"/>
-<send retrans="500"><![CDATA[
-{bye}]]></send>
-<recv response="200" crlf="true"/>
+{ending}
 </scenario>
 """
 
@@ -173,26 +202,66 @@ def sipp_path() -> str:
 
 
 async def place_call(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate: int, *,
-                     payload_type: int = PCMU, siprec: bool = False, host: str = "127.0.0.1",
-                     timeout_s: float | None = None, **names: str) -> CallResult:  # fmt: skip
-    """One sipp call that streams ``pcm`` over RTP to our service, then hangs up."""
+                     payload_type: int = PCMU, siprec: bool = False, second_pcm: np.ndarray | None = None,
+                     hangup: bool = True, host: str = "127.0.0.1", timeout_s: float | None = None,
+                     call_tag: str | None = None, **names: str) -> CallResult:  # fmt: skip
+    """One sipp call that streams ``pcm`` over RTP to our service, then hangs up.
+
+    A SIPREC call streams ``second_pcm`` (default: ``pcm``) on its second leg;
+    ``hangup=False`` leaves without a BYE; ``call_tag`` starts the SIP Call-ID (``TAG-...``),
+    so the call's events can be found by their ``sip_call_id``.
+    """
     workdir.mkdir(parents=True, exist_ok=True)
     seconds = write_rtp_pcap(workdir / "audio.pcap", pcm, sample_rate, payload_type)
     scenario = workdir / "scenario.xml"
-    scenario.write_text(scenario_xml(seconds, payload_type, siprec, **names), encoding="latin-1")
+    scenario.write_text(scenario_xml(seconds, payload_type, siprec, hangup=hangup, **names), encoding="latin-1")
+    log_file = workdir / "sipp.log"
+    log_file.unlink(missing_ok=True)
     media_base = _free_udp_ports(4)
     process = await asyncio.create_subprocess_exec(
         sipp_path(), "-sf", str(scenario), "-m", "1", "-l", "1", "-i", host, "-p", str(_free_udp_ports(1)),
         "-mp", str(media_base), "-timeout", f"{int(timeout_s or seconds + 30)}s", "-timeout_error", "-nostdin",
-        "-trace_err", "-error_file", str(workdir / "errors.log"), f"{host}:{sip_port}",
+        "-trace_err", "-error_file", str(workdir / "errors.log"), "-trace_logs", "-log_file", str(log_file),
+        *(["-cid_str", f"{call_tag}-%u-%p@%s"] if call_tag else []), f"{host}:{sip_port}",
         cwd=workdir, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
-    _, stderr = await process.communicate()
+    sender: asyncio.Task[None] | None = None
+    if siprec:
+        packets = rtp_packets(pcm if second_pcm is None else second_pcm, sample_rate, payload_type, ssrc=0x5678)
+        sender = asyncio.create_task(_stream_second_leg(log_file, host, packets, process))
+    try:
+        _, stderr = await process.communicate()
+    finally:
+        if sender is not None:
+            sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
     errors = stderr.decode(errors="replace")
-    log_file = workdir / "errors.log"
-    if log_file.exists():
-        errors += log_file.read_text(errors="replace")
+    error_log = workdir / "errors.log"
+    if error_log.exists():
+        errors += error_log.read_text(errors="replace")
     return CallResult(process.returncode or 0, errors[-4000:])
+
+
+async def _stream_second_leg(
+    log_file: Path, host: str, packets: list[bytes], process: asyncio.subprocess.Process
+) -> None:
+    """Wait for sipp to log the second m-line's port, then send ``packets`` to it in real time."""
+    port = None
+    while port is None and process.returncode is None:
+        await asyncio.sleep(0.01)
+        text = log_file.read_text(errors="replace") if log_file.exists() else ""
+        found = re.search(SECOND_LEG_MARK + r" (\d+)", text)
+        port = int(found.group(1)) if found else None
+    if port is None or port == 0:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.setblocking(False)
+        start = time.monotonic()
+        for index, packet in enumerate(packets):
+            delay = start + index * PACKET_S - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            sock.sendto(packet, (host, port))
 
 
 def _free_udp_ports(count: int) -> int:
