@@ -15,6 +15,8 @@ from typing import NamedTuple, Protocol, TypeVar
 import torch
 from torch import nn
 
+from asr_core.model.attention import MultiHeadedAttention
+from asr_core.model.convolution import ConvolutionModule, pointwise_as_linear
 from asr_core.model.ctc import CTC
 from asr_core.model.encoder import U2Encoder
 from asr_core.model.loader import LoadedModel
@@ -46,9 +48,9 @@ class ChunkRunner(Protocol):
 class TorchChunkRunner:
     """Eager PyTorch: the model's own ``forward_chunk_batch`` and CTC head.
 
-    ``int8`` (backend ``torch-int8``, CPU): runs a copy of the encoder and CTC head whose Linear
-    layers are dynamically quantized (int8 weights, activations quantized per call); the loaded
-    float model (and its decoder, for rescoring) stays as it is.
+    ``int8`` (backend ``torch-int8``, CPU): runs a copy of the encoder and CTC head whose matmuls
+    are dynamically quantized (int8 weights, activations quantized per call; see
+    ``_int8_linears``); the loaded float model (and its decoder, for rescoring) stays as it is.
     """
 
     def __init__(self, loaded: LoadedModel, int8: bool = False) -> None:
@@ -80,9 +82,17 @@ ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 
 def _int8_linears(module: ModuleT) -> ModuleT:
-    """A copy of ``module`` with every ``nn.Linear`` dynamically quantized to int8, except the
-    position projections (``linear_pos``), which only build a float table once."""
+    """A copy of ``module`` whose matmuls run dynamically quantized to int8: every
+    ``nn.Linear``, the pointwise convs of the conv modules (as Linears) and one fused q/k|v
+    Linear per self-attention; the position projections (``linear_pos``, which only build a
+    float table once) and the conv2d subsampling stay float."""
     float_copy = copy.deepcopy(module)
+    for child in float_copy.modules():
+        if isinstance(child, ConvolutionModule):
+            child.pointwise_conv1 = pointwise_as_linear(child.pointwise_conv1)
+            child.pointwise_conv2 = pointwise_as_linear(child.pointwise_conv2)
+        if isinstance(child, MultiHeadedAttention):
+            child.qkv_projection = child.fused_qkv_linear()
     names = {
         name
         for name, child in float_copy.named_modules()

@@ -43,6 +43,9 @@ class MultiHeadedAttention(nn.Module):
         self.linear_v = nn.Linear(n_feat, n_feat, bias=value_bias)
         self.linear_out = nn.Linear(n_feat, n_feat)
         self.dropout = nn.Dropout(dropout_rate)
+        self.qkv_projection: nn.Module | None = None
+        """Replaces the fused q/k|v matmul of ``forward_cached`` when set (a backend installs a
+        quantized ``fused_qkv_linear()`` here); the separate linears stay for ``forward``."""
         self._fused: tuple[Tensor, Tensor | None] | None = None
         self._fused_key: tuple[object, ...] = ()
 
@@ -80,6 +83,17 @@ class MultiHeadedAttention(nn.Module):
             self._fused = (weight, bias)
             self._fused_key = key
         return weight, bias
+
+    def fused_qkv_linear(self) -> nn.Linear:
+        """``linear_q/k/v`` as one ``nn.Linear(D, 3D)`` (weights copied, rows as ``_fused_qkv``)."""
+        with torch.no_grad():
+            weight, bias = self._fused_qkv()
+            linear = nn.Linear(weight.size(1), weight.size(0), bias=bias is not None)
+            linear.to(weight.device, weight.dtype)
+            linear.weight.copy_(weight)
+            if bias is not None and linear.bias is not None:
+                linear.bias.copy_(bias)
+        return linear
 
     def scores(self, q: Tensor, k: Tensor, key_positions: Tensor | None, table_rows: int) -> Tensor:
         """q: (B, H, T1, d_k), k: (B, H, T2, d_k) -> (B, H, T1, T2) unnormalised scores."""
@@ -133,17 +147,13 @@ class MultiHeadedAttention(nn.Module):
         Returns (y (B, T, D), kv_new (B, H, T, 2*d_k) keys|values of the new frames).
         """
         b, t, d = x.shape
-        if all(type(lin) is nn.Linear for lin in (self.linear_q, self.linear_k, self.linear_v)):
+        if self.qkv_projection is not None:
+            qkv = self.qkv_projection(x)  # (B, T, 3D)
+        else:
             weight, bias = self._fused_qkv()
-            qkv = nn.functional.linear(x, weight, bias)  # (B, T, 3D)
-            q = qkv[..., :d].view(b, t, self.h, self.d_k)  # (B, T, H, d_k)
-            kv_heads = qkv[..., d:].view(b, t, self.h, 2 * self.d_k)  # (B, T, H, 2*d_k)
-        else:  # replaced projections (e.g. dynamically quantized): one matmul each
-            q = self.linear_q(x).view(b, t, self.h, self.d_k)
-            k_heads = self.linear_k(x).view(b, t, self.h, self.d_k)
-            kv_heads = torch.cat((k_heads, self.linear_v(x).view(b, t, self.h, self.d_k)), dim=-1)
-        q = q.transpose(1, 2)  # (B, H, T, d_k)
-        kv_new = kv_heads.transpose(1, 2)  # (B, H, T, 2*d_k)
+            qkv = nn.functional.linear(x, weight, bias)
+        q = qkv[..., :d].view(b, t, self.h, self.d_k).transpose(1, 2)  # (B, H, T, d_k)
+        kv_new = qkv[..., d:].view(b, t, self.h, 2 * self.d_k).transpose(1, 2)  # (B, H, T, 2*d_k)
         kv = torch.cat((kv_cache, kv_new), dim=2)  # (B, H, W+T, 2*d_k)
         k, v = kv[..., : self.d_k], kv[..., self.d_k :]
         y = self.attend(q, k, v, self.scores(q, k, key_positions, table_rows), mask)

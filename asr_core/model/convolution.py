@@ -8,6 +8,28 @@ from torch import Tensor, nn
 from asr_core.model.feed_forward import ACTIVATIONS
 
 
+def pointwise(conv: nn.Module, x: Tensor) -> Tensor:
+    """A kernel-1 ``nn.Conv1d`` applied to channels-last frames as one matmul (its weight viewed
+    as (out, in)): x (B, T, C_in) -> (B, T, C_out). A module that replaced the conv (the Linear
+    from ``pointwise_as_linear``, possibly quantized by a backend) is called as is."""
+    if isinstance(conv, nn.Conv1d):
+        return nn.functional.linear(x, conv.weight.squeeze(2), conv.bias)
+    return conv(x)
+
+
+def pointwise_as_linear(conv: nn.Module) -> nn.Linear:
+    """The ``nn.Linear`` equal to a kernel-1 ``nn.Conv1d`` on channels-last frames (weights copied)."""
+    if not isinstance(conv, nn.Conv1d) or conv.kernel_size != (1,) or conv.groups != 1:
+        raise TypeError(f"expected a kernel-1 Conv1d, got {conv}")
+    linear = nn.Linear(conv.in_channels, conv.out_channels, bias=conv.bias is not None)
+    linear.to(conv.weight.device, conv.weight.dtype)
+    with torch.no_grad():
+        linear.weight.copy_(conv.weight.squeeze(2))
+        if conv.bias is not None and linear.bias is not None:
+            linear.bias.copy_(conv.bias)
+    return linear
+
+
 class ConvolutionModule(nn.Module):
     """pointwise_conv1 -> GLU -> depthwise conv -> norm -> activation -> pointwise_conv2.
 
@@ -27,7 +49,7 @@ class ConvolutionModule(nn.Module):
         norm_eps: float = 1e-5,
     ) -> None:
         super().__init__()
-        self.pointwise_conv1 = nn.Conv1d(channels, 2 * channels, 1, bias=bias)
+        self.pointwise_conv1: nn.Module = nn.Conv1d(channels, 2 * channels, 1, bias=bias)
         if causal:
             padding, self.lorder = 0, kernel_size - 1
         else:
@@ -37,14 +59,14 @@ class ConvolutionModule(nn.Module):
         self.depthwise_conv = nn.Conv1d(channels, channels, kernel_size, padding=padding, groups=channels, bias=bias)
         self.use_layer_norm = norm == "layer_norm"
         self.norm: nn.Module = nn.LayerNorm(channels, eps=norm_eps) if self.use_layer_norm else nn.BatchNorm1d(channels)
-        self.pointwise_conv2 = nn.Conv1d(channels, channels, 1, bias=bias)
+        self.pointwise_conv2: nn.Module = nn.Conv1d(channels, channels, 1, bias=bias)
         self.activation = ACTIVATIONS[activation]()
 
     def forward(self, x: Tensor, mask_pad: Tensor | None, cache: Tensor | None) -> tuple[Tensor, Tensor]:
         """x: (B, T, D); mask_pad: (B, 1, T) bool or None; cache: (B, D, kernel-1) or None (zeros).
 
-        Frames stay channels-last: the kernel-1 pointwise convs run as matmuls on (B, T, D)
-        with the Conv1d weights viewed as (out, in); only the depthwise conv sees (B, D, T).
+        Frames stay channels-last: the pointwise convs run as matmuls on (B, T, D) (see
+        ``pointwise``); only the depthwise conv sees (B, D, T).
         Returns (y (B, T, D), new_cache (B, D, kernel-1); (B, D, 0) when not causal).
         """
         if mask_pad is not None:
@@ -57,11 +79,11 @@ class ConvolutionModule(nn.Module):
             new_cache = x[:, -self.lorder :].transpose(1, 2)
         else:
             new_cache = x[:, :0].transpose(1, 2)
-        x = nn.functional.linear(x, self.pointwise_conv1.weight.squeeze(2), self.pointwise_conv1.bias)  # (B, T', 2D)
+        x = pointwise(self.pointwise_conv1, x)  # (B, T', 2D)
         x = nn.functional.glu(x, dim=2)  # (B, T', D)
         x = self.depthwise_conv(x.transpose(1, 2))  # (B, D, T)
         x = self.norm(x.transpose(1, 2)) if self.use_layer_norm else self.norm(x).transpose(1, 2)  # (B, T, D)
-        x = nn.functional.linear(self.activation(x), self.pointwise_conv2.weight.squeeze(2), self.pointwise_conv2.bias)
+        x = pointwise(self.pointwise_conv2, self.activation(x))
         if mask_pad is not None:
             x = x.masked_fill(~mask_pad.transpose(1, 2), 0.0)
         return x, new_cache
