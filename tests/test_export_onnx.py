@@ -115,3 +115,19 @@ def test_runner_errors_say_what_to_do(exported: Path, tmp_path: Path) -> None:
         OrtChunkRunner(tmp_path / "missing.onnx")
     with pytest.raises(ValueError, match="not a chunk-step graph"):
         OrtChunkRunner(exported / onnx_export.DECODER_FILE)
+
+
+def test_check_testset_reports_cer_per_runtime(
+    exported: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    testset = tmp_path / "testset"
+    testset.mkdir()
+    for wav in WAVS:
+        (testset / wav.name).symlink_to(wav)
+    (testset / "text").write_text("utt1 以时人为这门说\nutt2 以说这说以早人\n", encoding="utf-8")
+    argv = ["check", "--model", str(FIXTURE / "model"), "--out", str(exported), "--chunk", "4", "--left-chunks", "2"]
+    assert onnx_export.main([*argv, "--testset", str(testset)]) == 0
+    report = json.loads(capsys.readouterr().out)["testset"]
+    assert report["utterances"] == 2 and report["reference_chars"] == 14
+    assert set(report["cer_greedy"]) == {"torch", "fp32", "int8"}
+    assert report["cer_change_points"]["fp32"] == 0.0

@@ -217,8 +217,44 @@ def check_decoder(loaded: LoadedModel, runner: OrtDecoderRunner) -> dict[str, fl
     return errors
 
 
+def check_testset(
+    loaded: LoadedModel, runners: dict[str, OrtChunkRunner], testset: Path, chunk: int, left_chunks: int
+) -> dict[str, object]:
+    """Streaming CTC-greedy CER of torch and each ONNX runner on a test set (WAVs + ``text``).
+
+    Same chunking and cache window for all, so the differences are the runtime's (INT8 vs fp32).
+    """
+    from asr_core.training.evaluate import edit_distance, read_testset
+
+    graph = ChunkStepGraph(loaded).eval()
+    steps: dict[str, ChunkStepFn] = {"torch": graph, **{name: r.step for name, r in runners.items()}}
+    errors = dict.fromkeys(steps, 0)
+    items = read_testset(testset)
+    ref_chars = sum(len(text) for _, text, _ in items)
+    for _, text, fbank in items:
+        for name, step in steps.items():
+            _, log_probs = stream_through_pool(step, loaded, torch.from_numpy(fbank), chunk, left_chunks)
+            best = log_probs.argmax(-1).tolist()
+            tokens = [t for i, t in enumerate(best) if t != loaded.blank_id and (i == 0 or t != best[i - 1])]
+            hyp = "".join(u for u in (loaded.units[t] for t in tokens) if not u.startswith("<"))
+            errors[name] += edit_distance(text, hyp)
+    cer = {name: round(count / max(ref_chars, 1), 4) for name, count in errors.items()}
+    return {
+        "utterances": len(items),
+        "reference_chars": ref_chars,
+        "cer_greedy": cer,
+        "cer_change_points": {name: round(100 * (value - cer["torch"]), 2) for name, value in cer.items()},
+    }
+
+
 def check_all(
-    model_dir: Path, out_dir: Path, wavs: Sequence[Path], chunk: int, left_chunks: int, threads: int
+    model_dir: Path,
+    out_dir: Path,
+    wavs: Sequence[Path],
+    chunk: int,
+    left_chunks: int,
+    threads: int,
+    testset: Path | None = None,
 ) -> dict[str, object]:
     """Compare every exported graph in `out_dir` with the torch model; JSON-ready report."""
     torch.set_num_threads(threads)
@@ -238,6 +274,8 @@ def check_all(
             "wavs": [Path(w).name for w in wavs],
             **check_audio(loaded, runners, wavs, chunk, left_chunks),
         }
+    if testset is not None:
+        report["testset"] = {"path": str(testset), **check_testset(loaded, runners, testset, chunk, left_chunks)}
     return report
 
 
@@ -249,6 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--opset", type=int, default=DEFAULT_OPSET)
     parser.add_argument("--no-int8", action="store_true", help="skip the INT8 encoder")
     parser.add_argument("--wav", type=Path, nargs="*", default=[], help="check: 16 kHz WAVs streamed through both")
+    parser.add_argument("--testset", type=Path, help="check: dir of WAVs + `text`; streaming greedy CER per runtime")
     parser.add_argument("--chunk", type=int, default=16, help="check: chunk size in encoder frames")
     parser.add_argument("--left-chunks", type=int, default=4, help="check: cached chunks of left context")
     parser.add_argument("--threads", type=int, default=1, help="torch and ONNX Runtime threads")
@@ -256,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "export":
         result: dict[str, object] = dict(export_all(args.model, args.out, args.opset, not args.no_int8))
     else:
-        result = check_all(args.model, args.out, args.wav, args.chunk, args.left_chunks, args.threads)
+        result = check_all(args.model, args.out, args.wav, args.chunk, args.left_chunks, args.threads, args.testset)
     json.dump(result, sys.stdout)
     sys.stdout.write("\n")
     return 0
