@@ -21,10 +21,14 @@ apt-deps:
 
 # torch is pinned and installed first: the CPU build is what this project targets by default,
 # and an unpinned torch would pull a multi-GB CUDA build.
+# (pip's notes about unusable local index folders are filtered out; errors still fail the step)
+PIP := set -o pipefail; $(PY) -m pip install -q --disable-pip-version-check
+QUIET := 2>&1 | { grep -v '^WARNING: Location' || true; }
+
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,dev,onnx]'
+	$(PIP) torch==2.13.0 $(QUIET)
+	$(PIP) -e '.[test,dev,onnx]' $(QUIET)
 	touch $(STAMP)
 
 test: setup
