@@ -72,6 +72,7 @@ class EngineStats:
     batches: int = 0
     finals: int = 0
     behind_realtime_chunks: int = 0
+    errors: int = 0
     batch_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=100_000))
     forward_ms: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
     partial_latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=500_000))
@@ -177,7 +178,14 @@ class Engine:
     def _run(self) -> None:
         torch.set_grad_enabled(False)
         while not self._stop.is_set():
-            timeout = self.run_once()
+            try:
+                timeout = self.run_once()
+            except Exception:
+                # A bug or a device error must not silently stop every call's recognition:
+                # log it, count it, keep serving (the failed batch's chunks are lost).
+                self.stats.errors += 1
+                log.exception("engine tick failed")
+                timeout = 0.1
             if timeout > 0:
                 self._wakeup.wait(timeout)
                 self._wakeup.clear()
