@@ -40,6 +40,7 @@ class ServiceCollector(Collector):
         yield CounterMetricFamily("asr_engine_chunks", "stream-chunks decoded", value=stats.chunks)
         yield CounterMetricFamily("asr_engine_batches", "batched forwards run", value=stats.batches)
         yield CounterMetricFamily("asr_engine_finals", "final transcripts produced", value=stats.finals)
+        yield CounterMetricFamily("asr_engine_errors", "engine ticks that failed", value=stats.errors)
         yield CounterMetricFamily(
             "asr_engine_behind_realtime_chunks",
             "chunks whose latency exceeded the real-time budget",
@@ -72,6 +73,10 @@ class ServiceCollector(Collector):
             if not key.startswith("responses."):
                 sip_events.add_metric([key], value)
         yield sip_events
+        rtp = CounterMetricFamily("asr_rtp", "RTP receive counters over all legs", labels=["counter"])
+        for key, value in s.rtp_totals.snapshot().items():
+            rtp.add_metric([key], value)
+        yield rtp
         yield GaugeMetricFamily("asr_redis_connected", "1 while Redis answers", value=int(publisher.connected))
         yield GaugeMetricFamily("asr_redis_queue_depth", "events waiting for Redis", value=publisher.queued())
         yield GaugeMetricFamily("asr_redis_spool_bytes", "spooled events", value=publisher.spool_pending_bytes())
