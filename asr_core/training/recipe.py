@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-test", type=int, default=250, help="utterances in each held-out test set")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--processes", type=int, default=2, help="worker processes for synthesis")
+    parser.add_argument("--init-from", type=Path, help="start training from this model dir's weights")
     parser.add_argument("--stage", choices=("all", "data", "train", "bundle"), default="all")
     parser.add_argument("--bundle", type=Path, default=Path("tests/data/hotline_8k"), help="--stage bundle output")
     args = parser.parse_args(argv)
@@ -87,6 +88,7 @@ def main(argv: list[str] | None = None) -> None:
             [
                 "--config", str(args.config), "--data", str(args.work / "train"), "--exp", str(args.work / "exp"),
                 "--out", str(args.out), "--minutes-budget", str(args.minutes_budget), "--seed", str(args.seed),
+                *(["--init-from", str(args.init_from)] if args.init_from else []),
             ]
         )
 

@@ -13,8 +13,10 @@ full context). Batches are sorted by length; the first epoch runs them shortest 
 
 Every ``checkpoint_minutes`` the loop saves ``<exp>/checkpoint.pt`` (model, optimizer,
 position in the epoch) and measures the loss on a held-back dev split; the best model by dev
-loss is ``<exp>/best.pt``. Starting again with the same ``--exp`` resumes. At the end the best
-model is exported as a WeNet model directory (see :mod:`asr_core.training.export`).
+loss is ``<exp>/best.pt``. Starting again with the same ``--exp`` resumes; ``--init-from DIR``
+starts a new run from an exported model's weights. At the end (step or time budget, SIGTERM,
+Ctrl-C) the loop saves a checkpoint and exports the best model as a WeNet model directory
+(see :mod:`asr_core.training.export`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import argparse
 import math
 import random
 import shutil
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,8 +182,19 @@ class Trainer:
         self.position = 0
         self.best_dev_loss = math.inf
         self.history: list[dict[str, float]] = []
+        self.stop_requested = False
         if (exp_dir / "checkpoint.pt").exists():
             self._load_checkpoint(exp_dir / "checkpoint.pt")
+
+    def init_from(self, model_dir: Path) -> None:
+        """Start from an exported model's weights (same units and network), e.g. to train the demo model further."""
+        if read_units_list(model_dir / "units.txt") != read_units_list(self.model_dir / "units.txt"):
+            raise SystemExit(f"{model_dir}/units.txt differs from this run's units: prepare data with the same seed")
+        state = torch.load(model_dir / "final.pt", map_location=self.device, weights_only=True)
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        if unexpected or any(not k.endswith(".pe") for k in missing):
+            raise SystemExit(f"{model_dir}/final.pt does not match the config: missing {missing}, extra {unexpected}")
+        print(f"initialised from {model_dir}", flush=True)
 
     def token_ids(self, text: str) -> list[int]:
         unk = self.units["<unk>"]
@@ -281,7 +295,9 @@ class Trainer:
                 if max_steps is not None and self.step >= max_steps:
                     self.save_checkpoint()
                     return
-                if minutes_budget is not None and time.monotonic() - started > 60 * minutes_budget:
+                if self.stop_requested or (
+                    minutes_budget is not None and time.monotonic() - started > 60 * minutes_budget
+                ):
                     self.save_checkpoint()
                     return
                 ids = [self.train_ids[i] for i in self.batches[order[self.position]]]
@@ -305,6 +321,10 @@ class Trainer:
         self.save_checkpoint()
 
 
+def read_units_list(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, required=True, help="WeNet-style train.yaml with recipe_conf")
@@ -314,6 +334,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--minutes-budget", type=float, help="stop training after this many minutes")
     parser.add_argument("--max-steps", type=int, help="stop after this many optimizer steps in total")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--init-from", type=Path, help="model dir whose final.pt starts a new run (not a resume)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--no-bf16", action="store_true", help="train in float32 (slower on CPU)")
     parser.add_argument("--seed", type=int, default=0)
@@ -321,6 +342,15 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     trainer = Trainer(args.config, args.data, args.exp, args.seed, args.device, not args.no_bf16)
+    if args.init_from is not None and trainer.step == 0:
+        trainer.init_from(args.init_from)
+
+    def request_stop(signum: int, _frame: object) -> None:
+        print(f"signal {signum}: saving a checkpoint and stopping", flush=True)
+        trainer.stop_requested = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
     params = sum(p.numel() for p in trainer.model.parameters())
     print(f"{len(trainer.train_ids)} train / {len(trainer.dev_ids)} dev utterances, {len(trainer.batches)} batches, "
           f"{len(trainer.units)} units, {params / 1e6:.2f}M parameters", flush=True)
