@@ -21,7 +21,9 @@ def test_chunk_ready_sample_matches_sherpa_fbank() -> None:
 
 def test_peer_benchmark_prints_json(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("sherpa_onnx", reason="sherpa-onnx is not installed (pip install sherpa-onnx)")
-    assert sherpa_peer.main(["--arch", "small", "--streams", "2", "--seconds", "1"]) == 0
+    assert sherpa_peer.main(["--arch", "small", "--streams", "2", "--seconds", "1", "--backend", "torch"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["sherpa_onnx"]["streams"] == 2
     assert report["sherpa_onnx"]["chunks"] == 2 * 5  # 1 s: full 160 ms chunks with one frame to spare
+    assert report["ours_backend"] == "torch" and report["ours"]["rtf"] > 0
+    assert report["cpu_per_stream_ratio"] > 0
