@@ -18,8 +18,10 @@ import hashlib
 import logging
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -32,7 +34,10 @@ from asr_gateway.metrics import MetricsServer
 from asr_gateway.yamlconf import ConfigError
 from kb_hooks.processor import TranscriptProcessor
 from kb_hooks.publisher import Publisher
+from rtp.leg import RtpLeg
 from rtp.ports import PortAllocator
+from rtp.sink import PcmSink
+from rtp.stats import LegStats
 from sip.routing import Router, load_routes
 from sip.transport import SipServer
 
@@ -115,6 +120,45 @@ def _files_signature(paths: list[Path]) -> str:
     return digest.hexdigest()
 
 
+RTP_COUNTERS = ("packets", "lost", "late", "duplicate", "reordered", "bad_packets", "foreign_packets",
+                "unknown_payload_packets", "concealed_samples")  # fmt: skip
+
+
+class RtpTotals:
+    """RTP receive counters summed over every leg, open or closed (for /metrics)."""
+
+    def __init__(self) -> None:
+        self.closed = dict.fromkeys(RTP_COUNTERS, 0)
+        self.open: set[RtpLeg] = set()
+
+    def snapshot(self) -> dict[str, int]:
+        totals = dict(self.closed)
+        for leg in list(self.open):
+            for name in RTP_COUNTERS:
+                totals[name] += getattr(leg.stats, name)
+        return totals
+
+    def leg_closed(self, leg: RtpLeg, stats: LegStats) -> None:
+        if leg in self.open:
+            self.open.discard(leg)
+            for name in RTP_COUNTERS:
+                self.closed[name] += getattr(stats, name)
+
+
+class CountedRtpLeg(RtpLeg):
+    """An ``RtpLeg`` whose counters are added to the service's ``RtpTotals`` when it closes."""
+
+    def __init__(self, totals: RtpTotals, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._totals = totals
+        totals.open.add(self)
+
+    async def close(self) -> LegStats:
+        stats = await super().close()
+        self._totals.leg_closed(self, stats)
+        return stats
+
+
 @dataclass
 class Ports:
     """Where the service actually listens (ports may be chosen by the OS when configured as 0)."""
@@ -129,6 +173,8 @@ class Service:
 
     def __init__(self, config: ServiceConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
+        if config.engine.threads > 0:
+            torch.set_num_threads(config.engine.threads)
         self.loaded = loaded or load_wenet_model(model_dir_of(config))
         self.router = load_router(config)
         self.processor = TranscriptProcessor.from_settings(config.kb_hooks)
@@ -139,12 +185,26 @@ class Service:
         self.ports_allocator = PortAllocator(rtp.host, rtp.port_min, rtp.port_max)
         max_calls_by_engine = min(config.sip.max_calls, config.engine.max_streams)
         sip_settings = config.sip.model_copy(update={"max_calls": max_calls_by_engine})
-        self.sip = SipServer(sip_settings, self.bridge, self.ports_allocator, self.router, media_host=None)
+        self.rtp_totals = RtpTotals()
+        self.sip = SipServer(
+            sip_settings, self.bridge, self.ports_allocator, self.router, leg_factory=self._rtp_leg, media_host=None
+        )
         self.metrics = MetricsServer(self, config.metrics.host, config.metrics.port)
         self._stopping = asyncio.Event()
         self._reload_signature = _files_signature(self._watched_files())
         self._reload_task: asyncio.Task[None] | None = None
         self.started_at = 0.0
+
+    def _rtp_leg(self, sink: PcmSink, payload_types: dict[int, str], on_end: Callable[[str], None]) -> RtpLeg:
+        sip = self.config.sip
+        return CountedRtpLeg(
+            self.rtp_totals,
+            sink=sink,
+            payload_types=payload_types,
+            reorder_ms=sip.rtp_reorder_ms,
+            inactivity_timeout_s=sip.rtp_inactivity_timeout_s,
+            on_end=on_end,
+        )
 
     # -- lifecycle --------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """Real SIP calls with sipp (Debian's ``sip-tester``) for the demo, end-to-end tests and benchmarks.
 
-sipp plays the PBX: it sends an INVITE offering G.711, replays a pcap of RTP packets to the
+sipp plays the PBX: it sends an INVITE offering G.711 (``sendrecv`` for a plain call: a
+``sendonly`` offer means hold, which pauses the RTP inactivity timer), replays a pcap of RTP packets to the
 port our SDP answer names (``play_pcap_audio``), waits, and hangs up (or, to test RTP
 timeouts, vanishes without a BYE). ``write_rtp_pcap`` turns 16-bit PCM into such a pcap
 (G.711 at 8 kHz, 20 ms packets), and ``scenario_xml`` writes a plain or SIPREC (two labelled
@@ -88,7 +89,7 @@ t=0 0
 m=audio [media_port] RTP/AVP {pt} 101
 a=rtpmap:{pt} {codec}/8000
 a=rtpmap:101 telephone-event/8000
-a=sendonly
+a=sendrecv
 """
 
 _SIPREC_BODY = """--hotline-boundary
@@ -231,6 +232,11 @@ async def place_call(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate:
         sender = asyncio.create_task(_stream_second_leg(log_file, host, packets, process))
     try:
         _, stderr = await process.communicate()
+    except asyncio.CancelledError:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        raise
     finally:
         if sender is not None:
             sender.cancel()
