@@ -234,6 +234,8 @@ class Service:
         return ports
 
     def request_stop(self) -> None:
+        """Start draining now: OPTIONS, new INVITEs and /health answer 503 from this moment."""
+        self.sip.set_draining()
         self._stopping.set()
 
     async def run_until_stopped(self) -> None:

@@ -1,0 +1,172 @@
+"""``/metrics`` and ``/health`` of the running service around a real sipp call.
+
+Counters move (calls, chunks, batches, SIP responses by code, RTP packets, Redis publishes),
+latency quantiles appear, and ``/health`` answers like SIP OPTIONS: 200 normally, 503 when the
+engine is full or the service drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from asr_core.audio_io import read_wav
+from asr_gateway.demo import DATA_DIR, EventCollector, demo_config
+from asr_gateway.service import DEMO_MODEL_DIR, Service
+from asr_gateway.sipp_calls import place_call
+from tests.redis_server import RedisServer
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURE_MODEL = REPO.parent / "shared" / "fixtures" / "wenet_u2pp_small" / "model"
+MODEL = DEMO_MODEL_DIR if (DEMO_MODEL_DIR / "final.pt").is_file() else FIXTURE_MODEL
+
+pytestmark = [
+    pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp not installed (Debian package sip-tester)"),
+    pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed"),
+    pytest.mark.skipif(not MODEL.is_dir(), reason="neither the demo model nor the WeNet fixture model"),
+    pytest.mark.timeout(60),
+]
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+@pytest.fixture()
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
+            return int(reply.status), reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read().decode()
+
+
+def scrape(port: int) -> Samples:
+    status, text = http_get(port, "/metrics")
+    assert status == 200
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+def options_status(sip_port: int) -> int:
+    """Send SIP OPTIONS over UDP and return the response's status code."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.settimeout(5)
+        local = sock.getsockname()[1]
+        request = (
+            f"OPTIONS sip:probe@127.0.0.1:{sip_port} SIP/2.0\r\n"
+            f"Via: SIP/2.0/UDP 127.0.0.1:{local};branch=z9hG4bK{uuid.uuid4().hex}\r\n"
+            f"From: <sip:monitor@127.0.0.1>;tag={uuid.uuid4().hex[:8]}\r\n"
+            f"To: <sip:probe@127.0.0.1:{sip_port}>\r\n"
+            f"Call-ID: {uuid.uuid4().hex}\r\nCSeq: 1 OPTIONS\r\nMax-Forwards: 70\r\nContent-Length: 0\r\n\r\n"
+        )
+        sock.sendto(request.encode(), ("127.0.0.1", sip_port))
+        reply = sock.recv(65536).decode(errors="replace")
+    return int(reply.split(" ", 2)[1])
+
+
+async def probe(metrics_port: int, sip_port: int) -> tuple[int, int]:
+    """(/health status, OPTIONS status), asked off the event loop that serves them."""
+    health = (await asyncio.to_thread(http_get, metrics_port, "/health"))[0]
+    return health, await asyncio.to_thread(options_status, sip_port)
+
+
+def test_metrics_move_and_health_mirrors_options(tmp_path: Path, redis_server: RedisServer) -> None:
+    async def scenario() -> dict[str, object]:
+        config = demo_config(redis_server.url, MODEL, tmp_path, max_streams=1)
+        service = Service(config)
+        ports = await service.start()
+        assert ports.sip_udp is not None and ports.metrics is not None
+        sip_port, metrics_port = ports.sip_udp, ports.metrics
+        collector = EventCollector(redis_server.url)
+        await collector.start()
+        seen: dict[str, object] = {}
+        try:
+            seen["idle"] = await probe(metrics_port, sip_port)
+            seen["before"] = await asyncio.to_thread(scrape, metrics_port)
+            samples = read_wav(DATA_DIR / "hotline_1.wav").samples
+            call = asyncio.create_task(place_call(tmp_path / "call", sip_port, samples, 16000, call_tag="m"))
+            while service.engine.active_streams == 0 or service.engine.stats.chunks < 3:
+                assert not call.done(), (await call).errors
+                await asyncio.sleep(0.05)
+            seen["full"] = await probe(metrics_port, sip_port)
+            seen["during"] = await asyncio.to_thread(scrape, metrics_port)
+            result = await call
+            assert result.returncode == 0, result.errors
+            assert await collector.wait_for(["m-"], 10)
+            seen["after"] = await asyncio.to_thread(scrape, metrics_port)
+            seen["free"] = await probe(metrics_port, sip_port)
+            service.request_stop()
+            seen["draining"] = await probe(metrics_port, sip_port)
+        finally:
+            await service.stop(grace_s=5)
+            await collector.stop()
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert seen["idle"] == (200, 200)
+    assert seen["full"] == (503, 503), "one engine slot, in use: full"
+    assert seen["free"] == (200, 200)
+    assert seen["draining"] == (503, 503)
+
+    before, during, after = (seen[k] for k in ("before", "during", "after"))
+    assert isinstance(before, dict) and isinstance(during, dict) and isinstance(after, dict)
+    assert value(before, "asr_active_calls") == 0 and value(during, "asr_active_calls") == 1
+    assert value(during, "asr_engine_streams") == 1 and value(after, "asr_engine_streams") == 0
+    assert value(during, "asr_kv_pool_used_slots") == 1 and value(after, "asr_kv_pool_used_slots") == 0
+    assert value(during, "asr_healthy") == 0 and value(after, "asr_healthy") == 1
+    for counter in ("asr_engine_chunks_total", "asr_engine_batches_total", "asr_engine_finals_total"):
+        assert (value(after, counter) or 0) > (value(before, counter) or 0), counter
+    assert (value(after, "asr_engine_chunks_total") or 0) > (value(during, "asr_engine_chunks_total") or 0)
+    assert (value(after, "asr_sip_responses_total", code="200") or 0) >= 2  # INVITE, BYE (+ OPTIONS)
+    assert (value(after, "asr_sip_responses_total", code="503") or 0) >= 1  # the OPTIONS while full
+    assert (value(after, "asr_rtp_total", counter="packets") or 0) >= 190  # 4 s of 20 ms packets
+    assert value(after, "asr_rtp_total", counter="lost") is not None
+    assert (value(after, "asr_redis_published_total") or 0) > (value(before, "asr_redis_published_total") or 0)
+    assert value(after, "asr_redis_connected") == 1
+    for summary in (
+        "asr_partial_latency_seconds",
+        "asr_publish_latency_seconds",
+        "asr_engine_forward_seconds",
+        "asr_engine_batch_size",
+    ):
+        quantiles = [value(after, summary, quantile=q) for q in ("0.5", "0.95", "0.99")]
+        assert all(q is not None and q >= 0 for q in quantiles), (summary, quantiles)
+    assert value(before, "asr_partial_latency_seconds", quantile="0.5") is None, "no samples before the call"
+
+
+def test_unknown_path_is_404(tmp_path: Path, redis_server: RedisServer) -> None:
+    async def scenario() -> int:
+        service = Service(demo_config(redis_server.url, MODEL, tmp_path))
+        ports = await service.start()
+        assert ports.metrics is not None
+        try:
+            return (await asyncio.to_thread(http_get, ports.metrics, "/nope"))[0]
+        finally:
+            await service.stop(grace_s=1)
+
+    assert asyncio.run(scenario()) == 404
