@@ -248,6 +248,39 @@ async def place_call(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate:
     return CallResult(process.returncode or 0, errors[-4000:])
 
 
+async def place_calls(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate: int, count: int, *,
+                      rate_per_s: float = 10.0, payload_type: int = PCMU, host: str = "127.0.0.1",
+                      call_tag: str = "load") -> CallResult:  # fmt: skip
+    """``count`` concurrent plain calls from one sipp process (started at ``rate_per_s``), same audio.
+
+    Call-IDs are ``{call_tag}-{n}-...``; returncode 0 only when every call succeeded.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    seconds = write_rtp_pcap(workdir / "audio.pcap", pcm, sample_rate, payload_type)
+    scenario = workdir / "scenario.xml"
+    scenario.write_text(scenario_xml(seconds, payload_type), encoding="latin-1")
+    process = await asyncio.create_subprocess_exec(
+        sipp_path(), "-sf", str(scenario), "-m", str(count), "-l", str(count), "-r", str(rate_per_s),
+        "-i", host, "-p", str(_free_udp_ports(1)), "-mp", str(_free_udp_ports(4)),
+        "-timeout", f"{int(seconds + 30 + count / rate_per_s)}s", "-timeout_error", "-nostdin",
+        "-trace_err", "-error_file", str(workdir / "errors.log"), "-cid_str", f"{call_tag}-%u-%p@%s",
+        f"{host}:{sip_port}",
+        cwd=workdir, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        _, stderr = await process.communicate()
+    except asyncio.CancelledError:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        raise
+    errors = stderr.decode(errors="replace")
+    error_log = workdir / "errors.log"
+    if error_log.exists():
+        errors += error_log.read_text(errors="replace")
+    return CallResult(process.returncode or 0, errors[-4000:])
+
+
 async def _stream_second_leg(
     log_file: Path, host: str, packets: list[bytes], process: asyncio.subprocess.Process
 ) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from deploy.bench import engine_bench
+from deploy.bench import e2e_bench, engine_bench
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -14,6 +14,9 @@ def main(argv: list[str] | None = None) -> int:
     engine = sub.add_parser("engine", help="streams one engine sustains in real time (batched vs unbatched)")
     engine_bench.add_arguments(engine)
     engine.set_defaults(func=engine_bench.run)
+    e2e = sub.add_parser("e2e", help="real sipp calls through the whole service: latency, CER, CPU, memory")
+    e2e_bench.add_arguments(e2e)
+    e2e.set_defaults(func=e2e_bench.run)
     args = parser.parse_args(argv)
     result: int = args.func(args)
     return result

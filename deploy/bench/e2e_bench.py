@@ -1,0 +1,235 @@
+"""``asr-bench e2e``: real sipp calls through the whole service; prints one JSON object.
+
+N concurrent calls (half PCMU, half PCMA, started over about a second) each stream S seconds
+of the bundled hotline recordings over RTP into the service (in this process), which
+publishes to Redis (``--redis`` or a throwaway local redis-server); a subscriber in this
+process times every event.
+
+- ``partial_latency_ms``: a chunk's last sample handed from RTP to the engine -> the partial
+  delivered by Redis pub/sub (>= the publisher's Redis ack; ``publish_ack_latency_ms`` is
+  that ack for all events, from ``Publisher.audio_to_ack_s``).
+- ``first_partial_latency_ms``: call.started -> the call's first partial.
+- ``final_latency_ms``: the engine's endpoint (or hang-up) -> final decoded (rescoring included).
+- ``realtime_ok``: every call completed, and at most 1 % of chunks were behind real time.
+- ``rss_mb``, ``cpu_percent``: this process (service + subscriber) during the calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import resource
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from asr_core.audio_io import read_wav
+from asr_gateway.demo import (
+    DATA_DIR,
+    DemoError,
+    EventCollector,
+    LocalRedis,
+    Received,
+    cer,
+    check_model_dir,
+    default_model_dir,
+    demo_config,
+    load_references,
+    redis_reachable,
+)
+from asr_gateway.service import Service
+from asr_gateway.sipp_calls import PCMA, PCMU, CallResult, place_calls
+
+GAP_S = 0.4
+RECORDINGS = ("hotline_seed", "hotline_1", "hotline_2")
+
+
+def call_audio(seconds: float, data_dir: Path = DATA_DIR) -> tuple[np.ndarray, str]:
+    """Whole bundled sentences with short pauses until ``seconds``; (16 kHz samples, reference text)."""
+    references = load_references(data_dir)
+    pieces: list[np.ndarray] = []
+    texts: list[str] = []
+    total = 0
+    index = 0
+    while total < seconds * 16000:
+        name = RECORDINGS[index % len(RECORDINGS)]
+        samples = read_wav(data_dir / f"{name}.wav").samples
+        pieces += [samples, np.zeros(int(GAP_S * 16000), dtype=np.float32)]
+        texts.append(references[name])
+        total += samples.shape[0] + int(GAP_S * 16000)
+        index += 1
+    return np.concatenate(pieces), "".join(texts)
+
+
+def quantiles(samples: list[float], qs: tuple[float, ...] = (0.5, 0.95)) -> dict[str, float | None]:
+    values = np.asarray(samples, dtype=np.float64)
+    return {f"p{round(q * 100)}": (round(float(np.quantile(values, q)), 1) if values.size else None) for q in qs}
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def record_audio_ends(service: Service) -> dict[str, float]:
+    """event_id -> the ``time.monotonic()`` its audio was handed to the engine (from the publisher's intake)."""
+    audio_end: dict[str, float] = {}
+    submit = service.publisher.submit
+
+    def recording(event: dict[str, Any], *, audio_end_monotonic: float | None = None) -> None:
+        if audio_end_monotonic is not None:
+            audio_end[str(event["event_id"])] = audio_end_monotonic
+        submit(event, audio_end_monotonic=audio_end_monotonic)
+
+    service.publisher.submit = recording  # type: ignore[method-assign]
+    return audio_end
+
+
+async def run_bench(
+    model_dir: Path, redis_url: str, workdir: Path, calls: int, seconds: float, rate_per_s: float = 20.0
+) -> dict[str, Any]:
+    pcm, reference = call_audio(seconds)
+    config = demo_config(redis_url, model_dir, workdir, max_streams=calls + 2)
+    service = Service(config)
+    audio_end = record_audio_ends(service)
+    ports = await service.start()
+    assert ports.sip_udp is not None
+    sip_port = ports.sip_udp
+    collector = EventCollector(redis_url)
+    await collector.start()
+    run_id = f"{os.getpid()}{random.randrange(10**6):06d}"
+    groups = [(f"u{run_id}", PCMU, (calls + 1) // 2), (f"a{run_id}", PCMA, calls // 2)]
+    cpu_before, wall_before = os.times(), time.monotonic()
+    rss_peak = rss_mb()
+    results: list[CallResult] = []
+
+    async def sample_rss() -> None:
+        nonlocal rss_peak
+        while True:
+            await asyncio.sleep(1.0)
+            rss_peak = max(rss_peak, rss_mb())
+
+    sampler = asyncio.create_task(sample_rss())
+    try:
+        placed = [
+            place_calls(workdir / tag, sip_port, pcm, 16000, n, rate_per_s=rate_per_s, payload_type=pt, call_tag=tag)
+            for tag, pt, n in groups
+            if n
+        ]
+        results = list(await asyncio.gather(*placed))
+        cpu_after, wall_after = os.times(), time.monotonic()
+        ended_ok = await wait_for_ended(collector, [tag for tag, _, count in groups if count], calls, 30.0)
+    finally:
+        sampler.cancel()
+        await service.stop(grace_s=10)
+        await collector.stop()
+    cpu_s = (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)
+    stats = service.engine.stats
+    behind = stats.behind_realtime_chunks / max(1, stats.chunks)
+    measured = measure(collector.received, audio_end, reference)
+    return {
+        "calls": calls,
+        "seconds": round(pcm.shape[0] / 16000, 1),
+        "model": str(model_dir),
+        "realtime_ok": all(r.returncode == 0 for r in results) and ended_ok and behind <= 0.01,
+        "calls_failed": [r.errors[-300:] for r in results if r.returncode != 0],
+        "calls_ended": measured.pop("calls_ended"),
+        "behind_realtime_fraction": round(behind, 4),
+        **measured,
+        "final_latency_ms": quantiles(list(stats.final_latency_ms)),
+        "publish_ack_latency_ms": quantiles([s * 1000 for s in service.publisher.audio_to_ack_s], (0.5, 0.95, 0.99)),
+        "mean_batch_size": round(float(np.mean(stats.batch_sizes)), 2) if stats.batch_sizes else None,
+        "partials_dropped": service.publisher.partials_dropped + service.bridge.partials_dropped,
+        "rss_mb": rss_peak,
+        "cpu_percent": round(100 * cpu_s / max(1e-9, wall_after - wall_before), 1),
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+async def wait_for_ended(collector: EventCollector, tags: list[str], calls: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ended = [cid for cid in collector.ended_calls() if any(cid.startswith(tag + "-") for tag in tags)]
+        if len(ended) >= calls:
+            return True
+        await asyncio.sleep(0.2)
+    return False
+
+
+def measure(received: list[Received], audio_end: dict[str, float], reference: str) -> dict[str, Any]:
+    """Latencies and CER from the events as the subscriber got them."""
+    partial_ms: list[float] = []
+    started: dict[str, float] = {}
+    first_partial_ms: dict[str, float] = {}
+    finals: dict[str, list[tuple[int, str]]] = {}
+    ended = 0
+    for item in received:
+        event, kind = item.event, item.event.get("event_type")
+        call_id = str(event.get("call_id"))
+        if kind == "call.started":
+            started[call_id] = item.at
+        elif kind == "transcript.partial":
+            end = audio_end.get(str(event.get("event_id")))
+            if end is not None:
+                partial_ms.append((item.at - end) * 1000)
+            if call_id not in first_partial_ms and call_id in started:
+                first_partial_ms[call_id] = (item.at - started[call_id]) * 1000
+        elif kind == "transcript.final":
+            finals.setdefault(call_id, []).append((int(event.get("seq", 0)), str(event.get("text", ""))))
+        elif kind == "call.ended":
+            ended += 1
+    scores = [cer("".join(text for _, text in sorted(items)), reference) for items in finals.values()]
+    return {
+        "calls_ended": ended,
+        "first_partial_latency_ms": quantiles(list(first_partial_ms.values())),
+        "partial_latency_ms": quantiles(partial_ms, (0.5, 0.95, 0.99)),
+        "partials": len(partial_ms),
+        "cer": round(float(np.mean(scores)), 4) if scores else None,
+    }
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--calls", type=int, default=4, help="concurrent calls (default: %(default)s)")
+    parser.add_argument("--seconds", type=float, default=20.0, help="audio per call in s (default: %(default)s)")
+    parser.add_argument("--model", type=Path, help="WeNet model directory (default: the bundled demo model)")
+    parser.add_argument(
+        "--redis",
+        default=os.environ.get("ASR_REDIS_URL"),
+        help="Redis URL (default: $ASR_REDIS_URL if it answers, else a local redis-server)",
+    )
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    local: LocalRedis | None = None
+    with tempfile.TemporaryDirectory(prefix="asr-e2e-bench-") as tmp:
+        workdir = Path(tmp)
+        try:
+            model_dir = args.model or default_model_dir()
+            check_model_dir(model_dir)
+            redis_url = args.redis
+            if not redis_url or not redis_reachable(redis_url):
+                local = LocalRedis(workdir / "redis")
+                local.start()
+                redis_url = local.url
+            result = asyncio.run(run_bench(model_dir, redis_url, workdir, args.calls, args.seconds))
+        except (DemoError, FileNotFoundError) as exc:
+            print(json.dumps({"error": str(exc)}))
+            return 2
+        finally:
+            if local is not None:
+                local.stop()
+    print(json.dumps(result, ensure_ascii=False))
+    return 0 if result["realtime_ok"] else 1
