@@ -4,6 +4,7 @@ channels-last subsampling; and the ``torch-int8`` runner stays close to float.""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from torch import Tensor, nn
 from asr_core.backends import make_runner
 from asr_core.model import LoadedModel, load_wenet_model
 from asr_core.model.attention import MultiHeadedAttention, RelPositionMultiHeadedAttention
-from asr_core.model.convolution import ConvolutionModule
+from asr_core.model.convolution import ConvolutionModule, pointwise_as_linear
 
 FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "wenet_u2pp_small"
 needs_fixture = pytest.mark.skipif(
@@ -160,6 +161,26 @@ def test_skipped_cache_zeroing_and_host_max_offset_change_nothing(loaded: Loaded
             for g, w in zip(got, want, strict=True):
                 assert torch.isfinite(g).all()
                 assert torch.equal(g, w)
+
+
+@needs_fixture
+def test_replaced_projections_equal_the_fused_float_path(loaded: LoadedModel) -> None:
+    """What torch-int8 installs before quantizing (Linears for the pointwise convs, one fused
+    q/k|v Linear per attention) computes the same as the default path in float."""
+    inputs = chunk_inputs(loaded, 0.0)
+    encoder = loaded.model.encoder
+    replaced = copy.deepcopy(encoder)
+    for module in replaced.modules():
+        if isinstance(module, ConvolutionModule):
+            module.pointwise_conv1 = pointwise_as_linear(module.pointwise_conv1)
+            module.pointwise_conv2 = pointwise_as_linear(module.pointwise_conv2)
+        if isinstance(module, MultiHeadedAttention):
+            module.qkv_projection = module.fused_qkv_linear()
+    with torch.inference_mode():
+        want = encoder.forward_chunk_batch(*inputs)
+        got = replaced.forward_chunk_batch(*inputs)
+    for g, w in zip(got, want, strict=True):
+        assert float((g - w).abs().max()) <= 1e-5
 
 
 @needs_fixture
