@@ -64,7 +64,7 @@ class EngineSettings(_Section):
 
     model_dir: Path | None = Field(None, description="WeNet model directory; default: the bundled demo model")
     device: str = "cpu"
-    backend: Literal["torch", "onnxruntime", "tensorrt"] = "torch"
+    backend: str = Field("torch", description="torch, torch-int8, onnxruntime, onnxruntime-int8, tensorrt-fp16, ...")
     dtype: Literal["float32", "float16"] = "float32"
     threads: int = Field(0, ge=0, description="intra-op threads on CPU; 0 = torch's default")
     max_streams: int = Field(256, ge=1, description="cache pool slots: the node's admission limit")
@@ -83,6 +83,15 @@ class EngineSettings(_Section):
     @classmethod
     def _chunk(cls, value: int) -> int:
         return _check_chunk_ms(value)
+
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, value: str) -> str:
+        from asr_core.backends import BACKENDS
+
+        if value not in BACKENDS:
+            raise ValueError(f"{value!r} is not one of {', '.join(BACKENDS)}")
+        return value
 
     @field_validator("allowed_chunk_ms")
     @classmethod
