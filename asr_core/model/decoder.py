@@ -78,7 +78,7 @@ class TransformerDecoder(nn.Module):
         embedding: nn.Module = self.embed[0]
         pos_enc = self.embed[1]
         assert isinstance(pos_enc, PositionalEncoding)
-        x, _ = pos_enc(embedding(ys_in_pad), torch.arange(length, device=ys_in_pad.device))
+        x = pos_enc(embedding(ys_in_pad), torch.arange(length, device=ys_in_pad.device))
         for layer in self.decoders:
             x = layer(x, tgt_mask, memory, memory_mask)
         if self.normalize_before:

@@ -22,7 +22,7 @@ def sinusoid(positions: Tensor, d_model: int) -> Tensor:
 
 
 class PositionalEncoding(nn.Module):
-    """Absolute position encoding: x * sqrt(d) + pe[offset : offset + T]."""
+    """Absolute position encoding: x * sqrt(d) + pe[positions]."""
 
     def __init__(self, d_model: int, dropout_rate: float) -> None:
         super().__init__()
@@ -30,21 +30,17 @@ class PositionalEncoding(nn.Module):
         self.xscale = math.sqrt(d_model)
         self.dropout = nn.Dropout(dropout_rate)
 
-    def position_encoding(self, positions: Tensor) -> Tensor:
-        """positions: (B, T) or (T,) int64 -> (B or 1, T, D) embeddings."""
-        pe = sinusoid(positions, self.d_model)
-        return pe if pe.dim() == 3 else pe.unsqueeze(0)
+    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
+        """x: (B, T, D); positions: (B, T) or (T,) int64 -> (B, T, D).
 
-    def forward(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """x: (B, T, D); positions: (B, T) or (T,) -> (x', pos_emb (B or 1, T, D))."""
-        pos_emb = self.position_encoding(positions)
-        return self.dropout(x * self.xscale + pos_emb), self.dropout(pos_emb)
+        WeNet also returns the embedding rows; no caller here uses them (rel_selfattn layers
+        project each key's position themselves), so they are not computed."""
+        return self.dropout(x * self.xscale + sinusoid(positions, self.d_model).to(x.dtype))
 
 
 class RelPositionalEncoding(PositionalEncoding):
-    """WeNet's ``RelPositionalEncoding``: x * sqrt(d) (nothing added); the embedding of the key
-    positions goes to the rel_selfattn layers separately."""
+    """WeNet's ``RelPositionalEncoding``: x * sqrt(d), nothing added; the rel_selfattn layers
+    take the sinusoid of each key's absolute position instead."""
 
-    def forward(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        pos_emb = self.position_encoding(positions)
-        return self.dropout(x * self.xscale), self.dropout(pos_emb)
+    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
+        return self.dropout(x * self.xscale)

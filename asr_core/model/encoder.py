@@ -193,7 +193,7 @@ class U2Encoder(nn.Module):
         xs = self.embed(xs)  # (B, T', D)
         masks = self.embed.subsample_mask(masks)  # (B, 1, T')
         positions = torch.arange(xs.size(1), device=xs.device).unsqueeze(0)  # (1, T')
-        xs, _ = self.pos_enc(xs, positions)
+        xs = self.pos_enc(xs, positions)
         chunk_masks = add_optional_chunk_mask(
             xs,
             masks,
@@ -246,7 +246,7 @@ class U2Encoder(nn.Module):
         xs = self.embed(xs)  # (B, C, D)
         chunk = xs.size(1)
         chunk_pos = offsets.unsqueeze(1) + torch.arange(chunk, device=xs.device)  # (B, C)
-        xs, _ = self.pos_enc(xs, chunk_pos)
+        xs = self.pos_enc(xs, chunk_pos)
         key_positions = torch.cat((cache_pos, chunk_pos), dim=1)  # (B, W+C)
         new_valid = torch.ones_like(chunk_pos, dtype=torch.bool)
         key_mask = torch.cat((cache_mask, new_valid), dim=1).unsqueeze(1)  # (B, 1, W+C)
