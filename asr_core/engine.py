@@ -20,7 +20,10 @@ is behind real time; audio is never dropped.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import queue
 import threading
 import time
 import uuid
@@ -36,13 +39,15 @@ from asr_core.ctc_search import Hypothesis, ctc_prefix_beam_search_topk
 from asr_core.endpoint import LEADING_SILENCE, NO_ENDPOINT, REASONS, EndpointRules, update_endpoints
 from asr_core.events import Ended, Event, Final, NBestEntry, Partial
 from asr_core.model.loader import LoadedModel
-from asr_core.stream import Stream, StreamConfig
+from asr_core.stream import Stream, StreamConfig, Utterance
 from kv_ring import CapacityError, KvPool
 from rescoring.attention import RescoreResult, attention_rescore
 
 __all__ = ["CapacityError", "Engine", "EngineOptions", "EngineStats", "StreamConfig"]
 
 log = logging.getLogger(__name__)
+
+FINALIZER_NICENESS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +115,8 @@ class Engine:
         self._wakeup = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._finalizer: threading.Thread | None = None
+        self._jobs: queue.Queue[_FinalJob | _EndJob] = queue.Queue()
         self._last_behind_log = 0.0
         self._blank = loaded.blank_id
 
@@ -120,15 +127,18 @@ class Engine:
             return
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="asr-engine", daemon=True)
+        self._finalizer = threading.Thread(target=self._run_finalizer, name="asr-finalizer", daemon=True)
         self._thread.start()
+        self._finalizer.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the scheduler; streams still open get no further events."""
+        """Stop the scheduler (finals already queued are still emitted); open streams get no more events."""
         self._stop.set()
         self._wakeup.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        for thread in (self._thread, self._finalizer):
+            if thread is not None:
+                thread.join(timeout)
+        self._thread = self._finalizer = None
 
     def __enter__(self) -> Engine:
         self.start()
@@ -219,6 +229,8 @@ class Engine:
             ran = True
         if ending:
             self._finish_streams(ending)
+        if self._finalizer is None:
+            self.finalize_pending()  # driven without threads (tests, offline tools)
         if ran or ending:
             return 0.0
         return wait if ready else 0.05
@@ -357,11 +369,13 @@ class Engine:
     # -- endpoints and finals -------------------------------------------------------
 
     def _finish_streams(self, ending: list[tuple[Stream, str]]) -> None:
-        """Finalize the utterances that ended this tick (batched rescoring), reset or retire streams."""
+        """Hand ended utterances to the finalizer; reset the streams at once, or retire them.
+
+        The stream's next utterance starts immediately (fresh offset and cache slot) while the
+        finalizer searches and rescores the one that ended, so finals never delay partials.
+        """
         seen: set[str] = set()
-        to_final: list[tuple[Stream, str, list[Hypothesis]]] = []
-        to_retire: list[Stream] = []
-        started = time.monotonic()
+        detected = time.monotonic()
         for stream, reason in ending:
             if stream.stream_id in seen:
                 continue
@@ -371,66 +385,10 @@ class Engine:
                 continue  # more chunks to decode first (input finished mid-tick)
             utt = stream.utterance
             if utt.tokens and reason != REASONS[LEADING_SILENCE]:
-                values = np.concatenate(utt.topk_values)  # (T, k)
-                ids = np.concatenate(utt.topk_ids)  # (T, k)
-                nbest = ctc_prefix_beam_search_topk(values, ids, self.options.beam, self._blank)
-                to_final.append((stream, reason, nbest))
-            elif not retire:
-                self._reset_utterance(stream)
+                self._jobs.put(_FinalJob(stream, reason, _UtteranceSnapshot.of(utt), detected))
             if retire:
-                to_retire.append(stream)
-        if to_final:
-            self._emit_finals(to_final, started)
-        for stream in to_retire:
-            self._retire(stream)
-
-    def _emit_finals(self, items: list[tuple[Stream, str, list[Hypothesis]]], started: float) -> None:
-        rescore_items = [(s, r, nb) for s, r, nb in items if s.config.rescore and nb]
-        rescored: dict[str, RescoreResult] = {}
-        if rescore_items:
-            results = attention_rescore(
-                self.model.decoder,
-                [torch.cat(s.utterance.encoder_out, dim=0) for s, _, _ in rescore_items],
-                [nb for _, _, nb in rescore_items],
-                ctc_weight=self.options.ctc_weight,
-                reverse_weight=self.options.reverse_weight,
-                sos=self.loaded.sos_id,
-                eos=self.loaded.eos_id,
-            )
-            rescored = {s.stream_id: result for (s, _, _), result in zip(rescore_items, results, strict=True)}
-        for stream, reason, nbest in items:
-            utt = stream.utterance
-            result = rescored.get(stream.stream_id)
-            if result is not None:
-                entries = tuple(
-                    NBestEntry(h.tokens, self._text(h.tokens), h.score, h.ctc_score, h.l2r_score, h.r2l_score)
-                    for h in result.hypotheses
-                )
-                best_times, confidence = result.times, result.confidence
+                self._retire(stream)
             else:
-                entries = tuple(NBestEntry(h.tokens, self._text(h.tokens), h.score, h.score) for h in nbest)
-                best_times, confidence = nbest[0].times, _ctc_confidence(entries)
-            best = entries[0]
-            latency_ms = (time.monotonic() - started) * 1000.0
-            self.stats.final_latency_ms.append(latency_ms)
-            self.stats.finals += 1
-            event = Final(
-                stream_id=stream.stream_id,
-                utterance_id=utt.utterance_id,
-                seq=stream.next_seq(),
-                text=best.text,
-                tokens=best.tokens,
-                token_times_ms=self._times_ms(stream, best_times),
-                begin_ms=utt.start_frame * self.frame_ms,
-                end_ms=(utt.start_frame + utt.offset) * self.frame_ms,
-                reason=reason,
-                nbest=entries,
-                confidence=confidence,
-                latency_ms=latency_ms,
-                audio_end_monotonic=time.monotonic(),
-            )
-            self._deliver(stream, event)
-            if reason not in ("closed", "input_finished"):
                 self._reset_utterance(stream)
 
     def _reset_utterance(self, stream: Stream) -> None:
@@ -440,14 +398,144 @@ class Engine:
         self.pool.reset(stream.slot)
 
     def _retire(self, stream: Stream) -> None:
+        """Free the slot now; the finalizer emits ``Ended`` after the stream's last Final."""
         with self._streams_lock:
             self._streams.pop(stream.stream_id, None)
         self.pool.release(stream.slot)
         utt = stream.utterance
         reason = "closed" if stream.closing else "input_finished"
-        audio_ms = (utt.start_frame + utt.offset) * self.frame_ms
-        self._deliver(stream, Ended(stream.stream_id, stream.next_seq(), reason, audio_ms))
-        stream.done.set()
+        self._jobs.put(_EndJob(stream, reason, (utt.start_frame + utt.offset) * self.frame_ms))
+
+    # -- finalizer ------------------------------------------------------------------
+
+    def _run_finalizer(self) -> None:
+        torch.set_grad_enabled(False)
+        # Finals may wait a little; partials may not. On Linux a thread has its own nice
+        # value, so the scheduler thread wins the CPU when both have work.
+        with contextlib.suppress(AttributeError, OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), FINALIZER_NICENESS)
+        while not self._stop.is_set() or not self._jobs.empty():
+            try:
+                first = self._jobs.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            try:
+                self._finalize([first, *self._drain_jobs()])
+            except Exception:
+                self.stats.errors += 1
+                log.exception("finalizing utterances failed")
+
+    def _drain_jobs(self, limit: int = 256) -> list[_FinalJob | _EndJob]:
+        jobs: list[_FinalJob | _EndJob] = []
+        while len(jobs) < limit:
+            try:
+                jobs.append(self._jobs.get_nowait())
+            except queue.Empty:
+                break
+        return jobs
+
+    def finalize_pending(self) -> None:
+        """Run queued finalizations in the caller's thread (when the engine thread is not running)."""
+        jobs = self._drain_jobs(limit=1 << 30)
+        if jobs:
+            self._finalize(jobs)
+
+    @torch.inference_mode()
+    def _finalize(self, jobs: list[_FinalJob | _EndJob]) -> None:
+        """Prefix beam search per utterance, ONE rescoring call for all of them, events in job order."""
+        finals = [job for job in jobs if isinstance(job, _FinalJob)]
+        nbests = [
+            ctc_prefix_beam_search_topk(
+                np.concatenate(job.utterance.topk_values), np.concatenate(job.utterance.topk_ids),
+                self.options.beam, self._blank,
+            )
+            for job in finals
+        ]  # fmt: skip
+        to_rescore = [i for i, job in enumerate(finals) if job.stream.config.rescore and nbests[i]]
+        rescored: dict[int, RescoreResult] = {}
+        if to_rescore:
+            results = attention_rescore(
+                self.model.decoder,
+                [torch.cat(finals[i].utterance.encoder_out, dim=0) for i in to_rescore],
+                [nbests[i] for i in to_rescore],
+                ctc_weight=self.options.ctc_weight,
+                reverse_weight=self.options.reverse_weight,
+                sos=self.loaded.sos_id,
+                eos=self.loaded.eos_id,
+            )
+            rescored = dict(zip(to_rescore, results, strict=True))
+        index = {id(job): i for i, job in enumerate(finals)}
+        for job in jobs:
+            if isinstance(job, _EndJob):
+                self._deliver(job.stream, Ended(job.stream.stream_id, job.stream.next_seq(), job.reason, job.audio_ms))
+                job.stream.done.set()
+                continue
+            i = index[id(job)]
+            self._emit_final(job, nbests[i], rescored.get(i))
+
+    def _emit_final(self, job: _FinalJob, nbest: list[Hypothesis], result: RescoreResult | None) -> None:
+        utt, stream = job.utterance, job.stream
+        if result is not None:
+            entries = tuple(
+                NBestEntry(h.tokens, self._text(h.tokens), h.score, h.ctc_score, h.l2r_score, h.r2l_score)
+                for h in result.hypotheses
+            )
+            best_times, confidence = result.times, result.confidence
+        else:
+            entries = tuple(NBestEntry(h.tokens, self._text(h.tokens), h.score, h.score) for h in nbest)
+            best_times, confidence = nbest[0].times, _ctc_confidence(entries)
+        best = entries[0]
+        now = time.monotonic()
+        latency_ms = (now - job.detected) * 1000.0
+        self.stats.final_latency_ms.append(latency_ms)
+        self.stats.finals += 1
+        event = Final(
+            stream_id=stream.stream_id,
+            utterance_id=utt.utterance_id,
+            seq=stream.next_seq(),
+            text=best.text,
+            tokens=best.tokens,
+            token_times_ms=tuple((utt.start_frame + f) * self.frame_ms for f in best_times),
+            begin_ms=utt.start_frame * self.frame_ms,
+            end_ms=(utt.start_frame + utt.offset) * self.frame_ms,
+            reason=job.reason,
+            nbest=entries,
+            confidence=confidence,
+            latency_ms=latency_ms,
+            audio_end_monotonic=now,
+        )
+        self._deliver(stream, event)
+
+
+@dataclass(frozen=True, slots=True)
+class _UtteranceSnapshot:
+    """What finalizing an utterance needs, detached from the stream (which moves on)."""
+
+    utterance_id: int
+    start_frame: int
+    offset: int
+    topk_values: list[np.ndarray]
+    topk_ids: list[np.ndarray]
+    encoder_out: list[torch.Tensor]
+
+    @classmethod
+    def of(cls, utt: Utterance) -> _UtteranceSnapshot:
+        return cls(utt.utterance_id, utt.start_frame, utt.offset, utt.topk_values, utt.topk_ids, utt.encoder_out)
+
+
+@dataclass(frozen=True, slots=True)
+class _FinalJob:
+    stream: Stream
+    reason: str
+    utterance: _UtteranceSnapshot
+    detected: float  # monotonic time the endpoint was detected
+
+
+@dataclass(frozen=True, slots=True)
+class _EndJob:
+    stream: Stream
+    reason: str
+    audio_ms: int
 
 
 def _ctc_confidence(entries: tuple[NBestEntry, ...]) -> float:

@@ -8,6 +8,7 @@ belongs to the engine's scheduler thread.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import deque
@@ -110,7 +111,7 @@ class Stream:
         self.window = (chunk_frames - 1) * subsampling + right_context + 1  # fbank frames per chunk input
         self.context = right_context + 1  # fewest fbank frames that yield one encoder frame
         self.utterance = Utterance()
-        self.seq = 0
+        self._seq = itertools.count(1)  # shared by the scheduler (partials) and the finalizer (finals)
         self.finishing = False  # input finished and drained into the fbank
         self.closing = False
         self.ready_since = 0.0
@@ -192,5 +193,4 @@ class Stream:
         return frames
 
     def next_seq(self) -> int:
-        self.seq += 1
-        return self.seq
+        return next(self._seq)

@@ -263,7 +263,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-utterance-ms", type=int, default=None,
                         help="endpoint at this utterance length (default: 6000 for random models, which rarely "
                              "emit 800 ms of blanks, so finals spread over the run as real speech's do; else 20000)")
-    parser.add_argument("--blank-rate", type=float, default=0.8,
+    parser.add_argument("--blank-rate", type=float, default=0.85,
                         help="with --arch: share of frames a random model emits as blank, as trained models do")
 
 
