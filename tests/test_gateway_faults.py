@@ -18,6 +18,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ import redis
 
 from asr_core.audio_io import read_wav
 from asr_gateway.config import ServiceConfig
-from asr_gateway.demo import DATA_DIR, EventCollector, cer, demo_config, free_tcp_port
+from asr_gateway.demo import DATA_DIR, EventCollector, demo_config, free_tcp_port
 from asr_gateway.service import DEMO_MODEL_DIR, Service
 from asr_gateway.sipp_calls import PCMA, CallResult, place_call, sipp_path
 from tests.redis_server import RedisServer
@@ -153,7 +154,7 @@ def test_redis_restart_during_calls_loses_nothing_but_partials(tmp_path: Path, r
             redis_server.stop(kill=True)
             await asyncio.sleep(1.5)
             redis_server.start()
-            results = await calls
+            results = list(await calls)
             await collector.wait_for(["a-", "b-"], 15)
         finally:
             await service.stop(grace_s=5)
@@ -201,9 +202,10 @@ def test_garbage_udp_on_sip_and_rtp_ports_leaves_calls_unaffected(tmp_path: Path
         rng = random.Random(7)
         sent = 0
         try:
+            rtp = [service.rtp_totals.snapshot()]
             clean = await place_call(tmp_path / "clean", sip_port, audio("hotline_1"), 16000, call_tag="clean")
             await collector.wait_for(["clean-"], 10)
-            rtp = [service.rtp_totals.snapshot()]
+            rtp.append(service.rtp_totals.snapshot())
             call = asyncio.create_task(
                 place_call(tmp_path / "noisy", sip_port, audio("hotline_1"), 16000, call_tag="noisy")
             )
@@ -225,18 +227,18 @@ def test_garbage_udp_on_sip_and_rtp_ports_leaves_calls_unaffected(tmp_path: Path
     collector, results, sent, rtp = asyncio.run(scenario())
     assert sent > 1000
     assert all(r.returncode == 0 for r in results), [r.errors for r in results]
-    noisy_rtp = {key: rtp[1][key] - rtp[0][key] for key in rtp[0]}
-    assert noisy_rtp["packets"] == rtp[0]["packets"], "every packet of the caller and nothing else was played"
+    clean_rtp, noisy_rtp = ({key: after[key] - before[key] for key in before} for before, after in pairwise(rtp))
+    assert noisy_rtp["packets"] == clean_rtp["packets"], "every packet of the caller and nothing else was played"
     assert noisy_rtp["bad_packets"] > 0 and noisy_rtp["foreign_packets"] > 0, noisy_rtp
     clean, noisy = events_of(collector, "clean"), events_of(collector, "noisy")
     assert finals(clean), "the clean call produced finals"
     if HAVE_DEMO_MODEL:
         assert finals(noisy) == finals(clean)
     else:
-        # The fixture's random weights give near-flat posteriors: float-level differences in
-        # how the same audio is batched in time flip tokens, so compare loosely.
+        # The fixture's random weights give near-flat posteriors, where float-level noise
+        # between two runs of the same audio flips tokens (seen without any garbage too);
+        # the packet counts above are the exact check.
         assert len(finals(noisy)) == len(finals(clean))
-        assert cer("".join(finals(noisy)), "".join(finals(clean))) <= 0.5
     ended = [next(e for e in events if e["event_type"] == "call.ended") for events in (clean, noisy)]
     assert [e["reason"] for e in ended] == ["bye", "bye"]
     audio_ms = [sorted(e["stats"]["audio_ms"].values()) for e in ended]
@@ -369,7 +371,8 @@ def test_sigterm_to_serve_flushes_finals_and_exits_0(tmp_path: Path, redis_serve
             server.kill()
             server.wait()
     client = redis.Redis.from_url(redis_server.url)
-    events = [json.loads(fields[b"event"]) for _, fields in client.xrange("asr:events")]
+    entries: Any = client.xrange("asr:events")
+    events = [json.loads(fields[b"event"]) for _, fields in entries]
     for tag in ("t1", "t2"):
         mine = [e for e in events if e["sip_call_id"].startswith(tag + "-")]
         kinds = [e["event_type"] for e in mine]
