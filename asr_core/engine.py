@@ -48,6 +48,9 @@ __all__ = ["CapacityError", "Engine", "EngineOptions", "EngineStats", "StreamCon
 log = logging.getLogger(__name__)
 
 FINALIZER_NICENESS = 5
+# Utterances rescored in one decoder call: enough to batch, few enough that a burst of
+# hang-ups neither makes every final wait for the whole burst nor spikes memory.
+FINALIZE_BATCH = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,12 +423,12 @@ class Engine:
             except queue.Empty:
                 continue
             try:
-                self._finalize([first, *self._drain_jobs()])
+                self._finalize([first, *self._drain_jobs(FINALIZE_BATCH - 1)])
             except Exception:
                 self.stats.errors += 1
                 log.exception("finalizing utterances failed")
 
-    def _drain_jobs(self, limit: int = 256) -> list[_FinalJob | _EndJob]:
+    def _drain_jobs(self, limit: int) -> list[_FinalJob | _EndJob]:
         jobs: list[_FinalJob | _EndJob] = []
         while len(jobs) < limit:
             try:
