@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from asr_core.backends import ChunkRunner, make_runner
+from asr_core.backends import ChunkRunner, make_runner, rescoring_decoder
 from asr_core.ctc_search import Hypothesis, ctc_prefix_beam_search_topk
 from asr_core.endpoint import LEADING_SILENCE, NO_ENDPOINT, REASONS, EndpointRules, update_endpoints
 from asr_core.events import Ended, Event, Final, NBestEntry, Partial
@@ -98,6 +98,7 @@ class Engine:
         self.device = torch.device(self.options.device)
         self.model = loaded.model.to(device=self.device, dtype=self.options.dtype).eval()
         self.runner = runner or make_runner(self.options.backend, loaded)
+        self.decoder = rescoring_decoder(self.options.backend, self.model.decoder)
         self.subsampling = loaded.subsampling
         self.frame_ms = 10 * loaded.subsampling
         max_chunk = max(self.options.allowed_chunk_ms) // self.frame_ms
@@ -458,7 +459,7 @@ class Engine:
         rescored: dict[int, RescoreResult] = {}
         if to_rescore:
             results = attention_rescore(
-                self.model.decoder,
+                self.decoder,
                 [torch.cat(finals[i].utterance.encoder_out, dim=0) for i in to_rescore],
                 [nbests[i] for i in to_rescore],
                 ctc_weight=self.options.ctc_weight,

@@ -81,6 +81,17 @@ class TorchChunkRunner:
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 
+def rescoring_decoder(backend: str, decoder: ModuleT) -> ModuleT:
+    """The attention decoder the finals are rescored with: int8 Linears (a copy) with an
+    int8 backend on the CPU, where rescoring is the other large cost besides the encoder."""
+    if not backend.endswith("int8") or next(decoder.parameters()).device.type != "cpu":
+        return decoder
+    quantized: ModuleT = torch.ao.quantization.quantize_dynamic(
+        copy.deepcopy(decoder), {nn.Linear}, dtype=torch.qint8
+    )
+    return quantized
+
+
 def _int8_linears(module: ModuleT) -> ModuleT:
     """A copy of ``module`` whose matmuls run dynamically quantized to int8: every
     ``nn.Linear``, the pointwise convs of the conv modules (as Linears) and one fused q/k|v
