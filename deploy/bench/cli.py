@@ -4,11 +4,41 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 from deploy.bench import e2e_bench, engine_bench
 
 
+def _accuracy(argv: list[str]) -> int:
+    from asr_core.training.evaluate import main as evaluate
+
+    evaluate(argv)
+    return 0
+
+
+def _module_main(name: str) -> Callable[[list[str]], int]:
+    def run(argv: list[str]) -> int:
+        module = __import__(f"deploy.bench.{name}", fromlist=["main"])
+        result: int = module.main(argv)
+        return result
+
+    return run
+
+
+# Commands whose options belong to their own module (``asr-bench media --help`` shows them).
+PASSTHROUGH: dict[str, tuple[Callable[[list[str]], int], str]] = {
+    "media": (_module_main("media_load"), "RTP load on loopback: packets, loss, CPU per packet"),
+    "publisher": (_module_main("publisher_bench"), "events/s and publish latency to a local Redis"),
+    "sherpa-peer": (_module_main("sherpa_peer"), "sherpa-onnx vs our engine on the same exported model"),
+    "soak": (_module_main("soak"), "N calls for M minutes: RSS, FDs and threads over time"),
+    "accuracy": (_accuracy, "CER per chunk size, greedy and rescore, on a test set (WAVs + text)"),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] and argv[0] in PASSTHROUGH:
+        return PASSTHROUGH[argv[0]][0](argv[1:])
     parser = argparse.ArgumentParser(prog="asr-bench", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     engine = sub.add_parser("engine", help="streams one engine sustains in real time (batched vs unbatched)")
@@ -17,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     e2e = sub.add_parser("e2e", help="real sipp calls through the whole service: latency, CER, CPU, memory")
     e2e_bench.add_arguments(e2e)
     e2e.set_defaults(func=e2e_bench.run)
+    for name, (_, help_text) in PASSTHROUGH.items():
+        sub.add_parser(name, help=help_text, add_help=False)
     args = parser.parse_args(argv)
     result: int = args.func(args)
     return result
