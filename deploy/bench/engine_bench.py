@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -187,23 +188,26 @@ def find_max(
               file=sys.stderr)
         return _passes(result)
 
-    low, high = 0, None
-    n = start
-    while high is None:
+    return largest_passing(attempt, start), trials
+
+
+def largest_passing(attempt: Callable[[int], bool], start: int, limit: int = 100_000) -> int:
+    """Largest n for which ``attempt(n)`` holds: doubling from ``start``, then bisection to ~10 %."""
+    low, high, n = 0, 0, start
+    while not high:
         if attempt(n):
             low, n = n, n * 2
+            if n > limit:
+                return low
         else:
             high = n
-        if n > 100_000:
-            break
-    high = high or low
     while high - low > max(1, low // 10):
         mid = (low + high) // 2
         if attempt(mid):
             low = mid
         else:
             high = mid
-    return low, trials
+    return low
 
 
 def calibrate_blank(loaded: LoadedModel, audio: np.ndarray, blank_rate: float) -> float:

@@ -44,6 +44,7 @@ from deploy.bench.engine_bench import (
     Trial,
     calibrate_blank,
     find_max,
+    largest_passing,
     run_trial,
     synthetic_speech,
 )
@@ -163,19 +164,7 @@ def find_peer_max(
               file=sys.stderr)
         return bool(result["realtime_ok"])
 
-    low, high, n = 0, 0, start
-    while not high:
-        if attempt(n):
-            low, n = n, n * 2
-        else:
-            high = n
-    while high - low > max(1, low // 10):
-        mid = (low + high) // 2
-        if attempt(mid):
-            low = mid
-        else:
-            high = mid
-    return low, trials
+    return largest_passing(attempt, start), trials
 
 
 def _load(args: argparse.Namespace, workdir: Path, audio: np.ndarray) -> LoadedModel:
@@ -233,8 +222,10 @@ def main(argv: list[str] | None = None) -> int:
             peer = run_peer_trial(make_recognizer, loaded, base, audio)
             result: dict[str, Any] = {**header, "sherpa_onnx": peer}
             if not args.no_ours:
-                trial = Trial(args.streams, args.seconds, args.chunk_ms, args.left_chunks, 64, 20.0, False)
-                ours = run_trial(loaded, trial, "cpu", audio, args.backend)
+                trial = Trial(
+                    args.streams, args.seconds, args.chunk_ms, args.left_chunks, 64, 20.0, False, args.backend
+                )
+                ours = run_trial(loaded, trial, "cpu", audio)
                 result["ours_backend"] = args.backend
                 result["ours"] = {key: ours[key] for key in OURS_KEYS}
                 result["cpu_per_stream_ratio"] = round(peer["cpu_rtf"] / ours["rtf"], 2) if ours["rtf"] else None
@@ -244,8 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {**header, "sherpa_onnx_max_realtime_streams": peer_max,
               "sherpa_onnx_best": next((t for t in peer_trials if t["streams"] == peer_max), None)}
     if not args.no_ours:
-        ours_base = Trial(8, args.seconds, args.chunk_ms, args.left_chunks, 64, 20.0, False)
-        ours_max, _ = find_max(loaded, ours_base, "cpu", audio, max(8, peer_max), args.backend)
+        ours_base = Trial(8, args.seconds, args.chunk_ms, args.left_chunks, 64, 20.0, False, args.backend)
+        ours_max, _ = find_max(loaded, ours_base, "cpu", audio, max(8, peer_max))
         result["ours_backend"] = args.backend
         result["ours_max_realtime_streams"] = ours_max
         result["ours_vs_sherpa_onnx"] = round(ours_max / peer_max, 2) if peer_max else None
