@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from asr_core import memtrim
 from asr_core.backends import ChunkRunner, make_runner, rescoring_decoder
 from asr_core.ctc_search import Hypothesis, ctc_prefix_beam_search_topk
 from asr_core.endpoint import LEADING_SILENCE, NO_ENDPOINT, REASONS, EndpointRules, update_endpoints
@@ -70,6 +71,7 @@ class EngineOptions:
     dtype: torch.dtype = torch.float32
     backend: str = "torch"
     behind_ms: float = 1000.0
+    trim_interval_s: float = 60.0  # return freed heap to the OS this often (glibc); 0 = never
 
 
 @dataclass(slots=True)
@@ -191,7 +193,11 @@ class Engine:
 
     def _run(self) -> None:
         torch.set_grad_enabled(False)
+        next_trim = time.monotonic() + self.options.trim_interval_s
         while not self._stop.is_set():
+            if self.options.trim_interval_s > 0 and time.monotonic() >= next_trim:
+                memtrim.trim()
+                next_trim = time.monotonic() + self.options.trim_interval_s
             try:
                 timeout = self.run_once()
             except Exception:
@@ -549,4 +555,3 @@ def _ctc_confidence(entries: tuple[NBestEntry, ...]) -> float:
         return 0.0
     weights = np.exp(scores - scores.max())
     return float(weights[0] / weights.sum())
-

@@ -203,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                 redis_url = local.url
             sip_port, metrics_port = write_config(workdir / "soak.yaml", redis_url, model_dir, args.calls, args.threads)
             env = {k: v for k, v in os.environ.items() if not k.startswith("ASR_")}
+            env.setdefault("MALLOC_ARENA_MAX", "2")  # as deploy/systemd/hotline-asr.service runs it
             with (workdir / "serve.log").open("wb") as log:
                 server = subprocess.Popen(
                     [sys.executable, "-m", "asr_gateway.cli", "serve", "--config", str(workdir / "soak.yaml")],

@@ -1,0 +1,40 @@
+"""Give freed heap memory back to the OS on glibc (``malloc_trim``).
+
+A long-running engine allocates tensors of many shapes (batch size and chunk length change every
+tick) from several threads. glibc keeps the freed blocks in per-thread arenas, so the process's
+resident size creeps up for hours although nothing leaks. ``malloc_trim(0)`` returns the free
+pages at the top of every arena and the unused pages inside them; calling it about once a
+minute keeps RSS flat at a cost of a few milliseconds. Elsewhere (musl, macOS) it is a no-op.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+from collections.abc import Callable
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        libc = ctypes.CDLL(name)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim  # type: ignore[no-any-return]
+
+
+def available() -> bool:
+    return _malloc_trim() is not None
+
+
+def trim() -> bool:
+    """Release free heap memory to the OS; True when glibc gave some back."""
+    function = _malloc_trim()
+    return bool(function(0)) if function is not None else False
