@@ -201,9 +201,11 @@ class Transcriber:
             ys_in_lens: torch.Tensor,
             r_ys_in_pad: torch.Tensor,
             reverse_weight: float,
+            *,
+            memory_rows: torch.Tensor,
         ) -> tuple[torch.Tensor, torch.Tensor]:
             out: tuple[torch.Tensor, torch.Tensor] = loaded.model.decoder(
-                memory, memory_mask, ys_in_pad, ys_in_lens, r_ys_in_pad, reverse_weight
+                memory, memory_mask, ys_in_pad, ys_in_lens, r_ys_in_pad, reverse_weight, memory_rows=memory_rows
             )
             captured.append(out)
             return out

@@ -1,5 +1,6 @@
 """Attention rescoring of CTC n-best lists with the bidirectional decoder, as WeNet scores it,
-batched over all hypotheses of all streams in one decoder call.
+batched over the hypotheses of all streams (decoder calls grouped by length, see
+:func:`length_groups`).
 
 Per hypothesis y of length L (WeNet's ``attention_rescoring``):
 
@@ -26,12 +27,15 @@ class DecoderFn(Protocol):
     """The bidirectional attention decoder, returning log-probabilities.
 
     Args:
-        memory: (M, T, D) encoder output per hypothesis row.
-        memory_mask: (M, 1, T) bool, True on valid encoder frames.
+        memory: (S, T, D) encoder output of each of the S utterances in the batch.
+        memory_mask: (S, 1, T) bool, True on valid encoder frames.
         ys_in_pad: (M, L + 1) long, [sos] + tokens, padded with eos.
         ys_in_lens: (M,) long, token count + 1.
         r_ys_in_pad: (M, L + 1) long, [sos] + reversed tokens, padded with eos.
         reverse_weight: weight of the right-to-left decoder (0 may skip it).
+        memory_rows: (M,) long, the utterance (row of ``memory``) of each hypothesis. The
+            hypotheses of one utterance share its memory, so a decoder projects the source
+            keys and values once per utterance instead of once per hypothesis.
     Returns:
         l2r (M, L + 1, V) and r2l (M, L + 1, V) log-softmax outputs; r2l may be empty
         when ``reverse_weight`` is 0.
@@ -45,6 +49,8 @@ class DecoderFn(Protocol):
         ys_in_lens: torch.Tensor,
         r_ys_in_pad: torch.Tensor,
         reverse_weight: float,
+        *,
+        memory_rows: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
@@ -85,8 +91,9 @@ class RescoreResult:
 class DecoderBatch:
     """Padded decoder inputs for M hypotheses drawn from S streams (see :class:`DecoderFn`)."""
 
-    memory: torch.Tensor  # (M, T_max, D)
-    memory_mask: torch.Tensor  # (M, 1, T_max) bool
+    memory: torch.Tensor  # (S, T_max, D)
+    memory_mask: torch.Tensor  # (S, 1, T_max) bool
+    memory_rows: torch.Tensor  # (M,) long: stream of each hypothesis
     ys_in_pad: torch.Tensor  # (M, L + 1) long
     ys_in_lens: torch.Tensor  # (M,) long
     r_ys_in_pad: torch.Tensor  # (M, L + 1) long
@@ -107,8 +114,7 @@ def build_decoder_batch(
     frames = torch.tensor([e.shape[0] for e in encoder_outs], device=device)  # (S,)
     encoders = torch.nn.utils.rnn.pad_sequence(list(encoder_outs), batch_first=True)  # (S, T_max, D)
     rows = torch.tensor(stream_of_row, device=device, dtype=torch.long)  # (M,)
-    memory = encoders.index_select(0, rows)  # (M, T_max, D)
-    memory_mask = (torch.arange(encoders.shape[1], device=device)[None, :] < frames[rows][:, None]).unsqueeze(1)
+    memory_mask = (torch.arange(encoders.shape[1], device=device)[None, :] < frames[:, None]).unsqueeze(1)
 
     ys_in = torch.full((num_rows, max_len + 1), eos, dtype=torch.long)
     r_ys_in = torch.full((num_rows, max_len + 1), eos, dtype=torch.long)
@@ -128,8 +134,9 @@ def build_decoder_batch(
     lens = torch.tensor([len(h) for h in hyps], dtype=torch.long)  # (M,)
     target_mask = torch.arange(max_len + 1)[None, :] <= lens[:, None]  # (M, L + 1)
     return DecoderBatch(
-        memory=memory,
+        memory=encoders,
         memory_mask=memory_mask,
+        memory_rows=rows,
         ys_in_pad=ys_in.to(device),
         ys_in_lens=(lens + 1).to(device),
         r_ys_in_pad=r_ys_in.to(device),
@@ -152,6 +159,43 @@ def sequence_scores(log_probs: torch.Tensor, targets: torch.Tensor, mask: torch.
     return picked.masked_fill(~mask.cpu(), 0.0).sum(1)
 
 
+PADDING_SLACK = 1.25
+"""A decoder call may spend this much more than its hypotheses' own lengths on padding ..."""
+PADDING_ALLOWANCE = 64
+"""... or this many padded token positions (about what one more call's overhead costs)."""
+
+
+def length_groups(
+    nbests: Sequence[Sequence[Hypothesis]], slack: float = PADDING_SLACK, allowance: int = PADDING_ALLOWANCE
+) -> list[list[int]]:
+    """Streams split into decoder calls of similar hypothesis length.
+
+    Every hypothesis of a call is padded to the call's longest, and the decoder's cost grows
+    with the padded length, so a short utterance rescored beside a long one costs as much as
+    the long one. Streams are taken shortest first and a new call starts when padding would
+    exceed both ``slack`` times the work the hypotheses need and ``allowance`` positions; a
+    few more, smaller calls cost far less than the padding they save. Returns stream indices
+    per call.
+    """
+    longest = [max(len(h.tokens) for h in nbest) + 1 for nbest in nbests]
+    groups: list[list[int]] = []
+    current: list[int] = []
+    rows = needed = 0
+    for s in sorted(range(len(nbests)), key=lambda s: longest[s]):
+        s_rows = len(nbests[s])
+        s_needed = sum(len(h.tokens) + 1 for h in nbests[s])
+        padded = (rows + s_rows) * longest[s]
+        if current and padded > slack * (needed + s_needed) and padded - needed - s_needed > allowance:
+            groups.append(current)
+            current, rows, needed = [], 0, 0
+        current.append(s)
+        rows += s_rows
+        needed += s_needed
+    if current:
+        groups.append(current)
+    return groups
+
+
 def attention_rescore(
     decoder_fn: DecoderFn,
     encoder_outs: Sequence[torch.Tensor],
@@ -161,8 +205,9 @@ def attention_rescore(
     eos: int,
     ctc_weight: float = 0.5,
     reverse_weight: float = 0.3,
+    padding_slack: float = PADDING_SLACK,
 ) -> list[RescoreResult]:
-    """Rescore the n-best lists of S streams with one decoder call.
+    """Rescore the n-best lists of S streams, batched into as few decoder calls as padding allows.
 
     Args:
         decoder_fn: the bidirectional decoder (see :class:`DecoderFn`).
@@ -171,6 +216,7 @@ def attention_rescore(
         sos, eos: decoder start/end ids (the same id in WeNet models).
         ctc_weight: weight of the CTC prefix score.
         reverse_weight: weight of the right-to-left decoder score.
+        padding_slack: see :func:`length_groups`; ``math.inf`` puts every stream in one call.
     Returns:
         S results, in stream order.
     """
@@ -181,14 +227,28 @@ def attention_rescore(
     for s, nbest in enumerate(nbests):
         if not nbest:
             raise ValueError(f"stream {s} has an empty n-best list")
-    batch = build_decoder_batch(encoder_outs, nbests, sos, eos)
-    with torch.inference_mode():
-        l2r_logp, r2l_logp = decoder_fn(
-            batch.memory, batch.memory_mask, batch.ys_in_pad, batch.ys_in_lens, batch.r_ys_in_pad, reverse_weight
-        )
-    l2r = sequence_scores(l2r_logp, batch.targets, batch.target_mask).tolist()
-    use_r2l = reverse_weight > 0.0 and r2l_logp.numel() > 0
-    r2l = sequence_scores(r2l_logp, batch.r_targets, batch.target_mask).tolist() if use_r2l else [0.0] * len(l2r)
+    l2r: list[float] = [0.0] * sum(len(nbest) for nbest in nbests)
+    r2l: list[float] = [0.0] * len(l2r)
+    first_row = [0]
+    for nbest in nbests:
+        first_row.append(first_row[-1] + len(nbest))
+    use_r2l = reverse_weight > 0.0
+    for group in length_groups(nbests, padding_slack):
+        batch = build_decoder_batch([encoder_outs[s] for s in group], [nbests[s] for s in group], sos, eos)
+        with torch.inference_mode():
+            l2r_logp, r2l_logp = decoder_fn(
+                batch.memory, batch.memory_mask, batch.ys_in_pad, batch.ys_in_lens, batch.r_ys_in_pad,
+                reverse_weight, memory_rows=batch.memory_rows,
+            )  # fmt: skip
+        group_rows = [row for s in group for row in range(first_row[s], first_row[s + 1])]
+        use_r2l = use_r2l and r2l_logp.numel() > 0
+        scores = sequence_scores(l2r_logp, batch.targets, batch.target_mask).tolist()
+        for row, score in zip(group_rows, scores, strict=True):
+            l2r[row] = score
+        if use_r2l:
+            scores = sequence_scores(r2l_logp, batch.r_targets, batch.target_mask).tolist()
+            for row, score in zip(group_rows, scores, strict=True):
+                r2l[row] = score
 
     results = []
     row = 0

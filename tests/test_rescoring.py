@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from asr_core.ctc_search import Hypothesis
-from rescoring.attention import attention_rescore, build_decoder_batch
+from asr_core.model.attention import MultiHeadedAttention
+from rescoring.attention import attention_rescore, build_decoder_batch, length_groups
 
 FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "wenet_u2pp_small"
 needs_fixture = pytest.mark.skipif(
@@ -68,6 +69,8 @@ class StoredDecoder:
         ys_in_lens: torch.Tensor,
         r_ys_in_pad: torch.Tensor,
         reverse_weight: float,
+        *,
+        memory_rows: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         self.calls.append(tuple(ys_in_pad.shape))
         gen = torch.Generator().manual_seed(0)
@@ -78,8 +81,9 @@ class StoredDecoder:
             tokens = tuple(ys_in_pad[i, 1:n].tolist())
             assert tuple(r_ys_in_pad[i, 1:n].tolist()) == tokens[::-1]
             assert (ys_in_pad[i, n:] == EOS).all() and (r_ys_in_pad[i, n:] == EOS).all()
-            case = int(memory[i, 0, 0])
-            assert int(memory_mask[i, 0].sum()) == self.frames[case]
+            stream = int(memory_rows[i])
+            case = int(memory[stream, 0, 0])
+            assert int(memory_mask[stream, 0].sum()) == self.frames[case]
             stored_l2r, stored_r2l = self.rows[(case, *tokens)]
             l2r[i, :n] = torch.from_numpy(stored_l2r)
             r2l[i, :n] = torch.from_numpy(stored_r2l)
@@ -91,7 +95,10 @@ def test_rescoring_on_stored_decoder_outputs_matches_wenet(decoding: dict[str, A
     decoder = StoredDecoder(decoding, CASES)
     encoders = [torch.full((decoder.frames[k], 128), float(k)) for k in range(len(CASES))]
     results = attention_rescore(decoder, encoders, [nbest_of(decoding, u, m) for u, m in CASES], sos=SOS, eos=EOS)
-    assert len(decoder.calls) == 1  # all hypotheses of all streams in one decoder call
+    nbests = [nbest_of(decoding, u, m) for u, m in CASES]
+    # streams of similar length share a decoder call; every hypothesis is scored exactly once
+    assert len(decoder.calls) == len(length_groups(nbests))
+    assert sum(rows for rows, _ in decoder.calls) == sum(len(n) for n in nbests)
     for (utt, mode), result in zip(CASES, results, strict=True):
         expected = decoding[utt][mode]
         winner = expected["attention_rescoring"]
@@ -141,9 +148,11 @@ class ToyDecoder(torch.nn.Module):
         ys_in_lens: torch.Tensor,
         r_ys_in_pad: torch.Tensor,
         reverse_weight: float,
+        *,
+        memory_rows: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        weights = memory_mask.transpose(1, 2).float()  # (M, T, 1)
-        context = (memory * weights).sum(1) / weights.sum(1)  # (M, D)
+        weights = memory_mask.transpose(1, 2).float()  # (S, T, 1)
+        context = ((memory * weights).sum(1) / weights.sum(1))[memory_rows]  # (M, D)
 
         def run(ys: torch.Tensor) -> torch.Tensor:
             prefix = self.embed[ys].cumsum(1)  # (M, L + 1, D): causal summary of the prefix
@@ -171,6 +180,29 @@ def test_batched_streams_equal_each_stream_alone() -> None:
             assert a.score == pytest.approx(b.score, abs=1e-4)
             assert a.l2r_score == pytest.approx(b.l2r_score, abs=1e-4)
             assert a.r2l_score == pytest.approx(b.r2l_score, abs=1e-4)
+
+
+def test_length_groups_keep_short_utterances_apart_from_long_ones() -> None:
+    def nbest(length: int, count: int = 3) -> list[Hypothesis]:
+        return [Hypothesis(tuple(range(2, 2 + length + i % 2)), -float(i)) for i in range(count)]
+
+    nbests = [nbest(3), nbest(40), nbest(4), nbest(38), nbest(2), nbest(41)]
+    groups = length_groups(nbests)
+    assert sorted(s for g in groups for s in g) == list(range(len(nbests)))
+    assert [sorted(g) for g in groups] == [[0, 2, 4], [1, 3, 5]]
+    assert length_groups([nbest(10)] * 5) == [[0, 1, 2, 3, 4]]  # equal lengths: one call
+
+
+def test_shared_memory_source_attention_equals_per_row_memory() -> None:
+    torch.manual_seed(0)
+    attention = MultiHeadedAttention(4, 16, 0.0).eval()
+    memory = torch.randn(3, 9, 16)
+    mask = torch.arange(9)[None, None, :] < torch.tensor([9, 5, 7])[:, None, None]  # (3, 1, 9)
+    rows = torch.tensor([0, 0, 1, 2, 2, 2])
+    query = torch.randn(6, 4, 16)
+    shared = attention.forward_shared_memory(query, memory, mask, rows)
+    copied = attention(query, memory[rows], memory[rows], mask[rows])
+    torch.testing.assert_close(shared, copied, rtol=1e-5, atol=1e-6)
 
 
 def test_reverse_weight_zero_uses_left_to_right_only() -> None:

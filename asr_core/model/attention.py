@@ -131,6 +131,19 @@ class MultiHeadedAttention(nn.Module):
         v = self._heads(value, self.linear_v)
         return self.attend(q, k, v, self.scores(q, k, key_positions, table_rows), mask)
 
+    def forward_shared_memory(self, query: Tensor, memory: Tensor, memory_mask: Tensor, rows: Tensor) -> Tensor:
+        """Source attention where many query rows share a memory row (an utterance's n-best).
+
+        query: (N, T1, D); memory: (S, T2, D); memory_mask: (S, 1, T2) bool; rows: (N,) long,
+        the memory row of each query row. Keys and values are projected once per memory row
+        and then gathered, instead of projecting each hypothesis' copy of the same memory.
+        Returns (N, T1, D), the same as ``forward(query, memory[rows], memory[rows], mask[rows])``.
+        """
+        q = self._heads(query, self.linear_q)
+        k = self._heads(memory, self.linear_k).index_select(0, rows)
+        v = self._heads(memory, self.linear_v).index_select(0, rows)
+        return self.attend(q, k, v, self.scores(q, k, None, 0), memory_mask.index_select(0, rows))
+
     def forward_cached(
         self,
         x: Tensor,

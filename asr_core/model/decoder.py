@@ -33,14 +33,23 @@ class DecoderLayer(nn.Module):
         self.dropout = nn.Dropout(conf.dropout_rate)
         self.normalize_before = conf.normalize_before
 
-    def forward(self, tgt: Tensor, tgt_mask: Tensor, memory: Tensor, memory_mask: Tensor) -> Tensor:
-        """tgt: (N, L, D); tgt_mask: (N, L, L); memory: (N, T', D); memory_mask: (N, 1, T')."""
+    def forward(
+        self, tgt: Tensor, tgt_mask: Tensor, memory: Tensor, memory_mask: Tensor, memory_rows: Tensor | None = None
+    ) -> Tensor:
+        """tgt: (N, L, D); tgt_mask: (N, L, L); memory: (N, T', D); memory_mask: (N, 1, T').
+
+        With ``memory_rows`` (N,), memory and memory_mask hold S < N distinct rows and target
+        row i attends to memory row ``memory_rows[i]`` (hypotheses of one utterance).
+        """
         nb = self.normalize_before
         x = self.norm1(tgt) if nb else tgt
         x = tgt + self.dropout(self.self_attn(x, x, x, tgt_mask))
         x = x if nb else self.norm1(x)
         y = self.norm2(x) if nb else x
-        x = x + self.dropout(self.src_attn(y, memory, memory, memory_mask))
+        if memory_rows is None:
+            x = x + self.dropout(self.src_attn(y, memory, memory, memory_mask))
+        else:
+            x = x + self.dropout(self.src_attn.forward_shared_memory(y, memory, memory_mask, memory_rows))
         x = x if nb else self.norm2(x)
         y = self.norm3(x) if nb else x
         x = x + self.dropout(self.feed_forward(y))
@@ -68,10 +77,12 @@ class TransformerDecoder(nn.Module):
         ys_in_lens: Tensor,
         r_ys_in_pad: Tensor | None = None,
         reverse_weight: float = 0.0,
+        memory_rows: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """memory: (N, T', D); memory_mask: (N, 1, T') bool; ys_in_pad: (N, L) int64 starting
         with sos; ys_in_lens: (N,). Returns (log-probs (N, L, V), empty tensor): row j
-        predicts token j+1; a unidirectional decoder has no right-to-left output."""
+        predicts token j+1; a unidirectional decoder has no right-to-left output.
+        ``memory_rows`` (N,): memory has fewer rows, shared (see ``DecoderLayer.forward``)."""
         length = ys_in_pad.size(1)
         tgt_mask = ~make_pad_mask(ys_in_lens, length).unsqueeze(1)  # (N, 1, L)
         tgt_mask = tgt_mask & subsequent_mask(length, ys_in_pad.device).unsqueeze(0)  # (N, L, L)
@@ -80,7 +91,7 @@ class TransformerDecoder(nn.Module):
         assert isinstance(pos_enc, PositionalEncoding)
         x = pos_enc(embedding(ys_in_pad), torch.arange(length, device=ys_in_pad.device))
         for layer in self.decoders:
-            x = layer(x, tgt_mask, memory, memory_mask)
+            x = layer(x, tgt_mask, memory, memory_mask, memory_rows)
         if self.normalize_before:
             x = self.after_norm(x)
         logp = torch.log_softmax(self.output_layer(x), dim=-1)
@@ -103,13 +114,14 @@ class BiTransformerDecoder(nn.Module):
         ys_in_lens: Tensor,
         r_ys_in_pad: Tensor,
         reverse_weight: float = 0.0,
+        memory_rows: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """r_ys_in_pad: (N, L) sos + reversed tokens, eos padding.
 
         Returns (l2r log-probs (N, L, V), r2l log-probs (N, L, V); empty if reverse_weight is 0).
         """
-        l2r, empty = self.left_decoder(memory, memory_mask, ys_in_pad, ys_in_lens)
+        l2r, empty = self.left_decoder(memory, memory_mask, ys_in_pad, ys_in_lens, memory_rows=memory_rows)
         if reverse_weight <= 0.0:
             return l2r, empty
-        r2l, _ = self.right_decoder(memory, memory_mask, r_ys_in_pad, ys_in_lens)
+        r2l, _ = self.right_decoder(memory, memory_mask, r_ys_in_pad, ys_in_lens, memory_rows=memory_rows)
         return l2r, r2l

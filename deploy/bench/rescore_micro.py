@@ -1,0 +1,160 @@
+"""Micro-benchmark of the finalizer's rescoring call: the bidirectional decoder over the n-best
+lists of several utterances that end in the same tick.
+
+    python -m deploy.bench.rescore_micro --arch aishell --streams 16 --threads 1
+
+Utterances last 2-8 s (50-200 encoder frames, drawn with a fixed seed), carry about 4
+characters per second, and each has a ``--beam``-long n-best list whose hypotheses differ by a
+token or two, as a CTC prefix beam search yields. Each call is one ``attention_rescore`` of all
+``--streams`` utterances, timed by the calling thread's CPU time (with one torch thread the
+decoder runs in it, so other jobs on a shared machine barely move the number) and by the
+wall clock; the minimum of ``--repeat`` calls is the number to compare, for the float and the
+int8 decoder (the one the ``*-int8`` backends use), measured in the same run. ``baseline``
+is the same work done the simple way, in the same run: one call for all utterances, each
+hypothesis with its own copy of the encoder output (source keys/values projected per
+hypothesis); ``speedup`` is baseline / grouped CPU time.
+``per_utterance_ms`` divided by the utterance length is the rescoring cost per second of speech.
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from asr_core.backends import rescoring_decoder
+from asr_core.ctc_search import Hypothesis
+from asr_core.model.loader import LoadedModel, load_wenet_model
+from deploy.bench.make_random_model import ARCHS, make_random_model
+from rescoring.attention import PADDING_SLACK, attention_rescore
+
+CHARS_PER_FRAME = 0.16  # ~4 characters per second at 40 ms frames
+
+
+def utterances(
+    loaded: LoadedModel, streams: int, beam: int, seed: int
+) -> tuple[list[torch.Tensor], list[list[Hypothesis]]]:
+    """Random encoder outputs and n-best lists shaped like real utterances'."""
+    rng = random.Random(seed)
+    generator = torch.Generator().manual_seed(seed)
+    vocab = loaded.vocab_size
+    outs, nbests = [], []
+    for _ in range(streams):
+        frames = rng.randint(50, 200)
+        outs.append(torch.randn(frames, loaded.d_model, generator=generator))
+        base = [rng.randrange(2, vocab - 1) for _ in range(max(1, round(frames * CHARS_PER_FRAME)))]
+        nbest = []
+        for rank in range(beam):
+            tokens = list(base)
+            if rank:
+                position = rng.randrange(len(tokens))
+                if rank % 3 == 1 and len(tokens) > 1:
+                    del tokens[position]
+                elif rank % 3 == 2:
+                    tokens.insert(position, rng.randrange(2, vocab - 1))
+                else:
+                    tokens[position] = rng.randrange(2, vocab - 1)
+            nbest.append(Hypothesis(tuple(tokens), -float(rank)))
+        nbests.append(nbest)
+    return outs, nbests
+
+
+class CopiedMemory:
+    """The decoder fed one copy of the memory per hypothesis row (the baseline)."""
+
+    def __init__(self, decoder: torch.nn.Module) -> None:
+        self.decoder = decoder
+
+    def __call__(
+        self,
+        memory: torch.Tensor,
+        memory_mask: torch.Tensor,
+        ys_in_pad: torch.Tensor,
+        ys_in_lens: torch.Tensor,
+        r_ys_in_pad: torch.Tensor,
+        reverse_weight: float,
+        *,
+        memory_rows: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        out: tuple[torch.Tensor, torch.Tensor] = self.decoder(
+            memory[memory_rows], memory_mask[memory_rows], ys_in_pad, ys_in_lens, r_ys_in_pad, reverse_weight
+        )
+        return out
+
+
+def time_rescoring(
+    decoder_fn: Any, outs: list[torch.Tensor], nbests: list[list[Hypothesis]], loaded: LoadedModel,
+    slack: float, warmup: int, repeat: int,
+) -> tuple[list[float], list[float]]:  # fmt: skip
+    """(wall ms, thread CPU ms) of each timed call."""
+    times, cpu_times = [], []
+    for i in range(warmup + repeat):
+        started, cpu_started = time.perf_counter(), time.thread_time()
+        attention_rescore(decoder_fn, outs, nbests, sos=loaded.sos_id, eos=loaded.eos_id, padding_slack=slack)
+        if i >= warmup:
+            times.append((time.perf_counter() - started) * 1000.0)
+            cpu_times.append((time.thread_time() - cpu_started) * 1000.0)
+    return times, cpu_times
+
+
+def run(loaded: LoadedModel, streams: int, beam: int, warmup: int, repeat: int, seed: int) -> dict[str, Any]:
+    outs, nbests = utterances(loaded, streams, beam, seed)
+    seconds = sum(o.shape[0] for o in outs) * loaded.subsampling * 0.01
+    decoders = {"float": loaded.model.decoder.eval(), "int8": rescoring_decoder("torch-int8", loaded.model.decoder)}
+    results: dict[str, Any] = {"streams": streams, "beam": beam, "speech_s": round(seconds, 2)}
+    for name, decoder in decoders.items():
+        times, cpu_times = time_rescoring(decoder, outs, nbests, loaded, PADDING_SLACK, warmup, repeat)
+        _, baseline = time_rescoring(CopiedMemory(decoder), outs, nbests, loaded, math.inf, warmup, repeat)
+        best = min(cpu_times)
+        results[name] = {
+            "baseline_cpu_ms_min": round(min(baseline), 2),
+            "speedup": round(min(baseline) / best, 2),
+            "cpu_ms_min": round(best, 2),
+            "wall_ms_min": round(min(times), 2),
+            "wall_ms_median": round(statistics.median(times), 2),
+            "per_utterance_ms": round(best / streams, 2),
+            "cpu_s_per_speech_s": round(best / 1000.0 / seconds, 4),
+        }
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--arch", choices=sorted(ARCHS), help="random-weight model of this architecture")
+    source.add_argument("--model", type=Path, help="WeNet model directory")
+    parser.add_argument("--streams", type=int, default=16, help="utterances rescored per call")
+    parser.add_argument("--beam", type=int, default=10, help="hypotheses per utterance")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    report: dict[str, Any] = {
+        "model": str(args.model) if args.model else f"random:{args.arch}",
+        "threads": args.threads,
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = args.model
+        if model_dir is None:
+            model_dir = Path(tmp)
+            make_random_model(args.arch, model_dir)
+        loaded = load_wenet_model(model_dir)
+    report.update(run(loaded, args.streams, args.beam, args.warmup, args.repeat, args.seed))
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
