@@ -5,7 +5,11 @@
 calls of random length (a random window of the bundled recordings) back to back, so calls
 start and end all the time. Every ``--report-s`` (default 60 s) it prints one JSON line with
 the service's RSS, open file descriptors and threads (from /proc) and the call counts; at the
-end one JSON summary with the growth after warm-up (the first report). Not part of CI.
+end one JSON summary with the growth after warm-up (the first report). A call the service
+refuses with 503 (no free engine slot: a slot is freed when the previous call's final is
+flushed, which trails its BYE when the engine is behind) is counted in ``calls_refused_503``
+and the caller tries again a second later, as a PBX would; any other failure fails the soak.
+Not part of CI.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ SAMPLE_RATE = 16000
 class Counts:
     completed: int = 0
     failed: int = 0
+    refused: int = 0
     errors: list[str] = field(default_factory=list)
 
 
@@ -131,6 +136,11 @@ async def caller(
         )  # fmt: skip
         if result.returncode == 0:
             counts.completed += 1
+        elif "SIP/2.0 503" in result.errors:
+            # Full node: the engine frees a call's slot only after its final is flushed, which
+            # can trail the BYE; a PBX would try again later (Retry-After) or elsewhere.
+            counts.refused += 1
+            await asyncio.sleep(1.0)
         else:
             counts.failed += 1
             counts.errors = [*counts.errors[-4:], result.errors[-300:]]
@@ -157,7 +167,8 @@ async def soak(
             sample = await asyncio.to_thread(process_sample, pid)
             active = await asyncio.to_thread(active_calls, metrics_port)
             report = {"elapsed_s": round(time.monotonic() - began), **sample, "active_calls": active,
-                      "calls_completed": counts.completed, "calls_failed": counts.failed}  # fmt: skip
+                      "calls_completed": counts.completed, "calls_failed": counts.failed,
+                      "calls_refused_503": counts.refused}  # fmt: skip
             reports.append(report)
             print(json.dumps(report), flush=True)
     for task in tasks:
@@ -170,6 +181,7 @@ async def soak(
         "minutes": args.minutes,
         "calls_completed": counts.completed,
         "calls_failed": counts.failed,
+        "calls_refused_503": counts.refused,
         "errors": counts.errors,
         "warm_up": warm,
         "end": final,
