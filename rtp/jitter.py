@@ -113,12 +113,39 @@ class ReorderBuffer:
         self._history = 0
         self._bad_seq: int | None = None
         self._expected_timestamp: int | None = None
-        self._previous: _Held | None = None
+        # The last played audio packet as (payload_type, payload, samples), for REPEAT
+        # concealment; None when the last thing played was not audio (comfort noise).
+        self._previous: tuple[int, bytes, int] | None = None
 
     @property
     def held(self) -> int:
         """Packets waiting for an earlier one."""
         return len(self._held)
+
+    def push_in_order(self, seq: int, timestamp: int, ssrc: int, payload_type: int, payload: bytes) -> bool:
+        """The common case without allocating frames: an audio packet that is exactly the next
+        one, of the usual size, starting where the previous one ended, with nothing held.
+
+        True: the packet is taken and plays now; the caller decodes `payload` itself (it is the
+        same as `push` returning one AUDIO frame of it). False: nothing changed; use `push`.
+        """
+        expected = self._next
+        if (
+            expected is None
+            or seq != expected & 0xFFFF
+            or ssrc != self.ssrc
+            or self._held
+            or timestamp != self._expected_timestamp
+            or len(payload) != self._packet_samples
+        ):
+            return False
+        self._unwrapper.highest = expected
+        self._next = expected + 1
+        self._bad_seq = None
+        self._expected_timestamp = (timestamp + len(payload)) & 0xFFFFFFFF
+        self._previous = (payload_type, payload, len(payload))
+        self._history = (self._history << 1 | 1) & _HISTORY_MASK
+        return True
 
     def push(
         self, seq: int, timestamp: int, ssrc: int, payload_type: int, payload: bytes, kind: PacketKind
@@ -227,12 +254,12 @@ class ReorderBuffer:
             isolated
             and self.loss_fill is LossFill.REPEAT_SINGLE
             and previous is not None
-            and previous.kind is PacketKind.AUDIO
             and self._expected_timestamp is not None
         ):
-            out.append(Frame(FrameKind.REPEAT, previous.payload_type, previous.payload, previous.samples))
-            self.stats.concealed_samples += previous.samples
-            self._expected_timestamp = (self._expected_timestamp + previous.samples) & 0xFFFFFFFF
+            payload_type, payload, samples = previous
+            out.append(Frame(FrameKind.REPEAT, payload_type, payload, samples))
+            self.stats.concealed_samples += samples
+            self._expected_timestamp = (self._expected_timestamp + samples) & 0xFFFFFFFF
 
     def _emit(self, packet: _Held, out: list[Frame]) -> None:
         if packet.kind is PacketKind.SKIP:
@@ -247,4 +274,6 @@ class ReorderBuffer:
         if packet.kind is PacketKind.AUDIO:
             out.append(Frame(FrameKind.AUDIO, packet.payload_type, packet.payload, packet.samples))
         self._expected_timestamp = (packet.timestamp + packet.samples) & 0xFFFFFFFF
-        self._previous = packet
+        self._previous = (
+            (packet.payload_type, packet.payload, packet.samples) if packet.kind is PacketKind.AUDIO else None
+        )

@@ -10,6 +10,7 @@ raise out of the datagram handlers.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import struct
 import time
 from collections.abc import Callable
@@ -33,6 +34,9 @@ Address = tuple[Any, ...]
 
 _RTP_HEADER = struct.Struct("!BBHII")
 _PLAIN_RTP_FIRST_BYTE = 0x80
+# RTCP packet types 192-223 in the second byte: RTCP multiplexed on the RTP port (RFC 5761).
+_RTCP_SECOND_BYTE_MIN = 192
+_RTCP_SECOND_BYTE_MAX = 223
 
 
 class _Datagrams(asyncio.DatagramProtocol):
@@ -54,6 +58,16 @@ class RtpLeg:
     left incomplete when packets stop is delivered with the next packet or at `close()`.
     on_end(reason) is called at most once: "rtp-timeout" after `inactivity_timeout_s` without
     packets (not counted while on hold), or "rtcp-bye". The owner still calls `close()`.
+
+    Source rule: `expected_remote` is the (address, port) the peer offered in its SDP. Valid
+    packets from it are always accepted, and latch it. Until the leg has latched a source, a
+    valid packet from any other address is accepted too and latches that address: a peer
+    behind NAT sends from an address its SDP does not know (symmetric RTP, RFC 4961). Once a
+    source is latched, packets from other addresses are dropped and counted in
+    `stats.foreign_packets`, except the SDP address, which takes the latch over. Without an
+    expected address the first valid source is latched. RTCP is accepted from the latched or
+    the SDP host. A re-INVITE that changes the SDP address (`set_expected_remote`) releases
+    the latch, so the next valid packet latches again by the same rule.
     """
 
     def __init__(
@@ -68,24 +82,34 @@ class RtpLeg:
         max_gap_fill_ms: int = 1000,
         low_latency_resampler: bool = False,
         resample_batch_ms: int = 40,
+        expected_remote: tuple[str, int] | None = None,
     ) -> None:
         self.stats = LegStats()
         self._sink = sink
         self._on_end = on_end
         self._timeout_s = inactivity_timeout_s
         self._buffer = ReorderBuffer(
-            reorder_ms=reorder_ms, clock_rate=CLOCK_RATE_HZ, loss_fill=loss_fill,
-            max_gap_fill_ms=max_gap_fill_ms, stats=self.stats,
+            reorder_ms=reorder_ms,
+            clock_rate=CLOCK_RATE_HZ,
+            loss_fill=loss_fill,
+            max_gap_fill_ms=max_gap_fill_ms,
+            stats=self.stats,
         )
         self._upsampler = Upsampler(low_latency=low_latency_resampler)
         self._batch_samples = resample_batch_ms * CLOCK_RATE_HZ // 1000
-        self._pending: list[np.ndarray] = []
-        self._pending_samples = 0
+        # Audio waiting for the next resampler call, in order: G.711 bytes of one codec not yet
+        # decoded (`_raw`, decoded with `_raw_table`), after decoded PCM (`_pcm`).
+        self._raw: list[bytes] = []
+        self._raw_table: np.ndarray | None = None
+        self._pcm: list[np.ndarray] = []
+        self._queued_samples = 0
         self._kinds: dict[int, PacketKind] = {}
-        self._codecs: dict[int, str] = {}
+        self._tables: dict[int, np.ndarray] = {}
         self._telephone_events: set[int] = set()
         self.set_payload_types(payload_types)
         self._remote: Address | None = None
+        self._expected: tuple[str, int] | None = None
+        self.set_expected_remote(expected_remote)
         self._rtp_transport: asyncio.DatagramTransport | None = None
         self._rtcp_transport: asyncio.DatagramTransport | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -95,7 +119,7 @@ class RtpLeg:
         self._closed = False
         self._jitter_ticks = 0.0
         self._jitter_arrival = 0.0
-        self._jitter_timestamp: int | None = None
+        self._jitter_timestamp = 0
         self._jitter_ssrc = -1
 
     @property
@@ -107,8 +131,13 @@ class RtpLeg:
 
     @property
     def remote(self) -> Address | None:
-        """The latched RTP source address, None until the first valid packet."""
+        """The latched RTP source address, None until the first accepted packet."""
         return self._remote
+
+    @property
+    def expected_remote(self) -> tuple[str, int] | None:
+        """The peer's RTP address from its SDP, None when not known."""
+        return self._expected
 
     async def open(self, host: str, port: int) -> None:
         """Bind RTP on (host, port) and RTCP on port + 1; OSError if either is taken."""
@@ -131,18 +160,43 @@ class RtpLeg:
     def set_payload_types(self, payload_types: dict[int, str]) -> None:
         """Apply a new SDP answer's payload type map (re-INVITE); unknown names are skipped."""
         kinds: dict[int, PacketKind] = {}
-        codecs: dict[int, str] = {}
+        tables: dict[int, np.ndarray] = {}
         events: set[int] = set()
         for number, name in payload_types.items():
             encoding = name.upper()
             if encoding in DECODE_TABLES:
                 kinds[number] = PacketKind.AUDIO
-                codecs[number] = encoding
+                tables[number] = DECODE_TABLES[encoding]
             elif encoding == "CN":
                 kinds[number] = PacketKind.COMFORT_NOISE
             elif encoding == "TELEPHONE-EVENT":
                 events.add(number)
-        self._kinds, self._codecs, self._telephone_events = kinds, codecs, events
+        self._kinds, self._tables, self._telephone_events = kinds, tables, events
+
+    def set_expected_remote(self, address: tuple[str, int] | None) -> None:
+        """The peer's SDP connection address and port (offer or re-INVITE); see the class doc.
+
+        None, port 0 or an unspecified address (0.0.0.0, ::, the old way to put a call on hold)
+        tell nothing new and keep the current expectation. A host name cannot match a packet's
+        source, so it leaves only the NAT rule. ValueError for a port outside 0-65535.
+        """
+        if address is None:
+            return
+        host, port = address
+        if not 0 <= port <= 65535:
+            raise ValueError(f"expected RTP port {port} is outside 0-65535")
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            normalized = (host, port)
+        else:
+            if ip.is_unspecified:
+                return
+            normalized = (ip.compressed, port)
+        if port == 0 or normalized == self._expected:
+            return
+        self._expected = normalized
+        self._remote = None
 
     def set_hold(self, on_hold: bool) -> None:
         """inactive/sendonly media suspends the inactivity timeout; resuming restarts it."""
@@ -150,21 +204,24 @@ class RtpLeg:
         self._last_seen = time.monotonic()
 
     def handle_rtp(self, data: bytes, addr: Address) -> None:
-        """Datagram handler of the RTP socket (public for tests and fuzzing)."""
+        """Datagram handler of the RTP socket (public for tests and fuzzing).
+
+        This runs for every packet of every call, so the common case (plain header, known
+        source, next packet in order) takes one unpack, one payload slice and no other object:
+        the payload is queued as bytes and decoded once per resampler batch.
+        """
         if self._closed:
             return
-        if is_rtcp(data):
-            self.handle_rtcp(data, addr)
-            return
-        remote = self._remote
-        if remote is not None and addr != remote:
-            self.stats.foreign_packets += 1
-            return
         if len(data) >= RTP_HEADER_LENGTH and data[0] == _PLAIN_RTP_FIRST_BYTE:
-            # Fast path (no padding, extension or CSRC): one unpack, no packet object.
             _, second, sequence_number, timestamp, ssrc = _RTP_HEADER.unpack_from(data)
+            if _RTCP_SECOND_BYTE_MIN <= second <= _RTCP_SECOND_BYTE_MAX:
+                self.handle_rtcp(data, addr)
+                return
             payload_type = second & 0x7F
             payload = data[RTP_HEADER_LENGTH:]
+        elif is_rtcp(data):
+            self.handle_rtcp(data, addr)
+            return
         else:
             try:
                 packet = RtpPacket.parse(data)
@@ -173,8 +230,8 @@ class RtpLeg:
                 return
             payload_type, sequence_number = packet.payload_type, packet.sequence_number
             timestamp, ssrc, payload = packet.timestamp, packet.ssrc, packet.payload
-        if remote is None:
-            self._remote = addr
+        if addr != self._remote and not self._admit(addr):
+            return
         now = time.monotonic()
         stats = self.stats
         stats.packets += 1
@@ -184,17 +241,34 @@ class RtpLeg:
         stats.last_packet_time = now
         self._last_seen = now
 
-        kind = self._kinds.get(payload_type)
-        if kind is None:
-            kind = PacketKind.SKIP
-            if payload_type in self._telephone_events:
+        table = self._tables.get(payload_type)
+        if table is not None:
+            # RFC 3550 section 6.4.1 interarrival jitter: J += (|D| - J) / 16, D in clock ticks.
+            if ssrc == self._jitter_ssrc:
+                transit_change = (now - self._jitter_arrival) * CLOCK_RATE_HZ - timestamp_diff(
+                    timestamp, self._jitter_timestamp
+                )
+                self._jitter_ticks += (abs(transit_change) - self._jitter_ticks) / 16
+                stats.jitter_ms = self._jitter_ticks * 1000 / CLOCK_RATE_HZ
+            self._jitter_ssrc, self._jitter_arrival, self._jitter_timestamp = ssrc, now, timestamp
+            if self._buffer.push_in_order(sequence_number, timestamp, ssrc, payload_type, payload):
+                if table is not self._raw_table:
+                    self._decode_raw()
+                    self._raw_table = table
+                self._raw.append(payload)
+                self._queued_samples += len(payload)
+                if self._queued_samples >= self._batch_samples:
+                    self._resample_queued()
+                return
+            kind = PacketKind.AUDIO
+        else:
+            kind = self._kinds.get(payload_type, PacketKind.SKIP)
+            if kind is PacketKind.COMFORT_NOISE:
+                stats.comfort_noise_packets += 1
+            elif payload_type in self._telephone_events:
                 stats.telephone_event_packets += 1
             else:
                 stats.unknown_payload_packets += 1
-        elif kind is PacketKind.AUDIO:
-            self._update_jitter(now, timestamp, ssrc)
-        else:
-            stats.comfort_noise_packets += 1
         frames = self._buffer.push(sequence_number, timestamp, ssrc, payload_type, payload, kind)
         if frames:
             self._deliver(frames)
@@ -203,8 +277,8 @@ class RtpLeg:
         """Datagram handler of the RTCP socket: counts packets and ends the leg on BYE."""
         if self._closed:
             return
-        remote = self._remote
-        if remote is not None and addr[0] != remote[0]:
+        remote, expected = self._remote, self._expected
+        if remote is not None and addr[0] != remote[0] and (expected is None or addr[0] != expected[0]):
             self.stats.foreign_packets += 1
             return
         try:
@@ -229,7 +303,7 @@ class RtpLeg:
             self._timer.cancel()
             self._timer = None
         self._deliver(self._buffer.flush())
-        self._resample_pending()
+        self._resample_queued()
         tail = self._upsampler.flush()
         if len(tail):
             self.stats.samples_out += len(tail)
@@ -241,66 +315,56 @@ class RtpLeg:
         self._rtp_transport = self._rtcp_transport = None
         return self.stats
 
-    def _update_jitter(self, now: float, timestamp: int, ssrc: int) -> None:
-        """RFC 3550 section 6.4.1: J += (|D| - J) / 16, D in timestamp ticks."""
-        previous = self._jitter_timestamp
-        if previous is not None and ssrc == self._jitter_ssrc:
-            transit_change = (now - self._jitter_arrival) * CLOCK_RATE_HZ - timestamp_diff(timestamp, previous)
-            self._jitter_ticks += (abs(transit_change) - self._jitter_ticks) / 16
-            self.stats.jitter_ms = self._jitter_ticks * 1000 / CLOCK_RATE_HZ
-        self._jitter_ssrc = ssrc
-        self._jitter_arrival = now
-        self._jitter_timestamp = timestamp
+    def _admit(self, addr: Address) -> bool:
+        """The source rule of the class doc, for a valid packet from an address not latched."""
+        expected = self._expected
+        if self._remote is None or (expected is not None and addr[0] == expected[0] and addr[1] == expected[1]):
+            self._remote = addr
+            return True
+        self.stats.foreign_packets += 1
+        return False
 
     def _deliver(self, frames: list[Frame]) -> None:
-        """Decode the frames (one table lookup per run of same-codec audio), resample, sink."""
-        codec = self._codecs.get(frames[0].payload_type) if len(frames) == 1 else None
-        if codec is not None and frames[0].kind is FrameKind.AUDIO:
-            pcm = DECODE_TABLES[codec][np.frombuffer(frames[0].payload, dtype=np.uint8)]
-        else:
-            pcm = self._decode_frames(frames)
-        if not len(pcm):
-            return
-        self._pending.append(pcm)
-        self._pending_samples += len(pcm)
-        if self._pending_samples >= self._batch_samples:
-            self._resample_pending()
+        """Queue the frames' audio (G.711 bytes, or silence for SILENCE frames and payload types
+        no longer known) and resample once a batch is full."""
+        for frame in frames:
+            table = self._tables.get(frame.payload_type) if frame.kind is not FrameKind.SILENCE else None
+            if table is None:
+                self._decode_raw()
+                self._pcm.append(np.zeros(frame.samples, dtype=np.int16))
+                self._queued_samples += frame.samples
+                continue
+            if table is not self._raw_table:
+                self._decode_raw()
+                self._raw_table = table
+            self._raw.append(frame.payload)
+            self._queued_samples += len(frame.payload)
+        if self._queued_samples >= self._batch_samples:
+            self._resample_queued()
 
-    def _resample_pending(self) -> None:
-        """One resampler call and one sink call per batch: soxr costs ~5 us per call of any
-        size up to 80 ms, so 40 ms batches halve it per packet."""
-        pending = self._pending
-        if not pending:
+    def _decode_raw(self) -> None:
+        """Decode the queued G.711 bytes with one table lookup (`take` is cheaper than indexing)."""
+        raw = self._raw
+        if not raw or self._raw_table is None:
             return
-        pcm = pending[0] if len(pending) == 1 else np.concatenate(pending)
-        self._pending = []
-        self._pending_samples = 0
+        data = raw[0] if len(raw) == 1 else b"".join(raw)
+        self._pcm.append(self._raw_table.take(np.frombuffer(data, dtype=np.uint8)))
+        self._raw = []
+
+    def _resample_queued(self) -> None:
+        """One decode, one resampler call and one sink call per batch: soxr costs ~5 us per call
+        of any size up to 80 ms, so 40 ms batches halve it per packet."""
+        self._decode_raw()
+        pcm_pieces = self._pcm
+        if not pcm_pieces:
+            return
+        pcm = pcm_pieces[0] if len(pcm_pieces) == 1 else np.concatenate(pcm_pieces)
+        self._pcm = []
+        self._queued_samples = 0
         out = self._upsampler.process(pcm)
         if len(out):
             self.stats.samples_out += len(out)
             self._sink.accept_waveform(out)
-
-    def _decode_frames(self, frames: list[Frame]) -> np.ndarray:
-        pieces: list[np.ndarray] = []
-        run: list[bytes] = []
-        run_codec: str | None = None
-        for frame in frames:
-            codec = self._codecs.get(frame.payload_type) if frame.kind is not FrameKind.SILENCE else None
-            if codec is not None and codec == run_codec:
-                run.append(frame.payload)
-                continue
-            if run_codec is not None:
-                pieces.append(DECODE_TABLES[run_codec][np.frombuffer(b"".join(run), dtype=np.uint8)])
-            if codec is None:
-                pieces.append(np.zeros(frame.samples, dtype=np.int16))
-                run, run_codec = [], None
-            else:
-                run, run_codec = [frame.payload], codec
-        if run_codec is not None:
-            pieces.append(DECODE_TABLES[run_codec][np.frombuffer(b"".join(run), dtype=np.uint8)])
-        if not pieces:
-            return np.zeros(0, dtype=np.int16)
-        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
     def _check_inactivity(self) -> None:
         """Runs once per timeout period (not per packet): re-arms for the remaining time."""

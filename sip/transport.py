@@ -13,7 +13,7 @@ import logging
 import ssl
 from collections import Counter
 from collections.abc import Callable, Coroutine
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from rtp.leg import RtpLeg
 from rtp.sink import PcmSink
@@ -48,6 +48,14 @@ class MediaLeg(Protocol):
     def set_hold(self, on_hold: bool) -> None: ...
 
     async def close(self) -> object: ...
+
+
+@runtime_checkable
+class AddressedMediaLeg(MediaLeg, Protocol):
+    """A leg that checks packet sources against the peer's SDP address (``RtpLeg`` does);
+    legs without it (test doubles) simply are not told the address."""
+
+    def set_expected_remote(self, address: tuple[str, int] | None) -> None: ...
 
 
 LegFactory = Callable[[PcmSink, dict[int, str], Callable[[str], None]], MediaLeg]
@@ -259,6 +267,8 @@ class SipServer:
             if entry is not None:
                 entry[0].set_payload_types(action.payload_types)
                 entry[0].set_hold(action.on_hold)
+                if isinstance(entry[0], AddressedMediaLeg):
+                    entry[0].set_expected_remote(action.remote)
         elif isinstance(action, StopMedia):
             self._close_leg(action.leg_id, action.call_id)
         elif isinstance(action, LegUpdated):
@@ -294,6 +304,8 @@ class SipServer:
             self._submit(self.core.media_ended(call_id, reason, self._now()))
 
         leg = self._leg_factory(action.sink, action.payload_types, on_end)
+        if isinstance(leg, AddressedMediaLeg):
+            leg.set_expected_remote(action.remote)
         try:
             await leg.open(self.media_host, action.port)
         except OSError as exc:

@@ -93,7 +93,10 @@ class SendMessage:
 
 @dataclass(frozen=True)
 class StartMedia:
-    """Open an RTP leg on ``port`` feeding ``sink``; when it ends, call ``UasCore.media_ended``."""
+    """Open an RTP leg on ``port`` feeding ``sink``; when it ends, call ``UasCore.media_ended``.
+
+    ``remote`` is the peer's RTP (address, port) from its SDP offer, None when it gave none.
+    """
 
     call: CallInfo
     leg: LegInfo
@@ -101,6 +104,7 @@ class StartMedia:
     payload_types: dict[int, str]
     on_hold: bool
     sink: PcmSink
+    remote: tuple[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,7 @@ class UpdateMedia:
     leg: LegInfo
     payload_types: dict[int, str]
     on_hold: bool
+    remote: tuple[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -449,7 +454,9 @@ class UasCore:
                 self.handler.call_ended(partial, "capacity")
             raise _Reject(503, self._retry_after()) from exc
         return [
-            StartMedia(call.info, leg.info, leg.port, dict(leg.plan.payload_types), leg.plan.on_hold, sink)
+            StartMedia(
+                call.info, leg.info, leg.port, dict(leg.plan.payload_types), leg.plan.on_hold, sink, leg.plan.remote
+            )
             for leg, sink in opened
         ]
 
@@ -592,14 +599,20 @@ class UasCore:
                 continue
             leg = existing
             info = LegInfo(leg.info.leg_id, plan.label, role, aor, plan.codec)
-            changed_media = plan.payload_types != leg.plan.payload_types or plan.on_hold != leg.plan.on_hold
+            changed_media = (
+                plan.payload_types != leg.plan.payload_types
+                or plan.on_hold != leg.plan.on_hold
+                or plan.remote != leg.plan.remote
+            )
             leg.plan = plan
             if info != leg.info:
                 leg.info = info
                 call.info = call.info.with_legs(call.leg_infos())
                 actions.append(LegUpdated(call.info, info))
             if changed_media:
-                actions.append(UpdateMedia(call.info.call_id, info, dict(plan.payload_types), plan.on_hold))
+                actions.append(
+                    UpdateMedia(call.info.call_id, info, dict(plan.payload_types), plan.on_hold, plan.remote)
+                )
         call.info = call.info.with_legs(call.leg_infos())
         if new_streams:
             actions += self._open_legs(call, new_streams)

@@ -125,9 +125,10 @@ def test_source_latching_bad_packets_and_events() -> None:
     async def scenario() -> None:
         leg, sink, port = await open_leg()
         packets = tone_packets("PCMU", seconds=0.2)
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as first, socket.socket(
-            socket.AF_INET, socket.SOCK_DGRAM
-        ) as other:
+        with (
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as first,
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as other,
+        ):
             first.sendto(b"\x00garbage", (HOST, port))
             first.sendto(packets[0], (HOST, port))
             await wait_for(lambda: leg.stats.packets == 1)
@@ -193,5 +194,138 @@ def test_open_reports_taken_port() -> None:
             with pytest.raises(OSError):
                 await leg.open(HOST, taken - 1)
             await leg.close()
+
+    asyncio.run(scenario())
+
+
+def test_sdp_address_is_accepted_and_strangers_after_it_are_dropped() -> None:
+    async def scenario() -> None:
+        leg, sink, port = await open_leg()
+        packets = tone_packets("PCMU", seconds=0.2)
+        with (
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer,
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as stranger,
+        ):
+            peer.bind((HOST, 0))
+            peer_address = (HOST, peer.getsockname()[1])
+            leg.set_expected_remote(peer_address)
+            peer.sendto(packets[0], (HOST, port))
+            await wait_for(lambda: leg.stats.packets == 1)
+            assert leg.remote == peer_address
+            for data in packets[1:3]:
+                stranger.sendto(data, (HOST, port))
+            for data in packets[1:]:
+                peer.sendto(data, (HOST, port))
+            await wait_for(lambda: leg.stats.packets == len(packets))
+            await wait_for(lambda: leg.stats.foreign_packets == 2)
+        stats = await leg.close()
+        assert leg.remote == peer_address
+        assert stats.lost == stats.duplicate == 0
+        assert sink.samples == stats.samples_out > 0
+
+    asyncio.run(scenario())
+
+
+def test_stranger_before_the_sdp_address_is_latched_until_the_peer_sends() -> None:
+    """The NAT case: the peer's packets come from an address its SDP does not name. The first
+    source is latched while nothing has come from the SDP address; the SDP address takes over."""
+
+    async def scenario() -> None:
+        sdp_address, nat_address, stranger = ("192.0.2.10", 4000), ("198.51.100.7", 61000), ("203.0.113.9", 5000)
+        leg, _, _ = await open_leg(expected_remote=sdp_address)
+        packets = tone_packets("PCMU", seconds=0.2)
+        leg.handle_rtp(b"\x00garbage", stranger)
+        assert leg.remote is None
+        for data in packets[:4]:
+            leg.handle_rtp(data, nat_address)
+        assert leg.remote == nat_address
+        leg.handle_rtp(packets[4], stranger)
+        assert leg.stats.foreign_packets == 1
+        for data in packets[4:7]:
+            leg.handle_rtp(data, sdp_address)
+        assert leg.remote == sdp_address
+        for data in packets[7:]:
+            leg.handle_rtp(data, nat_address)
+        stats = await leg.close()
+        assert stats.packets == 7
+        assert stats.foreign_packets == 1 + len(packets) - 7
+        assert stats.bad_packets == 1
+
+    asyncio.run(scenario())
+
+
+def test_expected_remote_changes() -> None:
+    async def scenario() -> None:
+        first, moved = ("192.0.2.10", 4000), ("192.0.2.20", 4100)
+        leg, _, _ = await open_leg(expected_remote=first)
+        packets = tone_packets("PCMU", seconds=0.1)
+        leg.handle_rtp(packets[0], first)
+        leg.set_expected_remote(("0.0.0.0", 4000))
+        leg.set_expected_remote(None)
+        leg.set_expected_remote(first)
+        assert (leg.expected_remote, leg.remote) == (first, first)
+        leg.set_expected_remote(moved)
+        assert (leg.expected_remote, leg.remote) == (moved, None)
+        leg.handle_rtp(packets[1], moved)
+        leg.handle_rtp(packets[2], first)
+        assert leg.remote == moved
+        assert (leg.stats.packets, leg.stats.foreign_packets) == (2, 1)
+        leg.set_expected_remote(("2001:db8:0::1", 4000))
+        assert leg.expected_remote == ("2001:db8::1", 4000)
+        with pytest.raises(ValueError, match="70000 is outside 0-65535"):
+            leg.set_expected_remote(("192.0.2.10", 70000))
+        await leg.close()
+
+    asyncio.run(scenario())
+
+
+class RecordingUpsampler:
+    """Stands in for the leg's resampler: keeps the 8 kHz PCM it is given and returns it.
+    (soxr dithers its int16 output, so two resamplers differ by 1-2 LSB on the same input.)"""
+
+    def __init__(self) -> None:
+        self.pieces: list[np.ndarray] = []
+
+    def process(self, samples: np.ndarray) -> np.ndarray:
+        self.pieces.append(samples.copy())
+        return samples
+
+    def flush(self) -> np.ndarray:
+        return np.zeros(0, dtype=np.int16)
+
+
+def test_in_order_fast_path_plays_what_the_frame_path_plays() -> None:
+    """The leg's fast path (`ReorderBuffer.push_in_order`, payload queued as bytes) and the
+    general frame path give the same decoded audio, in the same resampler calls, and the same
+    counters on a link with loss, reordering, duplicates and a talkspurt gap."""
+
+    async def scenario() -> None:
+        packets = tone_packets("PCMA", seconds=1.0)
+        order = list(range(50))
+        order[10], order[11] = order[11], order[10]
+        del order[20]
+        del order[30:32]
+        order.insert(40, 39)
+        arrivals = [packets[n] for n in order]
+        gap = RtpPacket.parse(arrivals[-1])
+        gap.timestamp += 800
+        arrivals[-1] = bytes(gap)
+        address = ("192.0.2.1", 4000)
+        results = []
+        for fast in (True, False):
+            leg, _, _ = await open_leg()
+            upsampler = leg._upsampler = RecordingUpsampler()  # type: ignore[assignment]
+            if not fast:
+                leg._buffer.push_in_order = lambda *args: False  # type: ignore[method-assign]
+            for data in arrivals:
+                leg.handle_rtp(data, address)
+            stats = await leg.close()
+            results.append((upsampler.pieces, stats.lost, stats.reordered, stats.duplicate, stats.concealed_samples))
+        (fast_pieces, *fast_counts), (slow_pieces, *slow_counts) = results
+        assert fast_counts == slow_counts
+        assert fast_counts[:3] == [3, 1, 1]
+        assert [len(piece) for piece in fast_pieces] == [len(piece) for piece in slow_pieces]
+        np.testing.assert_array_equal(np.concatenate(fast_pieces), np.concatenate(slow_pieces))
+        assert len(np.concatenate(fast_pieces)) == 50 * 160 + 800
 
     asyncio.run(scenario())
