@@ -3,10 +3,13 @@ held-out telephone recording of the seed sentence exactly."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from asr_core.model.loader import load_wenet_model
-from tests.demo_quality import DEMO_MODEL, SEED_TEXT, cer, demo_model_is_accurate, seed_transcript
+from tests.demo_quality import DEMO_MODEL, SEED_TEXT, SEED_WAV, cer, demo_model_is_accurate, seed_transcript
+
+BUNDLE = SEED_WAV.parent
 
 pytestmark = pytest.mark.skipif(not (DEMO_MODEL / "final.pt").is_file(), reason="no bundled demo model")
 
@@ -22,3 +25,19 @@ def test_demo_model_transcribes_the_seed_sentence() -> None:
     if not demo_model_is_accurate():
         pytest.xfail(f"the bundled demo model is under-trained (issue 7): CER {cer(text, SEED_TEXT):.0%}, got {text!r}")
     assert text == SEED_TEXT
+
+
+def test_streaming_engine_evaluation_equals_chunk_masked_decoding() -> None:
+    """``evaluate --backend torch`` decodes through the serving engine; with a cache window
+    longer than every utterance it must give the texts of the chunk-masked whole-utterance
+    decoding (which equals chunk-by-chunk streaming with an unlimited cache)."""
+    from asr_core.training import evaluate
+
+    loaded = load_wenet_model(DEMO_MODEL)
+    items = evaluate.read_audio(BUNDLE)
+    audio = [np.clip(np.rint(a), -32768, 32767) for _, _, a in items]  # the engine takes int16 PCM
+    assert max(len(a) for a in audio) / 16000 < 64 * 0.16  # every utterance fits the window below
+    masked = evaluate.decode(loaded, [evaluate.compute_fbank(a) for a in audio], chunk=4, beam=10)
+    streamed = evaluate.decode_streaming(loaded, audio, chunk_ms=160, backend="torch", left_chunks=64)
+    assert streamed["greedy"] == masked["greedy"]
+    assert streamed["rescore"] == masked["rescore"]

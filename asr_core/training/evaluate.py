@@ -7,6 +7,13 @@ A test set is a directory of WAVs (mono 16-bit, 8 or 16 kHz) plus ``text`` with
 160, 320 and 640 ms chunks (4, 8, 16 encoder frames; equal to chunk-by-chunk streaming with an
 unlimited cache) and with full context; CTC greedy search always, plus attention rescoring
 of the CTC prefix-beam n-best when ``rescoring.attention`` is available. Prints one JSON object.
+
+``--backend NAME`` (e.g. ``torch-int8``, ``onnxruntime-int8``) instead decodes every utterance
+through the shared streaming ``Engine`` with that chunk runner, exactly as calls are served:
+160/320/640 ms chunks with the engine's windowed cache (``--left-chunks``, default 8), the
+whole test set's streams batched together; "greedy" is the last CTC partial of each utterance,
+"rescore" its final. There is no full-context row in this mode. Running it for ``torch`` and an
+INT8 backend on the same test set gives the CER change of INT8 under serving conditions.
 """
 
 from __future__ import annotations
@@ -40,8 +47,8 @@ def edit_distance(ref: str, hyp: str) -> int:
     return previous[-1]
 
 
-def read_testset(testset: Path) -> list[tuple[str, str, np.ndarray]]:
-    """(utt_id, transcript, fbank (T, 80)) per line of ``<testset>/text``."""
+def read_audio(testset: Path) -> list[tuple[str, str, np.ndarray]]:
+    """(utt_id, transcript, 16 kHz float32 samples at int16 scale) per line of ``<testset>/text``."""
     items = []
     for line in (testset / "text").read_text(encoding="utf-8").splitlines():
         if not line.strip():
@@ -51,8 +58,56 @@ def read_testset(testset: Path) -> list[tuple[str, str, np.ndarray]]:
         audio = samples.astype(np.float32)
         if rate != 16000:
             audio = soxr.resample(audio, rate, 16000).astype(np.float32)
-        items.append((utt_id, transcript.strip(), compute_fbank(audio)))
+        items.append((utt_id, transcript.strip(), audio))
     return items
+
+
+def read_testset(testset: Path) -> list[tuple[str, str, np.ndarray]]:
+    """(utt_id, transcript, fbank (T, 80)) per line of ``<testset>/text``."""
+    return [(utt_id, text, compute_fbank(audio)) for utt_id, text, audio in read_audio(testset)]
+
+
+def decode_streaming(
+    loaded: LoadedModel, audio: list[np.ndarray], chunk_ms: int, backend: str, left_chunks: int
+) -> dict[str, list[str]]:
+    """Texts per method through the serving engine: every utterance one stream, all at once."""
+    from asr_core.endpoint import EndpointRules
+    from asr_core.engine import Engine, EngineOptions
+    from asr_core.events import Event, Final, Partial
+    from asr_core.stream import StreamConfig
+
+    never = 10**9  # one utterance per test item: endpoints only at the end of the input
+    options = EngineOptions(
+        max_streams=len(audio), max_batch=64, backend=backend, max_left_chunks=left_chunks, trim_interval_s=0,
+        behind_ms=float("inf"),  # audio arrives all at once: latency is meaningless here
+        endpoint=EndpointRules(trailing_silence_ms=never, leading_silence_ms=never, max_utterance_ms=never),
+    )  # fmt: skip
+    engine = Engine(loaded, options)
+    greedy: list[list[str]] = [[] for _ in audio]
+    finals: list[list[str]] = [[] for _ in audio]
+    last_partial: list[str] = ["" for _ in audio]
+
+    def collector(i: int) -> Any:
+        def on_event(event: Event) -> None:
+            if isinstance(event, Partial):
+                last_partial[i] = event.text
+            elif isinstance(event, Final):
+                greedy[i].append(last_partial[i])
+                finals[i].append(event.text)
+                last_partial[i] = ""
+
+        return on_event
+
+    streams = []
+    for i, samples in enumerate(audio):
+        config = StreamConfig(chunk_ms=chunk_ms, left_chunks=left_chunks, stream_id=f"utt{i}")
+        stream = engine.open_stream(config, collector(i))
+        stream.accept_waveform(np.clip(np.rint(samples), -32768, 32767).astype(np.int16))
+        stream.input_finished()
+        streams.append(stream)
+    while not all(stream.done.is_set() for stream in streams):
+        engine.run_once()
+    return {"greedy": ["".join(g) for g in greedy], "rescore": ["".join(f) for f in finals]}
 
 
 def _rescorer() -> Any:
@@ -104,17 +159,28 @@ def _text(loaded: LoadedModel, tokens: list[int]) -> str:
     return "".join(loaded.units[t] for t in tokens if loaded.units[t] not in ("<blank>", "<unk>", "<sos/eos>"))
 
 
-def evaluate(model_dir: Path, testset: Path, beam: int = 10, limit: int | None = None) -> dict[str, Any]:
+def evaluate(
+    model_dir: Path, testset: Path, beam: int = 10, limit: int | None = None, backend: str | None = None,
+    left_chunks: int = 8,
+) -> dict[str, Any]:  # fmt: skip
     loaded = load_wenet_model(model_dir)
-    items = read_testset(testset)[:limit]
+    items = read_audio(testset)[:limit]
     refs = [t for _, t, _ in items]
-    feats = [f for _, _, f in items]
+    audio = [a for _, _, a in items]
+    feats = [compute_fbank(a) for a in audio] if backend is None else []
     ref_chars = sum(len(r) for r in refs)
     result: dict[str, Any] = {"model": str(model_dir), "testset": str(testset), "utterances": len(items),
                               "reference_chars": ref_chars, "cer": {}, "examples": {}}
+    if backend is not None:
+        result.update(backend=backend, left_chunks=left_chunks)
     for mode, chunk in CHUNK_MODES.items():
+        if backend is not None and chunk < 0:
+            continue
         started = time.monotonic()
-        hyps = decode(loaded, feats, chunk, beam)
+        if backend is None:
+            hyps = decode(loaded, feats, chunk, beam)
+        else:
+            hyps = decode_streaming(loaded, audio, int(mode.removesuffix("ms")), backend, left_chunks)
         result["cer"][mode] = {
             method: round(sum(edit_distance(r, h) for r, h in zip(refs, texts, strict=True)) / max(ref_chars, 1), 4)
             for method, texts in hyps.items()
@@ -131,9 +197,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--beam", type=int, default=10, help="n-best size for rescoring; 0 = greedy only")
     parser.add_argument("--limit", type=int, help="only the first N utterances")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--backend", help="decode through the streaming engine with this chunk runner")
+    parser.add_argument("--left-chunks", type=int, default=8, help="with --backend: the cache window in chunks")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    print(json.dumps(evaluate(args.model, args.testset, args.beam, args.limit), ensure_ascii=False))
+    result = evaluate(args.model, args.testset, args.beam, args.limit, args.backend, args.left_chunks)
+    print(json.dumps(result, ensure_ascii=False))
 
 
 if __name__ == "__main__":
