@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, runtime_checkable
 
-from rtp.leg import RtpLeg
+from rtp.leg import END_RTCP_BYE, RtpLeg
 from rtp.sink import PcmSink
 from sip.app import CallHandler
 from sip.config import SipSettings
@@ -36,6 +36,10 @@ from sip.uas import (
 
 log = logging.getLogger(__name__)
 _READ_BYTES = 65536
+# A peer that hangs up often stops its stream first: pjmedia (pjsua, many softphones) sends its
+# RTCP BYE about 1 ms before the SIP BYE. Hanging up on the RTCP BYE at once records the wrong
+# end reason and crosses our BYE with the peer's; waiting this long lets the peer's BYE arrive.
+RTCP_BYE_GRACE_S = 0.5
 
 
 class MediaLeg(Protocol):
@@ -102,6 +106,7 @@ class SipServer:
         self._armed_at: float | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._calls_gone = asyncio.Event()
+        self._rtcp_bye_hangups: dict[str, asyncio.TimerHandle] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self.max_connections = settings.max_calls * 2 + 64
 
@@ -152,6 +157,8 @@ class SipServer:
             await asyncio.gather(*tasks, return_exceptions=True)
         if self._timer is not None:
             self._timer.cancel()
+        for handle in self._rtcp_bye_hangups.values():
+            handle.cancel()
         if self._worker is not None:
             self._worker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -301,7 +308,12 @@ class SipServer:
         call_id = action.call.call_id
 
         def on_end(reason: str) -> None:
-            self._submit(self.core.media_ended(call_id, reason, self._now()))
+            if reason != END_RTCP_BYE or self._loop is None:
+                self._media_ended(call_id, reason)
+            elif call_id not in self._rtcp_bye_hangups:
+                self._rtcp_bye_hangups[call_id] = self._loop.call_later(
+                    RTCP_BYE_GRACE_S, self._media_ended, call_id, reason
+                )
 
         leg = self._leg_factory(action.sink, action.payload_types, on_end)
         if isinstance(leg, AddressedMediaLeg):
@@ -316,6 +328,11 @@ class SipServer:
         if action.on_hold:
             leg.set_hold(True)
         self._legs[action.leg.leg_id] = (leg, action.port)
+
+    def _media_ended(self, call_id: str, reason: str) -> None:
+        """Hang up because the media ended (a no-op when the call has ended meanwhile)."""
+        self._rtcp_bye_hangups.pop(call_id, None)
+        self._submit(self.core.media_ended(call_id, reason, self._now()))
 
     def _close_leg(self, leg_id: str, call_id: str) -> None:
         entry = self._legs.pop(leg_id, None)
