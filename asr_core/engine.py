@@ -74,6 +74,26 @@ class EngineOptions:
     trim_interval_s: float = 60.0  # return freed heap to the OS this often (glibc); 0 = never
 
 
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_dtype(name: str, device: str) -> torch.dtype:
+    """The engine dtype for a config name on ``device``, or a ``ValueError`` that says why not.
+
+    float16 runs on GPUs only. bfloat16 runs on GPUs and on CPUs with native bf16 matmuls
+    (AVX512-BF16 or AMX), where it is about as fast as the int8 backends and needs no
+    quantization step: the model and the cache pool are cast, so the pool also halves.
+    """
+    if name not in DTYPES:
+        raise ValueError(f"engine dtype {name!r} unknown; choose one of {', '.join(DTYPES)}")
+    on_cpu = torch.device(device).type == "cpu"
+    if name == "float16" and on_cpu:
+        raise ValueError("engine dtype float16 needs a GPU; on a CPU use float32, or bfloat16 where supported")
+    if name == "bfloat16" and on_cpu and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        raise ValueError("engine dtype bfloat16: this CPU has no native bf16 support (AVX512-BF16/AMX); use float32")
+    return DTYPES[name]
+
+
 @dataclass(slots=True)
 class EngineStats:
     """Counters and bounded samples for metrics and benchmarks (read from any thread)."""

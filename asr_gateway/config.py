@@ -65,7 +65,9 @@ class EngineSettings(_Section):
     model_dir: Path | None = Field(None, description="WeNet model directory; default: the bundled demo model")
     device: str = "cpu"
     backend: str = Field("torch", description="torch, torch-int8, onnxruntime, onnxruntime-int8, tensorrt-fp16, ...")
-    dtype: Literal["float32", "float16"] = "float32"
+    dtype: Literal["float32", "float16", "bfloat16"] = Field(
+        "float32", description="float16 on GPUs; bfloat16 on GPUs and CPUs with AVX512-BF16/AMX"
+    )
     threads: int = Field(0, ge=0, description="intra-op threads on CPU; 0 = torch's default")
     max_streams: int = Field(256, ge=1, description="cache pool slots: the node's admission limit")
     max_batch: int = Field(64, ge=1)

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from asr_core.endpoint import EndpointRules
-from asr_core.engine import Engine, EngineOptions
+from asr_core.engine import Engine, EngineOptions, resolve_dtype
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_gateway.bridge import CallBridge
 from asr_gateway.config import ServiceConfig
@@ -73,7 +73,7 @@ def engine_options(config: ServiceConfig) -> EngineOptions:
             rules.blank_threshold, rules.trailing_silence_ms, rules.leading_silence_ms, rules.max_utterance_ms
         ),
         device=engine.device,
-        dtype=torch.float16 if on_gpu and engine.dtype == "float16" else torch.float32,
+        dtype=resolve_dtype(engine.dtype, engine.device) if on_gpu or engine.dtype == "bfloat16" else torch.float32,
         backend=engine.backend,
     )
 

@@ -21,7 +21,7 @@ import torch
 from asr_core.audio_io import read_wav
 from asr_core.ctc_search import ctc_greedy_batch, ctc_prefix_beam_search
 from asr_core.endpoint import EndpointRules
-from asr_core.engine import CapacityError, Engine, EngineOptions
+from asr_core.engine import CapacityError, Engine, EngineOptions, resolve_dtype
 from asr_core.events import Event, Final, Partial
 from asr_core.frontend import compute_fbank
 from asr_core.model.loader import LoadedModel, load_wenet_model
@@ -283,6 +283,32 @@ def test_int8_backend_rescores_with_an_int8_decoder_and_keeps_the_winners(
         ref = reference(loaded, samples, 320, 4)
         # int8 changes the numbers a little; on this fixture the greedy paths differ in a
         # token or two (see test_model_fast_paths), so compare the text loosely.
+        assert _edit_distance(final.tokens, ref.best) <= 0.2 * len(ref.best)
+
+
+def test_dtype_names_resolve_or_say_why_not() -> None:
+    assert resolve_dtype("float32", "cpu") is torch.float32
+    with pytest.raises(ValueError, match="float16 needs a GPU"):
+        resolve_dtype("float16", "cpu")
+    with pytest.raises(ValueError, match="unknown"):
+        resolve_dtype("int4", "cpu")
+
+
+@pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="this CPU has no native bf16")
+def test_bfloat16_engine_keeps_the_winners(loaded: LoadedModel, audio: list[np.ndarray]) -> None:
+    own = load_wenet_model(FIXTURE / "model")  # the engine casts the model it is given
+    engine = Engine(own, EngineOptions(max_streams=2, dtype=resolve_dtype("bfloat16", "cpu"), endpoint=NO_ENDPOINTS))
+    assert engine.pool.att.dtype == torch.bfloat16
+    collector = Collector()
+    streams = [engine.open_stream(StreamConfig(chunk_ms=160, left_chunks=8, stream_id=f"b{i}"), collector)
+               for i in range(2)]  # fmt: skip
+    for stream, samples in zip(streams, audio, strict=True):
+        stream.accept_waveform(samples)
+        stream.input_finished()
+    drain(engine, streams)
+    for i, samples in enumerate(audio):
+        (final,) = collector.finals(f"b{i}")
+        ref = reference(loaded, samples, 160, 8)
         assert _edit_distance(final.tokens, ref.best) <= 0.2 * len(ref.best)
 
 

@@ -68,11 +68,12 @@ def read_testset(testset: Path) -> list[tuple[str, str, np.ndarray]]:
 
 
 def decode_streaming(
-    loaded: LoadedModel, audio: list[np.ndarray], chunk_ms: int, backend: str, left_chunks: int
-) -> dict[str, list[str]]:
+    loaded: LoadedModel, audio: list[np.ndarray], chunk_ms: int, backend: str, left_chunks: int,
+    dtype: str = "float32",
+) -> dict[str, list[str]]:  # fmt: skip
     """Texts per method through the serving engine: every utterance one stream, all at once."""
     from asr_core.endpoint import EndpointRules
-    from asr_core.engine import Engine, EngineOptions
+    from asr_core.engine import Engine, EngineOptions, resolve_dtype
     from asr_core.events import Event, Final, Partial
     from asr_core.stream import StreamConfig
 
@@ -80,6 +81,7 @@ def decode_streaming(
     options = EngineOptions(
         max_streams=len(audio), max_batch=64, backend=backend, max_left_chunks=left_chunks, trim_interval_s=0,
         behind_ms=float("inf"),  # audio arrives all at once: latency is meaningless here
+        dtype=resolve_dtype(dtype, "cpu"),
         endpoint=EndpointRules(trailing_silence_ms=never, leading_silence_ms=never, max_utterance_ms=never),
     )  # fmt: skip
     engine = Engine(loaded, options)
@@ -161,7 +163,7 @@ def _text(loaded: LoadedModel, tokens: list[int]) -> str:
 
 def evaluate(
     model_dir: Path, testset: Path, beam: int = 10, limit: int | None = None, backend: str | None = None,
-    left_chunks: int = 8,
+    left_chunks: int = 8, dtype: str = "float32",
 ) -> dict[str, Any]:  # fmt: skip
     loaded = load_wenet_model(model_dir)
     items = read_audio(testset)[:limit]
@@ -172,7 +174,7 @@ def evaluate(
     result: dict[str, Any] = {"model": str(model_dir), "testset": str(testset), "utterances": len(items),
                               "reference_chars": ref_chars, "cer": {}, "examples": {}}
     if backend is not None:
-        result.update(backend=backend, left_chunks=left_chunks)
+        result.update(backend=backend, left_chunks=left_chunks, dtype=dtype)
     for mode, chunk in CHUNK_MODES.items():
         if backend is not None and chunk < 0:
             continue
@@ -180,7 +182,7 @@ def evaluate(
         if backend is None:
             hyps = decode(loaded, feats, chunk, beam)
         else:
-            hyps = decode_streaming(loaded, audio, int(mode.removesuffix("ms")), backend, left_chunks)
+            hyps = decode_streaming(loaded, audio, int(mode.removesuffix("ms")), backend, left_chunks, dtype)
         result["cer"][mode] = {
             method: round(sum(edit_distance(r, h) for r, h in zip(refs, texts, strict=True)) / max(ref_chars, 1), 4)
             for method, texts in hyps.items()
@@ -199,9 +201,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--backend", help="decode through the streaming engine with this chunk runner")
     parser.add_argument("--left-chunks", type=int, default=8, help="with --backend: the cache window in chunks")
+    parser.add_argument("--dtype", default="float32", help="with --backend: float32, or bfloat16 where supported")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    result = evaluate(args.model, args.testset, args.beam, args.limit, args.backend, args.left_chunks)
+    result = evaluate(args.model, args.testset, args.beam, args.limit, args.backend, args.left_chunks, args.dtype)
     print(json.dumps(result, ensure_ascii=False))
 
 

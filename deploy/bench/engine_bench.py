@@ -28,7 +28,7 @@ import torch
 from asr_core.audio_io import read_wav
 from asr_core.backends import BACKENDS
 from asr_core.endpoint import EndpointRules
-from asr_core.engine import Engine, EngineOptions
+from asr_core.engine import DTYPES, Engine, EngineOptions, resolve_dtype
 from asr_core.events import Event
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_core.stream import StreamConfig
@@ -49,6 +49,7 @@ class Trial:
     fast: bool
     backend: str = "torch"
     max_utterance_ms: int = 20000
+    dtype: str = "float32"
 
 
 def synthetic_speech(seconds: float, seed: int) -> np.ndarray:
@@ -82,7 +83,7 @@ def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray)
         allowed_chunk_ms=(trial.chunk_ms,),
         max_left_chunks=trial.left_chunks,
         device=device,
-        dtype=torch.float16 if device.startswith("cuda") else torch.float32,
+        dtype=resolve_dtype(trial.dtype, device),
         backend=trial.backend,
         endpoint=EndpointRules(max_utterance_ms=trial.max_utterance_ms),
     )
@@ -175,17 +176,16 @@ def _passes(result: dict[str, Any]) -> bool:
     return bool(result["realtime_ok"]) and result["partial_latency_ms"]["p95"] <= LATENCY_LIMIT_MS
 
 
-def find_max(
-    loaded: LoadedModel, base: Trial, device: str, audio: np.ndarray, start: int
-) -> tuple[int, list[dict]]:
+def find_max(loaded: LoadedModel, base: Trial, device: str, audio: np.ndarray, start: int) -> tuple[int, list[dict]]:
     """Largest stream count that passes: doubling, then bisection to within ~10 %."""
     trials: list[dict[str, Any]] = []
 
     def attempt(n: int) -> bool:
         result = run_trial(loaded, Trial(**{**base.__dict__, "streams": n}), device, audio)
         trials.append(result)
-        print(json.dumps({"trial": n, "ok": _passes(result), "p95": result["partial_latency_ms"]["p95"]}),
-              file=sys.stderr)
+        print(
+            json.dumps({"trial": n, "ok": _passes(result), "p95": result["partial_latency_ms"]["p95"]}), file=sys.stderr
+        )
         return _passes(result)
 
     return largest_passing(attempt, start), trials
@@ -248,8 +248,12 @@ def _load_model(args: argparse.Namespace, workdir: Path, audio: np.ndarray) -> L
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--model", type=Path, help="WeNet model directory")
-    source.add_argument("--arch", choices=["aishell", "wenetspeech", "small"], default="aishell",
-                        help="random-weight model of this shape (default: aishell)")
+    source.add_argument(
+        "--arch",
+        choices=["aishell", "wenetspeech", "small"],
+        default="aishell",
+        help="random-weight model of this shape (default: aishell)",
+    )
     load = parser.add_mutually_exclusive_group()
     load.add_argument("--streams", type=int, default=16)
     load.add_argument("--find-max", action="store_true", help="search the largest real-time stream count")
@@ -261,14 +265,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-wait-ms", type=float, default=20.0)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--backend", default="torch", choices=list(BACKENDS))
+    parser.add_argument("--dtype", choices=list(DTYPES), help="default: float16 on a GPU, float32 on a CPU")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: default)")
     parser.add_argument("--fast", action="store_true", help="feed as fast as possible (throughput)")
     parser.add_argument("--audio", type=Path, help="a 16 kHz mono WAV to feed instead of synthetic speech")
-    parser.add_argument("--max-utterance-ms", type=int, default=None,
-                        help="endpoint at this utterance length (default: 6000 for random models, which rarely "
-                             "emit 800 ms of blanks, so finals spread over the run as real speech's do; else 20000)")
-    parser.add_argument("--blank-rate", type=float, default=0.85,
-                        help="with --arch: share of frames a random model emits as blank, as trained models do")
+    parser.add_argument(
+        "--max-utterance-ms",
+        type=int,
+        default=None,
+        help="endpoint at this utterance length (default: 6000 for random models, which rarely "
+        "emit 800 ms of blanks, so finals spread over the run as real speech's do; else 20000)",
+    )
+    parser.add_argument(
+        "--blank-rate",
+        type=float,
+        default=0.85,
+        help="with --arch: share of frames a random model emits as blank, as trained models do",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -278,11 +291,28 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         loaded = _load_model(args, Path(tmp), audio)
     max_utterance_ms = args.max_utterance_ms or (20000 if args.model else 6000)
-    base = Trial(args.streams, args.seconds, args.chunk_ms, args.left_chunks, args.max_batch, args.max_wait_ms,
-                 args.fast, args.backend, max_utterance_ms)
-    header = {"arch": None if args.model else args.arch, "max_utterance_ms": max_utterance_ms,
-              "blank_rate": None if args.model else args.blank_rate, "model": str(args.model) if args.model else None,
-              "device": args.device, "backend": args.backend, "torch_threads": torch.get_num_threads()}
+    base = Trial(
+        args.streams,
+        args.seconds,
+        args.chunk_ms,
+        args.left_chunks,
+        args.max_batch,
+        args.max_wait_ms,
+        args.fast,
+        args.backend,
+        max_utterance_ms,
+        args.dtype or ("float16" if args.device.startswith("cuda") else "float32"),
+    )
+    header = {
+        "arch": None if args.model else args.arch,
+        "max_utterance_ms": max_utterance_ms,
+        "blank_rate": None if args.model else args.blank_rate,
+        "model": str(args.model) if args.model else None,
+        "device": args.device,
+        "backend": args.backend,
+        "dtype": base.dtype,
+        "torch_threads": torch.get_num_threads(),
+    }
     if not args.find_max:
         print(json.dumps({**header, **run_trial(loaded, base, args.device, audio)}, ensure_ascii=False))
         return 0
@@ -290,13 +320,18 @@ def run(args: argparse.Namespace) -> int:
     unbatched_base = Trial(**{**base.__dict__, "max_batch": 1})
     unbatched, _ = find_max(loaded, unbatched_base, args.device, audio, max(1, args.start // 4))
     best = next((t for t in batched_trials if t["streams"] == batched), batched_trials[-1])
-    print(json.dumps({
-        **header,
-        **best,
-        "max_realtime_streams": batched,
-        "unbatched_max_realtime_streams": unbatched,
-        "batching_gain": round(batched / unbatched, 2) if unbatched else None,
-    }, ensure_ascii=False))
+    print(
+        json.dumps(
+            {
+                **header,
+                **best,
+                "max_realtime_streams": batched,
+                "unbatched_max_realtime_streams": unbatched,
+                "batching_gain": round(batched / unbatched, 2) if unbatched else None,
+            },
+            ensure_ascii=False,
+        )
+    )
     return 0
 
 
