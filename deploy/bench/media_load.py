@@ -1,19 +1,36 @@
-"""RTP media load: N receiving legs in this process, one paced sender in a child process.
+"""RTP media load through real SIP call setup, on loopback; prints one JSON object.
 
-    python -m deploy.bench.media_load --streams 1000 --seconds 10 [--codec PCMU]
+    asr-bench media --calls 1000 --seconds 20 [--rate 200] [--codec PCMU] [--compare-no-sip]
 
-Opens N `RtpLeg`s (with `CountingSink`) on loopback, starts a child process that sends one
-20 ms packet to every leg every 20 ms (50 packets/s per stream) from a few UDP sockets, and
-prints one JSON object. CPU is measured per process, so `receiver_cpu_us_per_packet` is the
-receiving side only (sockets, event loop, parse, reorder, decode, resample, sink):
-process CPU time of the receiver from the first packet sent until its sockets are drained,
-divided by the packets received. `receiver_backlog_s` is how long the receiver needed after
-the sender's last packet to drain its socket buffers (near 0 when it keeps up).
+This process runs the server: the real `sip.transport.SipServer` (UDP) with real
+`rtp.leg.RtpLeg` legs, the engine replaced by `sip.app.CountingCallHandler`'s counting sinks,
+on one event loop (uvloop unless `--no-uvloop`), as `asr-gateway serve` runs them. A child
+process is the load generator (`deploy.bench.sip_uac`): it places `--calls` calls at
+`--rate` calls/s (INVITE with a PCMU/PCMA offer, 100, 200 with our SDP answer, ACK), then
+sends one 20 ms packet per call every 20 ms (50 packets/s per call) for `--seconds` to the
+address in each answer, from the address in its offer, then BYEs every call.
 
-`max_streams_held` counts legs that received at least 99% of the packets sent to them and did
-not time out. `lost` is packets sent but never received (socket drops), `leg_lost` what the
-legs declared lost from sequence gaps, `late` what arrived after being declared lost.
-`--parser-bench` instead prints the per-packet parse cost of aiortc's RtpPacket and ours.
+What is counted:
+- `server_cpu_us_per_packet`: CPU time (user + system, every thread) of this process, from
+  the moment it tells the generator to start streaming until the legs have stopped
+  receiving (their socket buffers are drained), divided by `packets_received`. That window
+  holds the RTP receive path (sockets, event loop, parse, reorder, decode, resample, sink)
+  and the idle server around it; call setup and BYEs are outside it.
+  `server_cpu_fraction` is the same CPU time over the window's wall time, and
+  `server_backlog_s` how long after the generator sent its last packet a leg received its
+  last one (near 0 when the server keeps up).
+- `setup_failures`: calls that did not get a usable 2xx: a non-2xx final response, no final
+  response within 64·T1, or an answer without an audio address (`setup_failure_reasons`).
+- `lost`: packets sent but never received (socket drops); `leg_lost` what the legs declared
+  lost from sequence gaps; `late` what arrived after being declared lost.
+- `max_calls_held`: calls that were set up, received at least 99% of the packets sent to
+  them and were not ended by the server before the generator's BYE.
+
+`--no-sip` is the older direct mode: N legs opened without SIP, the same pacer in a child
+process; its report says `calls_up` = N and no setup fields. `--compare-no-sip` runs the SIP
+mode, then the direct mode with the same load in the same process, and adds the direct
+report as `no_sip` and `server_cpu_ratio_to_no_sip`. `--parser-bench` instead prints the
+per-packet parse cost of aiortc's RtpPacket and ours.
 """
 
 from __future__ import annotations
@@ -23,144 +40,249 @@ import asyncio
 import json
 import multiprocessing
 import socket
-import struct
 import sys
 import time
 import timeit
+from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection
 from typing import Any
 
-import numpy as np
-
-from rtp import g711
+from deploy.bench.sip_uac import PACKET_MS, UacConfig, run_uac, stream_rtp
 from rtp.leg import RtpLeg
 from rtp.packet import RtpPacket
 from rtp.ports import PortAllocator
-from rtp.sink import CountingSink
+from rtp.sink import CountingSink, PcmSink
+from sip.app import CountingCallHandler
+from sip.config import SipSettings
+from sip.transport import SipServer
 
-PACKET_MS = 20
-PACKET_SAMPLES = 160
 PAYLOAD_TYPES = {0: "PCMU", 8: "PCMA", 101: "telephone-event", 13: "CN"}
 HELD_FRACTION = 0.99
 DRAIN_LIMIT_S = 30.0
+DRAIN_POLL_S = 0.2
+LEGS_OPEN_LIMIT_S = 10.0
 
 
-def _tone_payloads(codec: str) -> list[bytes]:
-    """One second of a 440 Hz tone as 50 packet payloads, reused in a loop."""
-    samples = (np.sin(2 * np.pi * 440 * np.arange(8000) / 8000) * 8000).astype(np.int16)
-    return [g711.encode(codec, samples[i : i + PACKET_SAMPLES]) for i in range(0, 8000, PACKET_SAMPLES)]
+async def _receive(conn: Connection, process: multiprocessing.process.BaseProcess) -> Any:
+    """The next message of the load generator; RuntimeError when it died instead."""
+    try:
+        return await asyncio.get_running_loop().run_in_executor(None, conn.recv)
+    except EOFError:
+        process.join(timeout=5)
+        raise RuntimeError(f"the load generator exited (code {process.exitcode}) before reporting") from None
 
 
-def _send(host: str, ports: list[int], seconds: float, codec: str, sockets: int, results: Connection) -> None:
-    """Child process: pace one packet per stream per 20 ms tick for `seconds`."""
-    payload_type = 0 if codec == "PCMU" else 8
-    payloads = _tone_payloads(codec)
-    header = struct.Struct("!BBHII")
-    senders = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(sockets)]
-    targets = [(senders[i % sockets].sendto, (host, port), 0x10000 + i) for i, port in enumerate(ports)]
-    ticks = round(seconds * 1000 / PACKET_MS)
-    sent = errors = behind = 0
-    results.send({"started": True})
-    cpu_start = time.process_time()
-    start = time.monotonic()
-    for tick in range(ticks):
-        deadline = start + tick * PACKET_MS / 1000
-        delay = deadline - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-        elif delay < -PACKET_MS / 1000:
-            behind += 1
-        seq = tick & 0xFFFF
-        timestamp = (tick * PACKET_SAMPLES) & 0xFFFFFFFF
-        payload = payloads[tick % len(payloads)]
-        for sendto, address, ssrc in targets:
-            try:
-                sendto(header.pack(0x80, payload_type, seq, timestamp, ssrc) + payload, address)
-                sent += 1
-            except OSError:
-                errors += 1
-    results.send(
-        {
-            "packets_sent": sent,
-            "send_errors": errors,
-            "sender_ticks_behind": behind,
-            "sender_cpu_s": time.process_time() - cpu_start,
-            "send_wall_s": time.monotonic() - start,
-        }
+async def _drain(legs: Iterable[RtpLeg]) -> int:
+    """Wait until the legs stop receiving (at most DRAIN_LIMIT_S); returns the packets received."""
+    legs = list(legs)
+    received = sum(leg.stats.packets for leg in legs)
+    deadline = time.monotonic() + DRAIN_LIMIT_S
+    while time.monotonic() < deadline:
+        await asyncio.sleep(DRAIN_POLL_S)
+        previous, received = received, sum(leg.stats.packets for leg in legs)
+        if received == previous:
+            break
+    return received
+
+
+def _loop_name() -> str:
+    return type(asyncio.get_running_loop()).__module__.split(".")[0]
+
+
+def _report(
+    args: argparse.Namespace,
+    legs: dict[str, RtpLeg],
+    sent_by_call: dict[str, int],
+    ended_early: set[str],
+    streamed: dict[str, Any],
+    cpu_s: float,
+    wall_s: float,
+) -> dict[str, Any]:
+    """The fields both modes share; `legs` and `sent_by_call` are keyed by the same call names."""
+    received = sum(leg.stats.packets for leg in legs.values())
+    last_packet = max((leg.stats.last_packet_time or 0.0 for leg in legs.values()), default=0.0)
+    sent = streamed["packets_sent"]
+    held = sum(
+        1
+        for name, count in sent_by_call.items()
+        if name in legs and name not in ended_early and legs[name].stats.packets >= HELD_FRACTION * count
     )
+    return {
+        "calls": args.calls,
+        "calls_up": len(sent_by_call),
+        "seconds": args.seconds,
+        "codec": args.codec,
+        "loop": _loop_name(),
+        "pps": round(received / streamed["send_wall_s"], 1),
+        "target_pps": len(sent_by_call) * 1000 // PACKET_MS,
+        "packets_sent": sent,
+        "packets_received": received,
+        "lost": sent - received,
+        "leg_lost": sum(leg.stats.lost for leg in legs.values()),
+        "late": sum(leg.stats.late for leg in legs.values()),
+        "foreign_packets": sum(leg.stats.foreign_packets for leg in legs.values()),
+        "server_cpu_us_per_packet": round(cpu_s * 1e6 / max(1, received), 2),
+        "server_cpu_fraction": round(cpu_s / wall_s, 3),
+        "server_backlog_s": round(max(0.0, last_packet - streamed["send_end_time"]), 3),
+        "sender_cpu_us_per_packet": round(streamed["sender_cpu_s"] * 1e6 / max(1, sent), 2),
+        "sender_ticks_behind": streamed["sender_ticks_behind"],
+        "max_jitter_ms": round(max((leg.stats.jitter_ms for leg in legs.values()), default=0.0), 2),
+        "samples_out": sum(leg.stats.samples_out for leg in legs.values()),
+        "calls_ended_early": len(ended_early),
+        "max_calls_held": held,
+    }
+
+
+async def run_sip(args: argparse.Namespace) -> dict[str, Any]:
+    """Calls set up through SipServer by the sip_uac child process; see the module doc."""
+    settings = SipSettings(
+        host=args.host,
+        port=0,
+        transports=["udp"],
+        max_calls=args.server_max_calls or args.calls,
+        # One generator address places every call: let the per-source INVITE limit pass the ramp.
+        invite_rate_per_s=max(50.0, 2 * args.rate),
+        invite_burst=max(100, round(args.rate)),
+        t1_ms=args.t1_ms,
+    )
+    handler = CountingCallHandler(capacity=args.server_max_calls or args.calls)
+    legs_by_sink: dict[int, RtpLeg] = {}
+
+    def leg_factory(sink: PcmSink, payload_types: dict[int, str], on_end: Callable[[str], None]) -> RtpLeg:
+        """The server's own leg construction, plus a note of which sink each leg feeds."""
+        leg = RtpLeg(
+            sink=sink,
+            payload_types=payload_types,
+            reorder_ms=settings.rtp_reorder_ms,
+            inactivity_timeout_s=settings.rtp_inactivity_timeout_s,
+            on_end=on_end,
+        )
+        legs_by_sink[id(sink)] = leg
+        return leg
+
+    ports = PortAllocator(args.host, args.port_min, args.port_max)
+    server = SipServer(settings, handler, ports, leg_factory=leg_factory, media_host=args.host)
+    await server.start()
+    config = UacConfig(
+        host=args.host,
+        server_port=server.port("udp"),
+        calls=args.calls,
+        rate_per_s=args.rate,
+        seconds=args.seconds,
+        codec=args.codec,
+        rtp_sockets=args.sockets,
+        t1_s=args.t1_ms / 1000,
+    )
+    context = multiprocessing.get_context("spawn")
+    conn, child_conn = context.Pipe()
+    generator = context.Process(target=run_uac, args=(child_conn, config), daemon=True)
+    generator.start()
+    try:
+        setup = await _receive(conn, generator)
+        deadline = time.monotonic() + LEGS_OPEN_LIMIT_S
+        while len(legs_by_sink) < setup["calls_up"] and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        legs: dict[str, RtpLeg] = {}
+        for call in handler.calls.values():
+            for info in call.legs:
+                leg = legs_by_sink.get(id(handler.sinks.get(info.leg_id)))
+                if leg is not None:
+                    legs[call.sip_call_id] = leg
+
+        cpu_start, wall_start = time.process_time(), time.monotonic()
+        conn.send("stream")
+        streamed = await _receive(conn, generator)
+        await _drain(legs.values())
+        cpu_s, wall_s = time.process_time() - cpu_start, time.monotonic() - wall_start
+        ended_early = {handler.calls[call_id].sip_call_id for call_id in handler.ended} | set(
+            streamed["ended_by_server"]
+        )
+        report = {"mode": "sip", "setup_rate_per_s": args.rate}
+        report |= _report(args, legs, streamed["sent_by_call"], ended_early, streamed, cpu_s, wall_s)
+
+        conn.send("hangup")
+        done = await _receive(conn, generator)
+    finally:
+        generator.join(timeout=5)
+        if generator.is_alive():
+            generator.kill()
+        await server.stop(grace_s=2.0)
+    report |= {
+        "setup_failures": setup["setup_failures"],
+        "setup_failure_reasons": setup["failure_reasons"],
+        "setup_wall_s": round(setup["setup_wall_s"], 2),
+        "setup_ms_p50": setup["setup_ms_p50"],
+        "setup_ms_max": setup["setup_ms_max"],
+        "bye_failures": done["bye_failures"],
+        "invite_retransmissions": done["counters"].get("retransmissions.INVITE", 0),
+        "bye_retransmissions": done["counters"].get("retransmissions.BYE", 0),
+    }
+    return report
+
+
+def _direct_sender(conn: Connection, host: str, ports: list[int], seconds: float, codec: str, sockets: int) -> None:
+    """Child process of `--no-sip`: the same pacer, aimed straight at the legs' ports."""
+    senders = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(sockets)]
+    targets = [(senders[index % sockets], (host, port)) for index, port in enumerate(ports)]
+    conn.send({"event": "ready"})
+    if conn.recv() != "stream":
+        return
+    conn.send(stream_rtp(targets, seconds, codec).message())
     for sender in senders:
         sender.close()
 
 
-async def _run(args: argparse.Namespace) -> dict[str, Any]:
+async def run_direct(args: argparse.Namespace) -> dict[str, Any]:
+    """`--no-sip`: legs opened directly (no SIP), one pacer child process."""
     allocator = PortAllocator(args.host, args.port_min, args.port_max)
-    ended: set[int] = set()
-    legs: list[RtpLeg] = []
-    for index in range(args.streams):
+    ended: set[str] = set()
+    legs: dict[str, RtpLeg] = {}
+    for index in range(args.calls):
+        name = f"leg-{index}"
         leg = RtpLeg(
             sink=CountingSink(),
             payload_types=PAYLOAD_TYPES,
-            inactivity_timeout_s=5.0,
-            on_end=lambda _reason, index=index: ended.add(index),  # type: ignore[misc]
+            on_end=lambda _reason, name=name: ended.add(name),  # type: ignore[misc]
         )
         await leg.open(args.host, allocator.allocate())
-        legs.append(leg)
-    ports = [leg.local_port or 0 for leg in legs]
-
+        legs[name] = leg
+    ports = [leg.local_port or 0 for leg in legs.values()]
     context = multiprocessing.get_context("spawn")
-    receive_end, send_end = context.Pipe(duplex=False)
+    conn, child_conn = context.Pipe()
     sender = context.Process(
-        target=_send, args=(args.host, ports, args.seconds, args.codec, args.sockets, send_end), daemon=True
+        target=_direct_sender,
+        args=(child_conn, args.host, ports, args.seconds, args.codec, args.sockets),
+        daemon=True,
     )
     sender.start()
-    while not receive_end.poll():
-        await asyncio.sleep(0.05)
-    receive_end.recv()
-    cpu_start = time.process_time()
-    wall_start = time.monotonic()
-    while not receive_end.poll():
-        await asyncio.sleep(0.05)
-    sender_report: dict[str, Any] = receive_end.recv()
-    received = sum(leg.stats.packets for leg in legs)
-    drain_deadline = time.monotonic() + DRAIN_LIMIT_S
-    while time.monotonic() < drain_deadline:
-        await asyncio.sleep(0.2)
-        previous, received = received, sum(leg.stats.packets for leg in legs)
-        if received == previous:
-            break
-    cpu_s = time.process_time() - cpu_start
-    wall_s = time.monotonic() - wall_start
-    sender.join(timeout=5)
-
-    per_leg_sent = sender_report["packets_sent"] / max(1, len(legs))
-    held = sum(
-        1 for index, leg in enumerate(legs) if index not in ended and leg.stats.packets >= HELD_FRACTION * per_leg_sent
-    )
-    report = {
-        "streams": args.streams,
-        "seconds": args.seconds,
-        "codec": args.codec,
-        "loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
-        "pps": round(received / sender_report["send_wall_s"], 1),
-        "target_pps": args.streams * 1000 // PACKET_MS,
-        "packets_sent": sender_report["packets_sent"],
-        "packets_received": received,
-        "lost": sender_report["packets_sent"] - received,
-        "leg_lost": sum(leg.stats.lost for leg in legs),
-        "late": sum(leg.stats.late for leg in legs),
-        "receiver_cpu_us_per_packet": round(cpu_s * 1e6 / max(1, received), 2),
-        "receiver_cpu_fraction": round(cpu_s / wall_s, 3),
-        "receiver_backlog_s": round(wall_s - sender_report["send_wall_s"], 2),
-        "sender_cpu_us_per_packet": round(
-            sender_report["sender_cpu_s"] * 1e6 / max(1, sender_report["packets_sent"]), 2
-        ),
-        "sender_ticks_behind": sender_report["sender_ticks_behind"],
-        "max_jitter_ms": round(max((leg.stats.jitter_ms for leg in legs), default=0.0), 2),
-        "samples_out": sum(leg.stats.samples_out for leg in legs),
-        "max_streams_held": held,
-    }
-    for leg in legs:
+    try:
+        await _receive(conn, sender)
+        cpu_start, wall_start = time.process_time(), time.monotonic()
+        conn.send("stream")
+        streamed = await _receive(conn, sender)
+        await _drain(legs.values())
+        cpu_s, wall_s = time.process_time() - cpu_start, time.monotonic() - wall_start
+    finally:
+        sender.join(timeout=5)
+        if sender.is_alive():
+            sender.kill()
+    per_leg = streamed["packets_sent"] // max(1, len(legs))
+    report = {"mode": "no-sip"} | _report(args, legs, dict.fromkeys(legs, per_leg), ended, streamed, cpu_s, wall_s)
+    for leg in legs.values():
         await leg.close()
+    return report
+
+
+async def _run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.no_sip:
+        return await run_direct(args)
+    report = await run_sip(args)
+    if args.compare_no_sip:
+        direct = await run_direct(args)
+        report["no_sip"] = direct
+        report["server_cpu_ratio_to_no_sip"] = round(
+            report["server_cpu_us_per_packet"] / max(0.01, direct["server_cpu_us_per_packet"]), 3
+        )
     return report
 
 
@@ -176,21 +298,40 @@ def _parser_bench() -> dict[str, Any]:
     return result
 
 
+def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
+    def convert(text: str) -> int | float:
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    return convert
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m deploy.bench.media_load", description=__doc__.splitlines()[0])
-    parser.add_argument("--streams", type=int, default=100)
-    parser.add_argument("--seconds", type=float, default=10.0)
+    parser = argparse.ArgumentParser(prog="asr-bench media", description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--calls", "--streams", type=_positive(int), default=100, help="concurrent calls")
+    parser.add_argument("--seconds", type=_positive(float), default=10.0, help="streaming time per call")
+    parser.add_argument("--rate", type=_positive(float), default=200.0, help="call setup rate, calls/s")
     parser.add_argument("--codec", choices=("PCMU", "PCMA"), default="PCMU")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port-min", type=int, default=30000)
+    parser.add_argument("--port-min", type=int, default=30000, help="server RTP port range")
     parser.add_argument("--port-max", type=int, default=39999)
-    parser.add_argument("--sockets", type=int, default=4, help="sender sockets")
+    parser.add_argument("--sockets", type=_positive(int), default=4, help="generator RTP sockets")
+    parser.add_argument("--t1-ms", type=_positive(int), default=500, help="SIP T1, both sides")
+    parser.add_argument(
+        "--server-max-calls", type=_positive(int), help="server admission limit (default --calls); beyond it: 503"
+    )
+    parser.add_argument("--no-sip", action="store_true", help="open the legs directly (the older mode)")
+    parser.add_argument("--compare-no-sip", action="store_true", help="also run --no-sip and report both")
     parser.add_argument("--no-uvloop", action="store_true", help="use the default asyncio loop")
     parser.add_argument("--parser-bench", action="store_true", help="only compare RTP parsers")
     args = parser.parse_args(argv)
     if args.parser_bench:
         print(json.dumps(_parser_bench()))
         return 0
+    if args.port_max - args.port_min < 2 * args.calls:
+        parser.error(f"--port-min/--port-max {args.port_min}-{args.port_max} hold fewer than {args.calls} port pairs")
     if not args.no_uvloop:
         try:
             import uvloop
