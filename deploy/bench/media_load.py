@@ -18,7 +18,8 @@ What is counted:
   and the idle server around it; call setup and BYEs are outside it.
   `server_cpu_fraction` is the same CPU time over the window's wall time, and
   `server_backlog_s` how long after the generator sent its last packet a leg received its
-  last one (near 0 when the server keeps up).
+  last one (near 0 when the server keeps up), `server_max_stall_s` the longest time the
+  event loop did not run in the window (other processes holding both cores).
 - `setup_failures`: calls that did not get a usable 2xx: a non-2xx final response, no final
   response within 64·T1, or an answer without an audio address (`setup_failure_reasons`).
 - `lost`: packets sent but never received (socket drops); `leg_lost` what the legs declared
@@ -44,6 +45,7 @@ import sys
 import time
 import timeit
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -61,6 +63,7 @@ HELD_FRACTION = 0.99
 DRAIN_LIMIT_S = 30.0
 DRAIN_POLL_S = 0.2
 LEGS_OPEN_LIMIT_S = 10.0
+STALL_PROBE_S = 0.05
 
 
 async def _receive(conn: Connection, process: multiprocessing.process.BaseProcess) -> Any:
@@ -89,16 +92,55 @@ def _loop_name() -> str:
     return type(asyncio.get_running_loop()).__module__.split(".")[0]
 
 
+@dataclass
+class Window:
+    """The streaming phase as this process saw it: the generator's "streamed" message, this
+    process's CPU and wall time, and the longest time its event loop did not run."""
+
+    streamed: dict[str, Any]
+    cpu_s: float
+    wall_s: float
+    max_stall_s: float
+
+
+async def _measure_streaming(
+    conn: Connection, generator: multiprocessing.process.BaseProcess, legs: Iterable[RtpLeg]
+) -> Window:
+    """Tell the generator to stream; measure until it is done and the legs are drained.
+
+    A probe timer every STALL_PROBE_S notes how late it fires: seconds in which the loop did
+    not run (other processes holding the CPU) explain socket-buffer drops that CPU time does
+    not show (a leg's socket holds about 5 s of packets).
+    """
+    loop = asyncio.get_running_loop()
+    stall = 0.0
+
+    async def probe() -> None:
+        nonlocal stall
+        while True:
+            before = loop.time()
+            await asyncio.sleep(STALL_PROBE_S)
+            stall = max(stall, loop.time() - before - STALL_PROBE_S)
+
+    prober = asyncio.create_task(probe())
+    cpu_start, wall_start = time.process_time(), time.monotonic()
+    conn.send("stream")
+    streamed = await _receive(conn, generator)
+    await _drain(legs)
+    cpu_s, wall_s = time.process_time() - cpu_start, time.monotonic() - wall_start
+    prober.cancel()
+    return Window(streamed, cpu_s, wall_s, stall)
+
+
 def _report(
     args: argparse.Namespace,
     legs: dict[str, RtpLeg],
     sent_by_call: dict[str, int],
     ended_early: set[str],
-    streamed: dict[str, Any],
-    cpu_s: float,
-    wall_s: float,
+    window: Window,
 ) -> dict[str, Any]:
     """The fields both modes share; `legs` and `sent_by_call` are keyed by the same call names."""
+    streamed, cpu_s, wall_s = window.streamed, window.cpu_s, window.wall_s
     received = sum(leg.stats.packets for leg in legs.values())
     last_packet = max((leg.stats.last_packet_time or 0.0 for leg in legs.values()), default=0.0)
     sent = streamed["packets_sent"]
@@ -124,6 +166,7 @@ def _report(
         "server_cpu_us_per_packet": round(cpu_s * 1e6 / max(1, received), 2),
         "server_cpu_fraction": round(cpu_s / wall_s, 3),
         "server_backlog_s": round(max(0.0, last_packet - streamed["send_end_time"]), 3),
+        "server_max_stall_s": round(window.max_stall_s, 3),
         "sender_cpu_us_per_packet": round(streamed["sender_cpu_s"] * 1e6 / max(1, sent), 2),
         "sender_ticks_behind": streamed["sender_ticks_behind"],
         "max_jitter_ms": round(max((leg.stats.jitter_ms for leg in legs.values()), default=0.0), 2),
@@ -189,16 +232,11 @@ async def run_sip(args: argparse.Namespace) -> dict[str, Any]:
                 if leg is not None:
                     legs[call.sip_call_id] = leg
 
-        cpu_start, wall_start = time.process_time(), time.monotonic()
-        conn.send("stream")
-        streamed = await _receive(conn, generator)
-        await _drain(legs.values())
-        cpu_s, wall_s = time.process_time() - cpu_start, time.monotonic() - wall_start
-        ended_early = {handler.calls[call_id].sip_call_id for call_id in handler.ended} | set(
-            streamed["ended_by_server"]
-        )
+        window = await _measure_streaming(conn, generator, legs.values())
+        ended_early = {handler.calls[call_id].sip_call_id for call_id in handler.ended}
+        ended_early |= set(window.streamed["ended_by_server"])
         report = {"mode": "sip", "setup_rate_per_s": args.rate}
-        report |= _report(args, legs, streamed["sent_by_call"], ended_early, streamed, cpu_s, wall_s)
+        report |= _report(args, legs, window.streamed["sent_by_call"], ended_early, window)
 
         conn.send("hangup")
         done = await _receive(conn, generator)
@@ -257,17 +295,13 @@ async def run_direct(args: argparse.Namespace) -> dict[str, Any]:
     sender.start()
     try:
         await _receive(conn, sender)
-        cpu_start, wall_start = time.process_time(), time.monotonic()
-        conn.send("stream")
-        streamed = await _receive(conn, sender)
-        await _drain(legs.values())
-        cpu_s, wall_s = time.process_time() - cpu_start, time.monotonic() - wall_start
+        window = await _measure_streaming(conn, sender, legs.values())
     finally:
         sender.join(timeout=5)
         if sender.is_alive():
             sender.kill()
-    per_leg = streamed["packets_sent"] // max(1, len(legs))
-    report = {"mode": "no-sip"} | _report(args, legs, dict.fromkeys(legs, per_leg), ended, streamed, cpu_s, wall_s)
+    per_leg = window.streamed["packets_sent"] // max(1, len(legs))
+    report = {"mode": "no-sip"} | _report(args, legs, dict.fromkeys(legs, per_leg), ended, window)
     for leg in legs.values():
         await leg.close()
     return report
