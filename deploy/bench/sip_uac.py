@@ -197,13 +197,13 @@ class BenchUac:
     # ---- call setup --------------------------------------------------------------------
 
     def place_calls(self) -> None:
-        """INVITE `calls` calls at `rate_per_s`; returns when every call is up or has failed."""
+        """INVITE `calls` calls at `rate_per_s`; returns when every call is up or has failed.
+
+        While it waits it answers the server and retransmits (see `poll`)."""
         config = self.config
         start = time.monotonic()
         for index in range(config.calls):
-            due = start + index / config.rate_per_s
-            while (wait := due - time.monotonic()) > 0:
-                self.poll(wait)
+            self._wait_until(start + index / config.rate_per_s)
             self._invite(index)
             self.poll(0)
         while any(call.state in (CallState.CALLING, CallState.PROCEEDING) for call in self.calls):
@@ -238,10 +238,14 @@ class BenchUac:
     # ---- hang-up -----------------------------------------------------------------------
 
     def hang_up_all(self) -> None:
-        """BYE every call that is up; returns when each BYE is answered or has timed out."""
-        for call in self.calls:
+        """BYE every call that is up, at `rate_per_s` like the INVITEs (a burst of BYEs would
+        only measure the retransmissions it causes); returns when each is answered or timed out."""
+        start = time.monotonic()
+        for sent, call in enumerate([call for call in self.calls if call.state is CallState.UP]):
+            self._wait_until(start + sent / self.config.rate_per_s)
             if call.state is CallState.UP:
                 self._bye(call)
+            self.poll(0)
         while self._retransmitting:
             self.poll(self._until_next_timer())
 
@@ -252,6 +256,11 @@ class BenchUac:
         self._start_retransmitting(call, bytes(Request("BYE", uri, headers)))
 
     # ---- the socket --------------------------------------------------------------------
+
+    def _wait_until(self, due: float) -> None:
+        """Serve the socket until time.monotonic() reaches `due`."""
+        while (wait := due - time.monotonic()) > 0:
+            self.poll(wait)
 
     def poll(self, timeout: float) -> None:
         """Handle every datagram waiting (up to `timeout` s for the first), then retransmit what is due."""
