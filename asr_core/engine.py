@@ -27,7 +27,6 @@ import queue
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -41,6 +40,7 @@ from asr_core.endpoint import LEADING_SILENCE, NO_ENDPOINT, REASONS, EndpointRul
 from asr_core.events import Ended, Event, Final, NBestEntry, Partial
 from asr_core.model.loader import LoadedModel
 from asr_core.stream import Stream, StreamConfig, Utterance
+from asr_gateway.samples import SampleRing
 from kv_ring import CapacityError, KvPool
 from rescoring.attention import RescoreResult, attention_rescore
 
@@ -103,10 +103,10 @@ class EngineStats:
     finals: int = 0
     behind_realtime_chunks: int = 0
     errors: int = 0
-    batch_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=100_000))
-    forward_ms: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
-    partial_latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=500_000))
-    final_latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
+    batch_sizes: SampleRing = field(default_factory=lambda: SampleRing(100_000))
+    forward_ms: SampleRing = field(default_factory=lambda: SampleRing(100_000))
+    partial_latency_ms: SampleRing = field(default_factory=lambda: SampleRing(500_000))
+    final_latency_ms: SampleRing = field(default_factory=lambda: SampleRing(100_000))
 
 
 class Engine:

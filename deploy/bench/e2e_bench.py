@@ -148,7 +148,7 @@ async def run_bench(
         **measured,
         "final_latency_ms": quantiles(list(stats.final_latency_ms)),
         "publish_ack_latency_ms": quantiles([s * 1000 for s in service.publisher.audio_to_ack_s], (0.5, 0.95, 0.99)),
-        "mean_batch_size": round(float(np.mean(stats.batch_sizes)), 2) if stats.batch_sizes else None,
+        "mean_batch_size": round(float(np.mean(stats.batch_sizes.values())), 2) if stats.batch_sizes else None,
         "partials_dropped": service.publisher.partials_dropped + service.bridge.partials_dropped,
         "rss_mb": rss_peak,
         "cpu_percent": round(100 * cpu_s / max(1e-9, wall_after - wall_before), 1),

@@ -160,7 +160,7 @@ def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray)
         "batches": stats.batches,
         "batch_size_mean": round(float(np.mean(batch_sizes)), 2) if batch_sizes else 0.0,
         "batch_size_p95": float(np.percentile(batch_sizes, 95)) if batch_sizes else 0.0,
-        "forward_ms_mean": round(float(np.mean(stats.forward_ms)), 3) if stats.forward_ms else 0.0,
+        "forward_ms_mean": round(float(np.mean(stats.forward_ms.values())), 3) if stats.forward_ms else 0.0,
         "partial_latency_ms": _percentiles(latencies, (50, 95, 99)),
         "final_latency_ms": _percentiles(list(stats.final_latency_ms), (50, 95)),
         "finals": finals[0],
