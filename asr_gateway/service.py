@@ -8,6 +8,8 @@ Signals: SIGTERM/SIGINT drain (new INVITEs and OPTIONS get 503, active calls get
 the grace period, their finals are decoded and published, the spool is flushed); SIGHUP
 reloads the routes, KB and tag files (also reloaded when their files change). An invalid
 file is rejected, logged with its errors, and the previous version stays in force.
+SIGUSR2 logs a memory report (RSS, Python objects by type, and, when the process was started
+with ``python -X tracemalloc``, the code lines holding the most Python memory).
 """
 
 from __future__ import annotations
@@ -42,6 +44,27 @@ from sip.routing import Router, load_routes
 from sip.transport import SipServer
 
 log = logging.getLogger(__name__)
+
+
+def memory_report(top: int = 15) -> dict[str, object]:
+    """What holds this process's memory: RSS, the most numerous Python object types, and the
+    allocation sites holding the most Python memory when tracemalloc is tracing."""
+    import collections
+    import gc
+    import tracemalloc
+
+    with open("/proc/self/status", encoding="ascii") as status:
+        rss_kb = next((int(line.split()[1]) for line in status if line.startswith("VmRSS:")), 0)
+    types = collections.Counter(type(o).__name__ for o in gc.get_objects())
+    report: dict[str, object] = {"rss_mb": round(rss_kb / 1024, 1), "objects": dict(types.most_common(top))}
+    if tracemalloc.is_tracing():
+        stats = tracemalloc.take_snapshot().statistics("lineno")[:top]
+        report["tracemalloc_kb"] = {str(stat.traceback): round(stat.size / 1024, 1) for stat in stats}
+    return report
+
+
+def log_memory_report() -> None:
+    log.warning("memory report %s", memory_report())
 
 DEMO_MODEL_DIR = Path(__file__).resolve().parents[1] / "asr_core" / "demo_model"
 RELOAD_POLL_S = 2.0
@@ -243,6 +266,7 @@ class Service:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
         loop.add_signal_handler(signal.SIGHUP, self.reload)
+        loop.add_signal_handler(signal.SIGUSR2, log_memory_report)
         await self._stopping.wait()
         await self.stop()
 

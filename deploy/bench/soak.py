@@ -164,6 +164,8 @@ async def soak(
         await asyncio.sleep(min(1.0, max(0.0, next_report - time.monotonic())))
         if time.monotonic() >= next_report:
             next_report += args.report_s
+            if args.tracemalloc:
+                os.kill(pid, signal.SIGUSR2)  # the service logs a memory report (see --log)
             sample = await asyncio.to_thread(process_sample, pid)
             active = await asyncio.to_thread(active_calls, metrics_port)
             report = {"elapsed_s": round(time.monotonic() - began), **sample, "active_calls": active,
@@ -200,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, help="WeNet model directory (default: the bundled demo model)")
     parser.add_argument("--redis", default=os.environ.get("ASR_REDIS_URL"), help="Redis URL (default: a local one)")
     parser.add_argument("--threads", type=int, default=1, help="engine torch threads (default: %(default)s)")
+    parser.add_argument("--log", type=Path, help="keep the service's log in this file (default: discarded)")
+    parser.add_argument("--tracemalloc", action="store_true",
+                        help="trace Python allocations in the service; each report adds its top sites")  # fmt: skip
     args = parser.parse_args(argv)
     local: LocalRedis | None = None
     server: subprocess.Popen[bytes] | None = None
@@ -216,9 +221,10 @@ def main(argv: list[str] | None = None) -> int:
             sip_port, metrics_port = write_config(workdir / "soak.yaml", redis_url, model_dir, args.calls, args.threads)
             env = {k: v for k, v in os.environ.items() if not k.startswith("ASR_")}
             env.setdefault("MALLOC_ARENA_MAX", "2")  # as deploy/systemd/hotline-asr.service runs it
-            with (workdir / "serve.log").open("wb") as log:
+            with (args.log or workdir / "serve.log").open("wb") as log:
                 server = subprocess.Popen(
-                    [sys.executable, "-m", "asr_gateway.cli", "serve", "--config", str(workdir / "soak.yaml")],
+                    [sys.executable, *(["-X", "tracemalloc=1"] if args.tracemalloc else []),
+                     "-m", "asr_gateway.cli", "serve", "--config", str(workdir / "soak.yaml")],
                     stdout=log, stderr=subprocess.STDOUT, env=env,
                 )  # fmt: skip
             wait_healthy(metrics_port, server)
