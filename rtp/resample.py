@@ -9,7 +9,8 @@ Choices (measured on 20 ms pieces, see tests/test_rtp_resample.py and the report
   works in internal blocks, so output lags input by 63 ms on average (115 ms at most) and
   comes out in pieces of ~60-120 ms; `low_latency=True` selects vr=True instead: a constant
   30 ms lag and output for every piece, at about twice the CPU.
-Feeding pieces of any size gives the same samples as one call on their concatenation;
+Feeding pieces of any size gives the same samples as one call on their concatenation, to within
+1-2 LSB (soxr dithers its int16 output, so how the input is cut moves the last bit or two);
 `flush()` returns the tail held inside the filter.
 """
 
