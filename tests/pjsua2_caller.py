@@ -36,6 +36,9 @@ MAX_CALLS = 4
 POLL_MS = 10
 
 
+SAMPLES_PER_PACKET = CLOCK_RATE_HZ // 50  # 20 ms
+
+
 class CallerError(Exception):
     """A failure the caller reports as its result (rather than a traceback)."""
 
@@ -90,6 +93,7 @@ class Call(pj.Call):
         self.result = result
         self.player: pj.AudioMediaPlayer | None = None
         self.ended_at: float | None = None
+        self.started_at: float | None = None
 
     def onCallState(self, prm: Any) -> None:
         info = self.getInfo()
@@ -116,6 +120,7 @@ class Call(pj.Call):
                     player.createPlayer(self.result.wav, pj.PJMEDIA_FILE_NO_LOOP)
                     player.startTransmit(self.getAudioMedia(media.index))
                     self.player = player
+                    self.started_at = time.monotonic()
                     return
         except pj.Error as exc:
             self.result.error = f"cannot play {self.result.wav}: {describe(exc)}"
@@ -216,7 +221,10 @@ def hang_up_when_played(call: Call, tail_s: float) -> None:
     """BYE ``tail_s`` after the player reached the WAV's end.
 
     pjmedia's player rewinds at the end even with PJMEDIA_FILE_NO_LOOP (it then sends
-    silence), so the end shows as the position going back; until then it is the peak.
+    silence), so the end shows as the position going back; until then it is the peak. A
+    position read can also step back mid-file while the player refills its buffer (seen on a
+    loaded machine), so a step back counts as the end only once the peak is within two packets
+    of the WAV's length, or once the WAV's duration (plus a second) has passed since it started.
     """
     result = call.result
     if call.player is None or result.hung_up_by_us or result.disconnected:
@@ -226,6 +234,10 @@ def hang_up_when_played(call: Call, tail_s: float) -> None:
         position = int(call.player.getPos())
         if position >= result.played_samples:
             result.played_samples = position
+            return
+        near_end = result.played_samples >= result.wav_samples - 2 * SAMPLES_PER_PACKET
+        overdue = call.started_at is not None and now - call.started_at > result.wav_samples / CLOCK_RATE_HZ + 1.0
+        if not (near_end or overdue):
             return
         call.ended_at = now
     if now - call.ended_at >= tail_s:
