@@ -11,7 +11,7 @@ import itertools
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -271,19 +271,9 @@ def test_int8_backend_rescores_with_an_int8_decoder_and_keeps_the_winners(
 ) -> None:
     engine = Engine(loaded, EngineOptions(max_streams=2, backend="torch-int8", endpoint=NO_ENDPOINTS))
     assert engine.decoder is not loaded.model.decoder
-    collector = Collector()
-    streams = [engine.open_stream(StreamConfig(chunk_ms=320, left_chunks=4, stream_id=f"q{i}"), collector)
-               for i in range(2)]  # fmt: skip
-    for stream, samples in zip(streams, audio, strict=True):
-        stream.accept_waveform(samples)
-        stream.input_finished()
-    drain(engine, streams)
-    for i, samples in enumerate(audio):
-        (final,) = collector.finals(f"q{i}")
-        ref = reference(loaded, samples, 320, 4)
-        # int8 changes the numbers a little; on this fixture the greedy paths differ in a
-        # token or two (see test_model_fast_paths), so compare the text loosely.
-        assert _edit_distance(final.tokens, ref.best) <= 0.2 * len(ref.best)
+    # int8 changes the numbers a little; on this fixture the greedy paths differ in a
+    # token or two (see test_model_fast_paths), so compare the text loosely.
+    assert_finals_close_to_reference(engine, loaded, audio, chunk_ms=320, left_chunks=4)
 
 
 def test_dtype_names_resolve_or_say_why_not() -> None:
@@ -299,16 +289,24 @@ def test_bfloat16_engine_keeps_the_winners(loaded: LoadedModel, audio: list[np.n
     own = load_wenet_model(FIXTURE / "model")  # the engine casts the model it is given
     engine = Engine(own, EngineOptions(max_streams=2, dtype=resolve_dtype("bfloat16", "cpu"), endpoint=NO_ENDPOINTS))
     assert engine.pool.att.dtype == torch.bfloat16
+    assert_finals_close_to_reference(engine, loaded, audio, chunk_ms=160, left_chunks=8)
+
+
+def assert_finals_close_to_reference(
+    engine: Engine, loaded: LoadedModel, audio: list[np.ndarray], chunk_ms: int, left_chunks: int
+) -> None:
+    """One stream per recording through a lossy engine (int8, bf16): each final is within 20 %
+    token edit distance of the float reference's rescored best."""
     collector = Collector()
-    streams = [engine.open_stream(StreamConfig(chunk_ms=160, left_chunks=8, stream_id=f"b{i}"), collector)
-               for i in range(2)]  # fmt: skip
+    config = StreamConfig(chunk_ms=chunk_ms, left_chunks=left_chunks)
+    streams = [engine.open_stream(replace(config, stream_id=f"lossy{i}"), collector) for i in range(len(audio))]
     for stream, samples in zip(streams, audio, strict=True):
         stream.accept_waveform(samples)
         stream.input_finished()
     drain(engine, streams)
     for i, samples in enumerate(audio):
-        (final,) = collector.finals(f"b{i}")
-        ref = reference(loaded, samples, 160, 8)
+        (final,) = collector.finals(f"lossy{i}")
+        ref = reference(loaded, samples, chunk_ms, left_chunks)
         assert _edit_distance(final.tokens, ref.best) <= 0.2 * len(ref.best)
 
 
