@@ -163,10 +163,19 @@ PADDING_SLACK = 1.25
 """A decoder call may spend this much more than its hypotheses' own lengths on padding ..."""
 PADDING_ALLOWANCE = 64
 """... or this many padded token positions (about what one more call's overhead costs)."""
+MAX_CALL_POSITIONS = 1024
+"""Padded token positions (hypotheses x length) per decoder call. A call's activations grow
+with its positions: its log-softmax output alone is positions x vocabulary floats (17 MB at
+1024 positions of a 4,233-unit vocabulary). Past a few thousand positions they no longer fit
+in the caches, the allocator hands out fresh pages for every call, and the page faults cost
+more than the extra calls (measured: see docs/BENCHMARKS.md, rescore micro-benchmark)."""
 
 
 def length_groups(
-    nbests: Sequence[Sequence[Hypothesis]], slack: float = PADDING_SLACK, allowance: int = PADDING_ALLOWANCE
+    nbests: Sequence[Sequence[Hypothesis]],
+    slack: float = PADDING_SLACK,
+    allowance: int = PADDING_ALLOWANCE,
+    max_positions: float = MAX_CALL_POSITIONS,
 ) -> list[list[int]]:
     """Streams split into decoder calls of similar hypothesis length.
 
@@ -174,8 +183,9 @@ def length_groups(
     with the padded length, so a short utterance rescored beside a long one costs as much as
     the long one. Streams are taken shortest first and a new call starts when padding would
     exceed both ``slack`` times the work the hypotheses need and ``allowance`` positions; a
-    few more, smaller calls cost far less than the padding they save. Returns stream indices
-    per call.
+    few more, smaller calls cost far less than the padding they save. A call also ends before
+    its padded positions would exceed ``max_positions`` (a stream bigger than that gets a call
+    of its own). Returns stream indices per call.
     """
     longest = [max(len(h.tokens) for h in nbest) + 1 for nbest in nbests]
     groups: list[list[int]] = []
@@ -185,7 +195,8 @@ def length_groups(
         s_rows = len(nbests[s])
         s_needed = sum(len(h.tokens) + 1 for h in nbests[s])
         padded = (rows + s_rows) * longest[s]
-        if current and padded > slack * (needed + s_needed) and padded - needed - s_needed > allowance:
+        wasteful = padded > slack * (needed + s_needed) and padded - needed - s_needed > allowance
+        if current and (wasteful or padded > max_positions):
             groups.append(current)
             current, rows, needed = [], 0, 0
         current.append(s)
@@ -206,6 +217,7 @@ def attention_rescore(
     ctc_weight: float = 0.5,
     reverse_weight: float = 0.3,
     padding_slack: float = PADDING_SLACK,
+    max_positions: float = MAX_CALL_POSITIONS,
 ) -> list[RescoreResult]:
     """Rescore the n-best lists of S streams, batched into as few decoder calls as padding allows.
 
@@ -216,7 +228,8 @@ def attention_rescore(
         sos, eos: decoder start/end ids (the same id in WeNet models).
         ctc_weight: weight of the CTC prefix score.
         reverse_weight: weight of the right-to-left decoder score.
-        padding_slack: see :func:`length_groups`; ``math.inf`` puts every stream in one call.
+        padding_slack, max_positions: see :func:`length_groups`; both ``math.inf`` put every
+            stream in one call.
     Returns:
         S results, in stream order.
     """
@@ -233,7 +246,7 @@ def attention_rescore(
     for nbest in nbests:
         first_row.append(first_row[-1] + len(nbest))
     use_r2l = reverse_weight > 0.0
-    for group in length_groups(nbests, padding_slack):
+    for group in length_groups(nbests, padding_slack, max_positions=max_positions):
         batch = build_decoder_batch([encoder_outs[s] for s in group], [nbests[s] for s in group], sos, eos)
         with torch.inference_mode():
             l2r_logp, r2l_logp = decoder_fn(

@@ -191,6 +191,10 @@ def test_length_groups_keep_short_utterances_apart_from_long_ones() -> None:
     assert sorted(s for g in groups for s in g) == list(range(len(nbests)))
     assert [sorted(g) for g in groups] == [[0, 2, 4], [1, 3, 5]]
     assert length_groups([nbest(10)] * 5) == [[0, 1, 2, 3, 4]]  # equal lengths: one call
+    # a call holds at most max_positions padded positions (3 hypotheses x 12 per stream here) ...
+    assert length_groups([nbest(10)] * 5, max_positions=72) == [[0, 1], [2, 3], [4]]
+    # ... except a stream bigger than that, which gets a call of its own
+    assert length_groups([nbest(10)] * 2, max_positions=10) == [[0], [1]]
 
 
 def test_shared_memory_source_attention_equals_per_row_memory() -> None:
