@@ -35,14 +35,15 @@ import torch
 
 from asr_core import memtrim
 from asr_core.backends import ChunkRunner, make_runner, rescoring_decoder
-from asr_core.ctc_search import Hypothesis, ctc_prefix_beam_search_topk
+from asr_core.ctc_search import Hypothesis
 from asr_core.endpoint import LEADING_SILENCE, NO_ENDPOINT, REASONS, EndpointRules, update_endpoints
 from asr_core.events import Ended, Event, Final, NBestEntry, Partial
+from asr_core.finals import FinalRequest, FinalSearch, FinalSettings, ProcessFinalSearch, make_final_search
 from asr_core.model.loader import LoadedModel
 from asr_core.stream import Stream, StreamConfig, Utterance
 from asr_gateway.samples import SampleRing
 from kv_ring import CapacityError, KvPool
-from rescoring.attention import RescoreResult, attention_rescore
+from rescoring.attention import RescoreResult
 
 __all__ = ["CapacityError", "Engine", "EngineOptions", "EngineStats", "StreamConfig"]
 
@@ -72,6 +73,11 @@ class EngineOptions:
     backend: str = "torch"
     behind_ms: float = 1000.0
     trim_interval_s: float = 60.0  # return freed heap to the OS this often (glibc); 0 = never
+    # Where finals are searched and rescored while the engine runs: "thread" (a thread of this
+    # process) or "process" (a child process, CPU only: keeps that Python work off this
+    # process's GIL; see asr_core/finals.py). Without the engine's threads (run_once) finals
+    # are always computed in the caller's thread.
+    finalizer: str = "thread"
 
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -120,7 +126,19 @@ class Engine:
         self.device = torch.device(self.options.device)
         self.model = loaded.model.to(device=self.device, dtype=self.options.dtype).eval()
         self.runner = runner or make_runner(self.options.backend, loaded)
-        self.decoder = rescoring_decoder(self.options.backend, self.model.decoder)
+        if self.options.finalizer not in ("thread", "process"):
+            raise ValueError(f"finalizer {self.options.finalizer!r} unknown; choose thread or process")
+        self._final_settings = FinalSettings(
+            beam=self.options.beam,
+            blank=loaded.blank_id,
+            sos=loaded.sos_id,
+            eos=loaded.eos_id,
+            ctc_weight=self.options.ctc_weight,
+            reverse_weight=self.options.reverse_weight,
+        )
+        decoder = rescoring_decoder(self.options.backend, self.model.decoder)
+        self._local_search = FinalSearch(decoder, self._final_settings)
+        self._final_search: FinalSearch | ProcessFinalSearch = self._local_search
         self.subsampling = loaded.subsampling
         self.frame_ms = 10 * loaded.subsampling
         max_chunk = max(self.options.allowed_chunk_ms) // self.frame_ms
@@ -152,6 +170,13 @@ class Engine:
         if self._thread is not None:
             return
         self._stop.clear()
+        if self.options.finalizer == "process" and self._final_search is self._local_search:
+            try:
+                self._final_search = make_final_search(
+                    "process", self.model.decoder, self.options.backend, self._final_settings, self.device
+                )
+            except RuntimeError:
+                log.exception("finals process failed to start; finals run in a thread of this process")
         self._thread = threading.Thread(target=self._run, name="asr-engine", daemon=True)
         self._finalizer = threading.Thread(target=self._run_finalizer, name="asr-finalizer", daemon=True)
         self._thread.start()
@@ -165,6 +190,20 @@ class Engine:
             if thread is not None:
                 thread.join(timeout)
         self._thread = self._finalizer = None
+        if self._final_search is not self._local_search:
+            self._final_search.close()
+            self._final_search = self._local_search
+
+    @property
+    def finalizer_pid(self) -> int | None:
+        """The finals process's pid while one runs (``finalizer="process"``), else None."""
+        search = self._final_search
+        return search.pid if isinstance(search, ProcessFinalSearch) else None
+
+    def finalizer_cpu_seconds(self) -> float | None:
+        """CPU time the finals process has used (benchmarks add it to this process's)."""
+        search = self._final_search
+        return search.cpu_seconds() if isinstance(search, ProcessFinalSearch) else None
 
     def __enter__(self) -> Engine:
         self.start()
@@ -470,30 +509,21 @@ class Engine:
         if jobs:
             self._finalize(jobs)
 
-    @torch.inference_mode()
     def _finalize(self, jobs: list[_FinalJob | _EndJob]) -> None:
         """Prefix beam search per utterance, ONE rescoring call for all of them, events in job order."""
         finals = [job for job in jobs if isinstance(job, _FinalJob)]
-        nbests = [
-            ctc_prefix_beam_search_topk(
-                np.concatenate(job.utterance.topk_values), np.concatenate(job.utterance.topk_ids),
-                self.options.beam, self._blank,
+        requests = [
+            FinalRequest(
+                np.concatenate(job.utterance.topk_values),
+                np.concatenate(job.utterance.topk_ids),
+                torch.cat(job.utterance.encoder_out, dim=0) if job.stream.config.rescore else None,
             )
             for job in finals
-        ]  # fmt: skip
-        to_rescore = [i for i, job in enumerate(finals) if job.stream.config.rescore and nbests[i]]
-        rescored: dict[int, RescoreResult] = {}
-        if to_rescore:
-            results = attention_rescore(
-                self.decoder,
-                [torch.cat(finals[i].utterance.encoder_out, dim=0) for i in to_rescore],
-                [nbests[i] for i in to_rescore],
-                ctc_weight=self.options.ctc_weight,
-                reverse_weight=self.options.reverse_weight,
-                sos=self.loaded.sos_id,
-                eos=self.loaded.eos_id,
-            )
-            rescored = dict(zip(to_rescore, results, strict=True))
+        ]
+        search = self._final_search if self._finalizer is not None else self._local_search
+        results = search.run(requests) if requests else []
+        nbests = [result.nbest for result in results]
+        rescored = {i: result.rescored for i, result in enumerate(results) if result.rescored is not None}
         index = {id(job): i for i, job in enumerate(finals)}
         for job in jobs:
             if isinstance(job, _EndJob):

@@ -69,6 +69,11 @@ class EngineSettings(_Section):
         "float32", description="float16 on GPUs; bfloat16 on GPUs and CPUs with AVX512-BF16/AMX"
     )
     threads: int = Field(0, ge=0, description="intra-op threads on CPU; 0 = torch's default")
+    finalizer: Literal["thread", "process"] = Field(
+        "process",
+        description="where finals are searched and rescored: a child process (CPU; keeps that work off the "
+        "GIL the engine and the RTP loop share) or a thread",
+    )
     max_streams: int = Field(256, ge=1, description="cache pool slots: the node's admission limit")
     max_batch: int = Field(64, ge=1)
     max_wait_ms: float = Field(20.0, ge=0)

@@ -98,6 +98,7 @@ def engine_options(config: ServiceConfig) -> EngineOptions:
         device=engine.device,
         dtype=resolve_dtype(engine.dtype, engine.device) if on_gpu or engine.dtype == "bfloat16" else torch.float32,
         backend=engine.backend,
+        finalizer=engine.finalizer,
     )
 
 

@@ -147,9 +147,12 @@ def test_many_streams_batched_equal_each_stream_alone(loaded: LoadedModel, audio
         assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
 
 
-def test_engine_thread_with_concurrent_producers(loaded: LoadedModel, audio: list[np.ndarray]) -> None:
+@pytest.mark.parametrize("finalizer", ["thread", "process"])
+def test_engine_thread_with_concurrent_producers(loaded: LoadedModel, audio: list[np.ndarray], finalizer: str) -> None:
     collector = Collector()
-    with Engine(loaded, EngineOptions(max_streams=6, max_batch=4, max_wait_ms=5, endpoint=NO_ENDPOINTS)) as engine:
+    options = EngineOptions(max_streams=6, max_batch=4, max_wait_ms=5, endpoint=NO_ENDPOINTS, finalizer=finalizer)
+    with Engine(loaded, options) as engine:
+        assert (engine.finalizer_pid is not None) == (finalizer == "process")
         streams = [
             engine.open_stream(StreamConfig(chunk_ms=320, left_chunks=4, stream_id=f"t{i}"), collector)
             for i in range(6)
@@ -167,10 +170,14 @@ def test_engine_thread_with_concurrent_producers(loaded: LoadedModel, audio: lis
             t.join()
         for s in streams:
             assert s.done.wait(60)
+    assert engine.finalizer_pid is None  # the finals process is stopped with the engine
     refs = [reference(loaded, audio[k], 320, 4) for k in range(2)]
     for i in range(6):
         (final,) = collector.finals(f"t{i}")
         assert final.tokens == refs[i % 2].best
+        ref = refs[i % 2]
+        assert abs(final.nbest[0].score - ref.score) <= max(1e-3, 1e-5 * abs(ref.score))
+        assert sorted(entry.tokens for entry in final.nbest) == sorted(ref.nbest)
 
 
 def test_capacity_close_and_final_on_close(loaded: LoadedModel, audio: list[np.ndarray]) -> None:

@@ -1,0 +1,255 @@
+"""The finals' search: CTC prefix beam search on stored top-k posteriors, then attention rescoring.
+
+Two runners with one interface (``run(requests) -> results``):
+
+- ``FinalSearch`` runs in the calling thread.
+- ``ProcessFinalSearch`` runs the same code in a child process. The search is mostly small
+  numpy operations and the decoder call is glue between torch operations, so in a thread it
+  holds the GIL most of the time; every Python step of the engine's scheduler thread (and of
+  the gateway's RTP loop) then queues behind it, and partial latency grows long before the
+  CPU is spent. In its own process it runs beside them. The child gets a copy of the decoder
+  at start-up; requests and results are plain arrays and dataclasses sent over a pipe. A child
+  that dies or stops answering is replaced, and the batch it held is searched in the calling
+  thread, so no final is lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from asr_core.ctc_search import Hypothesis, ctc_prefix_beam_search_topk
+from rescoring.attention import DecoderFn, RescoreResult, attention_rescore
+
+__all__ = ["FinalRequest", "FinalResult", "FinalSearch", "FinalSettings", "ProcessFinalSearch", "make_final_search"]
+
+log = logging.getLogger(__name__)
+
+WORKER_NICENESS = 5  # finals may wait a little; partials may not
+REPLY_TIMEOUT_S = 120.0  # a batch taking longer than this means the child is stuck
+START_TIMEOUT_S = 120.0  # importing torch and building the decoder
+
+
+@dataclass(frozen=True, slots=True)
+class FinalSettings:
+    beam: int
+    blank: int
+    sos: int
+    eos: int
+    ctc_weight: float
+    reverse_weight: float
+
+
+@dataclass(frozen=True, slots=True)
+class FinalRequest:
+    """One ended utterance: per-frame CTC top-k and, when it is rescored, its encoder output."""
+
+    topk_values: np.ndarray  # (T, k) float32
+    topk_ids: np.ndarray  # (T, k) int64
+    encoder_out: torch.Tensor | np.ndarray | None  # (T, D); None: no rescoring
+
+    def portable(self) -> FinalRequest:
+        """The request with its encoder output as a float32 numpy array (to send to a process)."""
+        out = self.encoder_out
+        if isinstance(out, torch.Tensor):
+            out = out.detach().to("cpu", torch.float32).numpy()
+        return FinalRequest(self.topk_values, self.topk_ids, out)
+
+
+@dataclass(frozen=True, slots=True)
+class FinalResult:
+    nbest: list[Hypothesis]
+    rescored: RescoreResult | None
+
+
+class FinalSearch:
+    """Prefix beam search per utterance, then ONE batched rescoring call for all of them."""
+
+    def __init__(self, decoder: DecoderFn, settings: FinalSettings) -> None:
+        self.decoder = decoder
+        self.settings = settings
+
+    @torch.inference_mode()
+    def run(self, requests: list[FinalRequest]) -> list[FinalResult]:
+        s = self.settings
+        nbests = [ctc_prefix_beam_search_topk(r.topk_values, r.topk_ids, s.beam, s.blank) for r in requests]
+        to_rescore = [i for i, r in enumerate(requests) if r.encoder_out is not None and nbests[i]]
+        rescored: dict[int, RescoreResult] = {}
+        if to_rescore:
+            reference = next(iter(_parameters(self.decoder)), torch.empty(0))
+            encoder_outs = []
+            for i in to_rescore:
+                out = requests[i].encoder_out
+                assert out is not None
+                encoder_outs.append(torch.as_tensor(out).to(reference.device, reference.dtype))
+            results = attention_rescore(
+                self.decoder, encoder_outs, [nbests[i] for i in to_rescore],
+                ctc_weight=s.ctc_weight, reverse_weight=s.reverse_weight, sos=s.sos, eos=s.eos,
+            )  # fmt: skip
+            rescored = dict(zip(to_rescore, results, strict=True))
+        return [FinalResult(nbest, rescored.get(i)) for i, nbest in enumerate(nbests)]
+
+    def close(self) -> None:
+        pass
+
+
+def _parameters(decoder: Any) -> list[torch.Tensor]:
+    """Float parameters of a torch decoder (none for int8 Linears' packed weights or non-modules)."""
+    if not isinstance(decoder, torch.nn.Module):
+        return []
+    return [p for p in decoder.parameters() if p.is_floating_point()]
+
+
+class ProcessFinalSearch:
+    """``FinalSearch`` in a child process (CPU only). Thread-safe: one batch at a time.
+
+    The child is a fresh interpreter (``python -c``), not a ``multiprocessing`` child: those
+    re-import the parent's main module, which runs whatever unguarded code a script has.
+    """
+
+    def __init__(self, decoder: torch.nn.Module, backend: str, settings: FinalSettings) -> None:
+        buffer = io.BytesIO()
+        torch.save(decoder, buffer)
+        self._decoder_bytes = buffer.getvalue()
+        self._backend = backend
+        self.settings = settings
+        self._local: FinalSearch | None = None  # built on first fallback
+        self._local_decoder = decoder
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._conn: Connection | None = None
+        self.restarts = 0
+        self._start()
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def _start(self) -> None:
+        parent, child = socket.socketpair()
+        env = dict(os.environ)
+        package_root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+        with parent, child:
+            process = subprocess.Popen(
+                [sys.executable, "-c", f"from asr_core.finals import serve; serve({child.fileno()})"],
+                pass_fds=(child.fileno(),),
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
+            conn = Connection(parent.detach())
+        self._process, self._conn = process, conn
+        # Wait until the child has its decoder, so it never competes with the first calls'
+        # partials for the CPU while it imports torch, and a broken one fails here, loudly.
+        try:
+            conn.send((self._decoder_bytes, self._backend, self.settings))
+            ready = conn.poll(START_TIMEOUT_S) and conn.recv() == "ready"
+        except (EOFError, OSError):
+            ready = False
+        if not ready:
+            self._stop_child(timeout=1.0)
+            raise RuntimeError(f"the finals process did not start (exit code {process.poll()})")
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time (user + system) the child has used so far; None when unknown (not Linux)."""
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def _stop_child(self, timeout: float) -> None:
+        process, conn = self._process, self._conn
+        self._process = self._conn = None
+        if conn is not None:
+            with contextlib.suppress(OSError, ValueError):
+                conn.send(None)
+            conn.close()
+        if process is not None:
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout)
+
+    def run(self, requests: list[FinalRequest]) -> list[FinalResult]:
+        with self._lock:
+            try:
+                if self._conn is None:
+                    raise EOFError("no child")
+                self._conn.send([request.portable() for request in requests])
+                if not self._conn.poll(REPLY_TIMEOUT_S):
+                    raise TimeoutError(f"no reply in {REPLY_TIMEOUT_S:.0f} s")
+                results: list[FinalResult] = self._conn.recv()
+                return results
+            except (EOFError, OSError, TimeoutError) as exc:
+                log.error("finals process failed (%s); restarting it, this batch runs in-process", exc)
+                self._stop_child(timeout=1.0)
+                self.restarts += 1
+                try:
+                    self._start()
+                except RuntimeError:
+                    log.exception("finals process could not be restarted; finals run in-process")
+        if self._local is None:
+            from asr_core.backends import rescoring_decoder
+
+            self._local = FinalSearch(rescoring_decoder(self._backend, self._local_decoder), self.settings)
+        return self._local.run(requests)
+
+    def close(self, timeout: float = 5.0) -> None:
+        with self._lock:
+            self._stop_child(timeout)
+
+
+def serve(fd: int) -> None:
+    """The child's main: build the decoder from the first message, then answer batches until
+    told to stop (``None``) or the parent goes away."""
+    from asr_core.backends import rescoring_decoder
+
+    conn = Connection(fd)
+    with contextlib.suppress(OSError):
+        os.nice(WORKER_NICENESS)
+    torch.set_num_threads(1)
+    torch.set_grad_enabled(False)
+    try:
+        decoder_bytes, backend, settings = conn.recv()
+    except (EOFError, OSError):
+        return
+    decoder = torch.load(io.BytesIO(decoder_bytes), weights_only=False).eval()
+    search = FinalSearch(rescoring_decoder(backend, decoder), settings)
+    conn.send("ready")
+    while True:
+        try:
+            requests = conn.recv()
+        except (EOFError, OSError):
+            return
+        if requests is None:
+            return
+        conn.send(search.run(requests))
+
+
+def make_final_search(
+    mode: str, decoder: torch.nn.Module, backend: str, settings: FinalSettings, device: torch.device
+) -> FinalSearch | ProcessFinalSearch:
+    """``mode`` "thread" or "process"; a process is used on CPU devices only (a GPU decoder stays put)."""
+    if mode not in ("thread", "process"):
+        raise ValueError(f"finalizer mode {mode!r} unknown; choose thread or process")
+    if mode == "process" and device.type == "cpu":
+        return ProcessFinalSearch(decoder, backend, settings)
+    from asr_core.backends import rescoring_decoder
+
+    return FinalSearch(rescoring_decoder(backend, decoder), settings)
