@@ -2,7 +2,8 @@
 parse -> reorder buffer -> G.711 decode -> 8->16 kHz resample -> sink.
 
 All protocol work is in the sans-IO modules (`packet`, `jitter`, `g711`, `resample`); this
-module adds the asyncio transports, source latching, RFC 3550 jitter, and the inactivity timer.
+module adds the sockets (read by the event loop's shared `rtp.poller.DatagramPoller`), source
+latching, RFC 3550 jitter, and the inactivity timer.
 Malformed packets are counted in `stats.bad_packets` and dropped; nothing a peer sends can
 raise out of the datagram handlers.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import socket
 import struct
 import time
 from collections.abc import Callable
@@ -21,6 +23,7 @@ import numpy as np
 from rtp.g711 import DECODE_TABLES
 from rtp.jitter import Frame, FrameKind, LossFill, PacketKind, ReorderBuffer
 from rtp.packet import RTP_HEADER_LENGTH, RtpPacket, is_rtcp, parse_rtcp
+from rtp.poller import DatagramPoller
 from rtp.resample import Upsampler
 from rtp.seq import timestamp_diff
 from rtp.sink import PcmSink
@@ -29,6 +32,8 @@ from rtp.stats import LegStats
 CLOCK_RATE_HZ = 8000
 END_RTP_TIMEOUT = "rtp-timeout"
 END_RTCP_BYE = "rtcp-bye"
+DEFAULT_RESAMPLE_BATCH_MS = 80
+DEFAULT_POLL_INTERVAL_MS = 20
 
 Address = tuple[Any, ...]
 
@@ -39,12 +44,22 @@ _RTCP_SECOND_BYTE_MIN = 192
 _RTCP_SECOND_BYTE_MAX = 223
 
 
-class _Datagrams(asyncio.DatagramProtocol):
-    def __init__(self, handler: Callable[[bytes, Address], None]) -> None:
-        self.datagram_received = handler  # type: ignore[method-assign, assignment]
-
-    def error_received(self, exc: Exception) -> None:
-        """ICMP errors (port unreachable from a peer's earlier packets) do not concern a receiver."""
+async def _bind_udp(loop: asyncio.AbstractEventLoop, host: str, port: int) -> socket.socket:
+    """A non-blocking UDP socket bound to (host, port); OSError when that cannot be done."""
+    kind, passive = socket.SOCK_DGRAM, socket.AI_PASSIVE
+    try:
+        infos = socket.getaddrinfo(host, port, type=kind, flags=passive | socket.AI_NUMERICHOST)
+    except socket.gaierror:
+        infos = await loop.getaddrinfo(host, port, type=kind, flags=passive)
+    family, _, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setblocking(False)
+        sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 class RtpLeg:
@@ -53,9 +68,16 @@ class RtpLeg:
     payload_types maps RTP payload type numbers to encoding names from the SDP answer, e.g.
     {0: "PCMU", 8: "PCMA", 101: "telephone-event", 13: "CN"}; names are case-insensitive.
     Decoded audio is resampled and handed to the sink in batches of `resample_batch_ms`
-    (default 40 ms = 2 packets; 0 = every packet): this adds ~10 ms on average to the
-    resampler's own block lag (see `rtp.resample`) and halves its CPU per packet. A batch
-    left incomplete when packets stop is delivered with the next packet or at `close()`.
+    (default 80 ms = 4 packets of 20 ms; 0 = every packet). A soxr call costs about the same
+    for any piece up to 80 ms, and once 1000 legs share the caches it is the largest single
+    cost per packet, so 80 ms batches spend a quarter of per-packet resampling on it (40 ms:
+    a half). The price is latency: a sample waits (batch - packet) / 2 on average for its
+    batch, 30 ms at 80 ms (10 ms at 40 ms), on top of the resampler's own block lag (see
+    `rtp.resample`); the engine consumes 160-640 ms chunks, so it hardly sees the difference.
+    A batch left incomplete when packets stop is delivered with the next packet or at `close()`.
+    The sockets are read every `poll_interval_ms` (default 20 ms, one packet period) by the
+    loop's shared `rtp.poller.DatagramPoller`, which adds up to that much delay before a
+    packet is handled (half on average) and saves event-loop wake-ups; 0 reads on readiness.
     on_end(reason) is called at most once: "rtp-timeout" after `inactivity_timeout_s` without
     packets (not counted while on hold), or "rtcp-bye". The owner still calls `close()`.
 
@@ -81,7 +103,8 @@ class RtpLeg:
         loss_fill: LossFill = LossFill.REPEAT_SINGLE,
         max_gap_fill_ms: int = 1000,
         low_latency_resampler: bool = False,
-        resample_batch_ms: int = 40,
+        resample_batch_ms: int = DEFAULT_RESAMPLE_BATCH_MS,
+        poll_interval_ms: float = DEFAULT_POLL_INTERVAL_MS,
         expected_remote: tuple[str, int] | None = None,
     ) -> None:
         self.stats = LegStats()
@@ -110,8 +133,9 @@ class RtpLeg:
         self._remote: Address | None = None
         self._expected: tuple[str, int] | None = None
         self.set_expected_remote(expected_remote)
-        self._rtp_transport: asyncio.DatagramTransport | None = None
-        self._rtcp_transport: asyncio.DatagramTransport | None = None
+        self._poll_interval_s = poll_interval_ms / 1000
+        self._poller: DatagramPoller | None = None
+        self._sockets: tuple[socket.socket, ...] = ()
         self._timer: asyncio.TimerHandle | None = None
         self._last_seen = time.monotonic()
         self._on_hold = False
@@ -124,9 +148,9 @@ class RtpLeg:
 
     @property
     def local_port(self) -> int | None:
-        if self._rtp_transport is None:
+        if not self._sockets:
             return None
-        port: int = self._rtp_transport.get_extra_info("sockname")[1]
+        port: int = self._sockets[0].getsockname()[1]
         return port
 
     @property
@@ -142,18 +166,16 @@ class RtpLeg:
     async def open(self, host: str, port: int) -> None:
         """Bind RTP on (host, port) and RTCP on port + 1; OSError if either is taken."""
         loop = asyncio.get_running_loop()
-        self._rtp_transport, _ = await loop.create_datagram_endpoint(
-            lambda: _Datagrams(self.handle_rtp), local_addr=(host, port)
-        )
-        rtp_port = self._rtp_transport.get_extra_info("sockname")[1]
+        rtp = await _bind_udp(loop, host, port)
         try:
-            self._rtcp_transport, _ = await loop.create_datagram_endpoint(
-                lambda: _Datagrams(self.handle_rtcp), local_addr=(host, rtp_port + 1)
-            )
+            rtcp = await _bind_udp(loop, host, rtp.getsockname()[1] + 1)
         except OSError:
-            self._rtp_transport.close()
-            self._rtp_transport = None
+            rtp.close()
             raise
+        self._poller = DatagramPoller.for_loop(loop, self._poll_interval_s)
+        self._poller.add(rtp, self.handle_rtp)
+        self._poller.add(rtcp, self.handle_rtcp)
+        self._sockets = (rtp, rtcp)
         self._last_seen = time.monotonic()
         self._timer = loop.call_later(self._timeout_s, self._check_inactivity)
 
@@ -309,10 +331,11 @@ class RtpLeg:
             self.stats.samples_out += len(tail)
             self._sink.accept_waveform(tail)
         self._sink.input_finished()
-        for transport in (self._rtp_transport, self._rtcp_transport):
-            if transport is not None:
-                transport.close()
-        self._rtp_transport = self._rtcp_transport = None
+        for sock in self._sockets:
+            if self._poller is not None:
+                self._poller.remove(sock)
+            sock.close()
+        self._sockets, self._poller = (), None
         return self.stats
 
     def _admit(self, addr: Address) -> bool:

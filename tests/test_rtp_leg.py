@@ -51,10 +51,13 @@ async def open_leg(**kwargs: object) -> tuple[RtpLeg, CountingSink, int]:
     return leg, sink, port
 
 
+@pytest.mark.parametrize("poll_interval_ms", [0, 20])
 @pytest.mark.parametrize("codec", ["PCMU", "PCMA"])
-def test_tone_over_udp_loopback(codec: str) -> None:
+def test_tone_over_udp_loopback(codec: str, poll_interval_ms: float) -> None:
+    """Timer-driven (20 ms) and readiness-driven (0) socket reading give the same result."""
+
     async def scenario() -> None:
-        leg, sink, port = await open_leg()
+        leg, sink, port = await open_leg(poll_interval_ms=poll_interval_ms)
         packets = tone_packets(codec)
         packets[10], packets[11] = packets[11], packets[10]
         del packets[30]
@@ -183,6 +186,29 @@ def test_port_allocator() -> None:
     assert allocator.allocate() == 41002
     with pytest.raises(ValueError, match="even/odd pair"):
         PortAllocator(HOST, 41001, 41002)
+
+
+def test_open_resolves_a_host_name() -> None:
+    """A media host given by name (not an IP literal) is resolved before binding."""
+
+    async def scenario() -> None:
+        leg, _, port = await open_leg_on("localhost")
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+            sender.sendto(tone_packets("PCMU")[0], (HOST, port))
+            await wait_for(lambda: leg.stats.packets == 1)
+        stats = await leg.close()
+        assert leg.local_port is None
+        assert stats.packets == 1
+
+    asyncio.run(scenario())
+
+
+async def open_leg_on(host: str) -> tuple[RtpLeg, CountingSink, int]:
+    sink = CountingSink()
+    leg = RtpLeg(sink=sink, payload_types=PAYLOAD_TYPES)
+    await leg.open(host, 0)
+    assert leg.local_port is not None
+    return leg, sink, leg.local_port
 
 
 def test_open_reports_taken_port() -> None:
