@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import multiprocessing
 import socket
@@ -50,7 +51,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from deploy.bench.sip_uac import PACKET_MS, UacConfig, run_uac, stream_rtp
-from rtp.leg import RtpLeg
+from rtp.leg import DEFAULT_POLL_INTERVAL_MS, DEFAULT_RESAMPLE_BATCH_MS, RtpLeg
 from rtp.packet import RtpPacket
 from rtp.ports import PortAllocator
 from rtp.sink import CountingSink, PcmSink
@@ -88,6 +89,24 @@ async def _drain(legs: Iterable[RtpLeg]) -> int:
     return received
 
 
+def _leg_options(args: argparse.Namespace) -> dict[str, Any]:
+    """RtpLeg keyword arguments the command line overrides (A/B runs); the rest keep their defaults."""
+    options: dict[str, Any] = {}
+    if args.resample_batch_ms is not None:
+        options["resample_batch_ms"] = args.resample_batch_ms
+    if args.poll_interval_ms is not None:
+        options["poll_interval_ms"] = args.poll_interval_ms
+    return options
+
+
+def _freeze_startup_objects(args: argparse.Namespace) -> None:
+    """What `asr-gateway serve` does once started: move every object alive now out of the
+    collector's generations, so later collections do not traverse them again."""
+    if not args.no_gc_freeze:
+        gc.collect()
+        gc.freeze()
+
+
 def _loop_name() -> str:
     return type(asyncio.get_running_loop()).__module__.split(".")[0]
 
@@ -101,6 +120,7 @@ class Window:
     cpu_s: float
     wall_s: float
     max_stall_s: float
+    gc_collections: list[int]
 
 
 async def _measure_streaming(
@@ -123,13 +143,15 @@ async def _measure_streaming(
             stall = max(stall, loop.time() - before - STALL_PROBE_S)
 
     prober = asyncio.create_task(probe())
+    collections_start = [generation["collections"] for generation in gc.get_stats()]
     cpu_start, wall_start = time.process_time(), time.monotonic()
     conn.send("stream")
     streamed = await _receive(conn, generator)
     await _drain(legs)
     cpu_s, wall_s = time.process_time() - cpu_start, time.monotonic() - wall_start
     prober.cancel()
-    return Window(streamed, cpu_s, wall_s, stall)
+    collections = [g["collections"] - start for g, start in zip(gc.get_stats(), collections_start, strict=True)]
+    return Window(streamed, cpu_s, wall_s, stall, collections)
 
 
 def _report(
@@ -173,6 +195,10 @@ def _report(
         "samples_out": sum(leg.stats.samples_out for leg in legs.values()),
         "calls_ended_early": len(ended_early),
         "max_calls_held": held,
+        "resample_batch_ms": DEFAULT_RESAMPLE_BATCH_MS if args.resample_batch_ms is None else args.resample_batch_ms,
+        "poll_interval_ms": DEFAULT_POLL_INTERVAL_MS if args.poll_interval_ms is None else args.poll_interval_ms,
+        "gc_freeze": not args.no_gc_freeze,
+        "gc_collections": window.gc_collections,
     }
 
 
@@ -190,6 +216,7 @@ async def run_sip(args: argparse.Namespace) -> dict[str, Any]:
     )
     handler = CountingCallHandler(capacity=args.server_max_calls or args.calls)
     legs_by_sink: dict[int, RtpLeg] = {}
+    leg_options = _leg_options(args)
 
     def leg_factory(sink: PcmSink, payload_types: dict[int, str], on_end: Callable[[str], None]) -> RtpLeg:
         """The server's own leg construction, plus a note of which sink each leg feeds."""
@@ -199,6 +226,7 @@ async def run_sip(args: argparse.Namespace) -> dict[str, Any]:
             reorder_ms=settings.rtp_reorder_ms,
             inactivity_timeout_s=settings.rtp_inactivity_timeout_s,
             on_end=on_end,
+            **leg_options,
         )
         legs_by_sink[id(sink)] = leg
         return leg
@@ -206,6 +234,7 @@ async def run_sip(args: argparse.Namespace) -> dict[str, Any]:
     ports = PortAllocator(args.host, args.port_min, args.port_max)
     server = SipServer(settings, handler, ports, leg_factory=leg_factory, media_host=args.host)
     await server.start()
+    _freeze_startup_objects(args)
     config = UacConfig(
         host=args.host,
         server_port=server.port("udp"),
@@ -275,12 +304,15 @@ async def run_direct(args: argparse.Namespace) -> dict[str, Any]:
     allocator = PortAllocator(args.host, args.port_min, args.port_max)
     ended: set[str] = set()
     legs: dict[str, RtpLeg] = {}
+    leg_options = _leg_options(args)
+    _freeze_startup_objects(args)
     for index in range(args.calls):
         name = f"leg-{index}"
         leg = RtpLeg(
             sink=CountingSink(),
             payload_types=PAYLOAD_TYPES,
             on_end=lambda _reason, name=name: ended.add(name),  # type: ignore[misc]
+            **leg_options,
         )
         await leg.open(args.host, allocator.allocate())
         legs[name] = leg
@@ -358,6 +390,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-sip", action="store_true", help="open the legs directly (the older mode)")
     parser.add_argument("--compare-no-sip", action="store_true", help="also run --no-sip and report both")
+    parser.add_argument(
+        "--resample-batch-ms", type=int, help="RtpLeg resample_batch_ms (default: the leg's own default)"
+    )
+    parser.add_argument(
+        "--poll-interval-ms", type=float, help="RtpLeg poll_interval_ms (0: read on readiness; default: the leg's)"
+    )
+    parser.add_argument("--no-gc-freeze", action="store_true", help="skip gc.freeze() after start-up")
     parser.add_argument("--no-uvloop", action="store_true", help="use the default asyncio loop")
     parser.add_argument("--parser-bench", action="store_true", help="only compare RTP parsers")
     args = parser.parse_args(argv)
