@@ -39,7 +39,7 @@ MAX_DATAGRAM_BYTES = 65536
 MAX_EVENTS = 1024
 # Datagrams read in one callback before yielding to the rest of the loop (SIP, timers); the
 # rest are read in another callback scheduled at once.
-MAX_DATAGRAMS_PER_CALLBACK = 512
+MAX_DATAGRAMS_PER_CALLBACK = 256
 
 _pollers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[float, DatagramPoller]] = (
     weakref.WeakKeyDictionary()

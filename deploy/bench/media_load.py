@@ -413,6 +413,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     print(json.dumps(asyncio.run(_run(args))))
+    # Let the exit's collection finalize what start-up froze (nanobind reports soxr streams
+    # still alive at exit as leaks).
+    gc.unfreeze()
     return 0
 
 
