@@ -42,6 +42,16 @@ class RtpSettings(_Section):
     host: str = Field("0.0.0.0", description="address the RTP sockets bind to")
     port_min: int = Field(20000, ge=1024, le=65534)
     port_max: int = Field(39999, ge=1025, le=65535)
+    resample_batch_ms: int = Field(
+        80, ge=20, le=640, multiple_of=20,
+        description="decoded audio is resampled and handed to the engine in pieces of this length (average "
+        "added wait: half of it); 80 ms costs ~2 us less CPU per packet than 40 at 1000 calls",
+    )  # fmt: skip
+    poll_interval_ms: float = Field(
+        20.0, ge=0, le=100,
+        description="all legs' sockets are read together this often (adds up to this much delay); 0: read each "
+        "datagram as it arrives (one event-loop wake-up per packet)",
+    )  # fmt: skip
 
     @model_validator(mode="after")
     def _range(self) -> RtpSettings:

@@ -229,6 +229,8 @@ class Service:
             reorder_ms=sip.rtp_reorder_ms,
             inactivity_timeout_s=sip.rtp_inactivity_timeout_s,
             on_end=on_end,
+            resample_batch_ms=self.config.rtp.resample_batch_ms,
+            poll_interval_ms=self.config.rtp.poll_interval_ms,
         )
 
     # -- lifecycle --------------------------------------------------------------------
@@ -342,7 +344,10 @@ def run_service(config: ServiceConfig) -> int:
         # and stall the event loop (~110 ms measured) while the RTP legs' packets queue up.
         gc.collect()
         gc.freeze()
-        await service.run_until_stopped()
+        try:
+            await service.run_until_stopped()
+        finally:
+            gc.unfreeze()  # let interpreter shutdown collect them normally
 
     try:
         import uvloop
