@@ -195,6 +195,11 @@ class Engine:
             self._final_search = self._local_search
 
     @property
+    def decoder(self) -> object:
+        """The attention decoder finals are rescored with (an int8 copy with int8 backends)."""
+        return self._local_search.decoder
+
+    @property
     def finalizer_pid(self) -> int | None:
         """The finals process's pid while one runs (``finalizer="process"``), else None."""
         search = self._final_search

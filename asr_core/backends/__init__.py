@@ -20,6 +20,7 @@ from asr_core.model.convolution import ConvolutionModule, pointwise_as_linear
 from asr_core.model.ctc import CTC
 from asr_core.model.encoder import U2Encoder
 from asr_core.model.loader import LoadedModel
+from asr_core.model.subsampling import Conv2dSubsampling
 
 
 class ChunkStep(NamedTuple):
@@ -51,6 +52,8 @@ class TorchChunkRunner:
     ``int8`` (backend ``torch-int8``, CPU): runs a copy of the encoder and CTC head whose matmuls
     are dynamically quantized (int8 weights, activations quantized per call; see
     ``_int8_linears``); the loaded float model (and its decoder, for rescoring) stays as it is.
+    On CPUs with native bf16 (AVX512-BF16/AMX) the copy's conv2d subsampling, which int8 does
+    not cover, runs in bfloat16 (``Bf16Convs``).
     """
 
     def __init__(self, loaded: LoadedModel, int8: bool = False) -> None:
@@ -60,6 +63,8 @@ class TorchChunkRunner:
         if int8:
             self.encoder = _int8_linears(self.encoder)
             self.ctc = _int8_linears(self.ctc)
+            if torch.ops.mkldnn._is_mkldnn_bf16_supported() and isinstance(self.encoder.embed, Conv2dSubsampling):
+                self.encoder.embed.conv = Bf16Convs(self.encoder.embed.conv)  # type: ignore[assignment]
 
     @torch.inference_mode()
     def step(
@@ -90,6 +95,24 @@ def rescoring_decoder(backend: str, decoder: ModuleT) -> ModuleT:
         copy.deepcopy(decoder), {nn.Linear}, dtype=torch.qint8
     )
     return quantized
+
+
+class Bf16Convs(nn.Module):
+    """A float conv stack run in bfloat16: float in, float out.
+
+    For the int8 backend's conv2d subsampling, about a fifth of its chunk step in float32
+    (a 256->256 3x3 conv per encoder frame). oneDNN's bf16 convs run it ~2x faster
+    (AISHELL-size, 20 streams' chunks: 20.4 -> 10.4 ms) at ~0.4 % relative error of the
+    output, below the int8 Linears' own error that follows it.
+    """
+
+    def __init__(self, convs: nn.Module) -> None:
+        super().__init__()
+        self.convs = copy.deepcopy(convs).to(torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.convs(x.to(torch.bfloat16))
+        return out.float()
 
 
 def _int8_linears(module: ModuleT) -> ModuleT:
