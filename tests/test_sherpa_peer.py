@@ -27,3 +27,12 @@ def test_peer_benchmark_prints_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert report["sherpa_onnx"]["chunks"] == 2 * 5  # 1 s: full 160 ms chunks with one frame to spare
     assert report["ours_backend"] == "torch" and report["ours"]["rtf"] > 0
     assert report["cpu_per_stream_ratio"] > 0
+
+
+def test_peer_benchmark_without_rescoring(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("sherpa_onnx", reason="sherpa-onnx is not installed (pip install sherpa-onnx)")
+    argv = ["--arch", "small", "--streams", "2", "--seconds", "1", "--backend", "torch", "--no-rescore"]
+    assert sherpa_peer.main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ours_rescore"] is False
+    assert report["ours"]["rtf"] > 0

@@ -11,7 +11,8 @@ process times every event.
 - ``first_partial_latency_ms``: call.started -> the call's first partial.
 - ``final_latency_ms``: the engine's endpoint (or hang-up) -> final decoded (rescoring included).
 - ``realtime_ok``: every call completed, and at most 1 % of chunks were behind real time.
-- ``rss_mb``, ``cpu_percent``: this process (service + subscriber) during the calls.
+- ``rss_mb``, ``cpu_percent``: this process (service + subscriber) during the calls; the
+  CPU includes the engine's finals process (``engine.finalizer: process``), the RSS does not.
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ async def run_bench(
     run_id = f"{os.getpid()}{random.randrange(10**6):06d}"
     groups = [(f"u{run_id}", PCMU, (calls + 1) // 2), (f"a{run_id}", PCMA, calls // 2)]
     cpu_before, wall_before = os.times(), time.monotonic()
+    finals_cpu_before = service.engine.finalizer_cpu_seconds() or 0.0
     rss_peak = rss_mb()
     results: list[CallResult] = []
 
@@ -128,12 +130,13 @@ async def run_bench(
         ]
         results = list(await asyncio.gather(*placed))
         cpu_after, wall_after = os.times(), time.monotonic()
+        finals_cpu = (service.engine.finalizer_cpu_seconds() or 0.0) - finals_cpu_before
         ended_ok = await wait_for_ended(collector, [tag for tag, _, count in groups if count], calls, 30.0)
     finally:
         sampler.cancel()
         await service.stop(grace_s=10)
         await collector.stop()
-    cpu_s = (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)
+    cpu_s = (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system) + finals_cpu
     stats = service.engine.stats
     behind = stats.behind_realtime_chunks / max(1, stats.chunks)
     measured = measure(collector.received, audio_end, reference)

@@ -51,6 +51,7 @@ class Trial:
     max_utterance_ms: int = 20000
     dtype: str = "float32"
     finalizer: str = "process"
+    rescore: bool = True
 
 
 def synthetic_speech(seconds: float, seed: int) -> np.ndarray:
@@ -98,7 +99,7 @@ def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray)
             with lock:
                 finals[0] += 1
 
-    config = StreamConfig(chunk_ms=trial.chunk_ms, left_chunks=trial.left_chunks)
+    config = StreamConfig(chunk_ms=trial.chunk_ms, left_chunks=trial.left_chunks, rescore=trial.rescore)
     streams = [engine.open_stream(config, on_event) for _ in range(trial.streams)]
     pieces_total = int(trial.seconds / PIECE_S)
     audio_pieces = len(audio) // PIECE_SAMPLES
@@ -270,6 +271,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=list(DTYPES), help="default: float16 on a GPU, float32 on a CPU")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: default)")
     parser.add_argument(
+        "--no-rescore",
+        dest="rescore",
+        action="store_false",
+        help="finals from the CTC prefix beam search alone (no attention rescoring), as peers without a decoder",
+    )
+    parser.add_argument(
         "--finalizer",
         choices=["thread", "process"],
         default="process",
@@ -311,6 +318,7 @@ def run(args: argparse.Namespace) -> int:
         max_utterance_ms,
         args.dtype or ("float16" if args.device.startswith("cuda") else "float32"),
         args.finalizer,
+        args.rescore,
     )
     header = {
         "arch": None if args.model else args.arch,
@@ -321,6 +329,7 @@ def run(args: argparse.Namespace) -> int:
         "backend": args.backend,
         "dtype": base.dtype,
         "finalizer": base.finalizer,
+        "rescore": base.rescore,
         "torch_threads": torch.get_num_threads(),
     }
     if not args.find_max:

@@ -194,6 +194,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blank-rate", type=float, default=0.8)
     parser.add_argument("--no-ours", action="store_true", help="with --find-max: skip our engine's search")
     parser.add_argument("--backend", default="onnxruntime", choices=list(BACKENDS), help="our engine's backend")
+    parser.add_argument(
+        "--no-rescore",
+        dest="rescore",
+        action="store_false",
+        help="our finals without attention rescoring (sherpa-onnx's WeNet CTC path has no attention decoder)",
+    )
+    parser.add_argument(
+        "--max-wait-ms", type=float, default=80.0, help="our engine's batching wait (asr-bench engine --max-wait-ms)"
+    )
     args = parser.parse_args(argv)
     try:
         import sherpa_onnx
@@ -222,11 +231,12 @@ def main(argv: list[str] | None = None) -> int:
             peer = run_peer_trial(make_recognizer, loaded, base, audio)
             result: dict[str, Any] = {**header, "sherpa_onnx": peer}
             if not args.no_ours:
-                trial = Trial(
-                    args.streams, args.seconds, args.chunk_ms, args.left_chunks, 64, 20.0, False, args.backend
-                )
+                wait, left = args.max_wait_ms, args.left_chunks
+                trial = Trial(args.streams, args.seconds, args.chunk_ms, left, 64, wait, False, args.backend)
+                trial = Trial(**{**trial.__dict__, "rescore": args.rescore})
                 ours = run_trial(loaded, trial, "cpu", audio)
                 result["ours_backend"] = args.backend
+                result["ours_rescore"] = args.rescore
                 result["ours"] = {key: ours[key] for key in OURS_KEYS}
                 result["cpu_per_stream_ratio"] = round(peer["cpu_rtf"] / ours["rtf"], 2) if ours["rtf"] else None
             print(json.dumps(result))
@@ -235,9 +245,11 @@ def main(argv: list[str] | None = None) -> int:
     result = {**header, "sherpa_onnx_max_realtime_streams": peer_max,
               "sherpa_onnx_best": next((t for t in peer_trials if t["streams"] == peer_max), None)}
     if not args.no_ours:
-        ours_base = Trial(8, args.seconds, args.chunk_ms, args.left_chunks, 64, 20.0, False, args.backend)
+        ours_base = Trial(8, args.seconds, args.chunk_ms, args.left_chunks, 64, args.max_wait_ms, False, args.backend)
+        ours_base = Trial(**{**ours_base.__dict__, "rescore": args.rescore})
         ours_max, _ = find_max(loaded, ours_base, "cpu", audio, max(8, peer_max))
         result["ours_backend"] = args.backend
+        result["ours_rescore"] = args.rescore
         result["ours_max_realtime_streams"] = ours_max
         result["ours_vs_sherpa_onnx"] = round(ours_max / peer_max, 2) if peer_max else None
     print(json.dumps(result))
