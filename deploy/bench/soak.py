@@ -4,8 +4,9 @@
 ``--redis``) and the service as a subprocess, then keeps N sipp callers busy: each places
 calls of random length (a random window of the bundled recordings) back to back, so calls
 start and end all the time. Every ``--report-s`` (default 60 s) it prints one JSON line with
-the service's RSS, open file descriptors and threads (from /proc) and the call counts; at the
-end one JSON summary with the growth after warm-up (the first report). A call the service
+the service's RSS (and its children's: the engine's finals process), open file descriptors and
+threads (from /proc) and the call counts; at the end one JSON summary with the growth after
+warm-up (the first report). A call the service
 refuses with 503 (no free engine slot: a slot is freed when the previous call's final is
 flushed, which trails its BYE when the engine is behind) is counted in ``calls_refused_503``
 and the caller tries again a second later, as a PBX would; any other failure fails the soak.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -55,8 +57,8 @@ class Counts:
     errors: list[str] = field(default_factory=list)
 
 
-def process_sample(pid: int) -> dict[str, float]:
-    """RSS (MB), open FDs and threads of ``pid`` from /proc."""
+def _status(pid: int) -> tuple[int, int]:
+    """(VmRSS in kB, threads) of ``pid`` from /proc."""
     rss_kb = threads = 0
     with open(f"/proc/{pid}/status", encoding="ascii") as status:
         for line in status:
@@ -64,7 +66,32 @@ def process_sample(pid: int) -> dict[str, float]:
                 rss_kb = int(line.split()[1])
             elif line.startswith("Threads:"):
                 threads = int(line.split()[1])
-    return {"rss_mb": round(rss_kb / 1024, 1), "fds": len(os.listdir(f"/proc/{pid}/fd")), "threads": threads}
+    return rss_kb, threads
+
+
+def child_pids(pid: int) -> list[int]:
+    """Direct children of ``pid`` (e.g. the engine's finals process), from /proc."""
+    children: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as f:
+                children += [int(c) for c in f.read().split()]
+    return children
+
+
+def process_sample(pid: int) -> dict[str, float]:
+    """RSS (MB), open FDs and threads of ``pid``, and the RSS of its children, from /proc."""
+    rss_kb, threads = _status(pid)
+    children_kb = 0
+    for child in child_pids(pid):
+        with contextlib.suppress(OSError):
+            children_kb += _status(child)[0]
+    return {
+        "rss_mb": round(rss_kb / 1024, 1),
+        "children_rss_mb": round(children_kb / 1024, 1),
+        "fds": len(os.listdir(f"/proc/{pid}/fd")),
+        "threads": threads,
+    }
 
 
 def active_calls(metrics_port: int) -> int | None:
@@ -177,7 +204,7 @@ async def soak(
         task.result()
     final = await asyncio.to_thread(process_sample, pid)
     warm = reports[0] if reports else final
-    keys = ("rss_mb", "fds", "threads")
+    keys = ("rss_mb", "children_rss_mb", "fds", "threads")
     return {
         "calls": args.calls,
         "minutes": args.minutes,
