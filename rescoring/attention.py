@@ -14,10 +14,11 @@ The winner is the first hypothesis (in n-best order) with the highest ``final``.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from asr_core.ctc_search import Hypothesis
@@ -159,6 +160,90 @@ def sequence_scores(log_probs: torch.Tensor, targets: torch.Tensor, mask: torch.
     return picked.masked_fill(~mask.cpu(), 0.0).sum(1)
 
 
+@dataclass(frozen=True)
+class PrefixTree:
+    """The distinct prefixes of one utterance's hypotheses, each [sos] + tokens, as a tree.
+
+    Nodes are numbered parents first; node 0 is the root (sos). ``paths[h][j]`` is the node of
+    hypothesis h's first j tokens (j = 0..len). A decoder output depends only on the prefix
+    before it, so decoding each node once (``forward_tree``) gives every hypothesis' outputs
+    while hypotheses that share a prefix (most of an n-best list) share that work.
+    """
+
+    tokens: list[int]
+    depths: list[int]
+    parents: list[int]
+    paths: list[list[int]]
+
+    @classmethod
+    def of(cls, hyps: Sequence[Sequence[int]], sos: int) -> PrefixTree:
+        tokens, depths, parents = [sos], [0], [-1]
+        children: dict[tuple[int, int], int] = {}
+        paths = []
+        for hyp in hyps:
+            node, path = 0, [0]
+            for token in hyp:
+                child = children.get((node, token))
+                if child is None:
+                    child = len(tokens)
+                    children[(node, token)] = child
+                    tokens.append(token)
+                    depths.append(depths[node] + 1)
+                    parents.append(node)
+                node = child
+                path.append(node)
+            paths.append(path)
+        return cls(tokens, depths, parents, paths)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def mask(self, size: int) -> np.ndarray:
+        """(size, size) bool: node i attends node j iff j is i or an ancestor (padding: itself)."""
+        mask = np.zeros((size, size), dtype=bool)
+        for node, parent in enumerate(self.parents):
+            if parent >= 0:
+                mask[node] = mask[parent]
+            mask[node, node] = True
+        idle = np.arange(len(self.tokens), size)
+        mask[idle, idle] = True
+        return mask
+
+
+def tree_batch(trees: Sequence[PrefixTree], pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(tokens, positions, mask) of S trees padded to the largest: (S, N), (S, N), (S, N, N)."""
+    size = max(len(tree) for tree in trees)
+    tokens = torch.full((len(trees), size), pad, dtype=torch.long)
+    positions = torch.zeros((len(trees), size), dtype=torch.long)
+    masks = np.stack([tree.mask(size) for tree in trees])
+    for s, tree in enumerate(trees):
+        tokens[s, : len(tree)] = torch.tensor(tree.tokens)
+        positions[s, : len(tree)] = torch.tensor(tree.depths)
+    return tokens, positions, torch.from_numpy(masks)
+
+
+def tree_scores(
+    log_probs: torch.Tensor, trees: Sequence[PrefixTree], hyps: Sequence[Sequence[Sequence[int]]], eos: int
+) -> list[float]:
+    """Per hypothesis (stream-major order): sum of log P(token | prefix) over its tokens and eos.
+
+    log_probs: (S, N, V) from ``forward_tree``; ``hyps[s]`` are the token lists ``trees[s]``
+    was built from.
+    """
+    rows, nodes, targets, owners = [], [], [], []
+    owner = 0
+    for s, (tree, stream_hyps) in enumerate(zip(trees, hyps, strict=True)):
+        for path, tokens in zip(tree.paths, stream_hyps, strict=True):
+            rows += [s] * len(path)
+            nodes += path
+            targets += [*tokens, eos]
+            owners += [owner] * len(path)
+            owner += 1
+    picked = log_probs.detach()[torch.tensor(rows), torch.tensor(nodes), torch.tensor(targets)].cpu().double()
+    totals = torch.zeros(owner, dtype=torch.float64).index_add_(0, torch.tensor(owners), picked)
+    return totals.tolist()
+
+
 PADDING_SLACK = 1.25
 """A decoder call may spend this much more than its hypotheses' own lengths on padding ..."""
 PADDING_ALLOWANCE = 64
@@ -207,6 +292,30 @@ def length_groups(
     return groups
 
 
+def size_groups(
+    sizes: Sequence[int],
+    slack: float = PADDING_SLACK,
+    allowance: int = PADDING_ALLOWANCE,
+    max_positions: float = MAX_CALL_POSITIONS,
+) -> list[list[int]]:
+    """Streams with one decoder row each (a prefix tree of ``sizes[s]`` nodes) split into calls,
+    by the rules of :func:`length_groups`."""
+    groups: list[list[int]] = []
+    current: list[int] = []
+    needed = 0
+    for s in sorted(range(len(sizes)), key=lambda s: sizes[s]):
+        padded = (len(current) + 1) * sizes[s]
+        wasteful = padded > slack * (needed + sizes[s]) and padded - needed - sizes[s] > allowance
+        if current and (wasteful or padded > max_positions):
+            groups.append(current)
+            current, needed = [], 0
+        current.append(s)
+        needed += sizes[s]
+    if current:
+        groups.append(current)
+    return groups
+
+
 def attention_rescore(
     decoder_fn: DecoderFn,
     encoder_outs: Sequence[torch.Tensor],
@@ -218,6 +327,7 @@ def attention_rescore(
     reverse_weight: float = 0.3,
     padding_slack: float = PADDING_SLACK,
     max_positions: float = MAX_CALL_POSITIONS,
+    prefix_tree: bool = True,
 ) -> list[RescoreResult]:
     """Rescore the n-best lists of S streams, batched into as few decoder calls as padding allows.
 
@@ -230,6 +340,9 @@ def attention_rescore(
         reverse_weight: weight of the right-to-left decoder score.
         padding_slack, max_positions: see :func:`length_groups`; both ``math.inf`` put every
             stream in one call.
+        prefix_tree: when the decoder has ``forward_tree`` (the model's decoders do), decode
+            each utterance's n-best as one prefix tree (:class:`PrefixTree`): every distinct
+            prefix once instead of every hypothesis position; same scores up to float rounding.
     Returns:
         S results, in stream order.
     """
@@ -246,22 +359,16 @@ def attention_rescore(
     for nbest in nbests:
         first_row.append(first_row[-1] + len(nbest))
     use_r2l = reverse_weight > 0.0
-    for group in length_groups(nbests, padding_slack, max_positions=max_positions):
-        batch = build_decoder_batch([encoder_outs[s] for s in group], [nbests[s] for s in group], sos, eos)
-        with torch.inference_mode():
-            l2r_logp, r2l_logp = decoder_fn(
-                batch.memory, batch.memory_mask, batch.ys_in_pad, batch.ys_in_lens, batch.r_ys_in_pad,
-                reverse_weight, memory_rows=batch.memory_rows,
-            )  # fmt: skip
-        group_rows = [row for s in group for row in range(first_row[s], first_row[s + 1])]
-        use_r2l = use_r2l and r2l_logp.numel() > 0
-        scores = sequence_scores(l2r_logp, batch.targets, batch.target_mask).tolist()
-        for row, score in zip(group_rows, scores, strict=True):
-            l2r[row] = score
-        if use_r2l:
-            scores = sequence_scores(r2l_logp, batch.r_targets, batch.target_mask).tolist()
-            for row, score in zip(group_rows, scores, strict=True):
-                r2l[row] = score
+    forward_tree = getattr(decoder_fn, "forward_tree", None) if prefix_tree else None
+    if forward_tree is not None:
+        use_r2l = _rescore_trees(
+            forward_tree, encoder_outs, nbests, sos, eos, use_r2l, padding_slack, max_positions, first_row, l2r, r2l
+        )
+    else:
+        use_r2l = _rescore_padded(
+            decoder_fn, encoder_outs, nbests, sos, eos, reverse_weight, padding_slack, max_positions,
+            first_row, l2r, r2l,
+        )  # fmt: skip
 
     results = []
     row = 0
@@ -294,3 +401,61 @@ def attention_rescore(
             )
         )
     return results
+
+
+def _rescore_padded(
+    decoder_fn: DecoderFn, encoder_outs: Sequence[torch.Tensor], nbests: Sequence[Sequence[Hypothesis]],
+    sos: int, eos: int, reverse_weight: float, padding_slack: float, max_positions: float,
+    first_row: list[int], l2r: list[float], r2l: list[float],
+) -> bool:  # fmt: skip
+    """Every hypothesis padded to its call's longest; fills l2r/r2l; returns whether r2l was used."""
+    use_r2l = reverse_weight > 0.0
+    for group in length_groups(nbests, padding_slack, max_positions=max_positions):
+        batch = build_decoder_batch([encoder_outs[s] for s in group], [nbests[s] for s in group], sos, eos)
+        with torch.inference_mode():
+            l2r_logp, r2l_logp = decoder_fn(
+                batch.memory, batch.memory_mask, batch.ys_in_pad, batch.ys_in_lens, batch.r_ys_in_pad,
+                reverse_weight, memory_rows=batch.memory_rows,
+            )  # fmt: skip
+        group_rows = [row for s in group for row in range(first_row[s], first_row[s + 1])]
+        use_r2l = use_r2l and r2l_logp.numel() > 0
+        scores = sequence_scores(l2r_logp, batch.targets, batch.target_mask).tolist()
+        for row, score in zip(group_rows, scores, strict=True):
+            l2r[row] = score
+        if use_r2l:
+            scores = sequence_scores(r2l_logp, batch.r_targets, batch.target_mask).tolist()
+            for row, score in zip(group_rows, scores, strict=True):
+                r2l[row] = score
+    return use_r2l
+
+
+def _rescore_trees(
+    forward_tree: Callable[..., tuple[torch.Tensor, torch.Tensor]], encoder_outs: Sequence[torch.Tensor],
+    nbests: Sequence[Sequence[Hypothesis]], sos: int, eos: int, use_r2l: bool, padding_slack: float,
+    max_positions: float, first_row: list[int], l2r: list[float], r2l: list[float],
+) -> bool:  # fmt: skip
+    """One prefix tree per utterance and direction; fills l2r/r2l; returns whether r2l was used."""
+    hyps = [[list(h.tokens) for h in nbest] for nbest in nbests]
+    r_hyps = [[tokens[::-1] for tokens in stream] for stream in hyps]
+    trees = [PrefixTree.of(stream, sos) for stream in hyps]
+    r_trees = [PrefixTree.of(stream, sos) for stream in r_hyps] if use_r2l else []
+    sizes = [max(len(trees[s]), len(r_trees[s]) if use_r2l else 0) for s in range(len(trees))]
+    for group in size_groups(sizes, padding_slack, max_positions=max_positions):
+        memory = torch.nn.utils.rnn.pad_sequence([encoder_outs[s] for s in group], batch_first=True)
+        device = memory.device
+        frames = torch.tensor([encoder_outs[s].shape[0] for s in group], device=device)
+        memory_mask = (torch.arange(memory.shape[1], device=device)[None, :] < frames[:, None]).unsqueeze(1)
+        batch = tuple(t.to(device) for t in tree_batch([trees[s] for s in group], eos))
+        r_batch = tuple(t.to(device) for t in tree_batch([r_trees[s] for s in group], eos)) if use_r2l else None
+        with torch.inference_mode():
+            l2r_logp, r2l_logp = forward_tree(memory, memory_mask, batch, r_batch)
+        rows = [row for s in group for row in range(first_row[s], first_row[s + 1])]
+        for row, score in zip(rows, tree_scores(l2r_logp, [trees[s] for s in group], [hyps[s] for s in group], eos),
+                              strict=True):  # fmt: skip
+            l2r[row] = score
+        use_r2l = use_r2l and r2l_logp.numel() > 0
+        if use_r2l:
+            scores = tree_scores(r2l_logp, [r_trees[s] for s in group], [r_hyps[s] for s in group], eos)
+            for row, score in zip(rows, scores, strict=True):
+                r2l[row] = score
+    return use_r2l

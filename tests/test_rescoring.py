@@ -13,7 +13,7 @@ import torch
 
 from asr_core.ctc_search import Hypothesis
 from asr_core.model.attention import MultiHeadedAttention
-from rescoring.attention import attention_rescore, build_decoder_batch, length_groups
+from rescoring.attention import PrefixTree, attention_rescore, build_decoder_batch, length_groups
 
 FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "wenet_u2pp_small"
 needs_fixture = pytest.mark.skipif(
@@ -227,8 +227,10 @@ def test_rejects_mismatched_inputs() -> None:
 
 
 @needs_fixture
-def test_real_decoder_on_stored_encoder_outputs_matches_wenet(decoding: dict[str, Any]) -> None:
-    """The fixture model's decoder, all four (utterance, mode) streams in one batch, then each alone."""
+@pytest.mark.parametrize("prefix_tree", [True, False], ids=["prefix-tree", "padded"])
+def test_real_decoder_on_stored_encoder_outputs_matches_wenet(decoding: dict[str, Any], prefix_tree: bool) -> None:
+    """The fixture model's decoder, all four (utterance, mode) streams in one batch, then each alone;
+    decoding each n-best as a prefix tree and as padded hypotheses."""
     loader = pytest.importorskip("asr_core.model.loader")
     torch.set_num_threads(1)
     loaded = loader.load_wenet_model(FIXTURE / "model")
@@ -236,8 +238,9 @@ def test_real_decoder_on_stored_encoder_outputs_matches_wenet(decoding: dict[str
     encoders = [torch.from_numpy(arrays[f"{utt}__encoder_out_{mode}"]) for utt, mode in CASES]
     nbests = [nbest_of(decoding, utt, mode) for utt, mode in CASES]
     together = attention_rescore(
-        loaded.model.decoder, encoders, nbests, sos=loaded.sos_id, eos=loaded.eos_id, ctc_weight=0.5, reverse_weight=0.3
-    )
+        loaded.model.decoder, encoders, nbests, sos=loaded.sos_id, eos=loaded.eos_id, ctc_weight=0.5,
+        reverse_weight=0.3, prefix_tree=prefix_tree,
+    )  # fmt: skip
     for (utt, mode), enc, nbest, joint in zip(CASES, encoders, nbests, together, strict=True):
         expected = decoding[utt][mode]
         assert list(joint.tokens) == expected["attention_rescoring"]["tokens"]
@@ -247,8 +250,59 @@ def test_real_decoder_on_stored_encoder_outputs_matches_wenet(decoding: dict[str
             assert score_ok(by_index[i].l2r_score, ref["l2r_decoder_score"])
             assert score_ok(by_index[i].r2l_score, ref["r2l_decoder_score"])
             assert score_ok(by_index[i].score, ref["final_score"])
-        (alone,) = attention_rescore(loaded.model.decoder, [enc], [nbest], sos=loaded.sos_id, eos=loaded.eos_id)
+        (alone,) = attention_rescore(
+            loaded.model.decoder, [enc], [nbest], sos=loaded.sos_id, eos=loaded.eos_id, prefix_tree=prefix_tree
+        )
         assert alone.tokens == joint.tokens
         for a, b in zip(alone.hypotheses, joint.hypotheses, strict=True):
             assert a.nbest_index == b.nbest_index
             assert score_ok(a.score, b.score)
+
+
+def test_prefix_tree_shares_prefixes_and_masks_ancestors() -> None:
+    tree = PrefixTree.of([[5, 6, 7], [5, 6, 8], [5], []], sos=1)
+    assert tree.tokens == [1, 5, 6, 7, 8] and tree.depths == [0, 1, 2, 3, 3] and tree.parents == [-1, 0, 1, 2, 2]
+    assert tree.paths == [[0, 1, 2, 3], [0, 1, 2, 4], [0, 1], [0]]
+    mask = tree.mask(6)  # one padding node
+    assert mask[4].tolist() == [True, True, True, False, True, False]  # 8 sees sos, 5, 6 and itself, not 7
+    assert mask[3].tolist() == [True, True, True, True, False, False]
+    assert mask[5].tolist() == [False] * 5 + [True]  # padding sees only itself
+
+
+@needs_fixture
+@pytest.mark.parametrize("backend", ["torch", "torch-int8"])
+def test_prefix_tree_decoding_equals_padded_decoding(backend: str) -> None:
+    """The float and the int8 rescoring decoders on random n-best lists of shared prefixes.
+
+    The int8 decoder quantizes its activations with one scale per call, so differently shaped
+    calls differ a little (as the padded path does between batch compositions): there the
+    scores agree within 0.5 % and the winners are the same."""
+    loader = pytest.importorskip("asr_core.model.loader")
+    from asr_core.backends import rescoring_decoder
+
+    torch.set_num_threads(1)
+    loaded = loader.load_wenet_model(FIXTURE / "model")
+    decoder = rescoring_decoder(backend, loaded.model.decoder)
+    gen = torch.Generator().manual_seed(3)
+    rng = np.random.default_rng(3)
+    encoders, nbests = [], []
+    for frames in (12, 30, 55):
+        encoders.append(torch.randn(frames, loaded.d_model, generator=gen))
+        base = rng.integers(2, loaded.vocab_size - 1, size=frames // 3).tolist()
+        nbest = []
+        for rank in range(6):
+            tokens = list(base)
+            if rank:
+                tokens[int(rng.integers(len(tokens)))] = int(rng.integers(2, loaded.vocab_size - 1))
+            nbest.append(Hypothesis(tuple(tokens[: len(tokens) - rank % 2]), -float(rank)))
+        nbests.append(nbest)
+    kwargs = {"sos": loaded.sos_id, "eos": loaded.eos_id}
+    tree = attention_rescore(decoder, encoders, nbests, **kwargs)
+    padded = attention_rescore(decoder, encoders, nbests, prefix_tree=False, **kwargs)
+    tolerance = {"abs": 1e-4} if backend == "torch" else {"rel": 5e-3}
+    for a, b in zip(tree, padded, strict=True):
+        assert a.tokens == b.tokens
+        for x, y in zip(a.hypotheses, b.hypotheses, strict=True):
+            assert x.nbest_index == y.nbest_index
+            assert x.l2r_score == pytest.approx(y.l2r_score, **tolerance)
+            assert x.r2l_score == pytest.approx(y.r2l_score, **tolerance)

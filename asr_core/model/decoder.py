@@ -97,6 +97,39 @@ class TransformerDecoder(nn.Module):
         logp = torch.log_softmax(self.output_layer(x), dim=-1)
         return logp, logp.new_zeros(0)
 
+    def forward_prefix_tree(
+        self, memory: Tensor, memory_mask: Tensor, tokens: Tensor, positions: Tensor, tree_mask: Tensor
+    ) -> Tensor:
+        """Decode every prefix of a prefix tree at once (``rescoring.attention.PrefixTree``).
+
+        memory: (S, T', D); memory_mask: (S, 1, T') bool; tokens: (S, N) int64, the token of
+        each tree node (the root is sos); positions: (S, N) int64, each node's depth;
+        tree_mask: (S, N, N) bool, True where node i may attend node j (j is i or one of its
+        ancestors). Returns log-probs (S, N, V): row i predicts the token after node i's
+        prefix. A node's output depends only on its prefix, exactly as position i of a
+        hypothesis under the causal mask, so each shared prefix is decoded once.
+        """
+        embedding: nn.Module = self.embed[0]
+        pos_enc = self.embed[1]
+        assert isinstance(pos_enc, PositionalEncoding)
+        x = pos_enc(embedding(tokens), positions)
+        for layer in self.decoders:
+            x = layer(x, tree_mask, memory, memory_mask)
+        if self.normalize_before:
+            x = self.after_norm(x)
+        return torch.log_softmax(self.output_layer(x), dim=-1)
+
+    def forward_tree(
+        self,
+        memory: Tensor,
+        memory_mask: Tensor,
+        tree: tuple[Tensor, Tensor, Tensor],
+        r_tree: tuple[Tensor, Tensor, Tensor] | None,
+    ) -> tuple[Tensor, Tensor]:
+        """As ``BiTransformerDecoder.forward_tree``; a unidirectional decoder ignores ``r_tree``."""
+        l2r = self.forward_prefix_tree(memory, memory_mask, *tree)
+        return l2r, l2r.new_zeros(0)
+
 
 class BiTransformerDecoder(nn.Module):
     """U2++: ``left_decoder`` (left-to-right) and ``right_decoder`` (right-to-left)."""
@@ -125,3 +158,18 @@ class BiTransformerDecoder(nn.Module):
             return l2r, empty
         r2l, _ = self.right_decoder(memory, memory_mask, r_ys_in_pad, ys_in_lens, memory_rows=memory_rows)
         return l2r, r2l
+
+    def forward_tree(
+        self,
+        memory: Tensor,
+        memory_mask: Tensor,
+        tree: tuple[Tensor, Tensor, Tensor],
+        r_tree: tuple[Tensor, Tensor, Tensor] | None,
+    ) -> tuple[Tensor, Tensor]:
+        """``TransformerDecoder.forward_prefix_tree`` of the left-to-right decoder on ``tree``
+        (tokens, positions, mask) and of the right-to-left one on ``r_tree`` (the reversed
+        hypotheses' tree; None: skipped, an empty tensor is returned)."""
+        l2r = self.left_decoder.forward_prefix_tree(memory, memory_mask, *tree)
+        if r_tree is None:
+            return l2r, l2r.new_zeros(0)
+        return l2r, self.right_decoder.forward_prefix_tree(memory, memory_mask, *r_tree)

@@ -12,7 +12,8 @@ wall clock; the minimum of ``--repeat`` calls is the number to compare, for the 
 int8 decoder (the one the ``*-int8`` backends use), measured in the same run. ``baseline``
 is the same work done the simple way, in the same run: one call for all utterances, each
 hypothesis with its own copy of the encoder output (source keys/values projected per
-hypothesis); ``speedup`` is baseline / grouped CPU time.
+hypothesis); ``speedup`` is baseline / grouped CPU time. ``padded_cpu_ms_min``: the grouped call
+with every hypothesis padded (``prefix_tree=False``) instead of one prefix tree per utterance.
 ``per_utterance_ms`` divided by the utterance length is the rescoring cost per second of speech.
 Prints one JSON object.
 """
@@ -94,15 +95,16 @@ class CopiedMemory:
 
 def time_rescoring(
     decoder_fn: Any, outs: list[torch.Tensor], nbests: list[list[Hypothesis]], loaded: LoadedModel,
-    slack: float, warmup: int, repeat: int, positions: float = MAX_CALL_POSITIONS,
+    slack: float, warmup: int, repeat: int, positions: float = MAX_CALL_POSITIONS, prefix_tree: bool = True,
 ) -> tuple[list[float], list[float]]:  # fmt: skip
     """(wall ms, thread CPU ms) of each timed call."""
     times, cpu_times = [], []
     for i in range(warmup + repeat):
         started, cpu_started = time.perf_counter(), time.thread_time()
         attention_rescore(
-            decoder_fn, outs, nbests, sos=loaded.sos_id, eos=loaded.eos_id, padding_slack=slack, max_positions=positions
-        )
+            decoder_fn, outs, nbests, sos=loaded.sos_id, eos=loaded.eos_id, padding_slack=slack,
+            max_positions=positions, prefix_tree=prefix_tree,
+        )  # fmt: skip
         if i >= warmup:
             times.append((time.perf_counter() - started) * 1000.0)
             cpu_times.append((time.thread_time() - cpu_started) * 1000.0)
@@ -119,10 +121,13 @@ def run(loaded: LoadedModel, streams: int, beam: int, warmup: int, repeat: int, 
         _, baseline = time_rescoring(
             CopiedMemory(decoder), outs, nbests, loaded, math.inf, warmup, repeat, positions=math.inf
         )
+        _, padded = time_rescoring(decoder, outs, nbests, loaded, PADDING_SLACK, warmup, repeat, prefix_tree=False)
         best = min(cpu_times)
         results[name] = {
             "baseline_cpu_ms_min": round(min(baseline), 2),
             "speedup": round(min(baseline) / best, 2),
+            "padded_cpu_ms_min": round(min(padded), 2),
+            "prefix_tree_speedup": round(min(padded) / best, 2),
             "cpu_ms_min": round(best, 2),
             "wall_ms_min": round(min(times), 2),
             "wall_ms_median": round(statistics.median(times), 2),
