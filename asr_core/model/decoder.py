@@ -16,6 +16,9 @@ from asr_core.model.embedding import PositionalEncoding
 from asr_core.model.feed_forward import PositionwiseFeedForward
 from asr_core.model.mask import make_pad_mask, subsequent_mask
 
+Tree = tuple[Tensor, Tensor, Tensor]
+"""A batch of prefix trees: tokens (S, N), positions (S, N), ancestor mask (S, N, N)."""
+
 
 class DecoderLayer(nn.Module):
     """Self-attention (causal) -> source attention over the encoder output -> FFN."""
@@ -119,15 +122,9 @@ class TransformerDecoder(nn.Module):
             x = self.after_norm(x)
         return torch.log_softmax(self.output_layer(x), dim=-1)
 
-    def forward_tree(
-        self,
-        memory: Tensor,
-        memory_mask: Tensor,
-        tree: tuple[Tensor, Tensor, Tensor],
-        r_tree: tuple[Tensor, Tensor, Tensor] | None,
-    ) -> tuple[Tensor, Tensor]:
+    def forward_tree(self, memory: Tensor, mask: Tensor, tree: Tree, r_tree: Tree | None) -> tuple[Tensor, Tensor]:
         """As ``BiTransformerDecoder.forward_tree``; a unidirectional decoder ignores ``r_tree``."""
-        l2r = self.forward_prefix_tree(memory, memory_mask, *tree)
+        l2r = self.forward_prefix_tree(memory, mask, *tree)
         return l2r, l2r.new_zeros(0)
 
 
@@ -159,17 +156,11 @@ class BiTransformerDecoder(nn.Module):
         r2l, _ = self.right_decoder(memory, memory_mask, r_ys_in_pad, ys_in_lens, memory_rows=memory_rows)
         return l2r, r2l
 
-    def forward_tree(
-        self,
-        memory: Tensor,
-        memory_mask: Tensor,
-        tree: tuple[Tensor, Tensor, Tensor],
-        r_tree: tuple[Tensor, Tensor, Tensor] | None,
-    ) -> tuple[Tensor, Tensor]:
+    def forward_tree(self, memory: Tensor, mask: Tensor, tree: Tree, r_tree: Tree | None) -> tuple[Tensor, Tensor]:
         """``TransformerDecoder.forward_prefix_tree`` of the left-to-right decoder on ``tree``
         (tokens, positions, mask) and of the right-to-left one on ``r_tree`` (the reversed
         hypotheses' tree; None: skipped, an empty tensor is returned)."""
-        l2r = self.left_decoder.forward_prefix_tree(memory, memory_mask, *tree)
+        l2r = self.left_decoder.forward_prefix_tree(memory, mask, *tree)
         if r_tree is None:
             return l2r, l2r.new_zeros(0)
-        return l2r, self.right_decoder.forward_prefix_tree(memory, memory_mask, *r_tree)
+        return l2r, self.right_decoder.forward_prefix_tree(memory, mask, *r_tree)
