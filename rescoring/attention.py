@@ -103,6 +103,14 @@ class DecoderBatch:
     target_mask: torch.Tensor  # (M, L + 1) bool: positions 0..len
 
 
+def padded_memory(encoder_outs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """S encoder outputs (T_s, D) as one padded memory (S, T_max, D) and its mask (S, 1, T_max)."""
+    device = encoder_outs[0].device
+    frames = torch.tensor([e.shape[0] for e in encoder_outs], device=device)  # (S,)
+    memory = torch.nn.utils.rnn.pad_sequence(list(encoder_outs), batch_first=True)
+    return memory, (torch.arange(memory.shape[1], device=device)[None, :] < frames[:, None]).unsqueeze(1)
+
+
 def build_decoder_batch(
     encoder_outs: Sequence[torch.Tensor], nbests: Sequence[Sequence[Hypothesis]], sos: int, eos: int
 ) -> DecoderBatch:
@@ -112,10 +120,8 @@ def build_decoder_batch(
     hyps = [h.tokens for nbest in nbests for h in nbest]
     num_rows = len(hyps)
     max_len = max(len(h) for h in hyps)
-    frames = torch.tensor([e.shape[0] for e in encoder_outs], device=device)  # (S,)
-    encoders = torch.nn.utils.rnn.pad_sequence(list(encoder_outs), batch_first=True)  # (S, T_max, D)
+    encoders, memory_mask = padded_memory(encoder_outs)
     rows = torch.tensor(stream_of_row, device=device, dtype=torch.long)  # (M,)
-    memory_mask = (torch.arange(encoders.shape[1], device=device)[None, :] < frames[:, None]).unsqueeze(1)
 
     ys_in = torch.full((num_rows, max_len + 1), eos, dtype=torch.long)
     r_ys_in = torch.full((num_rows, max_len + 1), eos, dtype=torch.long)
@@ -272,21 +278,34 @@ def length_groups(
     its padded positions would exceed ``max_positions`` (a stream bigger than that gets a call
     of its own). Returns stream indices per call.
     """
-    longest = [max(len(h.tokens) for h in nbest) + 1 for nbest in nbests]
+    return _pack_calls(
+        rows=[len(nbest) for nbest in nbests],
+        longest=[max(len(h.tokens) for h in nbest) + 1 for nbest in nbests],
+        needed=[sum(len(h.tokens) + 1 for h in nbest) for nbest in nbests],
+        slack=slack,
+        allowance=allowance,
+        max_positions=max_positions,
+    )
+
+
+def _pack_calls(
+    rows: Sequence[int], longest: Sequence[int], needed: Sequence[int], slack: float, allowance: int,
+    max_positions: float,
+) -> list[list[int]]:  # fmt: skip
+    """Streams (``rows[s]`` decoder rows, the longest ``longest[s]`` positions, ``needed[s]``
+    positions of real work) packed shortest first into calls by the rules of :func:`length_groups`."""
     groups: list[list[int]] = []
     current: list[int] = []
-    rows = needed = 0
-    for s in sorted(range(len(nbests)), key=lambda s: longest[s]):
-        s_rows = len(nbests[s])
-        s_needed = sum(len(h.tokens) + 1 for h in nbests[s])
-        padded = (rows + s_rows) * longest[s]
-        wasteful = padded > slack * (needed + s_needed) and padded - needed - s_needed > allowance
+    call_rows = call_needed = 0
+    for s in sorted(range(len(rows)), key=lambda s: longest[s]):
+        padded = (call_rows + rows[s]) * longest[s]
+        wasteful = padded > slack * (call_needed + needed[s]) and padded - call_needed - needed[s] > allowance
         if current and (wasteful or padded > max_positions):
             groups.append(current)
-            current, rows, needed = [], 0, 0
+            current, call_rows, call_needed = [], 0, 0
         current.append(s)
-        rows += s_rows
-        needed += s_needed
+        call_rows += rows[s]
+        call_needed += needed[s]
     if current:
         groups.append(current)
     return groups
@@ -300,20 +319,7 @@ def size_groups(
 ) -> list[list[int]]:
     """Streams with one decoder row each (a prefix tree of ``sizes[s]`` nodes) split into calls,
     by the rules of :func:`length_groups`."""
-    groups: list[list[int]] = []
-    current: list[int] = []
-    needed = 0
-    for s in sorted(range(len(sizes)), key=lambda s: sizes[s]):
-        padded = (len(current) + 1) * sizes[s]
-        wasteful = padded > slack * (needed + sizes[s]) and padded - needed - sizes[s] > allowance
-        if current and (wasteful or padded > max_positions):
-            groups.append(current)
-            current, needed = [], 0
-        current.append(s)
-        needed += sizes[s]
-    if current:
-        groups.append(current)
-    return groups
+    return _pack_calls([1] * len(sizes), sizes, sizes, slack, allowance, max_positions)
 
 
 def attention_rescore(
@@ -441,10 +447,8 @@ def _rescore_trees(
     r_trees = [PrefixTree.of(stream, sos) for stream in r_hyps] if use_r2l else []
     sizes = [max(len(trees[s]), len(r_trees[s]) if use_r2l else 0) for s in range(len(trees))]
     for group in size_groups(sizes, padding_slack, max_positions=max_positions):
-        memory = torch.nn.utils.rnn.pad_sequence([encoder_outs[s] for s in group], batch_first=True)
+        memory, memory_mask = padded_memory([encoder_outs[s] for s in group])
         device = memory.device
-        frames = torch.tensor([encoder_outs[s].shape[0] for s in group], device=device)
-        memory_mask = (torch.arange(memory.shape[1], device=device)[None, :] < frames[:, None]).unsqueeze(1)
         batch = tuple(t.to(device) for t in tree_batch([trees[s] for s in group], eos))
         r_batch = tuple(t.to(device) for t in tree_batch([r_trees[s] for s in group], eos)) if use_r2l else None
         with torch.inference_mode():
