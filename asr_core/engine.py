@@ -38,7 +38,7 @@ from asr_core.backends import ChunkRunner, make_runner, rescoring_decoder
 from asr_core.ctc_search import Hypothesis
 from asr_core.endpoint import LEADING_SILENCE, NO_ENDPOINT, REASONS, EndpointRules, update_endpoints
 from asr_core.events import Ended, Event, Final, NBestEntry, Partial
-from asr_core.finals import FinalRequest, FinalSearch, FinalSettings, ProcessFinalSearch, make_final_search
+from asr_core.finals import FinalRequest, FinalSearch, FinalSettings, ProcessFinalSearch
 from asr_core.model.loader import LoadedModel
 from asr_core.stream import Stream, StreamConfig, Utterance
 from asr_gateway.samples import SampleRing
@@ -128,7 +128,7 @@ class Engine:
         self.runner = runner or make_runner(self.options.backend, loaded)
         if self.options.finalizer not in ("thread", "process"):
             raise ValueError(f"finalizer {self.options.finalizer!r} unknown; choose thread or process")
-        self._final_settings = FinalSettings(
+        settings = FinalSettings(
             beam=self.options.beam,
             blank=loaded.blank_id,
             sos=loaded.sos_id,
@@ -137,7 +137,7 @@ class Engine:
             reverse_weight=self.options.reverse_weight,
         )
         decoder = rescoring_decoder(self.options.backend, self.model.decoder)
-        self._local_search = FinalSearch(decoder, self._final_settings)
+        self._local_search = FinalSearch(decoder, settings)
         self._final_search: FinalSearch | ProcessFinalSearch = self._local_search
         self.subsampling = loaded.subsampling
         self.frame_ms = 10 * loaded.subsampling
@@ -170,11 +170,11 @@ class Engine:
         if self._thread is not None:
             return
         self._stop.clear()
-        if self.options.finalizer == "process" and self._final_search is self._local_search:
+        # A GPU decoder stays in this process: a child would need its own device context.
+        on_cpu = self.device.type == "cpu"
+        if self.options.finalizer == "process" and on_cpu and self._final_search is self._local_search:
             try:
-                self._final_search = make_final_search(
-                    "process", self.model.decoder, self.options.backend, self._final_settings, self.device
-                )
+                self._final_search = ProcessFinalSearch(self.model.decoder, self.options.backend, self._local_search)
             except RuntimeError:
                 log.exception("finals process failed to start; finals run in a thread of this process")
         self._thread = threading.Thread(target=self._run, name="asr-engine", daemon=True)

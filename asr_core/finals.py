@@ -34,7 +34,7 @@ import torch
 from asr_core.ctc_search import Hypothesis, ctc_prefix_beam_search_topk
 from rescoring.attention import DecoderFn, RescoreResult, attention_rescore
 
-__all__ = ["FinalRequest", "FinalResult", "FinalSearch", "FinalSettings", "ProcessFinalSearch", "make_final_search"]
+__all__ = ["FinalRequest", "FinalResult", "FinalSearch", "FinalSettings", "ProcessFinalSearch"]
 
 log = logging.getLogger(__name__)
 
@@ -120,14 +120,15 @@ class ProcessFinalSearch:
     re-import the parent's main module, which runs whatever unguarded code a script has.
     """
 
-    def __init__(self, decoder: torch.nn.Module, backend: str, settings: FinalSettings) -> None:
+    def __init__(self, decoder: torch.nn.Module, backend: str, fallback: FinalSearch) -> None:
+        """``decoder``: the float decoder (the child applies ``backend``'s rescoring variant to
+        it); ``fallback``: the same search in this process, for a batch the child cannot answer."""
         buffer = io.BytesIO()
         torch.save(decoder, buffer)
         self._decoder_bytes = buffer.getvalue()
         self._backend = backend
-        self.settings = settings
-        self._local: FinalSearch | None = None  # built on first fallback
-        self._local_decoder = decoder
+        self.settings = fallback.settings
+        self._fallback = fallback
         self._lock = threading.Lock()
         self._process: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
@@ -204,11 +205,7 @@ class ProcessFinalSearch:
                     self._start()
                 except RuntimeError:
                     log.exception("finals process could not be restarted; finals run in-process")
-        if self._local is None:
-            from asr_core.backends import rescoring_decoder
-
-            self._local = FinalSearch(rescoring_decoder(self._backend, self._local_decoder), self.settings)
-        return self._local.run(requests)
+        return self._fallback.run(requests)
 
     def close(self, timeout: float = 5.0) -> None:
         with self._lock:
@@ -240,16 +237,3 @@ def serve(fd: int) -> None:
         if requests is None:
             return
         conn.send(search.run(requests))
-
-
-def make_final_search(
-    mode: str, decoder: torch.nn.Module, backend: str, settings: FinalSettings, device: torch.device
-) -> FinalSearch | ProcessFinalSearch:
-    """``mode`` "thread" or "process"; a process is used on CPU devices only (a GPU decoder stays put)."""
-    if mode not in ("thread", "process"):
-        raise ValueError(f"finalizer mode {mode!r} unknown; choose thread or process")
-    if mode == "process" and device.type == "cpu":
-        return ProcessFinalSearch(decoder, backend, settings)
-    from asr_core.backends import rescoring_decoder
-
-    return FinalSearch(rescoring_decoder(backend, decoder), settings)

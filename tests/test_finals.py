@@ -62,7 +62,7 @@ def test_process_search_equals_thread_search(loaded: LoadedModel, requests: list
     from asr_core.backends import rescoring_decoder
 
     local = FinalSearch(rescoring_decoder(backend, loaded.model.decoder), settings(loaded))
-    remote = ProcessFinalSearch(loaded.model.decoder, backend, settings(loaded))
+    remote = ProcessFinalSearch(loaded.model.decoder, backend, local)
     try:
         assert remote.pid is not None and remote.pid != os.getpid()
         expected = local.run(requests)
@@ -78,7 +78,7 @@ def test_a_dead_child_is_replaced_and_its_batch_still_answered(
     loaded: LoadedModel, requests: list[FinalRequest]
 ) -> None:
     local = FinalSearch(loaded.model.decoder, settings(loaded))
-    remote = ProcessFinalSearch(loaded.model.decoder, "torch", settings(loaded))
+    remote = ProcessFinalSearch(loaded.model.decoder, "torch", local)
     try:
         first_pid = remote.pid
         assert first_pid is not None
