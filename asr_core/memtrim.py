@@ -38,3 +38,15 @@ def trim() -> bool:
     """Release free heap memory to the OS; True when glibc gave some back."""
     function = _malloc_trim()
     return bool(function(0)) if function is not None else False
+
+
+def rss_mb(pid: int | str = "self") -> float | None:
+    """Resident set size of a process in MB, from /proc (Linux); None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None

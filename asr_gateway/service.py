@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from asr_core import memtrim
 from asr_core.endpoint import EndpointRules
 from asr_core.engine import Engine, EngineOptions, resolve_dtype
 from asr_core.model.loader import LoadedModel, load_wenet_model
@@ -51,13 +52,10 @@ def memory_report(top: int = 15) -> dict[str, object]:
     """What holds this process's memory: RSS, the most numerous Python object types, and the
     allocation sites holding the most Python memory when tracemalloc is tracing."""
     import collections
-    import gc
     import tracemalloc
 
-    with open("/proc/self/status", encoding="ascii") as status:
-        rss_kb = next((int(line.split()[1]) for line in status if line.startswith("VmRSS:")), 0)
     types = collections.Counter(type(o).__name__ for o in gc.get_objects())
-    report: dict[str, object] = {"rss_mb": round(rss_kb / 1024, 1), "objects": dict(types.most_common(top))}
+    report: dict[str, object] = {"rss_mb": memtrim.rss_mb() or 0.0, "objects": dict(types.most_common(top))}
     if tracemalloc.is_tracing():
         stats = tracemalloc.take_snapshot().statistics("lineno")[:top]
         report["tracemalloc_kb"] = {str(stat.traceback): round(stat.size / 1024, 1) for stat in stats}

@@ -11,11 +11,9 @@ pytestmark = pytest.mark.skipif(not memtrim.available(), reason="malloc_trim nee
 
 
 def rss_mb() -> float:
-    with open("/proc/self/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS in /proc/self/status")
+    rss = memtrim.rss_mb()
+    assert rss is not None, "no VmRSS in /proc/self/status"
+    return rss
 
 
 def test_trim_returns_freed_heap_pages() -> None:

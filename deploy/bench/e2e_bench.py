@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from asr_core import memtrim
 from asr_core.audio_io import read_wav
 from asr_gateway.demo import (
     DATA_DIR,
@@ -75,11 +76,7 @@ def quantiles(samples: list[float], qs: tuple[float, ...] = (0.5, 0.95)) -> dict
 
 
 def rss_mb() -> float:
-    with open("/proc/self/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    return memtrim.rss_mb() or round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 def record_audio_ends(service: Service) -> dict[str, float]:

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from asr_core import memtrim
 from asr_gateway.demo import (
     DATA_DIR,
     DemoError,
@@ -57,18 +58,6 @@ class Counts:
     errors: list[str] = field(default_factory=list)
 
 
-def _status(pid: int) -> tuple[int, int]:
-    """(VmRSS in kB, threads) of ``pid`` from /proc."""
-    rss_kb = threads = 0
-    with open(f"/proc/{pid}/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                rss_kb = int(line.split()[1])
-            elif line.startswith("Threads:"):
-                threads = int(line.split()[1])
-    return rss_kb, threads
-
-
 def child_pids(pid: int) -> list[int]:
     """Direct children of ``pid`` (e.g. the engine's finals process), from /proc."""
     children: list[int] = []
@@ -81,16 +70,11 @@ def child_pids(pid: int) -> list[int]:
 
 def process_sample(pid: int) -> dict[str, float]:
     """RSS (MB), open FDs and threads of ``pid``, and the RSS of its children, from /proc."""
-    rss_kb, threads = _status(pid)
-    children_kb = 0
-    for child in child_pids(pid):
-        with contextlib.suppress(OSError):
-            children_kb += _status(child)[0]
     return {
-        "rss_mb": round(rss_kb / 1024, 1),
-        "children_rss_mb": round(children_kb / 1024, 1),
+        "rss_mb": memtrim.rss_mb(pid) or 0.0,
+        "children_rss_mb": round(sum(memtrim.rss_mb(child) or 0.0 for child in child_pids(pid)), 1),
         "fds": len(os.listdir(f"/proc/{pid}/fd")),
-        "threads": threads,
+        "threads": len(os.listdir(f"/proc/{pid}/task")),
     }
 
 
