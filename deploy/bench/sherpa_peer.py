@@ -178,6 +178,14 @@ def _load(args: argparse.Namespace, workdir: Path, audio: np.ndarray) -> LoadedM
     return loaded
 
 
+def ours_trial(args: argparse.Namespace, streams: int) -> Trial:
+    """Our engine's trial with the peer's load settings and the command's engine options."""
+    return Trial(
+        streams, args.seconds, args.chunk_ms, args.left_chunks, max_batch=64, max_wait_ms=args.max_wait_ms,
+        fast=False, backend=args.backend, rescore=args.rescore,
+    )  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deploy.bench.sherpa_peer", description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group()
@@ -231,10 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             peer = run_peer_trial(make_recognizer, loaded, base, audio)
             result: dict[str, Any] = {**header, "sherpa_onnx": peer}
             if not args.no_ours:
-                wait, left = args.max_wait_ms, args.left_chunks
-                trial = Trial(args.streams, args.seconds, args.chunk_ms, left, 64, wait, False, args.backend)
-                trial = Trial(**{**trial.__dict__, "rescore": args.rescore})
-                ours = run_trial(loaded, trial, "cpu", audio)
+                ours = run_trial(loaded, ours_trial(args, args.streams), "cpu", audio)
                 result["ours_backend"] = args.backend
                 result["ours_rescore"] = args.rescore
                 result["ours"] = {key: ours[key] for key in OURS_KEYS}
@@ -245,9 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {**header, "sherpa_onnx_max_realtime_streams": peer_max,
               "sherpa_onnx_best": next((t for t in peer_trials if t["streams"] == peer_max), None)}
     if not args.no_ours:
-        ours_base = Trial(8, args.seconds, args.chunk_ms, args.left_chunks, 64, args.max_wait_ms, False, args.backend)
-        ours_base = Trial(**{**ours_base.__dict__, "rescore": args.rescore})
-        ours_max, _ = find_max(loaded, ours_base, "cpu", audio, max(8, peer_max))
+        ours_max, _ = find_max(loaded, ours_trial(args, 8), "cpu", audio, max(8, peer_max))
         result["ours_backend"] = args.backend
         result["ours_rescore"] = args.rescore
         result["ours_max_realtime_streams"] = ours_max
