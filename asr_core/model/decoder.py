@@ -89,35 +89,35 @@ class TransformerDecoder(nn.Module):
         length = ys_in_pad.size(1)
         tgt_mask = ~make_pad_mask(ys_in_lens, length).unsqueeze(1)  # (N, 1, L)
         tgt_mask = tgt_mask & subsequent_mask(length, ys_in_pad.device).unsqueeze(0)  # (N, L, L)
-        embedding: nn.Module = self.embed[0]
-        pos_enc = self.embed[1]
-        assert isinstance(pos_enc, PositionalEncoding)
-        x = pos_enc(embedding(ys_in_pad), torch.arange(length, device=ys_in_pad.device))
-        for layer in self.decoders:
-            x = layer(x, tgt_mask, memory, memory_mask, memory_rows)
-        if self.normalize_before:
-            x = self.after_norm(x)
-        logp = torch.log_softmax(self.output_layer(x), dim=-1)
+        positions = torch.arange(length, device=ys_in_pad.device)
+        logp = self.forward_prefix_tree(memory, memory_mask, ys_in_pad, positions, tgt_mask, memory_rows)
         return logp, logp.new_zeros(0)
 
     def forward_prefix_tree(
-        self, memory: Tensor, memory_mask: Tensor, tokens: Tensor, positions: Tensor, tree_mask: Tensor
+        self,
+        memory: Tensor,
+        memory_mask: Tensor,
+        tokens: Tensor,
+        positions: Tensor,
+        tree_mask: Tensor,
+        memory_rows: Tensor | None = None,
     ) -> Tensor:
         """Decode every prefix of a prefix tree at once (``rescoring.attention.PrefixTree``).
 
         memory: (S, T', D); memory_mask: (S, 1, T') bool; tokens: (S, N) int64, the token of
-        each tree node (the root is sos); positions: (S, N) int64, each node's depth;
+        each tree node (the root is sos); positions: (S, N) or (N,) int64, each node's depth;
         tree_mask: (S, N, N) bool, True where node i may attend node j (j is i or one of its
         ancestors). Returns log-probs (S, N, V): row i predicts the token after node i's
         prefix. A node's output depends only on its prefix, exactly as position i of a
-        hypothesis under the causal mask, so each shared prefix is decoded once.
+        hypothesis under the causal mask, so each shared prefix is decoded once. (``forward``
+        is the special case of padded chains: a causal mask and positions 0..L-1.)
         """
         embedding: nn.Module = self.embed[0]
         pos_enc = self.embed[1]
         assert isinstance(pos_enc, PositionalEncoding)
         x = pos_enc(embedding(tokens), positions)
         for layer in self.decoders:
-            x = layer(x, tree_mask, memory, memory_mask)
+            x = layer(x, tree_mask, memory, memory_mask, memory_rows)
         if self.normalize_before:
             x = self.after_norm(x)
         return torch.log_softmax(self.output_layer(x), dim=-1)
