@@ -26,7 +26,6 @@ import threading
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -81,6 +80,10 @@ class FinalSearch:
     def __init__(self, decoder: DecoderFn, settings: FinalSettings) -> None:
         self.decoder = decoder
         self.settings = settings
+        # Encoder outputs are moved to the decoder's device and float dtype (a float32 cpu
+        # default for decoders that are not modules, or whose Linears are packed int8).
+        reference = next(iter(_parameters(decoder)), torch.empty(0))
+        self._device, self._dtype = reference.device, reference.dtype
 
     @torch.inference_mode()
     def run(self, requests: list[FinalRequest]) -> list[FinalResult]:
@@ -89,12 +92,11 @@ class FinalSearch:
         to_rescore = [i for i, r in enumerate(requests) if r.encoder_out is not None and nbests[i]]
         rescored: dict[int, RescoreResult] = {}
         if to_rescore:
-            reference = next(iter(_parameters(self.decoder)), torch.empty(0))
             encoder_outs = []
             for i in to_rescore:
                 out = requests[i].encoder_out
                 assert out is not None
-                encoder_outs.append(torch.as_tensor(out).to(reference.device, reference.dtype))
+                encoder_outs.append(torch.as_tensor(out).to(self._device, self._dtype))
             results = attention_rescore(
                 self.decoder, encoder_outs, [nbests[i] for i in to_rescore],
                 ctc_weight=s.ctc_weight, reverse_weight=s.reverse_weight, sos=s.sos, eos=s.eos,
@@ -106,7 +108,7 @@ class FinalSearch:
         pass
 
 
-def _parameters(decoder: Any) -> list[torch.Tensor]:
+def _parameters(decoder: object) -> list[torch.Tensor]:
     """Float parameters of a torch decoder (none for int8 Linears' packed weights or non-modules)."""
     if not isinstance(decoder, torch.nn.Module):
         return []
