@@ -1,0 +1,120 @@
+"""Output layers shared by pronunciation while training: rare characters learn from their homophones.
+
+With character units, a character seen a few dozen times in training never gets its own row of
+the CTC and decoder output layers right: on the first demo model, characters seen fewer than 50
+times were never recognised, those seen 200+ times 61 % of the time. Our speech is read from
+tone-numbered pinyin, so every character of one syllable sounds alike. During training each
+row of a tied matrix (CTC ``ctc_lo``, the decoders' ``output_layer`` and ``embed``) is
+
+    W[c] = T_base[base(c)] + T_tone[tonal(c)] + D[c]
+
+where ``base`` is the toneless syllable (``ma``), ``tonal`` the syllable with its tone (``ma3``),
+and ``D`` a per-character residual. Every occurrence of any ``ma3`` character trains ``T_tone``,
+so a rare character starts out as good as its syllable and its residual only has to tell it
+apart from its homophones. The sum is a ``torch.nn.utils.parametrize`` parametrization;
+:func:`plain_state_dict` materialises it, so exported models are ordinary WeNet state dicts with
+the usual shapes and nothing of this module is needed at inference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from pypinyin import Style, pinyin
+from torch import nn
+from torch.nn.utils import parametrize
+
+
+def pronunciation_groups(units: Sequence[str]) -> list[torch.Tensor]:
+    """Two (V,) int64 group ids per unit: toneless syllable, then tonal syllable.
+
+    A unit that is not a single Chinese character (``<blank>``, ``<unk>``, ``<sos/eos>``) is a
+    group of its own at both levels. A polyphonic character takes its most common reading.
+    """
+    levels: list[dict[str, int]] = [{}, {}]
+    ids: list[list[int]] = [[], []]
+    for unit in units:
+        reading = pinyin(unit, style=Style.TONE3, neutral_tone_with_five=True)[0][0] if len(unit) == 1 else ""
+        tonal = reading if reading[-1:].isdigit() else f"unit:{unit}"
+        keys = (tonal.rstrip("0123456789") if reading[-1:].isdigit() else tonal, tonal)
+        for level, key in enumerate(keys):
+            ids[level].append(levels[level].setdefault(key, len(levels[level])))
+    return [torch.tensor(i, dtype=torch.long) for i in ids]
+
+
+class GroupSum(nn.Module):
+    """Parametrization ``W = D + sum_k table_k[group_k]`` over the first dimension of ``W``."""
+
+    def __init__(self, groups: Sequence[torch.Tensor], shape: torch.Size) -> None:
+        super().__init__()
+        for k, g in enumerate(groups):
+            if g.shape != (shape[0],):
+                raise ValueError(f"group ids have shape {tuple(g.shape)}, the tied tensor has {shape[0]} rows")
+            self.register_buffer(f"groups{k}", g.clone(), persistent=True)
+        self.tables = nn.ParameterList(
+            nn.Parameter(torch.zeros(int(g.max()) + 1, *shape[1:])) for g in groups
+        )
+
+    def _groups(self) -> list[torch.Tensor]:
+        return [getattr(self, f"groups{k}") for k in range(len(self.tables))]
+
+    def forward(self, residual: torch.Tensor) -> torch.Tensor:
+        out = residual
+        for table, g in zip(self.tables, self._groups(), strict=True):
+            out = out + table[g]
+        return out
+
+    @torch.no_grad()
+    def right_inverse(self, weight: torch.Tensor) -> torch.Tensor:
+        """Start each table at its groups' mean of what the coarser levels leave; return the residual."""
+        residual = weight.detach().clone()
+        for table, g in zip(self.tables, self._groups(), strict=True):
+            counts = torch.bincount(g, minlength=table.shape[0]).clamp(min=1).to(weight.dtype)
+            sums = torch.zeros_like(table).index_add_(0, g, residual)
+            table.copy_(sums / counts.view(-1, *([1] * (weight.dim() - 1))))
+            residual -= table[g]
+        return residual
+
+
+def tied_tensors(model: nn.Module) -> list[tuple[nn.Module, str]]:
+    """(module, tensor name) of every vocabulary-indexed tensor: CTC and decoder output layers, decoder embeddings."""
+    targets: list[tuple[nn.Module, str]] = []
+    for name, module in model.named_modules():
+        if name.endswith("ctc_lo") or name.endswith("output_layer"):
+            targets += [(module, "weight"), (module, "bias")]
+        elif isinstance(module, nn.Embedding) and "decoder" in name:
+            targets.append((module, "weight"))
+    return targets
+
+
+def tie_by_pronunciation(model: nn.Module, units: Sequence[str]) -> int:
+    """Parametrize the model's vocabulary-indexed tensors (function unchanged); returns how many."""
+    groups = pronunciation_groups(units)
+    targets = tied_tensors(model)
+    for module, name in targets:
+        tensor = getattr(module, name)
+        if tensor.shape[0] != len(units):
+            raise ValueError(f"{type(module).__name__}.{name} has {tensor.shape[0]} rows for {len(units)} units")
+        parametrize.register_parametrization(
+            module, name, GroupSum([g.to(tensor.device) for g in groups], tensor.shape)
+        )
+    return len(targets)
+
+
+def plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict an untied model of the same config has: parametrizations materialised.
+
+    (Not by deep-copying and removing the parametrizations: the copy shares the parametrized class
+    with the original, and removing a parametrization deletes the property from that class.)"""
+    state = model.state_dict()
+    for prefix, module in model.named_modules():
+        if not parametrize.is_parametrized(module):
+            continue
+        dot = f"{prefix}." if prefix else ""
+        for name in module.parametrizations:
+            inner = f"{dot}parametrizations.{name}."
+            for key in [k for k in state if k.startswith(inner)]:
+                del state[key]
+            state[f"{dot}{name}"] = getattr(module, name).detach().clone()
+    return state
