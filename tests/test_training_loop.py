@@ -87,3 +87,70 @@ def test_helpers() -> None:
     masked = train.spec_augment(np.ones((100, 80), np.float32), train.SpecAugConfig(), rng)
     assert 0 < (masked == 0).mean() < 1
     assert export.build_units(["井盖", "盖子"]) == ["<blank>", "<unk>", "井", "子", "盖", "<sos/eos>"]
+
+
+def test_tied_fine_tuning_from_a_model(prepared: tuple[Path, Path], tmp_path: Path) -> None:
+    """--init-from keeps the start model's units, CMVN and function; tying by pinyin and the cosine
+    schedule train; best.pt and the export are plain WeNet weights that compute what the tied model does."""
+    data_dir, config = prepared
+    torch.manual_seed(0)
+    train.Trainer(config, data_dir, tmp_path / "base", bf16=False).run(max_steps=2)
+    start = tmp_path / "start"
+    export.export_model_dir(tmp_path / "base" / "model", tmp_path / "base" / "best.pt", start)
+    raw = yaml.safe_load(config.read_text())
+    raw["recipe_conf"].update(tie_by_pronunciation=True, lr_schedule="cosine", final_lr_fraction=0.1)
+    tied_config = tmp_path / "tied.yaml"
+    tied_config.write_text(yaml.safe_dump(raw))
+
+    trainer = train.Trainer(tied_config, [data_dir, data_dir], tmp_path / "exp", bf16=False, init_from=start)
+    assert len(trainer.data) == 8  # the same directory twice reads as one set of 8
+    for name in ("units.txt", "global_cmvn"):
+        assert (tmp_path / "exp" / "model" / name).read_bytes() == (start / name).read_bytes()
+    start_state = torch.load(start / "final.pt", weights_only=True)
+    assert torch.allclose(trainer.model.ctc.ctc_lo.weight, start_state["ctc.ctc_lo.weight"], atol=1e-6)
+    assert "ctc.ctc_lo.parametrizations.weight.original" in trainer.model.state_dict()
+    assert trainer.learning_rate(0.0) == pytest.approx(0.004 / 5)  # first of 5 warm-up steps
+    trainer.run(max_steps=10)
+    assert trainer.learning_rate(0.5) == pytest.approx(0.004 * (0.1 + 0.9 * 0.5))
+    assert trainer.learning_rate(1.0) == pytest.approx(0.004 * 0.1)
+    losses = [h["loss"] for h in trainer.history]
+    assert np.mean(losses[-3:]) < np.mean(losses[:3])
+
+    resumed = train.Trainer(tied_config, [data_dir, data_dir], tmp_path / "exp", bf16=False, init_from=start)
+    assert resumed.step == 10
+    assert torch.equal(resumed.model.ctc.ctc_lo.weight, trainer.model.ctc.ctc_lo.weight)
+
+    best = torch.load(tmp_path / "exp" / "best.pt", weights_only=True)
+    assert set(best) == set(start_state) | {k for k in best if k.endswith(".pe")}
+    out = tmp_path / "tuned"
+    export.export_model_dir(tmp_path / "exp" / "model", tmp_path / "exp" / "best.pt", out)
+    loaded = load_wenet_model(out)
+    feats = torch.from_numpy(data.FeatureSet(data_dir).feats(0)).unsqueeze(0)
+    trainer.model.eval()
+    with torch.no_grad():
+        enc, _ = trainer.model.encoder(feats, torch.tensor([feats.size(1)]))
+        ours = trainer.model.ctc_log_probs(enc)
+        enc2, _ = loaded.model.encoder(feats, torch.tensor([feats.size(1)]))
+        theirs = loaded.model.ctc_log_probs(enc2)
+    assert torch.allclose(ours, theirs, atol=1e-4)
+
+
+def test_recipe_trains_then_fine_tunes(prepared: tuple[Path, Path], tmp_path: Path) -> None:
+    """`--finetune-minutes`: the recipe's second stage starts from the first stage's export."""
+    from asr_core.training import recipe
+
+    data_dir, config = prepared
+    work = tmp_path / "work"
+    (work / "train").mkdir(parents=True)
+    for name in ("index.tsv", "feats.npy"):
+        (work / "train" / name).symlink_to(data_dir / name)
+    raw = yaml.safe_load(config.read_text())
+    raw["recipe_conf"].update(tie_by_pronunciation=True, lr_schedule="cosine")
+    tuned = tmp_path / "tuned.yaml"
+    tuned.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "model"
+    recipe.main(["--out", str(out), "--work", str(work), "--stage", "train", "--config", str(config),
+                 "--minutes-budget", "0.01", "--finetune-minutes", "0.01", "--finetune-config", str(tuned)])  # fmt: skip
+    assert (work / "base" / "final.pt").exists() and (work / "exp_finetune" / "checkpoint.pt").exists()
+    assert (out / "units.txt").read_bytes() == (work / "base" / "units.txt").read_bytes()
+    assert load_wenet_model(out).vocab_size == load_wenet_model(work / "base").vocab_size

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 import wave
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing import Pool
 from pathlib import Path
@@ -118,25 +118,33 @@ class Entry:
     offset: int
     frames: int
     transcript: str
+    part: int = 0
+    """Which of the set's data directories holds the frames."""
 
 
 class FeatureSet:
-    """A prepared data directory, read lazily: ``feats(i)`` is float32 (T, 80)."""
+    """One or more prepared data directories read as one set, lazily: ``feats(i)`` is float32 (T, 80)."""
 
-    def __init__(self, data_dir: Path) -> None:
-        index = data_dir / "index.tsv"
-        if not index.exists():
-            raise FileNotFoundError(f"{index} not found: prepare the data first (python -m asr_core.training.recipe)")
-        self.entries = [Entry(u, int(o), int(n), t) for u, o, n, t in (ln.split("\t") for ln in index.read_text(
-            encoding="utf-8").splitlines())]
-        self._feats = np.load(data_dir / "feats.npy", mmap_mode="r")
+    def __init__(self, data_dirs: Path | Sequence[Path]) -> None:
+        dirs = [data_dirs] if isinstance(data_dirs, Path) else list(data_dirs)
+        self.entries: list[Entry] = []
+        self._feats = []
+        for part, data_dir in enumerate(dirs):
+            index = data_dir / "index.tsv"
+            if not index.exists():
+                raise FileNotFoundError(
+                    f"{index} not found: prepare the data first (python -m asr_core.training.recipe)"
+                )
+            rows = (line.split("\t") for line in index.read_text(encoding="utf-8").splitlines())
+            self.entries += [Entry(u, int(o), int(n), t, part) for u, o, n, t in rows]
+            self._feats.append(np.load(data_dir / "feats.npy", mmap_mode="r"))
 
     def __len__(self) -> int:
         return len(self.entries)
 
     def feats(self, i: int) -> np.ndarray:
         e = self.entries[i]
-        return np.asarray(self._feats[e.offset : e.offset + e.frames], dtype=np.float32)
+        return np.asarray(self._feats[e.part][e.offset : e.offset + e.frames], dtype=np.float32)
 
     def __iter__(self) -> Iterator[Entry]:
         return iter(self.entries)

@@ -84,12 +84,27 @@ def model_yaml(raw: dict[str, Any], vocab_size: int) -> dict[str, Any]:
     return conf
 
 
-def write_model_dir_skeleton(model_dir: Path, raw: dict[str, Any], data: FeatureSet) -> None:
-    """train.yaml, units.txt and global_cmvn for a new training run on ``data``."""
+def write_model_dir_skeleton(
+    model_dir: Path, raw: dict[str, Any], data: FeatureSet, init_from: Path | None = None
+) -> None:
+    """train.yaml, units.txt and global_cmvn for a new training run on ``data``.
+
+    With ``init_from`` (a model dir whose weights start the run), its units and CMVN are kept, so
+    the weights mean the same thing; characters of ``data`` outside those units train as ``<unk>``.
+    """
     model_dir.mkdir(parents=True, exist_ok=True)
-    units = build_units([e.transcript for e in data])
-    (model_dir / "units.txt").write_text("".join(f"{u} {i}\n" for i, u in enumerate(units)), encoding="utf-8")
-    (model_dir / "global_cmvn").write_text(json.dumps(cmvn_stats(data)))
+    if init_from is not None:
+        for name in ("units.txt", "global_cmvn"):
+            shutil.copyfile(init_from / name, model_dir / name)
+        table = read_units(model_dir / "units.txt")
+        units = sorted(table, key=table.__getitem__)
+        unknown = {ch for e in data for ch in e.transcript} - set(units)
+        if unknown:
+            print(f"{len(unknown)} characters of the data are not units of {init_from}: trained as <unk>", flush=True)
+    else:
+        units = build_units([e.transcript for e in data])
+        (model_dir / "units.txt").write_text("".join(f"{u} {i}\n" for i, u in enumerate(units)), encoding="utf-8")
+        (model_dir / "global_cmvn").write_text(json.dumps(cmvn_stats(data)))
     text = yaml.safe_dump(model_yaml(raw, len(units)), allow_unicode=True, sort_keys=True)
     (model_dir / "train.yaml").write_text(text, encoding="utf-8")
 

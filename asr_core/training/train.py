@@ -29,14 +29,14 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from asr_core.training import export
+from asr_core.training import export, tying
 from asr_core.training.data import FeatureSet
 
 IGNORE_ID = -1
@@ -61,6 +61,15 @@ class RecipeConfig(BaseModel):
     dev_utterances: int = Field(100, ge=0, description="held back from training to pick the best checkpoint")
     max_epochs: int = Field(100, gt=0)
     log_every: int = Field(20, gt=0, description="steps between log lines")
+    tie_by_pronunciation: bool = Field(
+        False, description="share output/embedding rows between characters of one syllable (training.tying)"
+    )
+    lr_schedule: Literal["warmup", "cosine"] = Field(
+        "warmup",
+        description="warmup: WeNet's WarmupLR; cosine: warm-up, then a cosine decay over the run's time "
+        "(--minutes-budget) or step budget (--max-steps) down to final_lr_fraction of the peak",
+    )
+    final_lr_fraction: float = Field(0.05, ge=0, le=1)
 
 
 class TrainConfig(BaseModel):
@@ -89,6 +98,14 @@ def warmup_lr(step: int, base_lr: float, warmup_steps: int) -> float:
     """WeNet's WarmupLR: linear rise to ``base_lr`` at ``warmup_steps``, then ~ step^-0.5."""
     step = max(step, 1)
     return base_lr * warmup_steps**0.5 * min(step**-0.5, step * warmup_steps**-1.5)
+
+
+def cosine_lr(step: int, progress: float, base_lr: float, warmup_steps: int, final_fraction: float) -> float:
+    """Linear warm-up to ``base_lr``, then a cosine from ``base_lr`` down to ``final_fraction`` of it as
+    ``progress`` (the share of the run's budget used, 0..1) goes to 1."""
+    rise = min(1.0, max(step, 1) / max(warmup_steps, 1))
+    cosine = 0.5 * (1 + math.cos(math.pi * min(max(progress, 0.0), 1.0)))
+    return base_lr * rise * (final_fraction + (1 - final_fraction) * cosine)
 
 
 def spec_augment(feats: np.ndarray, conf: SpecAugConfig, rng: np.random.Generator) -> np.ndarray:
@@ -155,8 +172,9 @@ class Trainer:
     """State of one training run in ``exp_dir``; ``run()`` trains until the step or time budget ends."""
 
     def __init__(
-        self, config_path: Path, data_dir: Path, exp_dir: Path, seed: int = 0, device: str = "cpu", bf16: bool = True
-    ) -> None:
+        self, config_path: Path, data_dir: Path | list[Path], exp_dir: Path, seed: int = 0, device: str = "cpu",
+        bf16: bool = True, init_from: Path | None = None,
+    ) -> None:  # fmt: skip
         self.exp_dir = exp_dir
         self.device = torch.device(device)
         self.bf16 = bf16
@@ -166,10 +184,15 @@ class Trainer:
         self.seed = seed
         exp_dir.mkdir(parents=True, exist_ok=True)
         self.model_dir = exp_dir / "model"
+        resuming = (exp_dir / "checkpoint.pt").exists()
         if not (self.model_dir / "units.txt").exists():
-            export.write_model_dir_skeleton(self.model_dir, self.raw, self.data)
+            export.write_model_dir_skeleton(self.model_dir, self.raw, self.data, None if resuming else init_from)
         self.units = export.read_units(self.model_dir / "units.txt")
         self.model = export.build_model(self.model_dir).to(self.device)
+        if init_from is not None and not resuming:
+            self.init_from(init_from)
+        if self.conf.recipe.tie_by_pronunciation:
+            tying.tie_by_pronunciation(self.model, sorted(self.units, key=self.units.__getitem__))
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.conf.lr)
         num_dev = min(self.conf.recipe.dev_utterances, len(self.data) // 10)
         shuffled = random.Random(seed).sample(range(len(self.data)), len(self.data))
@@ -183,7 +206,7 @@ class Trainer:
         self.best_dev_loss = math.inf
         self.history: list[dict[str, float]] = []
         self.stop_requested = False
-        if (exp_dir / "checkpoint.pt").exists():
+        if resuming:
             self._load_checkpoint(exp_dir / "checkpoint.pt")
 
     def init_from(self, model_dir: Path) -> None:
@@ -221,10 +244,17 @@ class Trainer:
             )
         return out
 
-    def train_step(self, batch: Batch) -> dict[str, float]:
+    def learning_rate(self, progress: float) -> float:
+        """The rate of the next step; ``progress`` is the share of this run's budget used (cosine only)."""
+        if self.conf.recipe.lr_schedule == "cosine":
+            fraction = self.conf.recipe.final_lr_fraction
+            return cosine_lr(self.step + 1, progress, self.conf.lr, self.conf.warmup_steps, fraction)
+        return warmup_lr(self.step + 1, self.conf.lr, self.conf.warmup_steps)
+
+    def train_step(self, batch: Batch, progress: float = 0.0) -> dict[str, float]:
         self.model.train()
         for group in self.optimizer.param_groups:
-            group["lr"] = warmup_lr(self.step + 1, self.conf.lr, self.conf.warmup_steps)
+            group["lr"] = self.learning_rate(progress)
         out = self._forward(batch)
         loss = out["loss"]
         assert loss is not None
@@ -257,7 +287,7 @@ class Trainer:
         dev = self.dev_loss()
         if (not math.isnan(dev) and dev < self.best_dev_loss) or not (self.exp_dir / "best.pt").exists():
             self.best_dev_loss = dev if not math.isnan(dev) else self.best_dev_loss
-            torch.save(self.model.state_dict(), self.exp_dir / "best.pt.tmp")
+            torch.save(tying.plain_state_dict(self.model), self.exp_dir / "best.pt.tmp")
             (self.exp_dir / "best.pt.tmp").replace(self.exp_dir / "best.pt")
         state = {
             "model": self.model.state_dict(),
@@ -287,6 +317,16 @@ class Trainer:
         started = time.monotonic()
         last_checkpoint = started
         recipe = self.conf.recipe
+        first_step = self.step
+
+        def progress() -> float:
+            shares = []
+            if minutes_budget is not None:
+                shares.append((time.monotonic() - started) / (60 * minutes_budget))
+            if max_steps is not None:
+                shares.append((self.step - first_step) / max(max_steps - first_step, 1))
+            return max(shares, default=0.0)
+
         rng = np.random.default_rng(self.seed + self.step)
         window: list[float] = []
         while self.epoch < recipe.max_epochs:
@@ -301,7 +341,7 @@ class Trainer:
                     self.save_checkpoint()
                     return
                 ids = [self.train_ids[i] for i in self.batches[order[self.position]]]
-                losses = self.train_step(self._batch(ids, True, rng))
+                losses = self.train_step(self._batch(ids, True, rng), progress())
                 self.position += 1
                 window.append(losses["loss"])
                 self.history.append({"step": self.step, **losses})
@@ -328,7 +368,9 @@ def read_units_list(path: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, required=True, help="WeNet-style train.yaml with recipe_conf")
-    parser.add_argument("--data", type=Path, required=True, help="prepared data dir (index.tsv + feats.npy)")
+    parser.add_argument(
+        "--data", type=Path, nargs="+", required=True, help="prepared data dirs (index.tsv + feats.npy), one set"
+    )
     parser.add_argument("--exp", type=Path, required=True, help="checkpoints and logs; resumes if present")
     parser.add_argument("--out", type=Path, help="export the best model here as a WeNet model dir")
     parser.add_argument("--minutes-budget", type=float, help="stop training after this many minutes")
@@ -341,9 +383,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    trainer = Trainer(args.config, args.data, args.exp, args.seed, args.device, not args.no_bf16)
-    if args.init_from is not None and trainer.step == 0:
-        trainer.init_from(args.init_from)
+    trainer = Trainer(args.config, args.data, args.exp, args.seed, args.device, not args.no_bf16, args.init_from)
 
     def request_stop(signum: int, _frame: object) -> None:
         print(f"signal {signum}: saving a checkpoint and stopping", flush=True)
