@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -61,3 +63,24 @@ def test_mix_of_hotline_and_everyday_with_wide_vocabulary() -> None:
     _, common = textgen.char_coverage(sentences)
     assert common > 1200
     assert len(textgen.common_chars()) == 3500
+
+
+def test_rare_set_favours_rare_characters_and_keeps_out_test_sentences() -> None:
+    splits = textgen.make_splits(3000, 200, seed=0)
+    flat = textgen.make_rare_set(3000, seed=5, splits=splits)
+    assert len(flat) == 3000
+    train_chars = {ch for s in splits.train for ch in s.transcript}
+    assert all(set(s.transcript) <= train_chars for s in flat)
+    held_out = {s.transcript for s in (*splits.test_sentences, *splits.test_templates)}
+    assert not held_out & {s.transcript for s in flat}
+    assert not {s.template for s in flat} & textgen.TEST_TEMPLATES
+
+    counts = Counter(ch for s in splits.train for ch in s.transcript)
+    rare = {ch for ch, n in counts.items() if n < 5}
+
+    def rare_hits(sentences: list[textgen.Sentence]) -> int:
+        return sum(ch in rare for s in sentences for ch in s.transcript)
+
+    usual = textgen.generate(3000, 5, 0.2, frozenset(textgen.TEMPLATES) - textgen.TEST_TEMPLATES)
+    assert rare_hits(flat) > 2 * rare_hits(usual)
+    assert textgen.generate(50, 1) == textgen.generate(50, 1)  # the context variable was reset

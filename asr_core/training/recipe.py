@@ -1,6 +1,13 @@
 """The whole demo-model recipe: text -> speech -> telephone channel -> fbank -> train -> export.
 
-    python -m asr_core.training.recipe --out asr_core/demo_model --hours 8 --minutes-budget 60
+    python -m asr_core.training.recipe --out asr_core/demo_model --hours 8 --minutes-budget 60 \
+        --finetune-minutes 60      # what `make demo-model` runs
+
+Data: ``train`` (``--hours`` of hotline and everyday sentences), ``train_rare`` (``--rare-hours``
+of sentences built from the words whose characters ``train`` has least) and two held-out test
+sets. Training: ``conf/demo.yaml`` from scratch for ``--minutes-budget``, then, with
+``--finetune-minutes``, ``conf/demo_finetune.yaml`` from that model (output rows shared by
+pinyin syllable, cosine learning rate), exported to ``--out``.
 
 Stages skip work already done in ``--work`` (data directories with an ``index.tsv``, a training
 checkpoint), so an interrupted recipe resumes where it stopped. ``--stage data`` only prepares
@@ -18,17 +25,30 @@ from asr_core.training import data, textgen
 
 AVERAGE_UTTERANCE_SECONDS = 3.7
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "conf" / "demo.yaml"
+FINETUNE_CONFIG = Path(__file__).resolve().parent / "conf" / "demo_finetune.yaml"
 
 
-def prepare_data(work: Path, hours: float, num_test: int, seed: int, processes: int) -> dict[str, int]:
-    """Render the training set and the two held-out test sets (unseen voices) under ``work``."""
+TRAIN_SETS = ("train", "train_rare")
+
+
+def prepare_data(
+    work: Path, hours: float, num_test: int, seed: int, processes: int, rare_hours: float = 0.0
+) -> dict[str, int]:
+    """Render the training sets and the two held-out test sets (unseen voices) under ``work``.
+
+    ``train`` draws everyday words by count^0.3; ``train_rare`` (``rare_hours`` of speech by the
+    average sentence length, none when 0) draws words whose characters ``train`` has least, so
+    that the many characters ``train`` holds only a few times are heard more often."""
     num_train = max(10, round(hours * 3600 / AVERAGE_UTTERANCE_SECONDS))
     splits = textgen.make_splits(num_train, num_test, seed)
+    num_rare = round(rare_hours * 3600 / AVERAGE_UTTERANCE_SECONDS)
     sets = {
         "train": (splits.train, False, False),
         "test_sentences": (splits.test_sentences, True, True),
         "test_templates": (splits.test_templates, True, True),
     }
+    if num_rare:
+        sets["train_rare"] = (textgen.make_rare_set(num_rare, seed + 5, splits), False, False)
     frames = {}
     for offset, (name, (sentences, held_out, wavs)) in enumerate(sets.items()):
         out = work / name
@@ -68,7 +88,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", type=Path, default=Path("exp/demo"), help="data and checkpoints")
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     parser.add_argument("--hours", type=float, default=8.0, help="hours of training speech to synthesize")
+    parser.add_argument(
+        "--rare-hours", type=float, default=7.0, help="extra speech made of words with the rarest characters"
+    )
     parser.add_argument("--minutes-budget", type=float, default=60.0, help="wall-clock minutes of training")
+    parser.add_argument(
+        "--finetune-minutes", type=float, default=0.0,
+        help="then fine-tune the result this long with conf/demo_finetune.yaml (pinyin-tied outputs, cosine lr)",
+    )  # fmt: skip
+    parser.add_argument("--finetune-config", type=Path, default=FINETUNE_CONFIG, help="same network as --config")
     parser.add_argument("--num-test", type=int, default=250, help="utterances in each held-out test set")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--processes", type=int, default=2, help="worker processes for synthesis")
@@ -80,17 +108,29 @@ def main(argv: list[str] | None = None) -> None:
         make_test_bundle(args.bundle)
         return
     if args.stage in ("all", "data"):
-        print(json.dumps(prepare_data(args.work, args.hours, args.num_test, args.seed, args.processes)))
+        stats = prepare_data(args.work, args.hours, args.num_test, args.seed, args.processes, args.rare_hours)
+        print(json.dumps(stats))
     if args.stage in ("all", "train"):
-        from asr_core.training import train
+        train_dirs = [args.work / name for name in TRAIN_SETS if (args.work / name / "index.tsv").exists()]
+        base = args.work / "base" if args.finetune_minutes > 0 else args.out
+        _train(args.config, train_dirs, args.work / "exp", base, args.minutes_budget, args.seed, args.init_from)
+        if args.finetune_minutes > 0:
+            _train(args.finetune_config, train_dirs, args.work / "exp_finetune", args.out, args.finetune_minutes, args.seed,
+                   base)  # fmt: skip
 
-        train.main(
-            [
-                "--config", str(args.config), "--data", str(args.work / "train"), "--exp", str(args.work / "exp"),
-                "--out", str(args.out), "--minutes-budget", str(args.minutes_budget), "--seed", str(args.seed),
-                *(["--init-from", str(args.init_from)] if args.init_from else []),
-            ]
-        )
+
+def _train(
+    config: Path, data_dirs: list[Path], exp: Path, out: Path, minutes: float, seed: int, init_from: Path | None
+) -> None:
+    from asr_core.training import train
+
+    train.main(
+        [
+            "--config", str(config), "--data", *(str(d) for d in data_dirs), "--exp", str(exp), "--out", str(out),
+            "--minutes-budget", str(minutes), "--seed", str(seed),
+            *(["--init-from", str(init_from)] if init_from else []),
+        ]
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

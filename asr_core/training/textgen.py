@@ -15,10 +15,14 @@ whose text never occurs in the training split.
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+
+import numpy as np
 
 HERE = Path(__file__).resolve().parent
 
@@ -104,6 +108,46 @@ def lexicon() -> dict[str, tuple[list[str], list[float]]]:
     return table
 
 
+WordPicker = Callable[[random.Random, str], str]
+"""Draws one everyday word of a lexicon category."""
+
+
+class RareWordPicker:
+    """Draws words whose rarest character has been heard least: weight 1 / (1 + n)^2, where n counts
+    that character in the text so far (``counts`` to start with, plus every word drawn). Words with
+    characters outside ``allowed`` are never drawn."""
+
+    def __init__(self, counts: Counter[str], allowed: set[str]) -> None:
+        self.chars = sorted(allowed)
+        index = {ch: i for i, ch in enumerate(self.chars)}
+        self.counts = np.array([counts.get(ch, 0) for ch in self.chars], dtype=np.float64)
+        self.words: dict[str, list[str]] = {}
+        self.char_ids: dict[str, np.ndarray] = {}
+        for category, (words, _) in lexicon().items():
+            keep = [w for w in words if set(w) <= allowed]
+            width = max((len(w) for w in keep), default=1)
+            ids = np.full((len(keep), width), -1, dtype=np.int64)
+            for row, word in enumerate(keep):
+                ids[row, : len(word)] = [index[ch] for ch in word]
+            self.words[category], self.char_ids[category] = keep, ids
+
+    def __call__(self, rng: random.Random, category: str) -> str:
+        ids = self.char_ids[category]
+        seen = np.where(ids >= 0, self.counts[np.maximum(ids, 0)], np.inf).min(axis=1)
+        weights = np.cumsum(1.0 / (1.0 + seen) ** 2)
+        row = min(int(np.searchsorted(weights, rng.random() * weights[-1], side="right")), len(ids) - 1)
+        self.counts[ids[row][ids[row] >= 0]] += 1
+        return self.words[category][row]
+
+
+def _weighted_word(rng: random.Random, category: str) -> str:
+    words, weights = lexicon()[category]
+    return rng.choices(words, weights)[0]
+
+
+_picker: ContextVar[WordPicker] = ContextVar("word_picker", default=_weighted_word)
+
+
 def _words(text: str) -> tuple[str, ...]:
     return tuple(text.split())
 
@@ -168,8 +212,7 @@ def _address(rng: random.Random) -> str:
 
 
 def _word(rng: random.Random, category: str) -> str:
-    words, weights = lexicon()[category]
-    return rng.choices(words, weights)[0]
+    return _picker.get()(rng, category)
 
 
 def _hotline_templates() -> dict[str, Callable[[random.Random], str]]:
@@ -234,8 +277,21 @@ def generate(
     seed: int,
     hotline_fraction: float = 0.6,
     templates: frozenset[str] | None = None,
+    picker: WordPicker | None = None,
+    exclude: frozenset[str] = frozenset(),
 ) -> list[Sentence]:
-    """``count`` distinct sentences from ``templates`` (default: all), about ``hotline_fraction`` hotline."""
+    """``count`` distinct sentences from ``templates`` (default: all), about ``hotline_fraction`` hotline,
+    everyday words drawn by ``picker`` (default: by lexicon weight), none whose transcript is in ``exclude``."""
+    token = _picker.set(picker or _weighted_word)
+    try:
+        return _generate(count, seed, hotline_fraction, templates, exclude)
+    finally:
+        _picker.reset(token)
+
+
+def _generate(
+    count: int, seed: int, hotline_fraction: float, templates: frozenset[str] | None, exclude: frozenset[str]
+) -> list[Sentence]:
     rng = random.Random(seed)
     names = sorted(templates if templates is not None else TEMPLATES)
     hotline = [n for n in names if n.startswith("hotline.")]
@@ -250,7 +306,7 @@ def generate(
         pool = hotline if daily == [] or (hotline and rng.random() < hotline_fraction) else daily
         name = rng.choice(pool)
         text = TEMPLATES[name](rng)
-        if text not in seen:
+        if text not in seen and strip_punctuation(text) not in exclude:
             seen.add(text)
             out.append(Sentence(text, name))
     return out
@@ -267,6 +323,17 @@ def make_splits(num_train: int, num_test: int, seed: int = 0, hotline_fraction: 
         s for s in generate(num_test * 2, seed + 1, hotline_fraction, TEST_TEMPLATES) if s.transcript not in train_texts
     ][:num_test]
     return Splits(train, test_sentences, test_templates)
+
+
+def make_rare_set(count: int, seed: int, splits: Splits, hotline_fraction: float = 0.2) -> list[Sentence]:
+    """Extra training sentences that make the training split's rare characters common: the training
+    templates with words drawn by :class:`RareWordPicker`, only characters the training split
+    already has (so the units stay), and no sentence of either test set."""
+    counts = Counter(ch for s in splits.train for ch in s.transcript)
+    picker = RareWordPicker(counts, set(counts))
+    held_out = frozenset(s.transcript for s in (*splits.test_sentences, *splits.test_templates))
+    pool = generate(count * 2, seed, hotline_fraction, frozenset(TEMPLATES) - TEST_TEMPLATES, picker, held_out)
+    return [s for s in pool if set(s.transcript) <= set(counts)][:count]
 
 
 def char_coverage(sentences: list[Sentence]) -> tuple[int, int]:
