@@ -98,7 +98,9 @@ def test_tied_fine_tuning_from_a_model(prepared: tuple[Path, Path], tmp_path: Pa
     start = tmp_path / "start"
     export.export_model_dir(tmp_path / "base" / "model", tmp_path / "base" / "best.pt", start)
     raw = yaml.safe_load(config.read_text())
-    raw["recipe_conf"].update(tie_by_pronunciation=True, lr_schedule="cosine", final_lr_fraction=0.1)
+    raw["recipe_conf"].update(
+        tie_by_pronunciation=True, lr_schedule="cosine", final_lr_fraction=0.1, syllable_ctc_weight=0.5
+    )
     tied_config = tmp_path / "tied.yaml"
     tied_config.write_text(yaml.safe_dump(raw))
 
@@ -115,6 +117,8 @@ def test_tied_fine_tuning_from_a_model(prepared: tuple[Path, Path], tmp_path: Pa
     assert trainer.learning_rate(1.0) == pytest.approx(0.004 * 0.1)
     losses = [h["loss"] for h in trainer.history]
     assert np.mean(losses[-3:]) < np.mean(losses[:3])
+    assert all(h["loss"] > h["loss_ctc"] * 0.3 + h["loss_att"] * 0.7 for h in trainer.history)  # + syllable CTC
+    assert all(h["loss_syllable"] > 0 for h in trainer.history)
 
     resumed = train.Trainer(tied_config, [data_dir, data_dir], tmp_path / "exp", bf16=False, init_from=start)
     assert resumed.step == 10
@@ -149,8 +153,9 @@ def test_recipe_trains_then_fine_tunes(prepared: tuple[Path, Path], tmp_path: Pa
     tuned = tmp_path / "tuned.yaml"
     tuned.write_text(yaml.safe_dump(raw))
     out = tmp_path / "model"
-    recipe.main(["--out", str(out), "--work", str(work), "--stage", "train", "--config", str(config),
-                 "--minutes-budget", "0.01", "--finetune-minutes", "0.01", "--finetune-config", str(tuned)])  # fmt: skip
+    budgets = ["--minutes-budget", "0.01", "--finetune-minutes", "0.01"]
+    recipe.main(["--out", str(out), "--work", str(work), "--stage", "train", "--config", str(config), *budgets,
+                 "--finetune-config", str(tuned)])  # fmt: skip
     assert (work / "base" / "final.pt").exists() and (work / "exp_finetune" / "checkpoint.pt").exists()
     assert (out / "units.txt").read_bytes() == (work / "base" / "units.txt").read_bytes()
     assert load_wenet_model(out).vocab_size == load_wenet_model(work / "base").vocab_size

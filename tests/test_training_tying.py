@@ -64,3 +64,23 @@ def _five() -> nn.Module:
     holder = nn.Module()
     holder.ctc_lo = nn.Linear(4, 5)
     return holder
+
+
+def test_syllable_ctc_scores_syllables_with_the_shared_rows() -> None:
+    torch.manual_seed(0)
+    head = Head()
+    with pytest.raises(ValueError, match="tie_by_pronunciation"):
+        tying.SyllableCTC(head.ctc_lo)
+    tying.tie_by_pronunciation(head, UNITS)
+    syllables = tying.SyllableCTC(head.ctc_lo)
+    hs = torch.randn(2, 6, 4)
+    targets = torch.tensor([[3, 5, -1], [2, 6, 4]])  # 马码 and 妈井吗
+    loss = syllables(hs, torch.tensor([6, 6]), targets, torch.tensor([2, 3]))
+    assert torch.isfinite(loss) and loss > 0
+    loss.backward()
+    tables = head.ctc_lo.parametrizations["weight"][0].tables
+    assert tables[0].grad is not None and tables[1].grad is not None and tables[1].grad.abs().sum() > 0
+    # 马 and 码 are one syllable (ma3): the targets 马码 and 码马 give the same loss
+    swapped = syllables(hs, torch.tensor([6, 6]), torch.tensor([[5, 3, -1], [2, 6, 4]]), torch.tensor([2, 3]))
+    assert torch.allclose(loss, swapped)
+    assert head.ctc_lo.parametrizations["weight"].original.grad is None  # residuals are the character head's own

@@ -115,8 +115,8 @@ def main(argv: list[str] | None = None) -> None:
         base = args.work / "base" if args.finetune_minutes > 0 else args.out
         _train(args.config, train_dirs, args.work / "exp", base, args.minutes_budget, args.seed, args.init_from)
         if args.finetune_minutes > 0:
-            _train(args.finetune_config, train_dirs, args.work / "exp_finetune", args.out, args.finetune_minutes, args.seed,
-                   base)  # fmt: skip
+            tuned = args.work / "exp_finetune"
+            _train(args.finetune_config, train_dirs, tuned, args.out, args.finetune_minutes, args.seed, base)
 
 
 def _train(

@@ -118,3 +118,50 @@ def plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
                 del state[key]
             state[f"{dot}{name}"] = getattr(module, name).detach().clone()
     return state
+
+
+def _group_sum(module: nn.Module, name: str) -> GroupSum:
+    """The GroupSum parametrizing ``module.<name>``."""
+    tie = getattr(module, "parametrizations")[name][0]  # noqa: B009 (set by torch at run time)
+    if not isinstance(tie, GroupSum):
+        raise ValueError(f"{type(module).__name__}.{name} is not tied by pronunciation")
+    return tie
+
+
+class SyllableCTC(nn.Module):
+    """An auxiliary CTC loss over tonal syllables whose output layer IS the CTC head's shared rows.
+
+    Tying alone still leaves the encoder learning syllables only through a softmax over
+    characters, where homophones compete and rare ones come out as blank. This head scores the
+    ~1,000 tonal syllables with ``T_base[base(s)] + T_tone[s]`` (weights and biases of the tied
+    ``ctc_lo``) and trains them with each transcript's syllables (the characters' tonal groups),
+    so every syllable gets dense supervision and the character head, whose rows contain those
+    tables, inherits it. Nothing of this is exported. Requires :func:`tie_by_pronunciation` first.
+    """
+
+    def __init__(self, ctc_lo: nn.Module, blank_id: int = 0) -> None:
+        super().__init__()
+        if not parametrize.is_parametrized(ctc_lo, "weight") or not parametrize.is_parametrized(ctc_lo, "bias"):
+            raise ValueError("SyllableCTC needs a ctc_lo tied by pronunciation (tie_by_pronunciation)")
+        self.ctc_lo = ctc_lo
+        base, tonal = _group_sum(ctc_lo, "weight")._groups()
+        self.register_buffer("unit_to_syllable", tonal.clone(), persistent=False)
+        syllable_base = torch.zeros(int(tonal.max()) + 1, dtype=torch.long)
+        syllable_base[tonal] = base
+        self.register_buffer("syllable_base", syllable_base, persistent=False)
+        self.blank = int(tonal[blank_id])
+        self.loss = nn.CTCLoss(blank=self.blank, reduction="sum", zero_infinity=True)
+
+    def _table(self, name: str) -> torch.Tensor:
+        tables = _group_sum(self.ctc_lo, name).tables
+        return tables[0][self.syllable_base] + tables[1]
+
+    def forward(
+        self, hs: torch.Tensor, hlens: torch.Tensor, ys_pad: torch.Tensor, ys_lens: torch.Tensor
+    ) -> torch.Tensor:
+        """As ``CTC.forward`` (hs (B, T', D), character targets padded with -1) -> loss per utterance."""
+        logits = nn.functional.linear(hs.float(), self._table("weight"), self._table("bias"))
+        logp = torch.log_softmax(logits, dim=-1).transpose(0, 1)
+        unit_to_syllable: torch.Tensor = self.unit_to_syllable
+        targets = unit_to_syllable[ys_pad.clamp(min=0)]
+        return self.loss(logp, targets, hlens, ys_lens) / hs.size(0)
