@@ -145,10 +145,10 @@ class SyllableCTC(nn.Module):
             raise ValueError("SyllableCTC needs a ctc_lo tied by pronunciation (tie_by_pronunciation)")
         self.ctc_lo = ctc_lo
         base, tonal = _group_sum(ctc_lo, "weight")._groups()
-        self.register_buffer("unit_to_syllable", tonal.clone(), persistent=False)
-        syllable_base = torch.zeros(int(tonal.max()) + 1, dtype=torch.long)
-        syllable_base[tonal] = base
-        self.register_buffer("syllable_base", syllable_base, persistent=False)
+        # plain tensors on the head's device (the head is the model's; this module is never moved)
+        self.unit_to_syllable = tonal.clone()
+        self.syllable_base = torch.zeros(int(tonal.max()) + 1, dtype=torch.long, device=tonal.device)
+        self.syllable_base[tonal] = base
         self.blank = int(tonal[blank_id])
         self.loss = nn.CTCLoss(blank=self.blank, reduction="sum", zero_infinity=True)
 
@@ -162,6 +162,5 @@ class SyllableCTC(nn.Module):
         """As ``CTC.forward`` (hs (B, T', D), character targets padded with -1) -> loss per utterance."""
         logits = nn.functional.linear(hs.float(), self._table("weight"), self._table("bias"))
         logp = torch.log_softmax(logits, dim=-1).transpose(0, 1)
-        unit_to_syllable: torch.Tensor = self.unit_to_syllable
-        targets = unit_to_syllable[ys_pad.clamp(min=0)]
+        targets = self.unit_to_syllable[ys_pad.clamp(min=0)]
         return self.loss(logp, targets, hlens, ys_lens) / hs.size(0)
