@@ -14,9 +14,14 @@ full context). Batches are sorted by length; the first epoch runs them shortest 
 Every ``checkpoint_minutes`` the loop saves ``<exp>/checkpoint.pt`` (model, optimizer,
 position in the epoch) and measures the loss on a held-back dev split; the best model by dev
 loss is ``<exp>/best.pt``. Starting again with the same ``--exp`` resumes; ``--init-from DIR``
-starts a new run from an exported model's weights. At the end (step or time budget, SIGTERM,
-Ctrl-C) the loop saves a checkpoint and exports the best model as a WeNet model directory
-(see :mod:`asr_core.training.export`).
+starts a new run from an exported model's weights (and keeps that model's units and CMVN). At
+the end (step or time budget, SIGTERM, Ctrl-C) the loop saves a checkpoint and exports the best
+model as a WeNet model directory (see :mod:`asr_core.training.export`).
+
+``recipe_conf`` options beyond WeNet: ``tie_by_pronunciation`` and ``syllable_ctc_weight``
+(:mod:`asr_core.training.tying`: output rows shared by pinyin syllable, an auxiliary syllable
+CTC), ``lr_schedule: cosine`` (decay over this run's budget; a resumed run counts its budget
+from the resume). ``--data`` takes several prepared directories, read as one set.
 """
 
 from __future__ import annotations
