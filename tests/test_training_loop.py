@@ -99,8 +99,9 @@ def test_tied_fine_tuning_from_a_model(prepared: tuple[Path, Path], tmp_path: Pa
     export.export_model_dir(tmp_path / "base" / "model", tmp_path / "base" / "best.pt", start)
     raw = yaml.safe_load(config.read_text())
     raw["recipe_conf"].update(
-        tie_by_pronunciation=True, lr_schedule="cosine", final_lr_fraction=0.1, syllable_ctc_weight=0.5
-    )
+        tie_by_pronunciation=True, lr_schedule="cosine", final_lr_fraction=0.1, syllable_ctc_weight=0.5,
+        serving_chunk_probability=1.0, serving_chunk_frames=[2, 4], serving_left_chunks=3,
+    )  # fmt: skip
     tied_config = tmp_path / "tied.yaml"
     tied_config.write_text(yaml.safe_dump(raw))
 
@@ -112,6 +113,13 @@ def test_tied_fine_tuning_from_a_model(prepared: tuple[Path, Path], tmp_path: Pa
     assert torch.allclose(trainer.model.ctc.ctc_lo.weight, start_state["ctc.ctc_lo.weight"], atol=1e-6)
     assert "ctc.ctc_lo.parametrizations.weight.original" in trainer.model.state_dict()
     assert trainer.learning_rate(0.0) == pytest.approx(0.004 / 5)  # first of 5 warm-up steps
+    encoder = trainer.model.encoder
+    encoder.train()
+    _, kwargs = trainer._serving_chunk(encoder, (), {})
+    assert kwargs["decoding_chunk_size"] in (2, 4) and kwargs["num_decoding_left_chunks"] == 3
+    assert trainer._serving_chunk(encoder, (), {"decoding_chunk_size": -1}) is None  # an explicit choice stays
+    encoder.eval()
+    assert trainer._serving_chunk(encoder, (), {}) is None  # dev loss and decoding: untouched
     trainer.run(max_steps=10)
     assert trainer.learning_rate(0.5) == pytest.approx(0.004 * (0.1 + 0.9 * 0.5))
     assert trainer.learning_rate(1.0) == pytest.approx(0.004 * 0.1)

@@ -79,6 +79,12 @@ class RecipeConfig(BaseModel):
         0.0, ge=0, description="with tie_by_pronunciation: weight of the auxiliary tonal-syllable CTC loss "
         "(training.tying.SyllableCTC), added to the WeNet loss",
     )  # fmt: skip
+    serving_chunk_probability: float = Field(
+        0.0, ge=0, le=1, description="share of training batches masked with a chunk size from serving_chunk_frames "
+        "(the rest: WeNet's dynamic chunk, half of it full context)",
+    )  # fmt: skip
+    serving_chunk_frames: list[int] = Field([4, 8, 16], min_length=1, description="encoder frames (40 ms each)")
+    serving_left_chunks: int = Field(-1, description="left chunks visible in those batches; -1 all")
 
 
 class TrainConfig(BaseModel):
@@ -207,6 +213,9 @@ class Trainer:
                 self.syllable_ctc = tying.SyllableCTC(self.model.ctc.ctc_lo, self.units["<blank>"])
                 self.model.encoder.register_forward_hook(self._keep_encoder_output)
         self._encoder_output: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._chunk_rng = random.Random(seed)
+        if self.conf.recipe.serving_chunk_probability > 0:
+            self.model.encoder.register_forward_pre_hook(self._serving_chunk, with_kwargs=True)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.conf.lr)
         num_dev = min(self.conf.recipe.dev_utterances, len(self.data) // 10)
         shuffled = random.Random(seed).sample(range(len(self.data)), len(self.data))
@@ -246,6 +255,16 @@ class Trainer:
         feats = [self.data.feats(i) for i in ids]
         tokens = [self.token_ids(self.data.entries[i].transcript) for i in ids]
         return collate(feats, tokens, self.conf.spec_aug if augment else None, rng)
+
+    def _serving_chunk(self, module: Any, args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]] | None:
+        """In training, mask some batches with a serving chunk size (and window) instead of a random one."""
+        recipe = self.conf.recipe
+        if not module.training or kwargs.get("decoding_chunk_size", 0) != 0:
+            return None
+        if self._chunk_rng.random() >= recipe.serving_chunk_probability:
+            return None
+        chunk = self._chunk_rng.choice(recipe.serving_chunk_frames)
+        return args, {**kwargs, "decoding_chunk_size": chunk, "num_decoding_left_chunks": recipe.serving_left_chunks}
 
     def _keep_encoder_output(self, _module: Any, _inputs: Any, output: tuple[torch.Tensor, torch.Tensor]) -> None:
         self._encoder_output = output
