@@ -330,10 +330,11 @@ def make_rare_set(count: int, seed: int, splits: Splits, hotline_fraction: float
     templates with words drawn by :class:`RareWordPicker`, only characters the training split
     already has (so the units stay), and no sentence of either test set."""
     counts = Counter(ch for s in splits.train for ch in s.transcript)
-    picker = RareWordPicker(counts, set(counts))
+    known = set(counts)
+    picker = RareWordPicker(counts, known)
     held_out = frozenset(s.transcript for s in (*splits.test_sentences, *splits.test_templates))
     pool = generate(count * 2, seed, hotline_fraction, frozenset(TEMPLATES) - TEST_TEMPLATES, picker, held_out)
-    return [s for s in pool if set(s.transcript) <= set(counts)][:count]
+    return [s for s in pool if set(s.transcript) <= known][:count]
 
 
 def char_coverage(sentences: list[Sentence]) -> tuple[int, int]:

@@ -36,8 +36,10 @@ def pronunciation_groups(units: Sequence[str]) -> list[torch.Tensor]:
     ids: list[list[int]] = [[], []]
     for unit in units:
         reading = pinyin(unit, style=Style.TONE3, neutral_tone_with_five=True)[0][0] if len(unit) == 1 else ""
-        tonal = reading if reading[-1:].isdigit() else f"unit:{unit}"
-        keys = (tonal.rstrip("0123456789") if reading[-1:].isdigit() else tonal, tonal)
+        if reading[-1:].isdigit():
+            keys = (reading.rstrip("0123456789"), reading)
+        else:
+            keys = (f"unit:{unit}", f"unit:{unit}")
         for level, key in enumerate(keys):
             ids[level].append(levels[level].setdefault(key, len(levels[level])))
     return [torch.tensor(i, dtype=torch.long) for i in ids]
