@@ -20,6 +20,7 @@ from rtp.g711 import encode
 from rtp.ports import PortAllocator
 from sip.app import CountingCallHandler
 from sip.config import SipSettings
+from sip.message import Address
 from sip.routing import Profile, RoleRuleModel, Router, RoutesFile
 from sip.transport import SipServer
 
@@ -87,6 +88,12 @@ def write_rtp_pcap(path: Path, payload_type: int, seconds: float = 1.0, first_se
     return count
 
 
+# sipp binds the ports free_port() found free a moment earlier; another test's process may
+# take one in between. sipp then exits before sending anything, so the run is simply repeated.
+PORT_TAKEN = "Address already in use"
+SIPP_ATTEMPTS = 3
+
+
 async def run_sipp(
     scenario: str,
     server_port: int,
@@ -95,8 +102,25 @@ async def run_sipp(
     timeout_s: float = 20.0,
     transport: str = "u1",
 ) -> tuple[int, str]:
-    """Run one sipp call of ``scenario``; returns (exit code, its error log)."""
+    """Run one sipp call of ``scenario``; returns (exit code, its error log). Retried with
+    new ports when sipp could not bind the ones picked for it."""
+    for _ in range(SIPP_ATTEMPTS - 1):
+        rc, errors = await _run_sipp_once(scenario, server_port, workdir, keys, timeout_s, transport)
+        if rc == 0 or PORT_TAKEN not in errors:
+            return rc, errors
+    return await _run_sipp_once(scenario, server_port, workdir, keys, timeout_s, transport)
+
+
+async def _run_sipp_once(
+    scenario: str,
+    server_port: int,
+    workdir: Path,
+    keys: dict[str, str] | None,
+    timeout_s: float,
+    transport: str,
+) -> tuple[int, str]:
     assert SIPP is not None
+    (workdir / "sipp_errors.log").unlink(missing_ok=True)
     args = [
         SIPP,
         "-sf",
@@ -105,10 +129,12 @@ async def run_sipp(
         "1",
         "-l",
         "1",
+        "-t",
+        transport,
         "-i",
         "127.0.0.1",
         "-p",
-        str(free_port()),
+        str(free_port(socket.SOCK_STREAM if transport.startswith("t") else socket.SOCK_DGRAM)),
         "-mp",
         str(free_port(pair=True)),
         "-s",
@@ -218,8 +244,17 @@ def test_reinvite_hold_and_resume(tmp_path: Path) -> None:
 def test_bye_from_us_after_rtp_timeout(tmp_path: Path, transport: str) -> None:
     async def scenario() -> None:
         async with Harness(tmp_path, rtp_inactivity_timeout_s=1.0) as h:
+            transports: set[str] = set()
+            feed = h.server.feed
+
+            def recording_feed(data: bytes, source: Address) -> None:
+                transports.add(source.transport)
+                feed(data, source)
+
+            h.server.feed = recording_feed  # type: ignore[method-assign]
             await h.sipp("uac_rtp_timeout.xml", transport, codec="8", codec_name="PCMA")
             await h.settle()
+            assert transports == {"tcp" if transport == "t1" else "udp"}
             assert list(h.handler.ended.values()) == ["rtp-timeout"]
             assert h.server.counters["bye.sent"] == 1
             assert h.server.active_calls == 0
