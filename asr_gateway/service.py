@@ -229,6 +229,7 @@ class Service:
             on_end=on_end,
             resample_batch_ms=self.config.rtp.resample_batch_ms,
             poll_interval_ms=self.config.rtp.poll_interval_ms,
+            resampler=self.config.rtp.resampler,
         )
 
     # -- lifecycle --------------------------------------------------------------------

@@ -24,7 +24,7 @@ from rtp.g711 import DECODE_TABLES
 from rtp.jitter import Frame, FrameKind, LossFill, PacketKind, ReorderBuffer
 from rtp.packet import RTP_HEADER_LENGTH, RtpPacket, is_rtcp, parse_rtcp
 from rtp.poller import DatagramPoller
-from rtp.resample import Upsampler
+from rtp.resample import SharedUpsampler, SoxrStream, UpsamplerStream
 from rtp.seq import timestamp_diff
 from rtp.sink import PcmSink
 from rtp.stats import LegStats
@@ -62,18 +62,37 @@ async def _bind_udp(loop: asyncio.AbstractEventLoop, host: str, port: int) -> so
     return sock
 
 
+RESAMPLERS = ("halfband", "soxr")
+
+
+def _upsampler_stream(kind: str, deliver: Callable[[np.ndarray], None]) -> UpsamplerStream | SoxrStream:
+    """`halfband`: a stream of the running loop's shared upsampler (without a running loop,
+    one that upsamples at once); `soxr`: a per-leg soxr stream. ValueError otherwise."""
+    if kind == "soxr":
+        return SoxrStream(deliver)
+    if kind != "halfband":
+        raise ValueError(f"unknown resampler {kind!r}; use one of {', '.join(RESAMPLERS)}")
+    try:
+        shared = SharedUpsampler.for_loop(asyncio.get_running_loop())
+    except RuntimeError:  # no running event loop (tests, offline use)
+        shared = SharedUpsampler()
+    return shared.stream(deliver)
+
+
 class RtpLeg:
     """Receives one RTP stream and hands 16 kHz int16 PCM to `sink`.
 
     payload_types maps RTP payload type numbers to encoding names from the SDP answer, e.g.
     {0: "PCMU", 8: "PCMA", 101: "telephone-event", 13: "CN"}; names are case-insensitive.
-    Decoded audio is resampled and handed to the sink in batches of `resample_batch_ms`
-    (default 80 ms = 4 packets of 20 ms; 0 = every packet). A soxr call costs about the same
-    for any piece up to 80 ms, and once 1000 legs share the caches it is the largest single
-    cost per packet, so 80 ms batches spend a quarter of per-packet resampling on it (40 ms:
-    a half). The price is latency: a sample waits (batch - packet) / 2 on average for its
-    batch, 30 ms at 80 ms (10 ms at 40 ms), on top of the resampler's own block lag (see
-    `rtp.resample`); the engine consumes 160-640 ms chunks, so it hardly sees the difference.
+    Decoded audio is resampled in batches of `resample_batch_ms` (default 80 ms = 4 packets
+    of 20 ms; 0 = every packet) by `resampler`: "halfband" (default) hands each batch to the
+    event loop's `rtp.resample.SharedUpsampler`, which upsamples the batches of all legs
+    ready in the same pass in one matrix product and calls the sink with each leg's output;
+    "soxr" runs a soxr stream per leg. Per-batch costs (decode, submission, the sink call) are
+    paid once per 4 packets at 80 ms. The price is latency: a sample waits (batch - packet) / 2
+    on average for its batch, 30 ms at 80 ms (10 ms at 40 ms), plus the resampler's lag
+    (2.5 ms for halfband, 63 ms on average for soxr; see `rtp.resample`); the engine
+    consumes 160-640 ms chunks, so it hardly sees the difference.
     A batch left incomplete when packets stop is delivered with the next packet or at `close()`.
     The sockets are read every `poll_interval_ms` (default 20 ms, one packet period) by the
     loop's shared `rtp.poller.DatagramPoller`, which adds up to that much delay before a
@@ -102,9 +121,9 @@ class RtpLeg:
         on_end: Callable[[str], None] | None = None,
         loss_fill: LossFill = LossFill.REPEAT_SINGLE,
         max_gap_fill_ms: int = 1000,
-        low_latency_resampler: bool = False,
         resample_batch_ms: int = DEFAULT_RESAMPLE_BATCH_MS,
         poll_interval_ms: float = DEFAULT_POLL_INTERVAL_MS,
+        resampler: str = "halfband",
         expected_remote: tuple[str, int] | None = None,
     ) -> None:
         self.stats = LegStats()
@@ -118,7 +137,7 @@ class RtpLeg:
             max_gap_fill_ms=max_gap_fill_ms,
             stats=self.stats,
         )
-        self._upsampler = Upsampler(low_latency=low_latency_resampler)
+        self._upsampler = _upsampler_stream(resampler, self._emit)
         self._batch_samples = resample_batch_ms * CLOCK_RATE_HZ // 1000
         # Audio waiting for the next resampler call, in order: G.711 bytes of one codec not yet
         # decoded (`_raw`, decoded with `_raw_table`), after decoded PCM (`_pcm`).
@@ -326,10 +345,7 @@ class RtpLeg:
             self._timer = None
         self._deliver(self._buffer.flush())
         self._resample_queued()
-        tail = self._upsampler.flush()
-        if len(tail):
-            self.stats.samples_out += len(tail)
-            self._sink.accept_waveform(tail)
+        self._upsampler.flush()
         self._sink.input_finished()
         for sock in self._sockets:
             if self._poller is not None:
@@ -375,8 +391,8 @@ class RtpLeg:
         self._raw = []
 
     def _resample_queued(self) -> None:
-        """One decode, one resampler call and one sink call per batch: soxr costs ~5 us per call
-        of any size up to 80 ms, so 40 ms batches halve it per packet."""
+        """One decode and one resampler submission per batch; the loop's shared upsampler
+        runs the batches of all legs together and calls `_emit` with the output."""
         self._decode_raw()
         pcm_pieces = self._pcm
         if not pcm_pieces:
@@ -384,10 +400,11 @@ class RtpLeg:
         pcm = pcm_pieces[0] if len(pcm_pieces) == 1 else np.concatenate(pcm_pieces)
         self._pcm = []
         self._queued_samples = 0
-        out = self._upsampler.process(pcm)
-        if len(out):
-            self.stats.samples_out += len(out)
-            self._sink.accept_waveform(out)
+        self._upsampler.submit(pcm)
+
+    def _emit(self, pcm16k: np.ndarray) -> None:
+        self.stats.samples_out += len(pcm16k)
+        self._sink.accept_waveform(pcm16k)
 
     def _check_inactivity(self) -> None:
         """Runs once per timeout period (not per packet): re-arms for the remaining time."""

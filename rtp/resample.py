@@ -1,51 +1,292 @@
-"""Streaming 8 kHz -> 16 kHz resampling with `soxr.ResampleStream`.
+"""Streaming 8 kHz -> 16 kHz resampling: a half-band interpolation filter run for many
+streams at once, as one matrix product per batch.
 
-Choices (measured on 20 ms pieces, see tests/test_rtp_resample.py and the report):
-- dtype int16 in and out: G.711 decodes to int16 and the engine takes int16, so no float
-  conversion on either side; G.711 carries about 13 bits, far inside int16's range.
-- quality "HQ" (20-bit, linear phase): a 3.4 kHz tone passes at 0 dB (LQ loses 8 dB there,
-  QQ 2.5 dB, which telephone speech would feel), at the same cost per piece as MQ/LQ.
-- fixed ratio (vr=False): about 5 us per 20 ms piece against 12 us with vr=True. soxr then
-  works in internal blocks, so output lags input by 63 ms on average (115 ms at most) and
-  comes out in pieces of ~60-120 ms; `low_latency=True` selects vr=True instead: a constant
-  30 ms lag and output for every piece, at about twice the CPU.
-Feeding pieces of any size gives the same samples as one call on their concatenation, to within
-1-2 LSB (soxr dithers its int16 output, so how the input is cut moves the last bit or two);
-`flush()` returns the tail held inside the filter.
+Why not one soxr stream per call leg: at 1000 legs soxr cost ~20 us per call (its per-stream
+state falls out of the CPU caches between a leg's calls), about 5 us of every received packet
+at 80 ms batches, a third of the whole receive path. Upsampling by 2 needs no general
+resampler:
+- every even output sample is an input sample (a half-band filter's even phase is a unit
+  impulse), so only the odd outputs, halfway between two inputs, are computed;
+- each odd output is a dot product of the 2R inputs around it with fixed taps (a windowed
+  sinc: R = 20 taps per side, Kaiser beta 8). Response: flat to within 0.001 dB up to 3.4 kHz
+  (the telephone band's top), -0.07 dB at 3.6 kHz, images above 4.6 kHz at least 82 dB down;
+- the dot products of every stream that has a batch ready are one float32 matrix product:
+  each stream's samples, cut into overlapping windows of BLOCK + 2R - 1, times a banded
+  (BLOCK + 2R - 1) x BLOCK matrix of the taps.
+
+Output lags input by R input samples (2.5 ms), against 63 ms on average (115 ms at most)
+for soxr's HQ fixed-ratio stream. The arithmetic does not depend on how input is cut into
+pieces or grouped with other streams' pieces (float32 products rounded to int16 once), so
+any cutting gives the same samples as one call on the whole signal: exactly
+2 x the input's length in total, the last R pairs coming from `flush()`.
+
+`SharedUpsampler` is the batcher: one per event loop (`for_loop`), each leg holds one
+`UpsamplerStream` from it. A stream's `submit()` queues its piece; the batch runs in a
+callback scheduled at once on the loop (`call_soon`), so every leg that completed a piece in
+the same poller pass shares one product. Without a loop, `submit()` runs at once.
+`Upsampler` is one stream with a synchronous process/flush interface.
+
+The matrix products run on numpy's BLAS; the first `SharedUpsampler.for_loop` limits that BLAS
+to one thread for the process (threadpoolctl): its worker threads would otherwise spin on the
+second core after every product (measured: 31.7 against 14.4 us per packet at 1000 legs),
+and the service's threads are planned without them.
+
+`SoxrStream` keeps the older per-leg soxr HQ stream (`rtp.resampler: soxr`), with the same
+submit/flush interface: its output for a piece comes at once, in soxr's own block sizes.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import weakref
+from collections.abc import Callable
+
 import numpy as np
 import soxr
+from threadpoolctl import threadpool_limits
 
 INPUT_RATE_HZ = 8000
 OUTPUT_RATE_HZ = 16000
-QUALITY = "HQ"
+TAPS_PER_SIDE = 20
+KAISER_BETA = 8.0
+# Odd outputs computed per matrix row: larger blocks waste fewer multiplications on the
+# band's overlap ((BLOCK + 2R - 1) / BLOCK) but pad short pieces further.
+BLOCK = 64
+# Input samples a stream keeps from one piece for the next: the window of the first new
+# output reaches this far back.
+HISTORY = 2 * TAPS_PER_SIDE - 1
 
-_EMPTY = np.zeros(0, dtype=np.int16)
+Deliver = Callable[[np.ndarray], None]
+
+log = logging.getLogger(__name__)
+
+
+def halfband_taps(taps_per_side: int = TAPS_PER_SIDE, beta: float = KAISER_BETA) -> np.ndarray:
+    """The odd phase of a Kaiser-windowed half-band filter: 2 * taps_per_side weights for
+    the inputs at offsets -R+0.5 ... R-0.5 from the output's position, summing to 1."""
+    offsets = np.arange(2 * taps_per_side) - taps_per_side + 0.5
+    window = np.i0(beta * np.sqrt(1.0 - (offsets / taps_per_side) ** 2)) / np.i0(beta)
+    taps = np.sinc(offsets) * window
+    return taps / taps.sum()
+
+
+def _band_matrix(taps: np.ndarray, block: int) -> np.ndarray:
+    """(block + len(taps) - 1, block) float32: column s holds the taps at rows s ... s + 2R - 1."""
+    matrix = np.zeros((block + len(taps) - 1, block), dtype=np.float32)
+    for column in range(block):
+        matrix[column : column + len(taps), column] = taps
+    return matrix
+
+
+_TAPS = halfband_taps()
+_BAND = _band_matrix(_TAPS, BLOCK)
+
+
+def upsample_rows(samples: np.ndarray, n: int) -> np.ndarray:
+    """samples: float32 (G, HISTORY + n), each row a stream's history then its n new 8 kHz
+    samples -> int16 (G, 2n): for each new input position, the even output (an input sample,
+    R - 1 positions into the row) and the odd output after it."""
+    rows = samples.shape[0]
+    blocks = -(-n // BLOCK)
+    width = blocks * BLOCK + HISTORY
+    if samples.shape[1] < width:
+        padded = np.zeros((rows, width), dtype=np.float32)
+        padded[:, : samples.shape[1]] = samples
+        samples = padded
+    row_stride, column_stride = samples.strides
+    windows = np.lib.stride_tricks.as_strided(
+        samples,
+        shape=(rows, blocks, BLOCK + HISTORY),
+        strides=(row_stride, BLOCK * column_stride, column_stride),
+        writeable=False,
+    ).reshape(rows * blocks, BLOCK + HISTORY)
+    odd = (windows @ _BAND).reshape(rows, blocks * BLOCK)[:, :n]
+    out = np.empty((rows, 2 * n), dtype=np.int16)
+    start = TAPS_PER_SIDE - 1
+    out[:, 0::2] = samples[:, start : start + n]
+    np.rint(odd, out=odd)
+    np.clip(odd, -32768, 32767, out=odd)
+    out[:, 1::2] = odd
+    return out
+
+
+class UpsamplerStream:
+    """One stream's filter state in a `SharedUpsampler`; output goes to `deliver`."""
+
+    __slots__ = ("_deliver", "_finished", "_history", "_owner", "_pending", "_skip")
+
+    def __init__(self, owner: SharedUpsampler, deliver: Deliver) -> None:
+        self._owner = owner
+        self._deliver = deliver
+        self._history = np.zeros(HISTORY, dtype=np.float32)
+        # Output pairs before the first input sample (the window sliding in over the zero
+        # history): not delivered, so output stays exactly twice the input.
+        self._skip = TAPS_PER_SIDE
+        self._pending: list[np.ndarray] | None = None
+        self._finished = False
+
+    def submit(self, samples: np.ndarray) -> None:
+        """Queue int16 8 kHz samples; their 16 kHz output reaches `deliver` when the batch
+        runs (at once without an event loop). RuntimeError after `flush()`."""
+        if self._finished:
+            raise RuntimeError("UpsamplerStream.submit() called after flush()")
+        if not len(samples):
+            return
+        if self._pending is None:
+            self._pending = [samples]
+            self._owner._queue(self)
+        else:
+            self._pending.append(samples)
+
+    def flush(self) -> None:
+        """Deliver what is queued and the filter's tail now; the stream takes no more input."""
+        if self._finished:
+            return
+        self._finished = True
+        queued = self._take()
+        tail = np.zeros(TAPS_PER_SIDE, dtype=np.int16)
+        _run_group([self], [tail if queued is None else np.concatenate([queued, tail])])
+
+    def _take(self) -> np.ndarray | None:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        return pending[0] if len(pending) == 1 else np.concatenate(pending)
+
+
+def _run_group(streams: list[UpsamplerStream], pieces: list[np.ndarray]) -> None:
+    """Upsample pieces of one length, one per stream, in one product; deliver each stream's
+    output. A deliver callback that raises is logged and does not stop the others."""
+    n = len(pieces[0])
+    samples = np.empty((len(streams), HISTORY + n), dtype=np.float32)
+    samples[:, :HISTORY] = np.stack([stream._history for stream in streams])
+    samples[:, HISTORY:] = np.stack(pieces)
+    out = upsample_rows(samples, n)
+    histories = samples[:, n : n + HISTORY].copy()
+    for index, stream in enumerate(streams):
+        stream._history = histories[index]
+        row = out[index]
+        if stream._skip:
+            dropped = min(stream._skip, n)
+            stream._skip -= dropped
+            row = row[2 * dropped :]
+            if not len(row):
+                continue
+        try:
+            stream._deliver(row)
+        except Exception:
+            log.exception("an upsampler consumer failed; its output for this batch is lost")
+
+
+_blas_limited = False
+
+
+def _single_thread_blas() -> None:
+    global _blas_limited
+    if not _blas_limited:
+        threadpool_limits(limits=1, user_api="blas")
+        _blas_limited = True
+
+
+_shared: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SharedUpsampler] = weakref.WeakKeyDictionary()
+
+
+class SharedUpsampler:
+    """Runs the queued pieces of all its streams together, grouped by length."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._loop = loop
+        self._waiting: list[UpsamplerStream] = []
+        self._scheduled: asyncio.Handle | None = None
+
+    @classmethod
+    def for_loop(cls, loop: asyncio.AbstractEventLoop) -> SharedUpsampler:
+        """The loop's shared upsampler, created on first use."""
+        shared = _shared.get(loop)
+        if shared is None:
+            _single_thread_blas()
+            shared = _shared[loop] = cls(loop)
+        return shared
+
+    def stream(self, deliver: Deliver) -> UpsamplerStream:
+        return UpsamplerStream(self, deliver)
+
+    def _queue(self, stream: UpsamplerStream) -> None:
+        self._waiting.append(stream)
+        if self._loop is None:
+            self.run()
+        elif self._scheduled is None:
+            self._scheduled = self._loop.call_soon(self.run)
+
+    def run(self) -> None:
+        """Upsample every queued piece now (the scheduled callback)."""
+        self._scheduled = None
+        waiting, self._waiting = self._waiting, []
+        groups: dict[int, tuple[list[UpsamplerStream], list[np.ndarray]]] = {}
+        for stream in waiting:
+            piece = stream._take()
+            if piece is None:  # flushed since it was queued
+                continue
+            streams, pieces = groups.setdefault(len(piece), ([], []))
+            streams.append(stream)
+            pieces.append(piece)
+        for streams, pieces in groups.values():
+            _run_group(streams, pieces)
 
 
 class Upsampler:
-    """8 kHz int16 pieces in, 16 kHz int16 pieces out, state kept between calls."""
+    """One stream, synchronously: 8 kHz int16 pieces in, 16 kHz int16 pieces out."""
 
-    __slots__ = ("_finished", "_stream")
+    __slots__ = ("_out", "_stream")
 
-    def __init__(self, *, low_latency: bool = False) -> None:
-        self._stream = soxr.ResampleStream(
-            INPUT_RATE_HZ, OUTPUT_RATE_HZ, 1, dtype="int16", quality=QUALITY, vr=low_latency
-        )
-        self._finished = False
+    def __init__(self) -> None:
+        self._out: list[np.ndarray] = []
+        self._stream = SharedUpsampler().stream(self._out.append)
 
     def process(self, samples: np.ndarray) -> np.ndarray:
-        """samples: int16, shape (N,) at 8 kHz -> int16, shape (M,) at 16 kHz (M may be 0)."""
-        if self._finished:
+        """samples: int16, shape (N,) at 8 kHz -> int16 at 16 kHz (2N samples, R pairs fewer
+        on the first call; those come later). RuntimeError after `flush()`."""
+        if self._stream._finished:
             raise RuntimeError("Upsampler.process() called after flush(); create a new Upsampler")
-        return self._stream.resample_chunk(samples)
+        self._stream.submit(samples)
+        return self._collect()
 
     def flush(self) -> np.ndarray:
         """The remaining output; afterwards the upsampler accepts no more input."""
+        self._stream.flush()
+        return self._collect()
+
+    def _collect(self) -> np.ndarray:
+        out = self._out[:]
+        self._out.clear()
+        if not out:
+            return np.zeros(0, dtype=np.int16)
+        return out[0] if len(out) == 1 else np.concatenate(out)
+
+
+class SoxrStream:
+    """One leg's soxr HQ stream (fixed ratio) behind the `UpsamplerStream` interface: output
+    lags input by 63 ms on average and comes in soxr's blocks of ~60-120 ms."""
+
+    __slots__ = ("_deliver", "_finished", "_stream")
+
+    def __init__(self, deliver: Deliver) -> None:
+        self._deliver = deliver
+        self._stream = soxr.ResampleStream(INPUT_RATE_HZ, OUTPUT_RATE_HZ, 1, dtype="int16", quality="HQ")
+        self._finished = False
+
+    def submit(self, samples: np.ndarray) -> None:
         if self._finished:
-            return _EMPTY
+            raise RuntimeError("SoxrStream.submit() called after flush()")
+        out = self._stream.resample_chunk(samples)
+        if len(out):
+            self._deliver(out)
+
+    def flush(self) -> None:
+        if self._finished:
+            return
         self._finished = True
-        return self._stream.resample_chunk(_EMPTY, last=True)
+        out = self._stream.resample_chunk(np.zeros(0, dtype=np.int16), last=True)
+        if len(out):
+            self._deliver(out)

@@ -306,18 +306,17 @@ def test_expected_remote_changes() -> None:
 
 
 class RecordingUpsampler:
-    """Stands in for the leg's resampler: keeps the 8 kHz PCM it is given and returns it.
-    (soxr dithers its int16 output, so two resamplers differ by 1-2 LSB on the same input.)"""
+    """Stands in for the leg's resampler stream: keeps the 8 kHz pieces it is given, so the
+    test compares what each path submitted, piece by piece."""
 
     def __init__(self) -> None:
         self.pieces: list[np.ndarray] = []
 
-    def process(self, samples: np.ndarray) -> np.ndarray:
+    def submit(self, samples: np.ndarray) -> None:
         self.pieces.append(samples.copy())
-        return samples
 
-    def flush(self) -> np.ndarray:
-        return np.zeros(0, dtype=np.int16)
+    def flush(self) -> None:
+        pass
 
 
 def test_in_order_fast_path_plays_what_the_frame_path_plays() -> None:

@@ -1,15 +1,20 @@
+import asyncio
+
 import numpy as np
 import pytest
+import soxr
 
-from rtp.resample import Upsampler
+from rtp.leg import RtpLeg
+from rtp.resample import TAPS_PER_SIDE, SharedUpsampler, SoxrStream, Upsampler, halfband_taps
+from rtp.sink import CountingSink
 
 
-def tone(hz: float, samples: int, rate: int = 8000) -> np.ndarray:
-    return (np.sin(2 * np.pi * hz * np.arange(samples) / rate) * 12000).astype(np.int16)
+def tone(hz: float, samples: int, rate: int = 8000, amplitude: float = 12000) -> np.ndarray:
+    return (np.sin(2 * np.pi * hz * np.arange(samples) / rate) * amplitude).astype(np.int16)
 
 
-def upsample_in_pieces(x: np.ndarray, sizes: list[int], *, low_latency: bool = False) -> np.ndarray:
-    upsampler = Upsampler(low_latency=low_latency)
+def upsample_in_pieces(x: np.ndarray, sizes: list[int]) -> np.ndarray:
+    upsampler = Upsampler()
     pieces = []
     start = 0
     for size in sizes:
@@ -22,33 +27,60 @@ def upsample_in_pieces(x: np.ndarray, sizes: list[int], *, low_latency: bool = F
     return np.concatenate(pieces)
 
 
+def level_db(y: np.ndarray, hz: float, rate: int = 16000) -> float:
+    """Level of the component at `hz` (an exact FFT bin) relative to a 12000-peak sine."""
+    spectrum = np.abs(np.fft.rfft(y.astype(np.float64))) * 2 / len(y)
+    return float(20 * np.log10(spectrum[round(hz * len(y) / rate)] / 12000 + 1e-12))
+
+
 @pytest.mark.parametrize("seed", range(5))
-@pytest.mark.parametrize("low_latency", [False, True])
-def test_pieces_of_any_size_match_one_call(seed: int, low_latency: bool) -> None:
+def test_pieces_of_any_size_give_exactly_the_same_samples(seed: int) -> None:
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal(8000) * 4000).astype(np.int16)
-    whole = upsample_in_pieces(x, [], low_latency=low_latency)
+    whole = upsample_in_pieces(x, [])
     sizes = [int(s) for s in rng.integers(0, 400, size=40)]
-    pieced = upsample_in_pieces(x, sizes, low_latency=low_latency)
+    pieced = upsample_in_pieces(x, sizes)
     assert len(whole) == len(pieced) == 16000
-    # soxr rounds its float internals to int16 per output block; block edges move with the
-    # piece sizes, so samples may differ by a couple of LSB, never more.
-    assert np.abs(whole.astype(np.int32) - pieced).max() <= 2
+    np.testing.assert_array_equal(whole, pieced)
 
 
-def test_tone_keeps_frequency_and_level() -> None:
-    y = upsample_in_pieces(tone(440, 8000), [160] * 49)
-    assert len(y) == 16000
-    spectrum = np.abs(np.fft.rfft(y.astype(np.float64)))
-    assert np.argmax(spectrum) == 440  # 1 s at 16 kHz: bin width 1 Hz
-    body = y[1000:-1000].astype(np.float64)
-    assert abs(np.sqrt(np.mean(body**2)) - 12000 / np.sqrt(2)) < 100
+def test_even_outputs_are_the_input_samples_without_delay() -> None:
+    x = (np.random.default_rng(1).standard_normal(1000) * 3000).astype(np.int16)
+    y = upsample_in_pieces(x, [160] * 5)
+    np.testing.assert_array_equal(y[0::2], x)
+    impulse = np.zeros(200, dtype=np.int16)
+    impulse[100] = 16384
+    response = upsample_in_pieces(impulse, [])
+    # Symmetric about the impulse (linear phase, no added delay): odd outputs 199-2k and 201+2k match.
+    left, right = response[199 : 199 - 2 * TAPS_PER_SIDE : -2], response[201 : 201 + 2 * TAPS_PER_SIDE : 2]
+    np.testing.assert_array_equal(left, right)
+    assert int(response[200]) == 16384
 
 
-def test_telephone_band_edge_passes() -> None:
-    y = upsample_in_pieces(tone(3400, 8000), [160] * 49)
-    body = y[1000:-1000].astype(np.float64)
-    assert np.sqrt(np.mean(body**2)) > 0.97 * 12000 / np.sqrt(2)
+def test_taps_sum_to_one_and_are_symmetric() -> None:
+    taps = halfband_taps()
+    assert len(taps) == 2 * TAPS_PER_SIDE
+    assert abs(taps.sum() - 1) < 1e-12
+    np.testing.assert_allclose(taps, taps[::-1])
+
+
+def test_telephone_band_passes_flat_and_images_are_rejected() -> None:
+    for hz in (300, 1000, 3000, 3400):
+        y = upsample_in_pieces(tone(hz, 8000), [160] * 49)
+        assert abs(level_db(y, hz)) < 0.01, hz
+        # The spectral image of a tone at f sits at 8000 - f after upsampling by 2.
+        assert level_db(y, 8000 - hz) < -80, hz
+
+
+def test_close_to_soxr_on_band_limited_speech_like_signal() -> None:
+    rng = np.random.default_rng(7)
+    x = sum(tone(hz, 8000, amplitude=2500) for hz in rng.uniform(200, 3300, size=8)).astype(np.int16)
+    ours = upsample_in_pieces(x, [160] * 49).astype(np.float64)
+    reference = soxr.resample(x, 8000, 16000, quality="HQ").astype(np.float64)
+    body = slice(2000, -2000)
+    error = ours[body] - reference[body]
+    snr = 10 * np.log10(np.sum(reference[body] ** 2) / np.sum(error**2))
+    assert snr > 60
 
 
 def test_process_after_flush_is_an_error() -> None:
@@ -57,3 +89,71 @@ def test_process_after_flush_is_an_error() -> None:
     assert len(upsampler.flush()) == 0
     with pytest.raises(RuntimeError, match="after flush"):
         upsampler.process(np.zeros(160, dtype=np.int16))
+
+
+def test_short_signal_and_flush_keep_the_length() -> None:
+    for n in (0, 1, 5, TAPS_PER_SIDE, 3 * TAPS_PER_SIDE + 1):
+        x = (np.arange(n) * 97 % 2000 - 1000).astype(np.int16)
+        y = upsample_in_pieces(x, [1] * min(n, 7))
+        assert len(y) == 2 * n
+        np.testing.assert_array_equal(y[0::2], x)
+
+
+def test_shared_upsampler_batches_streams_of_any_piece_sizes_on_the_loop() -> None:
+    """Streams that submit in the same loop pass share one run, whatever their piece sizes;
+    each stream's output equals a lone upsampler's, and nothing runs before the loop does."""
+    rng = np.random.default_rng(3)
+    signals = [(rng.standard_normal(4000) * 3000).astype(np.int16) for _ in range(6)]
+    cuts = [sorted(int(c) for c in rng.integers(1, 4000, size=12)) for _ in signals]
+
+    async def scenario() -> list[np.ndarray]:
+        shared = SharedUpsampler.for_loop(asyncio.get_running_loop())
+        assert SharedUpsampler.for_loop(asyncio.get_running_loop()) is shared
+        outputs: list[list[np.ndarray]] = [[] for _ in signals]
+        streams = [shared.stream(out.append) for out in outputs]
+        for step in range(13):
+            for stream, signal, cut in zip(streams, signals, cuts, strict=True):
+                edges = [0, *cut, len(signal)]
+                stream.submit(signal[edges[step] : edges[step + 1]])
+            if step == 0:
+                assert not any(outputs)  # queued, not run: the loop runs the batch
+            await asyncio.sleep(0)
+            assert not shared._waiting
+        for stream in streams:
+            stream.flush()
+        return [np.concatenate(out) for out in outputs]
+
+    for got, signal in zip(asyncio.run(scenario()), signals, strict=True):
+        np.testing.assert_array_equal(got, upsample_in_pieces(signal, []))
+
+
+def test_a_failing_consumer_loses_only_its_own_output(caplog: pytest.LogCaptureFixture) -> None:
+    shared = SharedUpsampler()
+    good: list[np.ndarray] = []
+
+    def broken(_: np.ndarray) -> None:
+        raise RuntimeError("sink is gone")
+
+    shared.stream(broken).submit(np.ones(160, dtype=np.int16))
+    ok = shared.stream(good.append)
+    ok.submit(np.ones(160, dtype=np.int16))
+    ok.flush()
+    assert sum(len(piece) for piece in good) == 320
+    assert "its output for this batch is lost" in caplog.text
+
+
+def test_soxr_stream_keeps_the_interface() -> None:
+    out: list[np.ndarray] = []
+    stream = SoxrStream(out.append)
+    for piece in np.split(tone(440, 8000), 50):
+        stream.submit(piece)
+    stream.flush()
+    stream.flush()
+    assert sum(len(piece) for piece in out) == 16000
+    with pytest.raises(RuntimeError, match="after flush"):
+        stream.submit(np.zeros(160, dtype=np.int16))
+
+
+def test_leg_rejects_an_unknown_resampler() -> None:
+    with pytest.raises(ValueError, match="unknown resampler 'sinc'"):
+        RtpLeg(sink=CountingSink(), payload_types={0: "PCMU"}, resampler="sinc")

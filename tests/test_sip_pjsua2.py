@@ -37,14 +37,14 @@ CALLER = Path(__file__).resolve().parent / "pjsua2_caller.py"
 RATE_IN_HZ = 8000
 RATE_OUT_HZ = 16000
 PACKET_SAMPLES_OUT = 20 * RATE_OUT_HZ // 1000  # one 20 ms RTP packet at the sink's rate
-# The expected signal passes the same G.711 tables and the same soxr HQ filter as the received
-# one, so what remains is the resampler's own: soxr's int16 output differs by up to 2 LSB
-# (0.7 LSB rms measured) with how the input is cut into pieces (the leg feeds 40 ms batches),
-# plus a decaying response to pjsua2's pre-roll silence (A-law decodes it to +-8) when there
-# is one. Against a -12 dBFS chirp (5790 LSB rms) 0.7 LSB rms is 78 dB; 60 dB allows 5.8 LSB
-# rms, while one lost 20 ms packet in the 2 s (silence: 20 dB, repeated: ~17 dB), a 0.1 dB level
-# change (39 dB) or one G.711 code off on 1% of the samples (~47 dB; see pjmedia's A-law) fails.
-MIN_SNR_DB = 60.0
+# The expected signal passes the same G.711 tables and the same half-band filter as the
+# received one, and that filter gives the same samples however its input is cut into pieces
+# (the leg feeds 80 ms batches), so the match is exact (measured: PCMU identical, PCMA 107 dB,
+# what remains being the filter's response to pjsua2's pre-roll silence, which A-law decodes
+# to +-8). 90 dB allows 0.2 LSB rms against the -12 dBFS chirp (5790 LSB rms), while one lost
+# 20 ms packet in the 2 s (silence: 20 dB, repeated: ~17 dB), a 0.1 dB level change (39 dB)
+# or one G.711 code off on 1% of the samples (~47 dB; see pjmedia's A-law) fails.
+MIN_SNR_DB = 90.0
 # pjmedia's A-law table (PJMEDIA_HAS_ALAW_ULAW_TABLE) rounds negative samples differently from
 # ITU G.711 / rtp.g711: it sends for x < 0 the code ITU gives x - 4, so samples within 4 LSB
 # of a step boundary go one code further out (measured here: 44 dB unmodelled, 78 dB with

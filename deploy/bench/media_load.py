@@ -51,7 +51,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from deploy.bench.sip_uac import PACKET_MS, UacConfig, run_uac, stream_rtp
-from rtp.leg import DEFAULT_POLL_INTERVAL_MS, DEFAULT_RESAMPLE_BATCH_MS, RtpLeg
+from rtp.leg import DEFAULT_POLL_INTERVAL_MS, DEFAULT_RESAMPLE_BATCH_MS, RESAMPLERS, RtpLeg
 from rtp.packet import RtpPacket
 from rtp.ports import PortAllocator
 from rtp.sink import CountingSink, PcmSink
@@ -96,6 +96,7 @@ def _leg_options(args: argparse.Namespace) -> dict[str, Any]:
         options["resample_batch_ms"] = args.resample_batch_ms
     if args.poll_interval_ms is not None:
         options["poll_interval_ms"] = args.poll_interval_ms
+    options["resampler"] = args.resampler
     return options
 
 
@@ -197,6 +198,7 @@ def _report(
         "max_calls_held": held,
         "resample_batch_ms": DEFAULT_RESAMPLE_BATCH_MS if args.resample_batch_ms is None else args.resample_batch_ms,
         "poll_interval_ms": DEFAULT_POLL_INTERVAL_MS if args.poll_interval_ms is None else args.poll_interval_ms,
+        "resampler": args.resampler,
         "gc_freeze": not args.no_gc_freeze,
         "gc_collections": window.gc_collections,
     }
@@ -396,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--poll-interval-ms", type=float, help="RtpLeg poll_interval_ms (0: read on readiness; default: the leg's)"
     )
+    parser.add_argument("--resampler", choices=RESAMPLERS, default="halfband", help="RtpLeg resampler")
     parser.add_argument("--no-gc-freeze", action="store_true", help="skip gc.freeze() after start-up")
     parser.add_argument("--no-uvloop", action="store_true", help="use the default asyncio loop")
     parser.add_argument("--parser-bench", action="store_true", help="only compare RTP parsers")
