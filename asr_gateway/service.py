@@ -96,7 +96,7 @@ def engine_options(config: ServiceConfig) -> EngineOptions:
         ),
         device=engine.device,
         dtype=resolve_dtype(engine.dtype, engine.device) if on_gpu or engine.dtype == "bfloat16" else torch.float32,
-        backend=engine.backend,
+        backend=engine.resolved_backend,
         finalizer=engine.finalizer,
     )
 
@@ -249,13 +249,14 @@ class Service:
             metrics=metrics_port,
         )
         log.info(
-            "hotline-asr serving: sip udp %s tcp %s, metrics %s, engine %d slots (%.1f MB kv), model %s",
+            "hotline-asr serving: sip udp %s tcp %s, metrics %s, engine %d slots (%.1f MB kv), model %s, backend %s",
             ports.sip_udp,
             ports.sip_tcp,
             ports.metrics,
             self.engine.pool.num_slots,
             self.engine.pool.total_bytes / 2**20,
             self.loaded.config.encoder,
+            self.engine.options.backend,
         )
         return ports
 

@@ -95,6 +95,19 @@ def test_chunk_size_lists_allowed_values(tmp_path: Path) -> None:
     assert errors_of(path) == [f"{path}:2 engine.chunk_ms: 150 is not one of 160, 240, 320, 640"]
 
 
+def test_backend_auto_picks_int8_on_cpu_and_torch_on_gpu(tmp_path: Path) -> None:
+    assert load_config(None, {}).engine.resolved_backend == "torch-int8"
+    gpu = load_config(write(tmp_path, "engine:\n  device: cuda:0\n  dtype: float16\n"), {})
+    assert gpu.engine.resolved_backend == "torch"
+    chosen = load_config(write(tmp_path, "engine:\n  backend: onnxruntime-int8\n"), {})
+    assert chosen.engine.resolved_backend == "onnxruntime-int8"
+    path = write(tmp_path, "rtp:\n  resampler: sinc\nengine:\n  backend: int4\n")
+    problems = errors_of(path)
+    assert len(problems) == 2
+    assert problems[0].startswith(f"{path}:2 rtp.resampler:") and "'halfband' or 'soxr'" in problems[0]
+    assert problems[1].startswith(f"{path}:4 engine.backend: 'int4' is not one of auto, torch, torch-int8")
+
+
 def test_several_errors_are_all_reported(tmp_path: Path) -> None:
     path = write(tmp_path, "rtp:\n  port_min: 30000\n  port_max: 20000\nredis:\n  stream_maxlen: 5\n")
     lines = errors_of(path)

@@ -9,6 +9,8 @@ that their packages stay optional.
 from __future__ import annotations
 
 import copy
+import warnings
+from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple, Protocol, TypeVar
 
@@ -86,15 +88,27 @@ class TorchChunkRunner:
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 
+def quantize_linears(module: ModuleT, which: Iterable[str] | Iterable[type[nn.Module]]) -> ModuleT:
+    """``module`` (changed in place) with the chosen Linears dynamically quantized to int8.
+
+    torch 2.13 still ships eager dynamic quantization but marks ``torch.ao.quantization``
+    deprecated, and every call warns twice; those two warnings are silenced here so that each
+    service start does not print them. (If a later torch removes the API, the bfloat16 dtype is
+    the CPU fallback: about as fast on AVX512-BF16/AMX CPUs, see deploy/README.md.)
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning, message="torch.ao.quantization is deprecated")
+        warnings.filterwarnings("ignore", category=UserWarning, message="torch.quantize_per_tensor")
+        quantized: ModuleT = torch.ao.quantization.quantize_dynamic(module, which, dtype=torch.qint8)
+    return quantized
+
+
 def rescoring_decoder(backend: str, decoder: ModuleT) -> ModuleT:
     """The attention decoder the finals are rescored with: int8 Linears (a copy) with an
     int8 backend on the CPU, where rescoring is the other large cost besides the encoder."""
     if not backend.endswith("int8") or next(decoder.parameters()).device.type != "cpu":
         return decoder
-    quantized: ModuleT = torch.ao.quantization.quantize_dynamic(
-        copy.deepcopy(decoder), {nn.Linear}, dtype=torch.qint8
-    )
-    return quantized
+    return quantize_linears(copy.deepcopy(decoder), {nn.Linear})
 
 
 class Bf16Convs(nn.Module):
@@ -132,8 +146,7 @@ def _int8_linears(module: ModuleT) -> ModuleT:
         for name, child in float_copy.named_modules()
         if type(child) is nn.Linear and not name.endswith("linear_pos")
     }
-    quantized: ModuleT = torch.ao.quantization.quantize_dynamic(float_copy, names, dtype=torch.qint8)
-    return quantized
+    return quantize_linears(float_copy, names)
 
 
 BACKENDS = (
