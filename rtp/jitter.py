@@ -147,6 +147,30 @@ class ReorderBuffer:
         self._history = (self._history << 1 | 1) & _HISTORY_MASK
         return True
 
+    def in_order_expectation(self) -> tuple[int, int, int, int] | None:
+        """(sequence number, timestamp, payload size, SSRC) of the packet that `push_in_order`
+        would take next; None while something is held or before the stream's shape is known."""
+        if self._next is None or self._held or self.ssrc is None or self._expected_timestamp is None:
+            return None
+        if not self._packet_samples:
+            return None
+        return self._next & 0xFFFF, self._expected_timestamp, self._packet_samples, self.ssrc
+
+    def advance_in_order(self, count: int, next_timestamp: int, payload_type: int, last_payload: bytes) -> None:
+        """Account for `count` packets that continued the stream exactly as `in_order_expectation`
+        said, taken elsewhere (the C receive path, `rtp._fastrtp`): the same state as `count`
+        `push_in_order` calls that returned True, the last with `last_payload`."""
+        expected = self._next
+        if count <= 0 or expected is None:
+            return
+        self._unwrapper.highest = expected + count - 1
+        self._next = expected + count
+        self._bad_seq = None
+        self._expected_timestamp = next_timestamp
+        self._previous = (payload_type, last_payload, len(last_payload))
+        shift = min(count, _HISTORY_BITS)
+        self._history = (self._history << shift | ((1 << shift) - 1)) & _HISTORY_MASK
+
     def push(
         self, seq: int, timestamp: int, ssrc: int, payload_type: int, payload: bytes, kind: PacketKind
     ) -> list[Frame]:

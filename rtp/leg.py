@@ -124,9 +124,18 @@ class RtpLeg:
         resample_batch_ms: int = DEFAULT_RESAMPLE_BATCH_MS,
         poll_interval_ms: float = DEFAULT_POLL_INTERVAL_MS,
         resampler: str = "halfband",
+        fast_path: bool = True,
         expected_remote: tuple[str, int] | None = None,
     ) -> None:
-        self.stats = LegStats()
+        self._stats = LegStats()
+        # The C receive path (`rtp._fastrtp`, through the poller) when built and `fast_path`:
+        # `_fast` is the poller's receiver once the RTP socket is registered there, `_armed`
+        # whether it is taking this leg's in-order packets now (see `_arm`).
+        self._use_fast = fast_path
+        self._fast: Any = None
+        self._fast_fd = -1
+        self._armed = False
+        self._armed_payload_type = -1
         self._sink = sink
         self._on_end = on_end
         self._timeout_s = inactivity_timeout_s
@@ -135,7 +144,7 @@ class RtpLeg:
             clock_rate=CLOCK_RATE_HZ,
             loss_fill=loss_fill,
             max_gap_fill_ms=max_gap_fill_ms,
-            stats=self.stats,
+            stats=self._stats,
         )
         self._upsampler = _upsampler_stream(resampler, self._emit)
         self._batch_samples = resample_batch_ms * CLOCK_RATE_HZ // 1000
@@ -166,6 +175,13 @@ class RtpLeg:
         self._jitter_ssrc = -1
 
     @property
+    def stats(self) -> LegStats:
+        """The leg's counters, including the packets the C receive path has taken so far."""
+        if self._armed:
+            self._take_fast(disarm=False)
+        return self._stats
+
+    @property
     def local_port(self) -> int | None:
         if not self._sockets:
             return None
@@ -192,7 +208,9 @@ class RtpLeg:
             rtp.close()
             raise
         self._poller = DatagramPoller.for_loop(loop, self._poll_interval_s)
-        self._poller.add(rtp, self.handle_rtp)
+        batch_bytes = self._batch_samples  # G.711: one byte per sample
+        if self._poller.add(rtp, self.handle_rtp, owner=self if self._use_fast else None, batch_bytes=batch_bytes):
+            self._fast, self._fast_fd = self._poller.fast, rtp.fileno()
         self._poller.add(rtcp, self.handle_rtcp)
         self._sockets = (rtp, rtcp)
         self._last_seen = time.monotonic()
@@ -200,6 +218,8 @@ class RtpLeg:
 
     def set_payload_types(self, payload_types: dict[int, str]) -> None:
         """Apply a new SDP answer's payload type map (re-INVITE); unknown names are skipped."""
+        if self._armed:
+            self._take_fast(disarm=True)
         kinds: dict[int, PacketKind] = {}
         tables: dict[int, np.ndarray] = {}
         events: set[int] = set()
@@ -223,6 +243,8 @@ class RtpLeg:
         """
         if address is None:
             return
+        if self._armed:
+            self._take_fast(disarm=True)
         host, port = address
         if not 0 <= port <= 65535:
             raise ValueError(f"expected RTP port {port} is outside 0-65535")
@@ -253,6 +275,8 @@ class RtpLeg:
         """
         if self._closed:
             return
+        if self._armed:  # a packet that bypassed the C path: take over its state first
+            self._take_fast(disarm=True)
         if len(data) >= RTP_HEADER_LENGTH and data[0] == _PLAIN_RTP_FIRST_BYTE:
             _, second, sequence_number, timestamp, ssrc = _RTP_HEADER.unpack_from(data)
             if _RTCP_SECOND_BYTE_MIN <= second <= _RTCP_SECOND_BYTE_MAX:
@@ -267,14 +291,14 @@ class RtpLeg:
             try:
                 packet = RtpPacket.parse(data)
             except ValueError:
-                self.stats.bad_packets += 1
+                self._stats.bad_packets += 1
                 return
             payload_type, sequence_number = packet.payload_type, packet.sequence_number
             timestamp, ssrc, payload = packet.timestamp, packet.ssrc, packet.payload
         if addr != self._remote and not self._admit(addr):
             return
         now = time.monotonic()
-        stats = self.stats
+        stats = self._stats
         stats.packets += 1
         stats.bytes += len(data)
         if stats.first_packet_time is None:
@@ -300,6 +324,8 @@ class RtpLeg:
                 self._queued_samples += len(payload)
                 if self._queued_samples >= self._batch_samples:
                     self._resample_queued()
+                if self._fast is not None:
+                    self._arm(payload_type, addr)
                 return
             kind = PacketKind.AUDIO
         else:
@@ -320,14 +346,14 @@ class RtpLeg:
             return
         remote, expected = self._remote, self._expected
         if remote is not None and addr[0] != remote[0] and (expected is None or addr[0] != expected[0]):
-            self.stats.foreign_packets += 1
+            self._stats.foreign_packets += 1
             return
         try:
             packets = parse_rtcp(data)
         except ValueError:
-            self.stats.bad_packets += 1
+            self._stats.bad_packets += 1
             return
-        self.stats.rtcp_packets += 1
+        self._stats.rtcp_packets += 1
         ssrc = self._buffer.ssrc
         for packet in packets:
             if packet.is_bye:
@@ -338,11 +364,13 @@ class RtpLeg:
     async def close(self) -> LegStats:
         """Play out what is buffered, flush the resampler, finish the sink, release the ports."""
         if self._closed:
-            return self.stats
+            return self._stats
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._armed:
+            self._take_fast(disarm=True)
         self._deliver(self._buffer.flush())
         self._resample_queued()
         self._upsampler.flush()
@@ -352,7 +380,63 @@ class RtpLeg:
                 self._poller.remove(sock)
             sock.close()
         self._sockets, self._poller = (), None
-        return self.stats
+        return self._stats
+
+    def fast_batch(self, payloads: bytes) -> None:
+        """A batch of in-order payloads the C receive path took (poller callback)."""
+        if self._closed:
+            return
+        self._raw.append(payloads)
+        self._queued_samples += len(payloads)
+        if self._queued_samples >= self._batch_samples:
+            self._resample_queued()
+
+    def fast_fallback(self, data: bytes, address: Address) -> None:
+        """A datagram the C receive path did not take (poller callback): the Python path."""
+        self.handle_rtp(data, address)
+
+    def _arm(self, payload_type: int, addr: Address) -> None:
+        """Let the C receive path take the packets that continue the stream from `addr`:
+        called after a packet took the in-order path (`push_in_order`), so the reorder buffer
+        holds nothing and its expectation is known. The C path's first batch completes what
+        is queued here, so batches keep their size."""
+        expected = self._buffer.in_order_expectation()
+        if expected is None:
+            return
+        try:
+            packed = socket.inet_pton(socket.AF_INET6 if ":" in addr[0] else socket.AF_INET, addr[0])
+        except (OSError, TypeError, IndexError):
+            return
+        next_seq, timestamp, payload_bytes, ssrc = expected
+        self._armed = self._fast.arm(
+            self._fast_fd, next_seq, ssrc, timestamp, payload_bytes, payload_type, packed, addr[1],
+            self._jitter_ticks, self._jitter_arrival, self._jitter_timestamp, self._queued_samples,
+        )  # fmt: skip
+        self._armed_payload_type = payload_type
+
+    def _take_fast(self, *, disarm: bool) -> None:
+        """Bring the counters (and with `disarm` the stream state and the batch in progress)
+        of the packets the C path took into this leg; with `disarm` it stops taking them."""
+        taken = self._fast.take(self._fast_fd, disarm)
+        packets, size, arrival, jitter_ticks, jitter_arrival, jitter_timestamp = taken[:6]
+        since_arm, next_timestamp, last, pending = taken[6:]
+        if packets:
+            stats = self._stats
+            stats.packets += packets
+            stats.bytes += size
+            stats.last_packet_time = arrival
+            self._last_seen = max(self._last_seen, arrival)
+            self._jitter_ticks, self._jitter_arrival = jitter_ticks, jitter_arrival
+            self._jitter_timestamp = jitter_timestamp
+            stats.jitter_ms = jitter_ticks * 1000 / CLOCK_RATE_HZ
+        if not disarm:
+            return
+        self._armed = False
+        if since_arm:
+            self._buffer.advance_in_order(since_arm, next_timestamp, self._armed_payload_type, last)
+        if pending:
+            self._raw.append(pending)
+            self._queued_samples += len(pending)
 
     def _admit(self, addr: Address) -> bool:
         """The source rule of the class doc, for a valid packet from an address not latched."""
@@ -360,7 +444,7 @@ class RtpLeg:
         if self._remote is None or (expected is not None and addr[0] == expected[0] and addr[1] == expected[1]):
             self._remote = addr
             return True
-        self.stats.foreign_packets += 1
+        self._stats.foreign_packets += 1
         return False
 
     def _deliver(self, frames: list[Frame]) -> None:
@@ -403,7 +487,7 @@ class RtpLeg:
         self._upsampler.submit(pcm)
 
     def _emit(self, pcm16k: np.ndarray) -> None:
-        self.stats.samples_out += len(pcm16k)
+        self._stats.samples_out += len(pcm16k)
         self._sink.accept_waveform(pcm16k)
 
     def _check_inactivity(self) -> None:
@@ -411,6 +495,8 @@ class RtpLeg:
         self._timer = None
         if self._closed or self._ended:
             return
+        if self._armed:
+            self._take_fast(disarm=False)
         idle = time.monotonic() - self._last_seen
         if not self._on_hold and idle >= self._timeout_s:
             self._end(END_RTP_TIMEOUT)

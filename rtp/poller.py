@@ -18,6 +18,13 @@ handled (half of it on average), which the resampler's batching and block lag dw
 Linux only (epoll), as the service is (uvloop). One poller per event loop and interval, shared
 by every leg on that loop (`DatagramPoller.for_loop`); it closes itself when its last socket
 is removed.
+
+Where the optional C extension `rtp._fastrtp` is built, each pass is one call into its
+`Receiver`, which reads every ready socket itself. A socket added with an owner (a leg's RTP
+socket) is read there: the packets that continue the leg's in-order stream as the leg armed it
+to expect are taken in C and reach the owner as whole batches (`owner.fast_batch(payloads)`);
+any other datagram reaches `owner.fast_fallback(data, address)`, which hands it to the leg's
+Python path. Sockets added without an owner (RTCP) are read here as before.
 """
 
 from __future__ import annotations
@@ -27,10 +34,23 @@ import select
 import socket
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
+
+try:
+    from rtp._fastrtp import Receiver as FastReceiver
+except ImportError:  # the optional extension was not built: the pure Python path runs
+    FastReceiver = None
 
 Address = tuple[Any, ...]
 DatagramHandler = Callable[[bytes, Address], None]
+
+
+class FastOwner(Protocol):
+    """What the C receive path calls on the owner of a socket it reads."""
+
+    def fast_batch(self, payloads: bytes) -> None: ...
+
+    def fast_fallback(self, data: bytes, address: Address) -> None: ...
 
 # Read up to this many bytes per datagram, as asyncio's own datagram transports do (a shorter
 # read would truncate an oversized datagram silently and hand the parser a wrong packet).
@@ -49,12 +69,14 @@ _pollers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[float, Datag
 class DatagramPoller:
     """Reads registered non-blocking UDP sockets and calls each one's handler(data, address)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, interval_s: float) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, interval_s: float, *, fast: bool = True) -> None:
         if interval_s < 0:
             raise ValueError(f"poll interval must be >= 0 s, got {interval_s}")
         self.interval_s = interval_s
         self._loop = loop
         self._epoll = select.epoll()
+        # The C receiver shares this epoll set; None without the extension (or with fast=False).
+        self.fast: Any = FastReceiver(self._epoll.fileno()) if fast and FastReceiver is not None else None
         self._sockets: dict[int, tuple[Callable[[int], tuple[bytes, Address]], DatagramHandler]] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._pending: asyncio.Handle | None = None
@@ -71,20 +93,27 @@ class DatagramPoller:
     def __len__(self) -> int:
         return len(self._sockets)
 
-    def add(self, sock: socket.socket, handler: DatagramHandler) -> None:
-        """Start reading `sock` (bound, non-blocking); its datagrams go to `handler`."""
+    def add(
+        self, sock: socket.socket, handler: DatagramHandler, *, owner: FastOwner | None = None, batch_bytes: int = 1
+    ) -> bool:
+        """Start reading `sock` (bound, non-blocking); its datagrams go to `handler`. With an
+        `owner` and the C receiver, the socket is read in C (see the module doc; `batch_bytes`
+        of payload per `fast_batch`) and True is returned."""
         if sock.getblocking():
             raise ValueError("DatagramPoller needs non-blocking sockets")
         fd = sock.fileno()
         self._epoll.register(fd, select.EPOLLIN)
+        fast = owner is not None and self.fast is not None
+        if fast:
+            self.fast.register(fd, owner, max(1, batch_bytes))
         first = not self._sockets
         self._sockets[fd] = (sock.recvfrom, handler)
-        if not first:
-            return
-        if self.interval_s > 0:
-            self._timer = self._loop.call_later(self.interval_s, self._tick)
-        else:
-            self._loop.add_reader(self._epoll.fileno(), self._read)
+        if first:
+            if self.interval_s > 0:
+                self._timer = self._loop.call_later(self.interval_s, self._tick)
+            else:
+                self._loop.add_reader(self._epoll.fileno(), self._read)
+        return fast
 
     def remove(self, sock: socket.socket) -> None:
         """Stop reading `sock` (call before closing it); the last removal closes the poller."""
@@ -92,6 +121,8 @@ class DatagramPoller:
         if self._sockets.pop(fd, None) is None:
             return
         self._epoll.unregister(fd)
+        if self.fast is not None:
+            self.fast.unregister(fd)
         if not self._sockets:
             self._close()
 
@@ -122,26 +153,45 @@ class DatagramPoller:
         callback's budget is spent (then a timer-driven poller continues in a callback
         scheduled at once; a readiness-driven one is called again by the loop)."""
         self._pending = None
-        poll, sockets = self._epoll.poll, self._sockets
+        sockets = self._sockets
         budget = MAX_DATAGRAMS_PER_CALLBACK
         while sockets:
             if budget <= 0:
                 if self.interval_s > 0:
                     self._pending = self._loop.call_soon(self._read)
                 return
-            events = poll(0, MAX_EVENTS)
-            if not events:
+            ready = self._pass_fast() if self.fast is not None else self._pass()
+            if not ready:
                 return
-            budget -= len(events)
-            for fd, _ in events:
-                entry = sockets.get(fd)
-                if entry is None:  # removed by a handler earlier in this pass
-                    continue
-                recvfrom, handler = entry
-                try:
-                    data, address = recvfrom(MAX_DATAGRAM_BYTES)
-                except OSError:
-                    # EAGAIN, or an ICMP error (port unreachable for an earlier packet of ours)
-                    # reported on the socket: nothing to read, the socket stays usable.
-                    continue
-                handler(data, address)
+            budget -= ready
+
+    def _pass(self) -> int:
+        """One epoll pass read in Python; returns how many sockets were ready."""
+        events = self._epoll.poll(0, MAX_EVENTS)
+        for fd, _ in events:
+            self._read_one(fd)
+        return len(events)
+
+    def _pass_fast(self) -> int:
+        """One epoll pass read by the C receiver; returns how many sockets were ready."""
+        batches, slow, others, ready = self.fast.poll()
+        for owner, payloads in batches:
+            owner.fast_batch(payloads)
+        for owner, data, address in slow:
+            owner.fast_fallback(data, address)
+        for fd in others:
+            self._read_one(fd)
+        return int(ready)
+
+    def _read_one(self, fd: int) -> None:
+        entry = self._sockets.get(fd)
+        if entry is None:  # removed by a handler earlier in this pass
+            return
+        recvfrom, handler = entry
+        try:
+            data, address = recvfrom(MAX_DATAGRAM_BYTES)
+        except OSError:
+            # EAGAIN, or an ICMP error (port unreachable for an earlier packet of ours)
+            # reported on the socket: nothing to read, the socket stays usable.
+            return
+        handler(data, address)

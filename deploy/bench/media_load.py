@@ -53,6 +53,7 @@ from typing import Any
 from deploy.bench.sip_uac import PACKET_MS, UacConfig, run_uac, stream_rtp
 from rtp.leg import DEFAULT_POLL_INTERVAL_MS, DEFAULT_RESAMPLE_BATCH_MS, RESAMPLERS, RtpLeg
 from rtp.packet import RtpPacket
+from rtp.poller import FastReceiver
 from rtp.ports import PortAllocator
 from rtp.sink import CountingSink, PcmSink
 from sip.app import CountingCallHandler
@@ -97,6 +98,7 @@ def _leg_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.poll_interval_ms is not None:
         options["poll_interval_ms"] = args.poll_interval_ms
     options["resampler"] = args.resampler
+    options["fast_path"] = not args.python_receive
     return options
 
 
@@ -199,6 +201,7 @@ def _report(
         "resample_batch_ms": DEFAULT_RESAMPLE_BATCH_MS if args.resample_batch_ms is None else args.resample_batch_ms,
         "poll_interval_ms": DEFAULT_POLL_INTERVAL_MS if args.poll_interval_ms is None else args.poll_interval_ms,
         "resampler": args.resampler,
+        "receive_path": "python" if args.python_receive or FastReceiver is None else "c",
         "gc_freeze": not args.no_gc_freeze,
         "gc_collections": window.gc_collections,
     }
@@ -399,6 +402,9 @@ def main(argv: list[str] | None = None) -> int:
         "--poll-interval-ms", type=float, help="RtpLeg poll_interval_ms (0: read on readiness; default: the leg's)"
     )
     parser.add_argument("--resampler", choices=RESAMPLERS, default="halfband", help="RtpLeg resampler")
+    parser.add_argument(
+        "--python-receive", action="store_true", help="read RTP in Python even where the C receive path is built"
+    )
     parser.add_argument("--no-gc-freeze", action="store_true", help="skip gc.freeze() after start-up")
     parser.add_argument("--no-uvloop", action="store_true", help="use the default asyncio loop")
     parser.add_argument("--parser-bench", action="store_true", help="only compare RTP parsers")
