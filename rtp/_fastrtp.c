@@ -109,12 +109,31 @@ static int Receiver_init(Receiver *self, PyObject *args, PyObject *kwds) {
     return 0;
 }
 
-static void Receiver_dealloc(Receiver *self) {
+/* The receiver holds its legs, which hold their poller, which holds the receiver: the cycle
+ * is broken when legs close (unregister), and by the collector for legs never closed. */
+static int Receiver_traverse(Receiver *self, visitproc visit, void *arg) {
     for (int fd = 0; fd < self->capacity; fd++) {
         if (self->legs[fd] != NULL) {
-            free_leg(self->legs[fd]);
+            Py_VISIT(self->legs[fd]->owner);
         }
     }
+    return 0;
+}
+
+static int Receiver_clear(Receiver *self) {
+    for (int fd = 0; fd < self->capacity; fd++) {
+        if (self->legs[fd] != NULL) {
+            Leg *leg = self->legs[fd];
+            self->legs[fd] = NULL;
+            free_leg(leg);
+        }
+    }
+    return 0;
+}
+
+static void Receiver_dealloc(Receiver *self) {
+    PyObject_GC_UnTrack(self);
+    Receiver_clear(self);
     PyMem_Free(self->legs);
     PyMem_Free(self->datagram);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -412,7 +431,9 @@ static PyMethodDef Receiver_methods[] = {
 static PyTypeObject ReceiverType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "rtp._fastrtp.Receiver",
     .tp_basicsize = sizeof(Receiver),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)Receiver_traverse,
+    .tp_clear = (inquiry)Receiver_clear,
     .tp_doc = "Reads an epoll set's sockets; takes in-order G.711 packets of armed legs.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Receiver_init,
