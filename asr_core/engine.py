@@ -39,6 +39,7 @@ from asr_core.ctc_search import Hypothesis
 from asr_core.endpoint import LEADING_SILENCE, NO_ENDPOINT, REASONS, EndpointRules, update_endpoints
 from asr_core.events import Ended, Event, Final, NBestEntry, Partial
 from asr_core.finals import FinalRequest, FinalSearch, FinalSettings, ProcessFinalSearch
+from asr_core.frontend import fbank_windows
 from asr_core.model.loader import LoadedModel
 from asr_core.stream import Stream, StreamConfig, Utterance
 from asr_gateway.samples import SampleRing
@@ -334,8 +335,9 @@ class Engine:
         streams = [stream for stream, _ in batch]
         frames = batch[0][1]
         size = len(streams)
-        feats = np.stack([stream.take_chunk(frames) for stream in streams])  # (B, T_in, n_mels)
-        xs = torch.from_numpy(feats).to(device=self.device, dtype=self.options.dtype)
+        audio = np.stack([stream.take_chunk_samples(frames) for stream in streams])  # (B, samples)
+        feats = fbank_windows(torch.from_numpy(audio).to(self.device), frames)  # (B, T_in, n_mels)
+        xs = feats.to(dtype=self.options.dtype)
         slots = torch.tensor([stream.slot for stream in streams], dtype=torch.int64)
         offsets = torch.tensor([stream.utterance.offset for stream in streams], dtype=torch.int64)
         started = time.perf_counter()

@@ -1,46 +1,107 @@
-"""80-bin Kaldi fbank, computed exactly as WeNet's front end computes it.
+"""80-bin Kaldi fbank, computed as WeNet's front end computes it, for many streams at once.
 
 WeNet calls ``torchaudio.compliance.kaldi.fbank(waveform * (1 << 15), num_mel_bins=80,
 frame_length=25, frame_shift=10, dither=0.0, energy_floor=0.0, sample_frequency=16000)``;
 kaldi-native-fbank with the same options is the implementation of record (see the golden
-fixture's manifest). Input samples are int16 values, as int16 or as floats in int16 range.
-Frames are 25 ms long (400 samples) every 10 ms (160 samples), snip_edges: a waveform of N
-samples gives ``1 + (N - 400) // 160`` frames (0 if N < 400).
+fixture's manifest, and tests/test_frontend.py, which holds this module to it: on log mel
+energies of about 5-25, a mean difference of ~1e-5, the largest ones, up to a few 1e-3, in
+bins with little energy). Input samples are int16 values, as int16 or as floats
+in int16 range. Frames are 25 ms long (400 samples) every 10 ms (160 samples), snip_edges: a
+waveform of N samples gives ``1 + (N - 400) // 160`` frames (0 if N < 400).
+
+Each frame goes through Kaldi's steps as tensor operations over a whole batch of frames:
+remove the frame's mean (DC), pre-emphasis 0.97 (the first sample against itself), Povey
+window, 512-point real FFT, power spectrum, 80 triangular mel filters from 20 Hz to 8 kHz
+(Kaldi's mel scale, 1127 ln(1 + f/700), on FFT bins 0-255), natural log floored at float32
+epsilon. So the engine computes the chunk features of every stream in a batch with one call
+(`fbank_windows`), on the engine's device, instead of one extractor call per stream: on the
+2-core CPU 2-3x less time per stream-chunk than kaldi-native-fbank, and on a GPU the cost
+of ten thousand streams' features is one small kernel sequence. A frame's values do not depend
+on the batch it is computed in (checked bit for bit in the tests).
 """
 
 from __future__ import annotations
 
-import kaldi_native_fbank as knf
+import math
+
 import numpy as np
+import torch
 
 SAMPLE_RATE = 16000
 NUM_MEL_BINS = 80
 FRAME_LENGTH_SAMPLES = 400
 FRAME_SHIFT_SAMPLES = 160
+FFT_SIZE = 512
+PREEMPHASIS = 0.97
+LOW_FREQ_HZ = 20.0
+POVEY_POWER = 0.85
+# Frames computed per call by `FbankStream.get_frames` (a whole file is cut into such calls).
+MAX_FRAMES_PER_CALL = 4096
 
 
-def fbank_options() -> knf.FbankOptions:
-    """kaldi-native-fbank options equal to WeNet's ``kaldi.fbank`` call."""
-    opts = knf.FbankOptions()
-    opts.frame_opts.samp_freq = SAMPLE_RATE
-    opts.frame_opts.frame_length_ms = 25.0
-    opts.frame_opts.frame_shift_ms = 10.0
-    opts.frame_opts.dither = 0.0
-    opts.frame_opts.preemph_coeff = 0.97
-    opts.frame_opts.remove_dc_offset = True
-    opts.frame_opts.window_type = "povey"
-    opts.frame_opts.round_to_power_of_two = True
-    opts.frame_opts.snip_edges = True
-    opts.mel_opts.num_bins = NUM_MEL_BINS
-    opts.mel_opts.low_freq = 20.0
-    opts.mel_opts.high_freq = 0.0
-    opts.energy_floor = 0.0
-    opts.use_energy = False
-    opts.raw_energy = True
-    opts.htk_compat = False
-    opts.use_log_fbank = True
-    opts.use_power = True
-    return opts
+def _mel(hz: np.ndarray | float) -> np.ndarray:
+    return 1127.0 * np.log1p(np.asarray(hz, dtype=np.float64) / 700.0)
+
+
+def mel_filterbank() -> torch.Tensor:
+    """(FFT_SIZE // 2 + 1, NUM_MEL_BINS) float32: Kaldi's triangular filters over the power
+    spectrum's bins (the Nyquist bin gets no weight, as in Kaldi)."""
+    bins = FFT_SIZE // 2
+    low, high = _mel(LOW_FREQ_HZ), _mel(SAMPLE_RATE / 2)
+    step = (high - low) / (NUM_MEL_BINS + 1)
+    bin_mels = _mel(np.arange(bins) * SAMPLE_RATE / FFT_SIZE)
+    weights = np.zeros((bins + 1, NUM_MEL_BINS), dtype=np.float32)
+    for m in range(NUM_MEL_BINS):
+        left, center, right = low + m * step, low + (m + 1) * step, low + (m + 2) * step
+        rising = (bin_mels - left) / (center - left)
+        falling = (right - bin_mels) / (right - center)
+        weights[:bins, m] = np.maximum(0.0, np.minimum(rising, falling))
+    return torch.from_numpy(weights)
+
+
+def povey_window() -> torch.Tensor:
+    """(FRAME_LENGTH_SAMPLES,) float32: Kaldi's "povey" window, a Hann window to the 0.85."""
+    n = np.arange(FRAME_LENGTH_SAMPLES)
+    hann = 0.5 - 0.5 * np.cos(2 * math.pi * n / (FRAME_LENGTH_SAMPLES - 1))
+    return torch.from_numpy(np.power(hann, POVEY_POWER).astype(np.float32))
+
+
+_MEL = mel_filterbank()
+_WINDOW = povey_window()
+_LOG_FLOOR = float(np.finfo(np.float32).eps)
+_constants: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _constants_on(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    found = _constants.get(device)
+    if found is None:
+        found = _constants[device] = (_WINDOW.to(device), _MEL.to(device, torch.float64))
+    return found
+
+
+def fbank_frames(frames: torch.Tensor) -> torch.Tensor:
+    """frames: (..., 400) float32 samples, one 25 ms frame per row -> (..., 80) log mel energies."""
+    window, mel = _constants_on(frames.device)
+    x = frames - frames.mean(dim=-1, keepdim=True)
+    x = x - PREEMPHASIS * torch.cat([x[..., :1], x[..., :-1]], dim=-1)
+    spectrum = torch.fft.rfft(x * window, n=FFT_SIZE)
+    power = spectrum.real.square() + spectrum.imag.square()
+    # The filterbank sum in float64: float32 matrix products of 1-3 rows take another kernel
+    # and round differently, and a frame must not depend on how many frames share the call.
+    energies = (power.double() @ mel).float()
+    return torch.log(torch.clamp(energies, min=_LOG_FLOOR))
+
+
+def window_samples(num_frames: int) -> int:
+    """Samples that `num_frames` consecutive frames cover."""
+    return 0 if num_frames <= 0 else FRAME_LENGTH_SAMPLES + (num_frames - 1) * FRAME_SHIFT_SAMPLES
+
+
+def fbank_windows(samples: torch.Tensor, num_frames: int) -> torch.Tensor:
+    """samples: (B, window_samples(num_frames)) float32, each row the audio of `num_frames`
+    consecutive frames -> (B, num_frames, 80)."""
+    frames = samples.unfold(-1, FRAME_LENGTH_SAMPLES, FRAME_SHIFT_SAMPLES)[:, :num_frames]
+    return fbank_frames(frames)
 
 
 def num_fbank_frames(num_samples: int) -> int:
@@ -51,10 +112,11 @@ def num_fbank_frames(num_samples: int) -> int:
 
 
 def _as_float_samples(samples: np.ndarray) -> np.ndarray:
+    """A float32 copy (the stream keeps it; the caller may reuse its array)."""
     x = np.asarray(samples)
     if x.ndim != 1:
         raise ValueError(f"expected mono samples of shape (N,), got shape {x.shape}")
-    return x.astype(np.float32, copy=False)
+    return np.array(x, dtype=np.float32)
 
 
 def compute_fbank(samples: np.ndarray) -> np.ndarray:
@@ -74,21 +136,26 @@ def compute_fbank(samples: np.ndarray) -> np.ndarray:
 class FbankStream:
     """Incremental fbank of one audio stream, identical to :func:`compute_fbank` on the whole.
 
-    Waveform pieces of any size (0 and 1 samples included) go in; frames come out as soon
-    as their 25 ms window is complete. Frame indices are absolute (frame 0 is the stream's
-    first frame); frames handed out by :meth:`pop_frames` or dropped by :meth:`drop_frames`
-    are freed, so memory stays bounded for streams of any length.
+    Waveform pieces of any size (0 and 1 samples included) go in; a frame is ready as soon as
+    its 25 ms window is complete. Frame indices are absolute (frame 0 is the stream's first
+    frame). The stream keeps samples, not frames: `get_frames` computes frames when asked
+    (`window` hands out the samples for a caller that batches many streams), and samples no
+    longer needed by a held frame are freed by `pop_frames` / `drop_frames`, so memory stays
+    bounded for streams of any length.
     """
 
     def __init__(self) -> None:
-        self._fbank = knf.OnlineFbank(fbank_options())
+        self._pieces: list[np.ndarray] = []
+        self._buffer = np.zeros(0, dtype=np.float32)
+        self._buffer_start = 0  # absolute index of self._buffer[0]
+        self._total = 0  # samples received
         self._first = 0  # absolute index of the oldest frame still held
         self._finished = False
 
     @property
     def num_frames_ready(self) -> int:
-        """Absolute count of frames computed so far (popped ones included)."""
-        return int(self._fbank.num_frames_ready)
+        """Absolute count of frames computable so far (popped ones included)."""
+        return num_fbank_frames(self._total)
 
     @property
     def first_available(self) -> int:
@@ -97,7 +164,7 @@ class FbankStream:
 
     @property
     def num_frames_available(self) -> int:
-        """Frames computed and not yet popped."""
+        """Frames ready and not yet popped."""
         return self.num_frames_ready - self._first
 
     @property
@@ -110,36 +177,50 @@ class FbankStream:
             raise RuntimeError("accept_waveform() after input_finished(): start a new FbankStream")
         x = _as_float_samples(samples)
         if x.shape[0]:
-            self._fbank.accept_waveform(SAMPLE_RATE, x)
+            self._pieces.append(x)
+            self._total += x.shape[0]
 
     def input_finished(self) -> None:
         """Mark the end of the audio; with snip_edges no further frame appears."""
-        if not self._finished:
-            self._fbank.input_finished()
-            self._finished = True
+        self._finished = True
 
-    def get_frames(self, start: int, n: int) -> np.ndarray:
-        """Frames [start, start + n) by absolute index, without removing them.
-
-        Returns:
-            (n, 80) float32.
-        """
+    def window(self, start: int, n: int) -> np.ndarray:
+        """The samples of frames [start, start + n), (window_samples(n),) float32 (a view)."""
         if start < self._first or n < 0 or start + n > self.num_frames_ready:
             raise IndexError(
                 f"frames [{start}, {start + n}) not available: held frames are [{self._first}, {self.num_frames_ready})"
             )
+        if self._pieces:
+            self._buffer = np.concatenate([self._buffer, *self._pieces])
+            self._pieces = []
+        begin = start * FRAME_SHIFT_SAMPLES - self._buffer_start
+        return self._buffer[begin : begin + window_samples(n)]
+
+    def get_frames(self, start: int, n: int) -> np.ndarray:
+        """Frames [start, start + n) by absolute index, without removing them: (n, 80) float32."""
+        samples = torch.from_numpy(self.window(start, n))
         out = np.empty((n, NUM_MEL_BINS), dtype=np.float32)
-        for i in range(n):
-            out[i] = self._fbank.get_frame(start + i)
+        for first in range(0, n, MAX_FRAMES_PER_CALL):  # bounded memory for hour-long files
+            count = min(MAX_FRAMES_PER_CALL, n - first)
+            begin = first * FRAME_SHIFT_SAMPLES
+            piece = samples[begin : begin + window_samples(count)]
+            out[first : first + count] = fbank_windows(piece[None], count)[0].numpy()
         return out
 
     def drop_frames(self, n: int) -> None:
-        """Free the ``n`` oldest held frames."""
+        """Free the ``n`` oldest held frames (and the samples only they needed)."""
         if n < 0 or n > self.num_frames_available:
             raise IndexError(f"cannot drop {n} frames: {self.num_frames_available} held")
-        if n:
-            self._fbank.pop(n)
-            self._first += n
+        if not n:
+            return
+        self._first += n
+        keep_from = self._first * FRAME_SHIFT_SAMPLES - self._buffer_start
+        if keep_from > 0:
+            if self._pieces:
+                self._buffer = np.concatenate([self._buffer, *self._pieces])
+                self._pieces = []
+            self._buffer = self._buffer[keep_from:].copy()
+            self._buffer_start += keep_from
 
     def pop_frames(self, n: int) -> np.ndarray:
         """Remove and return the ``n`` oldest held frames, (n, 80) float32."""

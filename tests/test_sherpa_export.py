@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import kaldi_native_fbank as knf
 import numpy as np
 import pytest
 import torch
 
 from asr_core.audio_io import read_wav
-from asr_core.frontend import fbank_options
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_core.offline import encode_streaming
 from deploy.export import sherpa
+from tests.knf_reference import knf_fbank, knf_options
 
 torch.set_num_threads(1)
 
@@ -37,13 +36,10 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def sherpa_fbank(samples: np.ndarray) -> np.ndarray:
     """sherpa-onnx's front end: our fbank options with snip_edges off and high_freq -400."""
-    opts = fbank_options()
+    opts = knf_options()
     opts.frame_opts.snip_edges = False
     opts.mel_opts.high_freq = -400.0
-    fbank = knf.OnlineFbank(opts)
-    fbank.accept_waveform(16000, samples.astype(np.float32).tolist())
-    fbank.input_finished()
-    return np.stack([fbank.get_frame(i) for i in range(fbank.num_frames_ready)])
+    return knf_fbank(samples, opts)
 
 
 def our_greedy(loaded: LoadedModel, samples: np.ndarray, chunk: int, left_chunks: int) -> list[str]:
