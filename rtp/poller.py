@@ -30,6 +30,7 @@ Python path. Sockets added without an owner (RTCP) are read here as before.
 from __future__ import annotations
 
 import asyncio
+import logging
 import select
 import socket
 import weakref
@@ -40,6 +41,8 @@ try:
     from rtp._fastrtp import Receiver as FastReceiver
 except ImportError:  # the optional extension was not built: the pure Python path runs
     FastReceiver = None
+
+log = logging.getLogger(__name__)
 
 Address = tuple[Any, ...]
 DatagramHandler = Callable[[bytes, Address], None]
@@ -175,10 +178,18 @@ class DatagramPoller:
     def _pass_fast(self) -> int:
         """One epoll pass read by the C receiver; returns how many sockets were ready."""
         batches, slow, others, ready = self.fast.poll()
+        # One pass serves hundreds of legs: a leg whose callback fails is logged, not allowed
+        # to drop the datagrams of the legs after it.
         for owner, payloads in batches:
-            owner.fast_batch(payloads)
+            try:
+                owner.fast_batch(payloads)
+            except Exception:
+                log.exception("RTP batch handler failed")
         for owner, data, address in slow:
-            owner.fast_fallback(data, address)
+            try:
+                owner.fast_fallback(data, address)
+            except Exception:
+                log.exception("RTP datagram handler failed")
         for fd in others:
             self._read_one(fd)
         return int(ready)

@@ -203,3 +203,26 @@ def test_inactivity_timeout_sees_packets_taken_in_c() -> None:
         await leg.close()
 
     asyncio.run(scenario())
+
+
+def test_a_failing_leg_does_not_cost_the_others_their_packets(caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> None:
+        broken, _, broken_port = await open_leg(poll_interval_ms=20)
+        healthy, sink, healthy_port = await open_leg(poll_interval_ms=20)
+
+        def fail(payloads: bytes) -> None:
+            raise RuntimeError("handler bug")
+
+        broken.fast_batch = fail  # type: ignore[method-assign]
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+            for n in range(40):
+                sender.sendto(packet(n), (HOST, broken_port))
+                sender.sendto(packet(n), (HOST, healthy_port))
+                await asyncio.sleep(0.001)
+            await wait_for(lambda: healthy.stats.packets == 40 and broken.stats.packets == 40)
+        stats = await healthy.close()
+        await broken.close()
+        assert stats.samples_out == sink.samples == 40 * 320
+        assert "RTP batch handler failed" in caplog.text
+
+    asyncio.run(scenario())
