@@ -10,6 +10,7 @@ in-order run long enough for the C path to take packets again.
 from __future__ import annotations
 
 import asyncio
+import random
 import shutil
 import socket
 import time
@@ -22,6 +23,8 @@ from rtp.leg import RtpLeg
 from rtp.packet import RtpPacket
 from rtp.poller import FastReceiver
 from rtp.sink import CountingSink
+from rtp.stats import LegStats
+from tests.test_rtp_fuzz import mutate
 from tests.test_rtp_leg import HOST, PAYLOAD_TYPES, open_leg, wait_for
 
 pytestmark = pytest.mark.skipif(FastReceiver is None, reason="rtp._fastrtp (the C receive path) is not built")
@@ -226,3 +229,52 @@ def test_a_failing_leg_does_not_cost_the_others_their_packets(caplog: pytest.Log
         assert "RTP batch handler failed" in caplog.text
 
     asyncio.run(scenario())
+
+
+FUZZ_DATAGRAMS = 20_000
+
+
+def fuzz_traffic(rng: random.Random) -> list[bytes]:
+    """A long in-order stream (so the C path is armed most of the time) with a quarter of the
+    datagrams mutated copies of stream packets (bit flips, truncation, inserted bytes, another
+    sequence number or SSRC) or random bytes."""
+    traffic = []
+    seq = 0
+    for _ in range(FUZZ_DATAGRAMS):
+        if rng.random() < 0.75:
+            traffic.append(packet(seq))
+            seq += 1
+        elif rng.random() < 0.9:
+            traffic.append(mutate(packet(seq + rng.randrange(-3, 4)), rng))
+        else:
+            traffic.append(rng.randbytes(rng.randrange(200)))
+    return traffic
+
+
+def test_fuzzed_traffic_through_the_c_path_matches_the_python_path() -> None:
+    traffic = fuzz_traffic(random.Random(2026))
+
+    async def run(fast: bool) -> tuple[CountingSink, LegStats, list[object]]:
+        errors: list[object] = []
+        asyncio.get_running_loop().set_exception_handler(lambda _, context: errors.append(context))
+        leg, sink, port = await open_leg(fast_path=fast, poll_interval_ms=0)
+        def handled() -> int:  # every datagram ends in exactly one of these counters
+            stats = leg.stats
+            return stats.packets + stats.bad_packets + stats.rtcp_packets
+
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+            for index, data in enumerate(traffic):
+                sender.sendto(data, (HOST, port))
+                if index % 100 == 99:  # let the leg catch up: never fill the socket buffer
+                    await wait_for(lambda sent=index + 1: handled() >= sent)  # type: ignore[misc]
+            await wait_for(lambda: handled() >= len(traffic))
+        return sink, await leg.close(), errors
+
+    c_sink, c_stats, c_errors = asyncio.run(run(True))
+    py_sink, py_stats, py_errors = asyncio.run(run(False))
+    assert c_errors == py_errors == []
+    for name in COMPARED:
+        assert getattr(c_stats, name) == getattr(py_stats, name), name
+    assert c_stats.packets + c_stats.bad_packets + c_stats.rtcp_packets == FUZZ_DATAGRAMS
+    assert c_stats.bad_packets > 0 and c_stats.duplicate + c_stats.late > 0
+    np.testing.assert_array_equal(c_sink.pcm, py_sink.pcm)
