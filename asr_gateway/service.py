@@ -41,6 +41,7 @@ from kb_hooks.publisher import Publisher
 from rtp.leg import RtpLeg
 from rtp.ports import PortAllocator
 from rtp.sink import PcmSink
+from rtp.poller import FastReceiver
 from rtp.stats import LegStats
 from sip.routing import Router, load_routes
 from sip.transport import SipServer
@@ -249,7 +250,8 @@ class Service:
             metrics=metrics_port,
         )
         log.info(
-            "hotline-asr serving: sip udp %s tcp %s, metrics %s, engine %d slots (%.1f MB kv), model %s, backend %s",
+            "hotline-asr serving: sip udp %s tcp %s, metrics %s, engine %d slots (%.1f MB kv), model %s, backend %s, "
+            "rtp receive path %s",
             ports.sip_udp,
             ports.sip_tcp,
             ports.metrics,
@@ -257,6 +259,7 @@ class Service:
             self.engine.pool.total_bytes / 2**20,
             self.loaded.config.encoder,
             self.engine.options.backend,
+            "python" if FastReceiver is None else "c",
         )
         return ports
 
