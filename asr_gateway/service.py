@@ -39,9 +39,9 @@ from asr_gateway.yamlconf import ConfigError
 from kb_hooks.processor import TranscriptProcessor
 from kb_hooks.publisher import Publisher
 from rtp.leg import RtpLeg
+from rtp.poller import FastReceiver
 from rtp.ports import PortAllocator
 from rtp.sink import PcmSink
-from rtp.poller import FastReceiver
 from rtp.stats import LegStats
 from sip.routing import Router, load_routes
 from sip.transport import SipServer
