@@ -231,6 +231,7 @@ class Service:
             resample_batch_ms=self.config.rtp.resample_batch_ms,
             poll_interval_ms=self.config.rtp.poll_interval_ms,
             resampler=self.config.rtp.resampler,
+            fast_path=self.config.rtp.c_receive_path,
         )
 
     # -- lifecycle --------------------------------------------------------------------
@@ -259,7 +260,7 @@ class Service:
             self.engine.pool.total_bytes / 2**20,
             self.loaded.config.encoder,
             self.engine.options.backend,
-            "python" if FastReceiver is None else "c",
+            "c" if FastReceiver is not None and self.config.rtp.c_receive_path else "python",
         )
         return ports
 
