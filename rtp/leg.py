@@ -475,8 +475,15 @@ class RtpLeg:
         self._raw = []
 
     def _resample_queued(self) -> None:
-        """One decode and one resampler submission per batch; the loop's shared upsampler
-        runs the batches of all legs together and calls `_emit` with the output."""
+        """One resampler submission per batch; the loop's shared upsampler runs the batches of
+        all legs together and calls `_emit` with the output. A batch of G.711 bytes only (the
+        usual case) is submitted undecoded: the upsampler decodes all legs' bytes at once."""
+        if not self._pcm and self._raw and self._raw_table is not None:
+            raw = self._raw
+            self._upsampler.submit_g711(raw[0] if len(raw) == 1 else b"".join(raw), self._raw_table)
+            self._raw = []
+            self._queued_samples = 0
+            return
         self._decode_raw()
         pcm_pieces = self._pcm
         if not pcm_pieces:

@@ -111,6 +111,22 @@ def upsample_rows(samples: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
+Coded = tuple[bytes, np.ndarray]
+"""G.711 bytes and the int16 table that decodes them (`rtp.g711.DECODE_TABLES`)."""
+Piece = np.ndarray | Coded
+
+
+def _decoded(piece: Piece) -> np.ndarray:
+    if isinstance(piece, np.ndarray):
+        return piece
+    data, table = piece
+    return table.take(np.frombuffer(data, dtype=np.uint8))
+
+
+def _piece_length(piece: Piece) -> int:
+    return len(piece) if isinstance(piece, np.ndarray) else len(piece[0])
+
+
 class UpsamplerStream:
     """One stream's filter state in a `SharedUpsampler`; output goes to `deliver`."""
 
@@ -123,21 +139,29 @@ class UpsamplerStream:
         # Output pairs before the first input sample (the window sliding in over the zero
         # history): not delivered, so output stays exactly twice the input.
         self._skip = TAPS_PER_SIDE
-        self._pending: list[np.ndarray] | None = None
+        self._pending: list[Piece] | None = None
         self._finished = False
 
     def submit(self, samples: np.ndarray) -> None:
         """Queue int16 8 kHz samples; their 16 kHz output reaches `deliver` when the batch
         runs (at once without an event loop). RuntimeError after `flush()`."""
+        self._queue(samples, len(samples))
+
+    def submit_g711(self, data: bytes, table: np.ndarray) -> None:
+        """Queue G.711 bytes with their decode table (one of `rtp.g711.DECODE_TABLES`): the
+        batch decodes the pieces of all streams with the same table in one lookup."""
+        self._queue((data, table), len(data))
+
+    def _queue(self, piece: Piece, length: int) -> None:
         if self._finished:
             raise RuntimeError("UpsamplerStream.submit() called after flush()")
-        if not len(samples):
+        if not length:
             return
         if self._pending is None:
-            self._pending = [samples]
+            self._pending = [piece]
             self._owner._queue(self)
         else:
-            self._pending.append(samples)
+            self._pending.append(piece)
 
     def flush(self) -> None:
         """Deliver what is queued and the filter's tail now; the stream takes no more input."""
@@ -146,22 +170,36 @@ class UpsamplerStream:
         self._finished = True
         queued = self._take()
         tail = np.zeros(TAPS_PER_SIDE, dtype=np.int16)
-        _run_group([self], [tail if queued is None else np.concatenate([queued, tail])])
+        _run_group([self], [tail if queued is None else np.concatenate([_decoded(queued), tail])])
 
-    def _take(self) -> np.ndarray | None:
+    def _take(self) -> Piece | None:
+        """What is queued as one piece: G.711 bytes when all of it is bytes of one table."""
         pending, self._pending = self._pending, None
         if pending is None:
             return None
-        return pending[0] if len(pending) == 1 else np.concatenate(pending)
+        if len(pending) == 1:
+            return pending[0]
+        first = pending[0]
+        if not isinstance(first, np.ndarray) and all(
+            not isinstance(piece, np.ndarray) and piece[1] is first[1] for piece in pending
+        ):
+            return b"".join(piece[0] for piece in pending), first[1]
+        return np.concatenate([_decoded(piece) for piece in pending])
 
 
-def _run_group(streams: list[UpsamplerStream], pieces: list[np.ndarray]) -> None:
-    """Upsample pieces of one length, one per stream, in one product; deliver each stream's
-    output. A deliver callback that raises is logged and does not stop the others."""
-    n = len(pieces[0])
+def _run_group(streams: list[UpsamplerStream], pieces: list[Piece]) -> None:
+    """Upsample pieces of one length (all arrays, or all G.711 bytes of one table), one per
+    stream, in one product; deliver each stream's output. A deliver callback that raises is
+    logged and does not stop the others."""
+    n = _piece_length(pieces[0])
     samples = np.empty((len(streams), HISTORY + n), dtype=np.float32)
     samples[:, :HISTORY] = np.stack([stream._history for stream in streams])
-    samples[:, HISTORY:] = np.stack(pieces)
+    first = pieces[0]
+    if isinstance(first, np.ndarray):
+        samples[:, HISTORY:] = np.stack(pieces)  # type: ignore[arg-type]
+    else:
+        codes = np.frombuffer(b"".join(piece[0] for piece in pieces), dtype=np.uint8)
+        samples[:, HISTORY:] = first[1].take(codes).reshape(len(streams), n)
     out = upsample_rows(samples, n)
     histories = samples[:, n : n + HISTORY].copy()
     for index, stream in enumerate(streams):
@@ -223,12 +261,13 @@ class SharedUpsampler:
         """Upsample every queued piece now (the scheduled callback)."""
         self._scheduled = None
         waiting, self._waiting = self._waiting, []
-        groups: dict[int, tuple[list[UpsamplerStream], list[np.ndarray]]] = {}
+        groups: dict[tuple[int, int], tuple[list[UpsamplerStream], list[Piece]]] = {}
         for stream in waiting:
             piece = stream._take()
             if piece is None:  # flushed since it was queued
                 continue
-            streams, pieces = groups.setdefault(len(piece), ([], []))
+            table = 0 if isinstance(piece, np.ndarray) else id(piece[1])
+            streams, pieces = groups.setdefault((_piece_length(piece), table), ([], []))
             streams.append(stream)
             pieces.append(piece)
         for streams, pieces in groups.values():
@@ -282,6 +321,9 @@ class SoxrStream:
         out = self._stream.resample_chunk(samples)
         if len(out):
             self._deliver(out)
+
+    def submit_g711(self, data: bytes, table: np.ndarray) -> None:
+        self.submit(_decoded((data, table)))
 
     def flush(self) -> None:
         if self._finished:

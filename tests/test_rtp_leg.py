@@ -315,6 +315,9 @@ class RecordingUpsampler:
     def submit(self, samples: np.ndarray) -> None:
         self.pieces.append(samples.copy())
 
+    def submit_g711(self, data: bytes, table: np.ndarray) -> None:
+        self.pieces.append(table.take(np.frombuffer(data, dtype=np.uint8)))
+
     def flush(self) -> None:
         pass
 

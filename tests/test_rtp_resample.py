@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import soxr
 
+from rtp import g711
 from rtp.leg import RtpLeg
 from rtp.resample import TAPS_PER_SIDE, SharedUpsampler, SoxrStream, Upsampler, halfband_taps
 from rtp.sink import CountingSink
@@ -157,3 +158,34 @@ def test_soxr_stream_keeps_the_interface() -> None:
 def test_leg_rejects_an_unknown_resampler() -> None:
     with pytest.raises(ValueError, match="unknown resampler 'sinc'"):
         RtpLeg(sink=CountingSink(), payload_types={0: "PCMU"}, resampler="sinc")
+
+
+def test_g711_pieces_are_decoded_in_the_batch() -> None:
+    """Streams submitting G.711 bytes (both laws, in the same pass) and decoded PCM, mixed
+    within a stream too, get what a lone upsampler gives on the decoded samples."""
+    rng = np.random.default_rng(11)
+    laws = ["PCMU", "PCMA", "PCMU", "PCMA"]
+    signals = [(rng.standard_normal(3200) * 3000).astype(np.int16) for _ in laws]
+    coded = [g711.encode(law, signal) for law, signal in zip(laws, signals, strict=True)]
+    decoded = [g711.decode(law, data) for law, data in zip(laws, coded, strict=True)]
+
+    async def scenario() -> list[np.ndarray]:
+        shared = SharedUpsampler.for_loop(asyncio.get_running_loop())
+        outputs: list[list[np.ndarray]] = [[] for _ in laws]
+        streams = [shared.stream(out.append) for out in outputs]
+        for start in range(0, 3200, 640):
+            for index, stream in enumerate(streams):
+                piece = slice(start, start + 640)
+                if (start // 640 + index) % 3 == 2:
+                    stream.submit(decoded[index][piece])
+                else:
+                    table = g711.DECODE_TABLES[laws[index]]
+                    stream.submit_g711(coded[index][piece][:320], table)
+                    stream.submit_g711(coded[index][piece][320:], table)
+            await asyncio.sleep(0)
+        for stream in streams:
+            stream.flush()
+        return [np.concatenate(out) for out in outputs]
+
+    for got, samples in zip(asyncio.run(scenario()), decoded, strict=True):
+        np.testing.assert_array_equal(got, upsample_in_pieces(samples, []))
