@@ -148,7 +148,7 @@ def test_tied_fine_tuning_from_a_model(prepared: tuple[Path, Path], tmp_path: Pa
 
 
 def test_recipe_trains_then_fine_tunes(prepared: tuple[Path, Path], tmp_path: Path) -> None:
-    """`--finetune-minutes`: the recipe's second stage starts from the first stage's export."""
+    """`--finetune-minutes` / `--serving-minutes`: each stage starts from the one before's export."""
     from asr_core.training import recipe
 
     data_dir, config = prepared
@@ -161,9 +161,10 @@ def test_recipe_trains_then_fine_tunes(prepared: tuple[Path, Path], tmp_path: Pa
     tuned = tmp_path / "tuned.yaml"
     tuned.write_text(yaml.safe_dump(raw))
     out = tmp_path / "model"
-    budgets = ["--minutes-budget", "0.01", "--finetune-minutes", "0.01"]
+    budgets = ["--minutes-budget", "0.01", "--finetune-minutes", "0.01", "--serving-minutes", "0.01"]
     recipe.main(["--out", str(out), "--work", str(work), "--stage", "train", "--config", str(config), *budgets,
-                 "--finetune-config", str(tuned)])  # fmt: skip
+                 "--finetune-config", str(tuned), "--serving-config", str(tuned)])  # fmt: skip
     assert (work / "base" / "final.pt").exists() and (work / "exp_finetune" / "checkpoint.pt").exists()
+    assert (work / "finetuned" / "final.pt").exists() and (work / "exp_serving" / "checkpoint.pt").exists()
     assert (out / "units.txt").read_bytes() == (work / "base" / "units.txt").read_bytes()
     assert load_wenet_model(out).vocab_size == load_wenet_model(work / "base").vocab_size

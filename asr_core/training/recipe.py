@@ -1,13 +1,15 @@
 """The whole demo-model recipe: text -> speech -> telephone channel -> fbank -> train -> export.
 
     python -m asr_core.training.recipe --out asr_core/demo_model --hours 8 --minutes-budget 60 \
-        --finetune-minutes 60      # what `make demo-model` runs
+        --finetune-minutes 60 --serving-minutes 60     # what `make demo-model` runs
 
 Data: ``train`` (``--hours`` of hotline and everyday sentences), ``train_rare`` (``--rare-hours``
 of sentences built from the words whose characters ``train`` has least) and two held-out test
 sets. Training: ``conf/demo.yaml`` from scratch for ``--minutes-budget``, then, with
 ``--finetune-minutes``, ``conf/demo_finetune.yaml`` from that model (output rows shared by
-pinyin syllable, cosine learning rate), exported to ``--out``.
+pinyin syllable, cosine learning rate), then, with ``--serving-minutes``,
+``conf/demo_serving.yaml`` (most batches masked with the engine's chunk sizes and left
+context); the last stage is exported to ``--out``.
 
 Stages skip work already done in ``--work`` (data directories with an ``index.tsv``, a training
 checkpoint), so an interrupted recipe resumes where it stopped. ``--stage data`` only prepares
@@ -26,6 +28,7 @@ from asr_core.training import data, textgen
 AVERAGE_UTTERANCE_SECONDS = 3.7
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "conf" / "demo.yaml"
 FINETUNE_CONFIG = Path(__file__).resolve().parent / "conf" / "demo_finetune.yaml"
+SERVING_CONFIG = Path(__file__).resolve().parent / "conf" / "demo_serving.yaml"
 
 
 TRAIN_SETS = ("train", "train_rare")
@@ -97,6 +100,11 @@ def main(argv: list[str] | None = None) -> None:
         help="then fine-tune the result this long with conf/demo_finetune.yaml (pinyin-tied outputs, cosine lr)",
     )  # fmt: skip
     parser.add_argument("--finetune-config", type=Path, default=FINETUNE_CONFIG, help="same network as --config")
+    parser.add_argument(
+        "--serving-minutes", type=float, default=0.0,
+        help="then fine-tune this long with conf/demo_serving.yaml (the engine's chunk sizes and left context)",
+    )  # fmt: skip
+    parser.add_argument("--serving-config", type=Path, default=SERVING_CONFIG, help="same network as --config")
     parser.add_argument("--num-test", type=int, default=250, help="utterances in each held-out test set")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--processes", type=int, default=2, help="worker processes for synthesis")
@@ -112,11 +120,17 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(stats))
     if args.stage in ("all", "train"):
         train_dirs = [args.work / name for name in TRAIN_SETS if (args.work / name / "index.tsv").exists()]
-        base = args.work / "base" if args.finetune_minutes > 0 else args.out
-        _train(args.config, train_dirs, args.work / "exp", base, args.minutes_budget, args.seed, args.init_from)
+        # (config, minutes, checkpoint dir, export dir unless last); each stage starts from the one before.
+        stages = [(args.config, args.minutes_budget, "exp", "base")]
         if args.finetune_minutes > 0:
-            tuned = args.work / "exp_finetune"
-            _train(args.finetune_config, train_dirs, tuned, args.out, args.finetune_minutes, args.seed, base)
+            stages.append((args.finetune_config, args.finetune_minutes, "exp_finetune", "finetuned"))
+        if args.serving_minutes > 0:
+            stages.append((args.serving_config, args.serving_minutes, "exp_serving", "serving"))
+        init = args.init_from
+        for index, (config, minutes, exp, export) in enumerate(stages):
+            out = args.out if index == len(stages) - 1 else args.work / export
+            _train(config, train_dirs, args.work / exp, out, minutes, args.seed, init)
+            init = out
 
 
 def _train(
