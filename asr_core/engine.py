@@ -290,7 +290,12 @@ class Engine:
             frames = stream.next_chunk_frames()
             if frames:
                 if not stream.ready_since:
-                    stream.ready_since = stream.arrival_time_of_sample(stream.chunk_last_sample(frames))
+                    since = stream.arrival_time_of_sample(stream.chunk_last_sample(frames))
+                    if frames < stream.window:
+                        # A short last chunk can only run once the input has ended (its audio may
+                        # have arrived long before the caller hung up): it is ready from then on.
+                        since = max(since, stream.input_end_time)
+                    stream.ready_since = since
                 ready.append((stream, frames))
             elif stream.closing:
                 ending.append((stream, "closed"))

@@ -98,6 +98,7 @@ class Stream:
         self._inbox: list[np.ndarray] = []
         self._input_finished = False
         self._close_requested = False
+        self.input_end_time = 0.0  # monotonic time of input_finished()/close(), 0 before
         self.done = threading.Event()  # set once the last Final (if any) has been emitted
 
         # Arrival log: (total samples received after this piece, monotonic time of hand-off).
@@ -137,6 +138,7 @@ class Stream:
         """No more audio: decode what is buffered, emit the last Final, then release the slot."""
         with self._lock:
             self._input_finished = True
+            self.input_end_time = self.input_end_time or time.monotonic()
         self._wake()
 
     def close(self) -> None:
@@ -144,6 +146,7 @@ class Stream:
         with self._lock:
             self._close_requested = True
             self._input_finished = True
+            self.input_end_time = self.input_end_time or time.monotonic()
         self._wake()
 
     # -- scheduler side -------------------------------------------------------------

@@ -201,6 +201,25 @@ def test_capacity_close_and_final_on_close(loaded: LoadedModel, audio: list[np.n
     engine.open_stream(StreamConfig(stream_id="c"), collector)  # the freed slot is usable again
 
 
+def test_the_last_short_chunk_is_timed_from_the_end_of_input(loaded: LoadedModel, audio: list[np.ndarray]) -> None:
+    """A chunk shorter than the window runs only once the input has ended: a caller who hangs
+    up a second after the audio must not make that chunk look a second behind real time."""
+    engine = Engine(loaded, EngineOptions(max_streams=1, endpoint=NO_ENDPOINTS))
+    stream = engine.open_stream(StreamConfig(stream_id="a"), Collector())
+    stream.accept_waveform(audio[0][: 16000 + 1000])  # 1 s of full chunks and a short tail
+    for _ in range(100):
+        if engine.run_once() != 0.0 and not stream.next_chunk_frames():
+            break
+    full_chunks = len(engine.stats.partial_latency_ms)
+    assert full_chunks and not stream.next_chunk_frames()  # the tail waits for the input's end
+    time.sleep(1.2)
+    stream.input_finished()
+    drain(engine, [stream])
+    tail_latencies = list(engine.stats.partial_latency_ms)[full_chunks:]
+    assert tail_latencies and max(tail_latencies) < 1000.0
+    assert engine.stats.behind_realtime_chunks == 0
+
+
 def test_bad_stream_configs_are_refused(loaded: LoadedModel) -> None:
     engine = Engine(loaded, EngineOptions(max_streams=1, allowed_chunk_ms=(160, 320)))
     with pytest.raises(ValueError, match="chunk_ms 640 is not one of"):
