@@ -54,7 +54,7 @@ class RtpSettings(_Section):
     )
     c_receive_path: bool = Field(
         True,
-        description="read RTP with the C extension rtp._fastrtp where it was built (~1.6x less CPU per packet); "
+        description="read RTP with the C extension rtp._fastrtp where it was built (about half the CPU per packet); "
         "false: always in Python",
     )
     poll_interval_ms: float = Field(
