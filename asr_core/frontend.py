@@ -190,9 +190,7 @@ class FbankStream:
             raise IndexError(
                 f"frames [{start}, {start + n}) not available: held frames are [{self._first}, {self.num_frames_ready})"
             )
-        if self._pieces:
-            self._buffer = np.concatenate([self._buffer, *self._pieces])
-            self._pieces = []
+        self._consolidate()
         begin = start * FRAME_SHIFT_SAMPLES - self._buffer_start
         return self._buffer[begin : begin + window_samples(n)]
 
@@ -216,11 +214,15 @@ class FbankStream:
         self._first += n
         keep_from = self._first * FRAME_SHIFT_SAMPLES - self._buffer_start
         if keep_from > 0:
-            if self._pieces:
-                self._buffer = np.concatenate([self._buffer, *self._pieces])
-                self._pieces = []
+            self._consolidate()
             self._buffer = self._buffer[keep_from:].copy()
             self._buffer_start += keep_from
+
+    def _consolidate(self) -> None:
+        """Append the pieces received since the last call to the sample buffer."""
+        if self._pieces:
+            self._buffer = np.concatenate([self._buffer, *self._pieces])
+            self._pieces = []
 
     def pop_frames(self, n: int) -> np.ndarray:
         """Remove and return the ``n`` oldest held frames, (n, 80) float32."""
