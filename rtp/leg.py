@@ -97,6 +97,10 @@ class RtpLeg:
     The sockets are read every `poll_interval_ms` (default 20 ms, one packet period) by the
     loop's shared `rtp.poller.DatagramPoller`, which adds up to that much delay before a
     packet is handled (half on average) and saves event-loop wake-ups; 0 reads on readiness.
+    With `fast_path` (default) and the C extension built, the poller's C receiver takes this
+    leg's in-order packets once the leg has armed it, and hands them over in whole batches
+    (`fast_batch`); every other datagram still comes through `handle_rtp` (see `_arm`,
+    `_take_fast`). `stats` includes the packets counted in C.
     on_end(reason) is called at most once: "rtp-timeout" after `inactivity_timeout_s` without
     packets (not counted while on hold), or "rtcp-bye". The owner still calls `close()`.
 
