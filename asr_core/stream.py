@@ -188,22 +188,13 @@ class Stream:
         last_frame = self.frames_consumed + num_frames - 1
         return last_frame * FBANK_SHIFT_SAMPLES + FBANK_WINDOW_SAMPLES - 1
 
-    def take_chunk(self, num_frames: int) -> np.ndarray:
-        """The fbank frames of the next chunk, (num_frames, n_mels); advances by one stride."""
-        frames = self.fbank.get_frames(self.frames_consumed, num_frames)
-        self._advance(num_frames)
-        return frames
-
     def take_chunk_samples(self, num_frames: int) -> np.ndarray:
         """The audio of the next chunk's fbank frames, (window_samples(num_frames),) float32,
         for the engine to compute many streams' features at once; advances by one stride."""
         samples = self.fbank.window(self.frames_consumed, num_frames)
-        self._advance(num_frames)
-        return samples
-
-    def _advance(self, num_frames: int) -> None:
         self.frames_consumed += min(self.stride, num_frames)
         self.fbank.drop_frames(self.frames_consumed - self.fbank.first_available)
+        return samples
 
     def next_seq(self) -> int:
         return next(self._seq)

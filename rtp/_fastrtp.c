@@ -351,8 +351,8 @@ static int append_pair(PyObject *list, PyObject *first, PyObject *second) {
 
 /* poll(): one epoll pass. Returns (batches, slow, others, events):
  *   batches: [(owner, payload bytes)] full batches of taken packets, in arrival order;
- *   slow:    [(owner, datagram, address)] datagrams the fast path did not take (the leg is
- *            now disarmed; call take(fd, True) before handling it);
+ *   slow:    [(fd, datagram, address)] datagrams the fast path did not take, for the
+ *            socket's Python handler (which calls take(fd, True) first if the leg is armed);
  *   others:  [fd] ready sockets that are not registered, for Python to read;
  *   events:  how many sockets were ready (0: nothing left to read). */
 static PyObject *Receiver_poll(Receiver *self, PyObject *Py_UNUSED(ignored)) {
@@ -402,7 +402,7 @@ static PyObject *Receiver_poll(Receiver *self, PyObject *Py_UNUSED(ignored)) {
         }
         PyObject *datagram = PyBytes_FromStringAndSize((const char *)self->datagram, size);
         PyObject *address = datagram ? address_tuple(&source) : NULL;
-        PyObject *item = address ? PyTuple_Pack(3, leg->owner, datagram, address) : NULL;
+        PyObject *item = address ? Py_BuildValue("(iOO)", fd, datagram, address) : NULL;
         Py_XDECREF(datagram);
         Py_XDECREF(address);
         if (item == NULL || PyList_Append(slow, item) < 0) {

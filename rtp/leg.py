@@ -395,10 +395,6 @@ class RtpLeg:
         if self._queued_samples >= self._batch_samples:
             self._resample_queued()
 
-    def fast_fallback(self, data: bytes, address: Address) -> None:
-        """A datagram the C receive path did not take (poller callback): the Python path."""
-        self.handle_rtp(data, address)
-
     def _arm(self, payload_type: int, addr: Address) -> None:
         """Let the C receive path take the packets that continue the stream from `addr`:
         called after a packet took the in-order path (`push_in_order`), so the reorder buffer

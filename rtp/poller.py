@@ -23,8 +23,8 @@ Where the optional C extension `rtp._fastrtp` is built, each pass is one call in
 `Receiver`, which reads every ready socket itself. A socket added with an owner (a leg's RTP
 socket) is read there: the packets that continue the leg's in-order stream as the leg armed it
 to expect are taken in C and reach the owner as whole batches (`owner.fast_batch(payloads)`);
-any other datagram reaches `owner.fast_fallback(data, address)`, which hands it to the leg's
-Python path. Sockets added without an owner (RTCP) are read here as before.
+any other datagram, read in C too, goes to the socket's handler as before. Sockets added
+without an owner (RTCP) are read here as before.
 """
 
 from __future__ import annotations
@@ -53,8 +53,6 @@ class FastOwner(Protocol):
 
     def fast_batch(self, payloads: bytes) -> None: ...
 
-    def fast_fallback(self, data: bytes, address: Address) -> None: ...
-
 # Read up to this many bytes per datagram, as asyncio's own datagram transports do (a shorter
 # read would truncate an oversized datagram silently and hand the parser a wrong packet).
 MAX_DATAGRAM_BYTES = 65536
@@ -72,14 +70,14 @@ _pollers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[float, Datag
 class DatagramPoller:
     """Reads registered non-blocking UDP sockets and calls each one's handler(data, address)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, interval_s: float, *, fast: bool = True) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, interval_s: float) -> None:
         if interval_s < 0:
             raise ValueError(f"poll interval must be >= 0 s, got {interval_s}")
         self.interval_s = interval_s
         self._loop = loop
         self._epoll = select.epoll()
-        # The C receiver shares this epoll set; None without the extension (or with fast=False).
-        self.fast: Any = FastReceiver(self._epoll.fileno()) if fast and FastReceiver is not None else None
+        # The C receiver shares this epoll set; None without the extension.
+        self.fast: Any = FastReceiver(self._epoll.fileno()) if FastReceiver is not None else None
         self._sockets: dict[int, tuple[Callable[[int], tuple[bytes, Address]], DatagramHandler]] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._pending: asyncio.Handle | None = None
@@ -185,9 +183,12 @@ class DatagramPoller:
                 owner.fast_batch(payloads)
             except Exception:
                 log.exception("RTP batch handler failed")
-        for owner, data, address in slow:
+        for fd, data, address in slow:
+            entry = self._sockets.get(fd)
+            if entry is None:  # removed by a handler earlier in this pass
+                continue
             try:
-                owner.fast_fallback(data, address)
+                entry[1](data, address)
             except Exception:
                 log.exception("RTP datagram handler failed")
         for fd in others:
