@@ -3,6 +3,11 @@ streaming, the quickest way to try a model and to diff our arrays against WeNet'
 
     asr-transcribe a.wav b.wav --model DIR --chunk-ms 320 --left-chunks -1 --mode rescore --json
 
+Modes: ``greedy`` (CTC best path), ``prefix_beam`` (CTC n-best), ``rescore`` (WeNet's attention
+rescoring of the CTC n-best) and ``joint`` (the default: the n-best plus the attention
+decoder's own beam search, rescored together, as the serving engine's finals with
+``engine.attention_beam`` > 0; see ``asr_core/finals.py``).
+
 Exit status: 0 on success, 2 when an input (WAV file, model directory, option) is unusable;
 the message is one line on stderr (``--debug`` adds the traceback).
 """
@@ -25,13 +30,14 @@ import torch
 
 from asr_core.audio_io import AudioError, read_wav
 from asr_core.ctc_search import ctc_greedy_batch, ctc_prefix_beam_search
+from asr_core.finals import FinalRequest, FinalSearch, FinalSettings
 from asr_core.frontend import compute_fbank
 from asr_core.model.loader import LoadedModel, ModelLoadError, load_wenet_model
 from asr_core.offline import encode_full, encode_streaming
 from rescoring.attention import attention_rescore
 
 CHUNK_MS_CHOICES = ("160", "240", "320", "640", "full")
-MODES = ("greedy", "prefix_beam", "rescore")
+MODES = ("greedy", "prefix_beam", "rescore", "joint")
 MODEL_DIR_ENV = "ASR_MODEL_DIR"
 DEMO_MODEL_DIR = Path(__file__).resolve().parent / "demo_model"
 FBANK_SHIFT_MS = 10
@@ -94,8 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=-1,
         help="chunks of attention history kept when streaming; -1 keeps all (default)",
     )
-    parser.add_argument("--mode", choices=MODES, default="rescore", help="decoding (default: rescore)")
+    parser.add_argument("--mode", choices=MODES, default="joint", help="decoding (default: joint)")
     parser.add_argument("--beam", type=int, default=10, help="prefix beam size (default: 10)")
+    parser.add_argument(
+        "--attention-beam", type=int, default=4, help="joint mode: attention decoder proposals (default: 4)"
+    )
     parser.add_argument("--nbest", type=int, default=None, help="n-best entries to print (default: all)")
     parser.add_argument("--ctc-weight", type=float, default=0.5, help="rescoring CTC weight (default: 0.5)")
     parser.add_argument("--reverse-weight", type=float, default=0.3, help="rescoring R2L weight (default: 0.3)")
@@ -189,6 +198,8 @@ class Transcriber:
             tokens = ctc_greedy_batch(lp[None], torch.tensor([lp.shape[0]]), blank=loaded.blank_id)[0]
             best_path = float(lp.max(-1).values.double().sum())
             return [self._entry(tokens, best_path)]
+        if args.mode == "joint":
+            return self._joint(enc, lp)
         hyps = ctc_prefix_beam_search(lp, beam=args.beam, blank=loaded.blank_id)
         if args.mode == "prefix_beam":
             return [self._entry(h.tokens, h.score) for h in hyps]
@@ -228,6 +239,25 @@ class Transcriber:
             for h in result.hypotheses
         ]
 
+    def _joint(self, enc: torch.Tensor, log_probs: torch.Tensor) -> list[dict[str, Any]]:
+        """The engine's finals search (``FinalSearch``) on the utterance's top-k posteriors."""
+        args, loaded = self.args, self.loaded
+        settings = FinalSettings(
+            beam=args.beam, blank=loaded.blank_id, sos=loaded.sos_id, eos=loaded.eos_id,
+            ctc_weight=args.ctc_weight, reverse_weight=args.reverse_weight,
+            attention_beam=args.attention_beam, vocab_size=loaded.vocab_size,
+        )  # fmt: skip
+        values, ids = log_probs.topk(min(args.beam, log_probs.shape[-1]), dim=-1)
+        (result,) = FinalSearch(loaded.model.decoder, settings).run(
+            [FinalRequest(values.numpy(), ids.numpy(), enc.float().cpu())]
+        )
+        if result.rescored is None:  # nothing decoded
+            return [self._entry(h.tokens, h.score) for h in result.nbest] or [self._entry((), 0.0)]
+        return [
+            self._entry(h.tokens, h.score, ctc_score=h.ctc_score, l2r_score=h.l2r_score, r2l_score=h.r2l_score)
+            for h in result.rescored.hypotheses
+        ]
+
     def _entry(self, tokens: Sequence[int], score: float, **extra: float) -> dict[str, Any]:
         entry: dict[str, Any] = {
             "tokens": list(tokens),
@@ -245,6 +275,8 @@ def _validate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
         parser.error("--beam must be at least 1")
     if args.nbest is not None and args.nbest < 1:
         parser.error("--nbest must be at least 1")
+    if args.attention_beam < 0:
+        parser.error("--attention-beam must be 0 (no proposals) or more")
     if not 0.0 <= args.reverse_weight <= 1.0:
         parser.error("--reverse-weight must be between 0 and 1")
     if args.threads < 0:

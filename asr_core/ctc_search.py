@@ -259,3 +259,108 @@ class _PrefixBeam:
             times = self.times_s[i] if self.v_s[i] > self.v_ns[i] else self.times_ns[i]
             result.append(Hypothesis(tokens=tokens, score=score, times=times))
         return result
+
+
+def _columns_topk(topk_values: ArrayLike, topk_ids: ArrayLike, tokens: list[int], vocab_size: int) -> np.ndarray:
+    """(T, len(tokens)) float64 log-posteriors of ``tokens`` (distinct) from stored top-k posteriors.
+
+    A token outside a frame's top k gets an equal share of the probability the top k leave:
+    log((1 - sum(exp(top k))) / (V - k)), floored at 1e-30 of mass.
+    """
+    values = _as_tensor(topk_values).numpy().astype(np.float64)  # (T, k)
+    ids = _as_tensor(topk_ids).numpy().astype(np.int64)  # (T, k)
+    k = values.shape[1]
+    rest = np.maximum(1.0 - np.exp(values).sum(axis=1), 1e-30) / max(vocab_size - k, 1)  # (T,)
+    out = np.repeat(np.log(rest)[:, None], len(tokens), axis=1)  # (T, U)
+    column = np.full(max(vocab_size, int(ids.max(initial=0)) + 1, max(tokens) + 1), -1, dtype=np.int64)
+    column[np.asarray(tokens, dtype=np.int64)] = np.arange(len(tokens))
+    cols = column[ids]  # (T, k)
+    rows, slots = np.nonzero(cols >= 0)
+    out[rows, cols[rows, slots]] = values[rows, slots]
+    return out
+
+
+def ctc_scores_topk(
+    topk_values: ArrayLike,
+    topk_ids: ArrayLike,
+    hyps: list[tuple[int, ...]] | list[list[int]],
+    vocab_size: int,
+    blank: int = 0,
+) -> list[float]:
+    """log P_ctc(y | x) of each hypothesis y: the sum over all its alignments (CTC's forward).
+
+    For hypotheses that did not come from the CTC prefix beam search (e.g. the attention
+    decoder's own proposals), scored on the same stored posteriors. A token outside a frame's
+    top k gets an equal share of what the top k leave (see ``_columns_topk``). An impossible
+    hypothesis (more frames needed than there are) scores -inf.
+
+    Args:
+        topk_values: (T, k) log-posteriors; topk_ids: (T, k) their token ids.
+        hyps: token sequences (no blanks).
+        vocab_size: V, the size of the CTC output layer.
+        blank: id of the CTC blank.
+    """
+    if not hyps:
+        return []
+    if len(topk_values) == 0:  # no frames: only the empty hypothesis is possible, with certainty
+        return [0.0 if len(h) == 0 else _NEG_INF for h in hyps]
+    distinct = sorted({blank, *(t for h in hyps for t in h)})
+    class_of = {token: i for i, token in enumerate(distinct)}
+    columns = torch.from_numpy(_columns_topk(topk_values, topk_ids, distinct, vocab_size))  # (T, C)
+    frames = columns.shape[0]
+    longest = max(1, max(len(h) for h in hyps))
+    targets = torch.zeros(len(hyps), longest, dtype=torch.long)
+    for i, h in enumerate(hyps):
+        targets[i, : len(h)] = torch.tensor([class_of[t] for t in h], dtype=torch.long)
+    nll = torch.nn.functional.ctc_loss(
+        columns.unsqueeze(1).expand(frames, len(hyps), len(distinct)),
+        targets,
+        input_lengths=torch.full((len(hyps),), frames, dtype=torch.long),
+        target_lengths=torch.tensor([len(h) for h in hyps], dtype=torch.long),
+        blank=class_of[blank],
+        reduction="none",
+    )
+    return [-float(v) if np.isfinite(float(v)) else _NEG_INF for v in nll]
+
+
+def ctc_token_frames_topk(
+    topk_values: ArrayLike, topk_ids: ArrayLike, tokens: tuple[int, ...] | list[int], vocab_size: int, blank: int = 0
+) -> tuple[int, ...]:
+    """The frame of each token on the best CTC alignment of ``tokens`` (Viterbi): among the
+    frames the alignment gives a token, the one where its posterior peaks, as the prefix beam
+    search places a token where its emission scored best. Empty if no alignment exists."""
+    tokens = list(tokens)
+    if not tokens:
+        return ()
+    distinct = sorted({blank, *tokens})
+    column = {token: i for i, token in enumerate(distinct)}
+    em = _columns_topk(topk_values, topk_ids, distinct, vocab_size)[:, [column[t] for t in (blank, *tokens)]]
+    frames, count = em.shape[0], len(tokens)
+    states = 2 * count + 1  # blank, token 0, blank, token 1, ..., blank
+    emit = np.where(np.arange(states) % 2 == 0, 0, (np.arange(states) + 1) // 2)  # column of each state
+    skip = np.zeros(states, dtype=bool)  # a token state reachable from the token two states back
+    skip[3::2] = np.asarray(tokens[1:]) != np.asarray(tokens[:-1])
+    score = np.full(states, -np.inf)
+    score[0] = em[0, 0]
+    if states > 1:
+        score[1] = em[0, 1]
+    back = np.zeros((frames, states), dtype=np.int8)  # 0 stay, 1 from s-1, 2 from s-2
+    for t in range(1, frames):
+        stay = score
+        step = np.concatenate(([-np.inf], score[:-1]))
+        jump = np.where(skip, np.concatenate(([-np.inf, -np.inf], score[:-2])), -np.inf)
+        choice = np.argmax(np.stack([stay, step, jump]), axis=0)
+        score = np.choose(choice, [stay, step, jump]) + em[t, emit]
+        back[t] = choice
+    last = states - 1 if score[-1] >= score[-2] else states - 2
+    if not np.isfinite(score[last]):
+        return ()
+    path = np.empty(frames, dtype=np.int64)
+    for t in range(frames - 1, -1, -1):
+        path[t] = last
+        last -= back[t, last]
+    times = []
+    for j in range(count):
+        where = np.flatnonzero(path == 2 * j + 1)
+        times.append(int(where[np.argmax(em[where, j + 1])]))
+    return tuple(times)

@@ -68,6 +68,9 @@ class EngineOptions:
     beam: int = 10
     ctc_weight: float = 0.5
     reverse_weight: float = 0.3
+    # Finals: the attention decoder's own beam search adds up to this many hypotheses to each
+    # CTC n-best before rescoring (asr_core/finals.py); 0 = WeNet's attention rescoring only.
+    attention_beam: int = 0
     endpoint: EndpointRules = field(default_factory=EndpointRules)
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
@@ -136,6 +139,8 @@ class Engine:
             eos=loaded.eos_id,
             ctc_weight=self.options.ctc_weight,
             reverse_weight=self.options.reverse_weight,
+            attention_beam=self.options.attention_beam,
+            vocab_size=loaded.vocab_size,
         )
         decoder = rescoring_decoder(self.options.backend, self.model.decoder)
         self._local_search = FinalSearch(decoder, settings)

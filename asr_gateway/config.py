@@ -108,6 +108,12 @@ class EngineSettings(_Section):
     ctc_weight: float = Field(0.5, ge=0.0, le=1.0)
     reverse_weight: float = Field(0.3, ge=0.0, le=1.0)
     rescore: bool = True
+    attention_beam: int = Field(
+        4,
+        ge=0,
+        description="finals: hypotheses the attention decoder's own beam search adds to the CTC n-best before "
+        "rescoring (0 = WeNet's attention rescoring of the CTC n-best only)",
+    )
     endpoint: EndpointSettings = EndpointSettings()
 
     @field_validator("chunk_ms")

@@ -92,6 +92,7 @@ def engine_options(config: ServiceConfig) -> EngineOptions:
         beam=engine.beam,
         ctc_weight=engine.ctc_weight,
         reverse_weight=engine.reverse_weight,
+        attention_beam=engine.attention_beam,
         endpoint=EndpointRules(
             rules.blank_threshold, rules.trailing_silence_ms, rules.leading_silence_ms, rules.max_utterance_ms
         ),

@@ -139,9 +139,21 @@ class MultiHeadedAttention(nn.Module):
         and then gathered, instead of projecting each hypothesis' copy of the same memory.
         Returns (N, T1, D), the same as ``forward(query, memory[rows], memory[rows], mask[rows])``.
         """
+        return self.attend_memory(query, *self.memory_keys_values(memory), memory_mask, rows)
+
+    def memory_keys_values(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of a source memory (S, T2, D): two (S, H, T2, d_k) tensors.
+
+        An autoregressive search queries the same memory at every step; projecting it once
+        and passing the result to :meth:`attend_memory` saves doing so per step.
+        """
+        return self._heads(memory, self.linear_k), self._heads(memory, self.linear_v)
+
+    def attend_memory(self, query: Tensor, keys: Tensor, values: Tensor, memory_mask: Tensor, rows: Tensor) -> Tensor:
+        """``forward_shared_memory`` with the memory already projected (:meth:`memory_keys_values`)."""
         q = self._heads(query, self.linear_q)
-        k = self._heads(memory, self.linear_k).index_select(0, rows)
-        v = self._heads(memory, self.linear_v).index_select(0, rows)
+        k = keys.index_select(0, rows)
+        v = values.index_select(0, rows)
         return self.attend(q, k, v, self.scores(q, k, None, 0), memory_mask.index_select(0, rows))
 
     def forward_cached(

@@ -7,6 +7,9 @@ label-smoothing loss is unchanged because log_softmax is idempotent).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import torch
 from torch import Tensor, nn
 
@@ -18,6 +21,9 @@ from asr_core.model.mask import make_pad_mask, subsequent_mask
 
 Tree = tuple[Tensor, Tensor, Tensor]
 """A batch of prefix trees: tokens (S, N), positions (S, N), ancestor mask (S, N, N)."""
+SourceAttention = Callable[[Tensor], Tensor]
+MemoryKeysValues = list[tuple[Tensor, Tensor]]
+"""Per decoder layer, its source attention's keys and values of the memory, (S, H, T', d_k) each."""
 
 
 class DecoderLayer(nn.Module):
@@ -44,15 +50,43 @@ class DecoderLayer(nn.Module):
         With ``memory_rows`` (N,), memory and memory_mask hold S < N distinct rows and target
         row i attends to memory row ``memory_rows[i]`` (hypotheses of one utterance).
         """
+        if memory_rows is None:
+            source: SourceAttention = partial(self.src_attn, key=memory, value=memory, mask=memory_mask)
+        else:
+            source = partial(
+                self.src_attn.forward_shared_memory, memory=memory, memory_mask=memory_mask, rows=memory_rows
+            )
+        return self._source_block(self._self_block(tgt, tgt_mask, last_only=False), source)
+
+    def forward_last(
+        self, tgt: Tensor, memory_keys: Tensor, memory_values: Tensor, memory_mask: Tensor, memory_rows: Tensor
+    ) -> Tensor:
+        """The layer's output at the last position only: ``forward(tgt, causal mask, ...)[:, -1:]``.
+
+        tgt: (N, L, D) the inputs of every position so far; memory_keys/values: the source
+        attention's projection of the memory (``MultiHeadedAttention.memory_keys_values``,
+        S rows); memory_rows: (N,) the memory row of each target row. Returns (N, 1, D).
+        """
+        source = partial(
+            self.src_attn.attend_memory,
+            keys=memory_keys,
+            values=memory_values,
+            memory_mask=memory_mask,
+            rows=memory_rows,
+        )
+        return self._source_block(self._self_block(tgt, None, last_only=True), source)
+
+    def _self_block(self, tgt: Tensor, tgt_mask: Tensor | None, last_only: bool) -> Tensor:
         nb = self.normalize_before
         x = self.norm1(tgt) if nb else tgt
-        x = tgt + self.dropout(self.self_attn(x, x, x, tgt_mask))
-        x = x if nb else self.norm1(x)
+        query, residual = (x[:, -1:], tgt[:, -1:]) if last_only else (x, tgt)
+        x = residual + self.dropout(self.self_attn(query, x, x, tgt_mask))
+        return x if nb else self.norm1(x)
+
+    def _source_block(self, x: Tensor, attend_source: SourceAttention) -> Tensor:
+        nb = self.normalize_before
         y = self.norm2(x) if nb else x
-        if memory_rows is None:
-            x = x + self.dropout(self.src_attn(y, memory, memory, memory_mask))
-        else:
-            x = x + self.dropout(self.src_attn.forward_shared_memory(y, memory, memory_mask, memory_rows))
+        x = x + self.dropout(attend_source(y))
         x = x if nb else self.norm2(x)
         y = self.norm3(x) if nb else x
         x = x + self.dropout(self.feed_forward(y))
@@ -122,6 +156,47 @@ class TransformerDecoder(nn.Module):
             x = self.after_norm(x)
         return torch.log_softmax(self.output_layer(x), dim=-1)
 
+    def memory_keys_values(self, memory: Tensor) -> MemoryKeysValues:
+        """Every layer's source-attention keys and values of ``memory`` (S, T', D), for :meth:`step`."""
+        return [self._layer(i).src_attn.memory_keys_values(memory) for i in range(len(self.decoders))]
+
+    def _layer(self, index: int) -> DecoderLayer:
+        layer = self.decoders[index]
+        assert isinstance(layer, DecoderLayer)
+        return layer
+
+    def step(
+        self,
+        memory_kv: MemoryKeysValues,
+        memory_mask: Tensor,
+        tokens: Tensor,
+        cache: list[Tensor] | None,
+        memory_rows: Tensor,
+    ) -> tuple[Tensor, list[Tensor]]:
+        """One step of autoregressive decoding, computing only the newest position.
+
+        memory_kv: :meth:`memory_keys_values` of the memory (S rows); memory_mask: (S, 1, T')
+        bool; tokens: (N,) int64, each row's newest token (sos at the first step); cache: None
+        at the first step, else the cache this method returned one step earlier, its rows
+        gathered by the caller to follow each row's parent; memory_rows: (N,) the memory row
+        of each target row. Returns (log-probs (N, V) of the next token, the new cache: per
+        layer, the (N, L, D) inputs of every position so far). Each row's log-probs equal
+        ``forward``'s last position on the same prefix.
+        """
+        embedding: nn.Module = self.embed[0]
+        pos_enc = self.embed[1]
+        assert isinstance(pos_enc, PositionalEncoding)
+        position = 0 if cache is None else cache[0].size(1)
+        x = pos_enc(embedding(tokens.unsqueeze(1)), torch.tensor([position], device=tokens.device))  # (N, 1, D)
+        new_cache = []
+        for i in range(len(self.decoders)):
+            inputs = x if cache is None else torch.cat([cache[i], x], dim=1)
+            new_cache.append(inputs)
+            x = self._layer(i).forward_last(inputs, *memory_kv[i], memory_mask, memory_rows)
+        if self.normalize_before:
+            x = self.after_norm(x)
+        return torch.log_softmax(self.output_layer(x[:, 0]), dim=-1), new_cache
+
     def forward_tree(self, memory: Tensor, mask: Tensor, tree: Tree, r_tree: Tree | None) -> tuple[Tensor, Tensor]:
         """As ``BiTransformerDecoder.forward_tree``; a unidirectional decoder ignores ``r_tree``."""
         l2r = self.forward_prefix_tree(memory, mask, *tree)
@@ -155,6 +230,17 @@ class BiTransformerDecoder(nn.Module):
             return l2r, empty
         r2l, _ = self.right_decoder(memory, memory_mask, r_ys_in_pad, ys_in_lens, memory_rows=memory_rows)
         return l2r, r2l
+
+    def memory_keys_values(self, memory: Tensor) -> MemoryKeysValues:
+        """The left-to-right decoder's (autoregressive search runs left to right)."""
+        return self.left_decoder.memory_keys_values(memory)
+
+    def step(
+        self, memory_kv: MemoryKeysValues, memory_mask: Tensor, tokens: Tensor, cache: list[Tensor] | None,
+        memory_rows: Tensor,
+    ) -> tuple[Tensor, list[Tensor]]:  # fmt: skip
+        """``TransformerDecoder.step`` of the left-to-right decoder."""
+        return self.left_decoder.step(memory_kv, memory_mask, tokens, cache, memory_rows)
 
     def forward_tree(self, memory: Tensor, mask: Tensor, tree: Tree, r_tree: Tree | None) -> tuple[Tensor, Tensor]:
         """``TransformerDecoder.forward_prefix_tree`` of the left-to-right decoder on ``tree``

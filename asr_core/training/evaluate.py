@@ -6,14 +6,18 @@ A test set is a directory of WAVs (mono 16-bit, 8 or 16 kHz) plus ``text`` with
 ``<utt_id> <transcript>`` per line. Each utterance is decoded with the chunk attention mask of
 160, 320 and 640 ms chunks (4, 8, 16 encoder frames; equal to chunk-by-chunk streaming with an
 unlimited cache) and with full context; CTC greedy search always, plus attention rescoring
-of the CTC prefix-beam n-best when ``rescoring.attention`` is available. Prints one JSON object.
+of the CTC prefix-beam n-best ("rescore", WeNet's) when ``rescoring.attention`` is available,
+and "joint": the serving engine's finals search, which adds ``--attention-beam`` hypotheses of
+the attention decoder's own beam search to the n-best before rescoring (0 leaves it out).
+Prints one JSON object.
 
 ``--backend NAME`` (e.g. ``torch-int8``, ``onnxruntime-int8``) instead decodes every utterance
 through the shared streaming ``Engine`` with that chunk runner, exactly as calls are served:
 160/320/640 ms chunks with the engine's windowed cache (``--left-chunks``, default 8), the
 whole test set's streams batched together; "greedy" is the last CTC partial of each utterance,
-"rescore" its final. There is no full-context row in this mode. Running it for ``torch`` and an
-INT8 backend on the same test set gives the CER change of INT8 under serving conditions.
+"joint" its final ("rescore" with ``--attention-beam 0``). There is no full-context row in
+this mode. Running it for ``torch`` and an INT8 backend on the same test set gives the CER
+change of INT8 under serving conditions.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import soxr
 import torch
 
 from asr_core.ctc_search import ctc_greedy_batch, ctc_prefix_beam_search
+from asr_core.finals import FinalRequest, FinalSearch, FinalSettings
 from asr_core.frontend import compute_fbank
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_core.training.data import read_wav
@@ -69,9 +74,10 @@ def read_testset(testset: Path) -> list[tuple[str, str, np.ndarray]]:
 
 def decode_streaming(
     loaded: LoadedModel, audio: list[np.ndarray], chunk_ms: int, backend: str, left_chunks: int,
-    dtype: str = "float32",
+    dtype: str = "float32", attention_beam: int = 0,
 ) -> dict[str, list[str]]:  # fmt: skip
-    """Texts per method through the serving engine: every utterance one stream, all at once."""
+    """Texts per method through the serving engine: every utterance one stream, all at once.
+    The finals are "rescore", or "joint" with ``attention_beam`` > 0."""
     from asr_core.endpoint import EndpointRules
     from asr_core.engine import Engine, EngineOptions, resolve_dtype
     from asr_core.events import Event, Final, Partial
@@ -81,7 +87,7 @@ def decode_streaming(
     options = EngineOptions(
         max_streams=len(audio), max_batch=64, backend=backend, max_left_chunks=left_chunks, trim_interval_s=0,
         behind_ms=float("inf"),  # audio arrives all at once: latency is meaningless here
-        dtype=resolve_dtype(dtype, "cpu"),
+        dtype=resolve_dtype(dtype, "cpu"), attention_beam=attention_beam,
         endpoint=EndpointRules(trailing_silence_ms=never, leading_silence_ms=never, max_utterance_ms=never),
     )  # fmt: skip
     engine = Engine(loaded, options)
@@ -109,7 +115,8 @@ def decode_streaming(
         streams.append(stream)
     while not all(stream.done.is_set() for stream in streams):
         engine.run_once()
-    return {"greedy": ["".join(g) for g in greedy], "rescore": ["".join(f) for f in finals]}
+    final_method = "joint" if attention_beam > 0 else "rescore"
+    return {"greedy": ["".join(g) for g in greedy], final_method: ["".join(f) for f in finals]}
 
 
 def _rescorer() -> Any:
@@ -122,14 +129,20 @@ def _rescorer() -> Any:
 
 @torch.no_grad()
 def decode(
-    loaded: LoadedModel, feats: list[np.ndarray], chunk: int, beam: int, batch_size: int = 16
-) -> dict[str, list[str]]:
-    """Texts per decoding method ("greedy", and "rescore" when available) for each utterance."""
+    loaded: LoadedModel, feats: list[np.ndarray], chunk: int, beam: int, batch_size: int = 16,
+    attention_beam: int = 0,
+) -> dict[str, list[str]]:  # fmt: skip
+    """Texts per decoding method for each utterance: "greedy", and when available "rescore"
+    (WeNet's attention rescoring) and, with ``attention_beam`` > 0, "joint" (the serving
+    engine's finals search: n-best plus attention proposals, ``asr_core.finals``)."""
     model = loaded.model
     rescore = _rescorer() if beam > 0 else None
     out: dict[str, list[str]] = {"greedy": []}
     if rescore is not None:
         out["rescore"] = []
+    joint = _joint_search(loaded, beam, attention_beam) if rescore is not None and attention_beam > 0 else None
+    if joint is not None:
+        out["joint"] = []
     for start in range(0, len(feats), batch_size):
         part = feats[start : start + batch_size]
         lens = torch.tensor([len(f) for f in part])
@@ -147,14 +160,32 @@ def decode(
             ]
             keep = [i for i, n in enumerate(nbests) if n]
             results = rescore(
-                model.decoder, [enc[i, : enc_lens[i]] for i in keep], [nbests[i] for i in keep],
-                sos=loaded.sos_id, eos=loaded.eos_id,
+                model.decoder,
+                [enc[i, : enc_lens[i]] for i in keep],
+                [nbests[i] for i in keep],
+                sos=loaded.sos_id,
+                eos=loaded.eos_id,
             )
             texts = ["" for _ in part]
             for i, result in zip(keep, results, strict=True):
                 texts[i] = _text(loaded, list(result.tokens))
             out["rescore"].extend(texts)
+        if joint is not None:
+            requests = []
+            for i in range(len(part)):
+                values, ids = log_probs[i, : enc_lens[i]].topk(beam, dim=-1)
+                requests.append(FinalRequest(values.numpy(), ids.numpy(), enc[i, : enc_lens[i]]))
+            for result in joint.run(requests):
+                out["joint"].append(_text(loaded, list(result.rescored.tokens)) if result.rescored else "")
     return out
+
+
+def _joint_search(loaded: LoadedModel, beam: int, attention_beam: int) -> FinalSearch:
+    settings = FinalSettings(
+        beam=beam, blank=loaded.blank_id, sos=loaded.sos_id, eos=loaded.eos_id, ctc_weight=0.5,
+        reverse_weight=0.3, attention_beam=attention_beam, vocab_size=loaded.vocab_size,
+    )  # fmt: skip
+    return FinalSearch(loaded.model.decoder, settings)
 
 
 def _text(loaded: LoadedModel, tokens: list[int]) -> str:
@@ -163,7 +194,7 @@ def _text(loaded: LoadedModel, tokens: list[int]) -> str:
 
 def evaluate(
     model_dir: Path, testset: Path, beam: int = 10, limit: int | None = None, backend: str | None = None,
-    left_chunks: int = 8, dtype: str = "float32",
+    left_chunks: int = 8, dtype: str = "float32", attention_beam: int = 4,
 ) -> dict[str, Any]:  # fmt: skip
     loaded = load_wenet_model(model_dir)
     items = read_audio(testset)[:limit]
@@ -171,8 +202,14 @@ def evaluate(
     audio = [a for _, _, a in items]
     feats = [compute_fbank(a) for a in audio] if backend is None else []
     ref_chars = sum(len(r) for r in refs)
-    result: dict[str, Any] = {"model": str(model_dir), "testset": str(testset), "utterances": len(items),
-                              "reference_chars": ref_chars, "cer": {}, "examples": {}}
+    result: dict[str, Any] = {
+        "model": str(model_dir),
+        "testset": str(testset),
+        "utterances": len(items),
+        "reference_chars": ref_chars,
+        "cer": {},
+        "examples": {},
+    }
     if backend is not None:
         result.update(backend=backend, left_chunks=left_chunks, dtype=dtype)
     for mode, chunk in CHUNK_MODES.items():
@@ -180,9 +217,11 @@ def evaluate(
             continue
         started = time.monotonic()
         if backend is None:
-            hyps = decode(loaded, feats, chunk, beam)
+            hyps = decode(loaded, feats, chunk, beam, attention_beam=attention_beam)
         else:
-            hyps = decode_streaming(loaded, audio, int(mode.removesuffix("ms")), backend, left_chunks, dtype)
+            hyps = decode_streaming(
+                loaded, audio, int(mode.removesuffix("ms")), backend, left_chunks, dtype, attention_beam
+            )
         result["cer"][mode] = {
             method: round(sum(edit_distance(r, h) for r, h in zip(refs, texts, strict=True)) / max(ref_chars, 1), 4)
             for method, texts in hyps.items()
@@ -202,9 +241,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backend", help="decode through the streaming engine with this chunk runner")
     parser.add_argument("--left-chunks", type=int, default=8, help="with --backend: the cache window in chunks")
     parser.add_argument("--dtype", default="float32", help="with --backend: float32, or bfloat16 where supported")
+    parser.add_argument(
+        "--attention-beam", type=int, default=4, help="attention proposals of the joint finals (0: rescore only)"
+    )
     args = parser.parse_args(argv)
+    if args.attention_beam < 0:
+        parser.error("--attention-beam must be 0 or more")
     torch.set_num_threads(args.threads)
-    result = evaluate(args.model, args.testset, args.beam, args.limit, args.backend, args.left_chunks, args.dtype)
+    result = evaluate(
+        args.model, args.testset, args.beam, args.limit, args.backend, args.left_chunks, args.dtype, args.attention_beam
+    )
     print(json.dumps(result, ensure_ascii=False))
 
 
