@@ -6,10 +6,17 @@ A frame is silence when P(blank) > ``blank_threshold``. An utterance ends when
 2. something has been decoded and the trailing silence reaches ``trailing_silence_ms``,
 3. the utterance reaches ``max_utterance_ms``.
 Counting is in encoder frames (40 ms each with 4x subsampling of 10 ms fbank frames).
+
+``energy_gate_db`` > 0 adds a condition (not in WeNet): a frame only counts as silence when
+its audio is also quiet, less than that many dB above the stream's noise floor (see
+:func:`loud_frames`). A CTC head that stops emitting in the middle of speech (a weak model, or
+speech it cannot transcribe) then no longer cuts the utterance there; the default, 0, is
+WeNet's rule alone.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +34,30 @@ class EndpointRules:
     trailing_silence_ms: int = 800
     leading_silence_ms: int = 5000
     max_utterance_ms: int = 20000
+    energy_gate_db: float = 0.0  # > 0: silence must also be this close to the noise floor
+
+
+NOISE_FLOOR_RISE_DB = 0.1
+"""How fast a stream's noise floor follows the audio up, per encoder frame (2.5 dB/s at 40 ms)."""
+_NATS_PER_DB = math.log(10.0) / 10.0  # fbank energies are natural logs of power
+
+
+def loud_frames(frame_energy: np.ndarray, floors: np.ndarray, margin_db: float) -> np.ndarray:
+    """Which frames are louder than the noise floor by ``margin_db`` or more.
+
+    frame_energy: (B, C) log power of each new encoder frame's audio (natural log, as fbank).
+    floors: (B,) each stream's noise floor, updated IN PLACE (``inf`` for a new stream): it
+    drops at once to a quieter frame and rises by ``NOISE_FLOOR_RISE_DB`` per frame, so it
+    follows the quiet stretches between words and ignores speech.
+    Returns (B, C) bool.
+    """
+    loud = np.zeros(frame_energy.shape, dtype=bool)
+    rise = NOISE_FLOOR_RISE_DB * _NATS_PER_DB
+    margin = margin_db * _NATS_PER_DB
+    for j in range(frame_energy.shape[1]):
+        np.minimum(frame_energy[:, j], floors + rise, out=floors)
+        loud[:, j] = frame_energy[:, j] >= floors + margin
+    return loud
 
 
 def trailing_silence_run(silent: np.ndarray) -> np.ndarray:
@@ -49,15 +80,20 @@ def update_endpoints(
     trailing_frames: np.ndarray,
     utterance_frames: np.ndarray,
     decoded_any: np.ndarray,
+    loud: np.ndarray | None = None,
 ) -> np.ndarray:
     """Advance the per-stream counters by one chunk and say which streams hit an endpoint.
 
     blank_prob: (B, C) probability of blank per new frame.
     trailing_frames, utterance_frames: (B,) int64 counters, updated IN PLACE.
     decoded_any: (B,) bool, True once the utterance has a non-blank token (after this chunk).
+    loud: (B, C) bool, frames whose audio is loud (:func:`loud_frames`); they never count as
+    silence. None: WeNet's rule alone.
     Returns (B,) int8 endpoint codes (NO_ENDPOINT, LEADING_SILENCE, TRAILING_SILENCE, MAX_LENGTH).
     """
     silent = blank_prob > rules.blank_threshold  # (B, C)
+    if loud is not None:
+        silent &= ~loud
     frames = silent.shape[1]
     run = trailing_silence_run(silent)
     all_silent = run == frames

@@ -36,7 +36,7 @@ import torch
 from asr_core import memtrim
 from asr_core.backends import ChunkRunner, make_runner, rescoring_decoder
 from asr_core.ctc_search import Hypothesis
-from asr_core.endpoint import LEADING_SILENCE, NO_ENDPOINT, REASONS, EndpointRules, update_endpoints
+from asr_core.endpoint import LEADING_SILENCE, NO_ENDPOINT, REASONS, EndpointRules, loud_frames, update_endpoints
 from asr_core.events import Ended, Event, Final, NBestEntry, Partial
 from asr_core.finals import FinalRequest, FinalSearch, FinalSettings, ProcessFinalSearch
 from asr_core.frontend import fbank_windows
@@ -367,7 +367,10 @@ class Engine:
         decoded_any = self._update_greedy(streams, top_ids_np[:, :, 0], chunk)
         trailing = np.array([s.utterance.trailing_frames for s in streams], dtype=np.int64)
         utt_frames = np.array([s.utterance.offset for s in streams], dtype=np.int64)
-        codes = update_endpoints(self.options.endpoint, self.frame_ms, blank_prob, trailing, utt_frames, decoded_any)
+        loud = self._loud_frames(streams, feats, chunk) if self.options.endpoint.energy_gate_db > 0 else None
+        codes = update_endpoints(
+            self.options.endpoint, self.frame_ms, blank_prob, trailing, utt_frames, decoded_any, loud
+        )
 
         now = time.monotonic()
         for i, stream in enumerate(streams):
@@ -391,6 +394,20 @@ class Engine:
         self.stats.batches += 1
         self.stats.batch_sizes.append(size)
         self.stats.forward_ms.append(forward_ms)
+
+    def _loud_frames(self, streams: list[Stream], feats: torch.Tensor, chunk: int) -> np.ndarray:
+        """(B, C) bool: new encoder frames whose audio stands out from each stream's noise floor.
+
+        A frame's energy is the loudest of the fbank frames it is computed from (its subsampling
+        window), each fbank frame's energy the log of its total mel power."""
+        window = self.loaded.right_context + 1
+        energy = torch.logsumexp(feats.float(), dim=-1)  # (B, T_in)
+        per_frame = energy.unfold(1, window, self.subsampling)[:, :chunk].amax(dim=-1).cpu().numpy()  # (B, C)
+        floors = np.array([s.noise_floor for s in streams], dtype=np.float64)
+        loud = loud_frames(per_frame.astype(np.float64), floors, self.options.endpoint.energy_gate_db)
+        for stream, floor in zip(streams, floors.tolist(), strict=True):
+            stream.noise_floor = floor
+        return loud
 
     def _update_greedy(self, streams: list[Stream], best: np.ndarray, chunk: int) -> np.ndarray:
         """CTC greedy over the new frames of every stream; returns (B,) 'utterance has text'."""

@@ -9,6 +9,7 @@ belongs to the engine's scheduler thread.
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import time
 from collections import deque
@@ -112,6 +113,7 @@ class Stream:
         self.window = (chunk_frames - 1) * subsampling + right_context + 1  # fbank frames per chunk input
         self.context = right_context + 1  # fewest fbank frames that yield one encoder frame
         self.utterance = Utterance()
+        self.noise_floor = math.inf  # log power; see asr_core.endpoint.loud_frames (all utterances)
         self._seq = itertools.count(1)  # shared by the scheduler (partials) and the finalizer (finals)
         self.finishing = False  # input finished and drained into the fbank
         self.closing = False

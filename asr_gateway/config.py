@@ -77,6 +77,12 @@ class EndpointSettings(_Section):
     trailing_silence_ms: int = Field(800, ge=0, description="silence after speech that ends an utterance")
     leading_silence_ms: int = Field(5000, ge=0, description="silence with nothing decoded that ends an utterance")
     max_utterance_ms: int = Field(20000, ge=1000, description="an utterance never gets longer than this")
+    energy_gate_db: float = Field(
+        10.0,
+        ge=0.0,
+        description="a frame counts as silence only if its audio is also within this many dB of the call's noise "
+        "floor (0 = WeNet's rule alone: P(blank) only)",
+    )
 
 
 class EngineSettings(_Section):

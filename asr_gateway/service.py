@@ -94,7 +94,8 @@ def engine_options(config: ServiceConfig) -> EngineOptions:
         reverse_weight=engine.reverse_weight,
         attention_beam=engine.attention_beam,
         endpoint=EndpointRules(
-            rules.blank_threshold, rules.trailing_silence_ms, rules.leading_silence_ms, rules.max_utterance_ms
+            rules.blank_threshold, rules.trailing_silence_ms, rules.leading_silence_ms, rules.max_utterance_ms,
+            rules.energy_gate_db,
         ),
         device=engine.device,
         dtype=resolve_dtype(engine.dtype, engine.device) if on_gpu or engine.dtype == "bfloat16" else torch.float32,

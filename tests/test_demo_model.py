@@ -6,7 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from asr_core.audio_io import read_wav
+from asr_core.endpoint import EndpointRules
+from asr_core.engine import Engine, EngineOptions
+from asr_core.events import Final
 from asr_core.model.loader import load_wenet_model
+from asr_core.stream import StreamConfig
 from tests.demo_quality import (
     DEMO_MODEL,
     GOOD_ENOUGH_CER,
@@ -68,3 +73,28 @@ def test_streaming_engine_evaluation_equals_chunk_masked_decoding() -> None:
     streamed = evaluate.decode_streaming(loaded, audio, chunk_ms=160, backend="torch", left_chunks=64)
     assert streamed["greedy"] == masked["greedy"]
     assert streamed["rescore"] == masked["rescore"]
+
+
+@pytest.mark.parametrize("energy_gate_db", [0.0, 10.0])
+def test_the_energy_gate_keeps_a_sentence_in_one_utterance(energy_gate_db: float) -> None:
+    """The demo model's CTC stops emitting a second into this held-out recording while the
+    caller still speaks: by WeNet's rule alone (gate 0) the endpoint cuts the sentence there and
+    both halves are decoded apart; with the service's gate it ends where the speech does."""
+    loaded = load_wenet_model(DEMO_MODEL)
+    rules = EndpointRules(energy_gate_db=energy_gate_db)
+    engine = Engine(loaded, EngineOptions(max_streams=1, attention_beam=4, endpoint=rules, trim_interval_s=0))
+    finals: list[Final] = []
+    stream = engine.open_stream(
+        StreamConfig(chunk_ms=320, left_chunks=4, stream_id="s"),
+        lambda event: finals.append(event) if isinstance(event, Final) else None,
+    )
+    stream.accept_waveform(np.clip(np.rint(read_wav(BUNDLE / "hotline_1.wav").samples), -32768, 32767).astype(np.int16))
+    stream.input_finished()
+    while not stream.done.is_set():
+        engine.run_once()
+    reference = dict(line.split(maxsplit=1) for line in (BUNDLE / "text").read_text(encoding="utf-8").splitlines())
+    if energy_gate_db == 0.0:
+        assert len(finals) > 1 and finals[0].reason == "silence"
+        assert "".join(f.text for f in finals) != reference["hotline_1"]
+    else:
+        assert [(f.text, f.reason) for f in finals] == [(reference["hotline_1"], "input_finished")]

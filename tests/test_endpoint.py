@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+import pytest
 
 from asr_core.endpoint import (
     LEADING_SILENCE,
     MAX_LENGTH,
     NO_ENDPOINT,
+    NOISE_FLOOR_RISE_DB,
     TRAILING_SILENCE,
     EndpointRules,
+    loud_frames,
     trailing_silence_run,
     update_endpoints,
 )
@@ -27,9 +32,7 @@ def test_trailing_silence_run() -> None:
 
 def feed(prob_rows: list[list[float]], decoded: list[bool], state: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
     trailing, utt_frames = state
-    return update_endpoints(
-        RULES, FRAME_MS, np.array(prob_rows), trailing, utt_frames, np.array(decoded, dtype=bool)
-    )
+    return update_endpoints(RULES, FRAME_MS, np.array(prob_rows), trailing, utt_frames, np.array(decoded, dtype=bool))
 
 
 def test_trailing_silence_after_speech_ends_the_utterance() -> None:
@@ -61,3 +64,39 @@ def test_max_utterance_length() -> None:
     codes = [feed([[0.1] * 16], [True], state)[0] for _ in range(32)]  # 16 frames = 640 ms each
     first = codes.index(MAX_LENGTH)
     assert (first + 1) * 640 >= 20000 > first * 640
+
+
+def db(value: float) -> float:
+    """dB as the natural-log power units of fbank energies."""
+    return value * math.log(10.0) / 10.0
+
+
+def test_noise_floor_follows_the_quiet_frames_and_rises_slowly() -> None:
+    floors = np.array([math.inf, db(-40.0)])
+    energy = np.array([[db(-50.0), db(-20.0), db(-49.0)], [db(-60.0), db(-60.0), db(-10.0)]])
+    loud = loud_frames(energy, floors, margin_db=10.0)
+    # Stream 0: the first frame sets the floor; speech 30 dB above it is loud; a frame 1 dB
+    # above the floor is not, and the floor rose by NOISE_FLOOR_RISE_DB per frame meanwhile.
+    assert loud.tolist() == [[False, True, False], [False, False, True]]
+    assert floors[0] == pytest.approx(db(-50.0 + 2 * NOISE_FLOOR_RISE_DB))
+    # Stream 1: the floor drops at once to the quieter audio.
+    assert floors[1] == pytest.approx(db(-60.0 + NOISE_FLOOR_RISE_DB))
+
+
+def test_a_floor_that_rises_into_long_speech_stops_calling_it_loud() -> None:
+    floors = np.array([db(-60.0)])
+    frames = int(30 / NOISE_FLOOR_RISE_DB) + 10  # the floor climbs 30 dB in this many frames
+    loud = loud_frames(np.full((1, frames), db(-30.0)), floors, margin_db=10.0)
+    assert loud[0, 0] and not loud[0, -1]
+    assert floors[0] == pytest.approx(db(-30.0))
+
+
+def test_loud_frames_never_count_as_silence() -> None:
+    rules = EndpointRules(trailing_silence_ms=800, energy_gate_db=10.0)
+    trailing, utt_frames = np.zeros(2, dtype=np.int64), np.zeros(2, dtype=np.int64)
+    blank = np.full((2, 25), 0.99)  # CTC hears nothing in either stream for 1 s
+    loud = np.zeros((2, 25), dtype=bool)
+    loud[0, 20] = True  # but stream 0's audio is loud 200 ms before the end
+    codes = update_endpoints(rules, FRAME_MS, blank, trailing, utt_frames, np.ones(2, dtype=bool), loud)
+    assert codes.tolist() == [NO_ENDPOINT, TRAILING_SILENCE]
+    assert trailing.tolist() == [4, 25]
