@@ -49,13 +49,18 @@ from asr_gateway.demo import (
 from asr_gateway.service import Service
 from asr_gateway.sipp_calls import PCMA, PCMU, CallResult, place_calls
 
-GAP_S = 0.4
+GAP_S = 1.0  # between sentences: longer than the 800 ms endpoint rule, so each sentence is an utterance
+GAP_NOISE_RMS = 30.0  # int16 units: about -60 dBFS
 RECORDINGS = ("hotline_seed", "hotline_1", "hotline_2")
 
 
 def call_audio(seconds: float, data_dir: Path = DATA_DIR) -> tuple[np.ndarray, str]:
-    """Whole bundled sentences with short pauses until ``seconds``; (16 kHz samples, reference text)."""
+    """Whole bundled sentences with pauses until ``seconds``; (16 kHz samples, reference text).
+
+    The pauses hold a line's idle noise (``GAP_NOISE_RMS``), not digital zeros, which no phone
+    line without silence suppression delivers."""
     references = load_references(data_dir)
+    rng = np.random.default_rng(0)
     pieces: list[np.ndarray] = []
     texts: list[str] = []
     total = 0
@@ -63,7 +68,7 @@ def call_audio(seconds: float, data_dir: Path = DATA_DIR) -> tuple[np.ndarray, s
     while total < seconds * 16000:
         name = RECORDINGS[index % len(RECORDINGS)]
         samples = read_wav(data_dir / f"{name}.wav").samples
-        pieces += [samples, np.zeros(int(GAP_S * 16000), dtype=np.float32)]
+        pieces += [samples, rng.normal(0.0, GAP_NOISE_RMS, int(GAP_S * 16000)).astype(np.float32)]
         texts.append(references[name])
         total += samples.shape[0] + int(GAP_S * 16000)
         index += 1
@@ -94,10 +99,12 @@ def record_audio_ends(service: Service) -> dict[str, float]:
 
 
 async def run_bench(
-    model_dir: Path, redis_url: str, workdir: Path, calls: int, seconds: float, rate_per_s: float = 20.0
-) -> dict[str, Any]:
+    model_dir: Path, redis_url: str, workdir: Path, calls: int, seconds: float, rate_per_s: float = 20.0,
+    **engine: Any,
+) -> dict[str, Any]:  # fmt: skip
+    """``engine``: settings of the config's engine section other than the service defaults."""
     pcm, reference = call_audio(seconds)
-    config = demo_config(redis_url, model_dir, workdir, max_streams=calls + 2)
+    config = demo_config(redis_url, model_dir, workdir, max_streams=calls + 2, **engine)
     service = Service(config)
     audio_end = record_audio_ends(service)
     ports = await service.start()
@@ -208,6 +215,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Redis URL (default: $ASR_REDIS_URL if it answers, else a local redis-server)",
     )
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    parser.add_argument(
+        "--attention-beam", type=int, help="engine.attention_beam (default: the service's); 0 = WeNet's rescoring"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -224,7 +234,8 @@ def run(args: argparse.Namespace) -> int:
                 local = LocalRedis(workdir / "redis")
                 local.start()
                 redis_url = local.url
-            result = asyncio.run(run_bench(model_dir, redis_url, workdir, args.calls, args.seconds))
+            engine = {} if args.attention_beam is None else {"attention_beam": args.attention_beam}
+            result = asyncio.run(run_bench(model_dir, redis_url, workdir, args.calls, args.seconds, **engine))
         except (DemoError, FileNotFoundError) as exc:
             print(json.dumps({"error": str(exc)}))
             return 2
