@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from asr_core.training import channel, synth
 from asr_core.training.textgen import SEED_SENTENCE
 from rtp import g711
+from rtp.resample import Upsampler
 
 needs_espeak = pytest.mark.skipif(
     not synth.espeak_available(), reason="espeak-ng not installed (apt-get install espeak-ng)"
@@ -49,7 +52,7 @@ def _power_at(pcm: np.ndarray, rate: int, hz: float) -> float:
 
 
 def test_channel_is_8khz_int16_band_limited_and_deterministic() -> None:
-    quiet = channel.ChannelConfig(clean_probability=1.0, loss_probability=0.0)
+    quiet = channel.ChannelConfig(clean_probability=1.0, loss_probability=0.0, pad_s=(0.0, 0.0))
     pcm = channel.telephone(_tone_mix(22050), 22050, seed=1, config=quiet)
     assert pcm.dtype == np.int16 and len(pcm) == 16000
     in_band = _power_at(pcm, 8000, 1000)
@@ -74,6 +77,24 @@ def test_packet_loss_zeroes_whole_20ms_packets() -> None:
     assert 0.15 < silent.mean() < 0.45
 
 
-def test_upsampling_to_model_rate() -> None:
-    out = channel.to_model_rate(np.zeros(800, dtype=np.int16))
-    assert out.dtype == np.float32 and len(out) == 1600
+def test_upsampling_to_model_rate_is_the_services() -> None:
+    """Training features see the audio the service's RTP path hands the engine, rounding included."""
+    pcm = channel.telephone(_tone_mix(8000), 8000, seed=4)
+    out = channel.to_model_rate(pcm)
+    assert out.dtype == np.float32 and len(out) == 2 * len(pcm)
+    assert np.array_equal(out, np.rint(out))  # int16 values, as the service's
+    service = Upsampler()
+    pieces = [service.process(pcm[i : i + 160]) for i in range(0, len(pcm), 160)] + [service.flush()]
+    assert np.array_equal(out, np.concatenate(pieces).astype(np.float32))
+
+
+def test_speech_starts_and_ends_at_random_points_of_a_noisy_line() -> None:
+    tone = _tone_mix(8000, 1.0)
+    noisy = channel.ChannelConfig(clean_probability=0.0, loss_probability=0.0, snr_db=(20.0, 20.0))
+    lengths = {len(channel.telephone(tone, 8000, seed=seed, config=noisy)) for seed in range(8)}
+    assert len(lengths) > 4 and min(lengths) >= 8000 and max(lengths) <= 8000 + 2 * 0.8 * 8000
+    pcm = channel.telephone(tone, 8000, seed=3, config=replace(noisy, pad_s=(0.5, 0.5)))
+    assert len(pcm) == 16000
+    lead, speech = pcm[:3600].astype(np.float64), pcm[4400:11600].astype(np.float64)
+    assert np.any(lead != 0)  # the line's noise, not digital silence
+    assert 10 * np.log10(np.mean(speech**2) / np.mean(lead**2)) > 15  # and 20 dB below the speech

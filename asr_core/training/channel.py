@@ -1,9 +1,19 @@
 """A telephone channel for synthetic speech: what a 12345 call does to a clean voice.
 
-Order of effects, as on a real call: level (random gain), background noise at a random SNR,
-8 kHz sampling, the 300-3400 Hz telephone band, G.711 companding (mu-law or A-law round trip),
-and now and then a 20 ms packet lost and filled with silence. Everything random comes from
-one ``numpy.random.Generator`` seeded per utterance, so a seed always gives the same audio.
+Order of effects, as on a real call: level (random gain), a random stretch of line before and
+after the speech, background noise at a random SNR (over the whole recording), 8 kHz sampling,
+the 300-3400 Hz telephone band, G.711 companding (mu-law or A-law round trip), and now and then
+a 20 ms packet lost and filled with silence. Everything random comes from one
+``numpy.random.Generator`` seeded per utterance, so a seed always gives the same audio.
+
+The stretches before and after matter because the service's utterances do not start where the
+speech does: after an endpoint the next utterance starts in the caller's pause. A model that
+only ever heard speech begin at its first frame learns where a sentence's words fall in time
+and fails when the speech starts 0.1 s later (the fifth demo release does).
+
+``to_model_rate`` is the service's own 8 -> 16 kHz path (``rtp.resample.Upsampler``, rounded to
+int16): rounding adds quantization noise across 4-8 kHz, where band-limited upsampling leaves
+nothing, and a model trained without it hears every call as unlike its training audio.
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ import numpy as np
 import soxr
 
 from rtp import g711
+from rtp.resample import Upsampler
 
 TELEPHONE_RATE = 8000
 MODEL_RATE = 16000
@@ -30,6 +41,7 @@ class ChannelConfig:
     band_hz: tuple[float, float] = (300.0, 3400.0)
     packet_loss: tuple[float, float] = (0.0, 0.03)
     loss_probability: float = 0.3
+    pad_s: tuple[float, float] = (0.0, 0.8)  # line before and after the speech, each drawn apart
 
 
 def band_pass(samples: np.ndarray, sample_rate: int, low_hz: float, high_hz: float) -> np.ndarray:
@@ -74,6 +86,8 @@ def telephone(
     rms = float(np.sqrt(np.mean(audio**2))) + 1e-9
     speech_rms = 10 ** (rng.uniform(*config.level_db) / 20)
     audio *= speech_rms / rms
+    lead, trail = (round(rng.uniform(*config.pad_s) * TELEPHONE_RATE) for _ in range(2))
+    audio = np.concatenate([np.zeros(lead), audio, np.zeros(trail)])
     if rng.random() >= config.clean_probability:
         noise = _noise(rng, len(audio), TELEPHONE_RATE)
         noise_rms = float(np.sqrt(np.mean(noise**2))) + 1e-12
@@ -91,5 +105,8 @@ def telephone(
 
 
 def to_model_rate(pcm8k: np.ndarray) -> np.ndarray:
-    """8 kHz int16 (N,) -> 16 kHz float32 (2N,) in int16 scale, as the fbank front end expects."""
-    return soxr.resample(pcm8k.astype(np.float32), TELEPHONE_RATE, MODEL_RATE).astype(np.float32)
+    """8 kHz int16 (N,) -> 16 kHz float32 (2N,) in int16 scale, as the fbank front end expects,
+    by the service's upsampler (int16 output, so with its rounding)."""
+    upsampler = Upsampler()
+    pieces = [upsampler.process(np.asarray(pcm8k, dtype=np.int16)), upsampler.flush()]
+    return np.concatenate(pieces).astype(np.float32)
