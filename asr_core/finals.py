@@ -91,6 +91,8 @@ class FinalSearch:
     """Prefix beam search per utterance, then ONE batched rescoring call for all of them."""
 
     def __init__(self, decoder: DecoderFn, settings: FinalSettings) -> None:
+        if settings.attention_beam > 0 and settings.vocab_size <= 0:
+            raise ValueError("FinalSettings.attention_beam > 0 needs vocab_size (the CTC output size)")
         self.decoder = decoder
         self.settings = settings
         # Encoder outputs are moved to the decoder's device and float dtype (a float32 cpu

@@ -13,6 +13,7 @@ import itertools
 import json
 import math
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -374,6 +375,12 @@ def test_joint_finals_of_an_utterance_without_frames() -> None:
     request = FinalRequest(np.zeros((0, 10), np.float32), np.zeros((0, 10), np.int64), torch.zeros(0, loaded.d_model))
     (result,) = FinalSearch(loaded.model.decoder, settings_for(loaded, attention_beam=4)).run([request])
     assert result.rescored is None or result.rescored.tokens == ()
+
+
+def test_proposals_need_the_vocabulary_size() -> None:
+    loaded = fixture_model()
+    with pytest.raises(ValueError, match="needs vocab_size"):
+        FinalSearch(loaded.model.decoder, replace(settings_for(loaded, attention_beam=4), vocab_size=0))
 
 
 def test_supports_search_knows_which_decoders_can_step() -> None:
