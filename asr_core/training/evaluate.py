@@ -36,6 +36,7 @@ from asr_core.ctc_search import ctc_greedy_batch, ctc_prefix_beam_search
 from asr_core.finals import FinalRequest, FinalSearch, FinalSettings
 from asr_core.frontend import compute_fbank
 from asr_core.model.loader import LoadedModel, load_wenet_model
+from asr_core.training import channel
 from asr_core.training.data import read_wav
 
 CHUNK_MODES = {"160ms": 4, "320ms": 8, "640ms": 16, "full": -1}
@@ -53,7 +54,10 @@ def edit_distance(ref: str, hyp: str) -> int:
 
 
 def read_audio(testset: Path) -> list[tuple[str, str, np.ndarray]]:
-    """(utt_id, transcript, 16 kHz float32 samples at int16 scale) per line of ``<testset>/text``."""
+    """(utt_id, transcript, 16 kHz float32 samples at int16 scale) per line of ``<testset>/text``.
+
+    8 kHz recordings go through the service's own upsampler (int16, as calls reach the engine);
+    other rates through soxr."""
     items = []
     for line in (testset / "text").read_text(encoding="utf-8").splitlines():
         if not line.strip():
@@ -61,7 +65,9 @@ def read_audio(testset: Path) -> list[tuple[str, str, np.ndarray]]:
         utt_id, _, transcript = line.partition(" ")
         samples, rate = read_wav(testset / f"{utt_id}.wav")
         audio = samples.astype(np.float32)
-        if rate != 16000:
+        if rate == channel.TELEPHONE_RATE:
+            audio = channel.to_model_rate(samples)
+        elif rate != 16000:
             audio = soxr.resample(audio, rate, 16000).astype(np.float32)
         items.append((utt_id, transcript.strip(), audio))
     return items
