@@ -548,15 +548,15 @@ def test_final_search_with_proposals_adds_them_to_the_ctc_nbest() -> None:
 
 @needs_demo
 def test_joint_finals_on_the_demo_model_read_the_reference_text() -> None:
-    """The demo model's CTC n-best lacks the right transcript of hotline_1; the decoder's own
-    proposal has it, wins the rescoring, and is aligned for token times."""
+    """The demo model's CTC n-best for the seed recording lacks the right transcript (it drops
+    今天); the decoder's own proposal has it, wins the rescoring, and is aligned for token times."""
     loaded = demo_model()
-    request = final_request(loaded, HOTLINE / "hotline_1.wav")
+    request = final_request(loaded, HOTLINE / "hotline_seed.wav")
     references = dict(line.split(maxsplit=1) for line in (HOTLINE / "text").read_text(encoding="utf-8").splitlines())
     (result,) = FinalSearch(loaded.model.decoder, settings_for(loaded, 4)).run([request])
     assert isinstance(result, FinalResult) and result.rescored is not None
     winner = result.rescored
-    assert tokens_to_text(winner.tokens, loaded.units) == references["hotline_1"].strip()
+    assert tokens_to_text(winner.tokens, loaded.units) == references["hotline_seed"].strip()
     assert winner.tokens not in [h.tokens for h in result.nbest]
     assert winner.times == ctc_token_frames_topk(
         request.topk_values, request.topk_ids, winner.tokens, loaded.vocab_size, loaded.blank_id
