@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from asr_core.audio_io import AudioError, read_wav
-from asr_core.ctc_search import ctc_greedy_batch, ctc_prefix_beam_search
+from asr_core.ctc_search import ctc_greedy_batch, ctc_prefix_beam_search, ctc_topk
 from asr_core.finals import FinalRequest, FinalSearch, FinalSettings
 from asr_core.frontend import compute_fbank
 from asr_core.model.loader import LoadedModel, ModelLoadError, load_wenet_model
@@ -242,15 +242,12 @@ class Transcriber:
     def _joint(self, enc: torch.Tensor, log_probs: torch.Tensor) -> list[dict[str, Any]]:
         """The engine's finals search (``FinalSearch``) on the utterance's top-k posteriors."""
         args, loaded = self.args, self.loaded
-        settings = FinalSettings(
-            beam=args.beam, blank=loaded.blank_id, sos=loaded.sos_id, eos=loaded.eos_id,
-            ctc_weight=args.ctc_weight, reverse_weight=args.reverse_weight,
-            attention_beam=args.attention_beam, vocab_size=loaded.vocab_size,
+        settings = FinalSettings.for_model(
+            loaded, beam=args.beam, ctc_weight=args.ctc_weight, reverse_weight=args.reverse_weight,
+            attention_beam=args.attention_beam,
         )  # fmt: skip
-        values, ids = log_probs.topk(min(args.beam, log_probs.shape[-1]), dim=-1)
-        (result,) = FinalSearch(loaded.model.decoder, settings).run(
-            [FinalRequest(values.numpy(), ids.numpy(), enc.float().cpu())]
-        )
+        values, ids = ctc_topk(log_probs, args.beam)
+        (result,) = FinalSearch(loaded.model.decoder, settings).run([FinalRequest(values, ids, enc.float().cpu())])
         if result.rescored is None:  # nothing decoded
             return [self._entry(h.tokens, h.score) for h in result.nbest] or [self._entry((), 0.0)]
         return [

@@ -8,6 +8,7 @@ scores and token times); it works on per-frame top-k posteriors so the engine ca
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -280,6 +281,14 @@ def _columns_topk(topk_values: ArrayLike, topk_ids: ArrayLike, tokens: list[int]
     return out
 
 
+def _token_classes(
+    topk_values: ArrayLike, topk_ids: ArrayLike, tokens: Iterable[int], vocab_size: int, blank: int
+) -> tuple[dict[int, int], np.ndarray]:
+    """The blank and the distinct ``tokens`` as classes: ({token: column}, (T, classes) log-posteriors)."""
+    distinct = sorted({blank, *tokens})
+    return {token: i for i, token in enumerate(distinct)}, _columns_topk(topk_values, topk_ids, distinct, vocab_size)
+
+
 def ctc_scores_topk(
     topk_values: ArrayLike,
     topk_ids: ArrayLike,
@@ -304,16 +313,15 @@ def ctc_scores_topk(
         return []
     if len(topk_values) == 0:  # no frames: only the empty hypothesis is possible, with certainty
         return [0.0 if len(h) == 0 else _NEG_INF for h in hyps]
-    distinct = sorted({blank, *(t for h in hyps for t in h)})
-    class_of = {token: i for i, token in enumerate(distinct)}
-    columns = torch.from_numpy(_columns_topk(topk_values, topk_ids, distinct, vocab_size))  # (T, C)
-    frames = columns.shape[0]
+    class_of, matrix = _token_classes(topk_values, topk_ids, (t for h in hyps for t in h), vocab_size, blank)
+    columns = torch.from_numpy(matrix)  # (T, C)
+    frames, distinct = columns.shape
     longest = max(1, max(len(h) for h in hyps))
     targets = torch.zeros(len(hyps), longest, dtype=torch.long)
     for i, h in enumerate(hyps):
         targets[i, : len(h)] = torch.tensor([class_of[t] for t in h], dtype=torch.long)
     nll = torch.nn.functional.ctc_loss(
-        columns.unsqueeze(1).expand(frames, len(hyps), len(distinct)),
+        columns.unsqueeze(1).expand(frames, len(hyps), distinct),
         targets,
         input_lengths=torch.full((len(hyps),), frames, dtype=torch.long),
         target_lengths=torch.tensor([len(h) for h in hyps], dtype=torch.long),
@@ -332,9 +340,8 @@ def ctc_token_frames_topk(
     tokens = list(tokens)
     if not tokens:
         return ()
-    distinct = sorted({blank, *tokens})
-    column = {token: i for i, token in enumerate(distinct)}
-    em = _columns_topk(topk_values, topk_ids, distinct, vocab_size)[:, [column[t] for t in (blank, *tokens)]]
+    column, matrix = _token_classes(topk_values, topk_ids, tokens, vocab_size, blank)
+    em = matrix[:, [column[t] for t in (blank, *tokens)]]
     frames, count = em.shape[0], len(tokens)
     states = 2 * count + 1  # blank, token 0, blank, token 1, ..., blank
     emit = np.where(np.arange(states) % 2 == 0, 0, (np.arange(states) + 1) // 2)  # column of each state

@@ -132,15 +132,12 @@ class Engine:
         self.runner = runner or make_runner(self.options.backend, loaded)
         if self.options.finalizer not in ("thread", "process"):
             raise ValueError(f"finalizer {self.options.finalizer!r} unknown; choose thread or process")
-        settings = FinalSettings(
+        settings = FinalSettings.for_model(
+            loaded,
             beam=self.options.beam,
-            blank=loaded.blank_id,
-            sos=loaded.sos_id,
-            eos=loaded.eos_id,
             ctc_weight=self.options.ctc_weight,
             reverse_weight=self.options.reverse_weight,
             attention_beam=self.options.attention_beam,
-            vocab_size=loaded.vocab_size,
         )
         decoder = rescoring_decoder(self.options.backend, self.model.decoder)
         self._local_search = FinalSearch(decoder, settings)

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from asr_core.ctc_search import Hypothesis, ctc_prefix_beam_search_topk, ctc_scores_topk, ctc_token_frames_topk
+from asr_core.model.loader import LoadedModel
 from rescoring.attention import DecoderFn, RescoreResult, attention_rescore
 from rescoring.attention_search import StepDecoder, attention_beam_search, supports_search
 
@@ -64,6 +65,16 @@ class FinalSettings:
     reverse_weight: float
     attention_beam: int = 0  # > 0: add this many attention-decoder proposals to each n-best
     vocab_size: int = 0  # CTC output size; needed to score proposals (see ctc_scores_topk)
+
+    @classmethod
+    def for_model(
+        cls, loaded: LoadedModel, *, beam: int, ctc_weight: float, reverse_weight: float, attention_beam: int = 0
+    ) -> FinalSettings:
+        """The settings with the model's own ids (blank, sos, eos) and vocabulary size."""
+        return cls(
+            beam, loaded.blank_id, loaded.sos_id, loaded.eos_id, ctc_weight, reverse_weight,
+            attention_beam, loaded.vocab_size,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,8 +131,9 @@ class FinalSearch:
                 self.decoder, encoder_outs, candidates,
                 ctc_weight=s.ctc_weight, reverse_weight=s.reverse_weight, sos=s.sos, eos=s.eos,
             )  # fmt: skip
-            for i, request, result in zip(to_rescore, (requests[i] for i in to_rescore), results, strict=True):
+            for i, result in zip(to_rescore, results, strict=True):
                 if result.tokens and not result.times:  # a proposal won: align it for token times
+                    request = requests[i]
                     times = ctc_token_frames_topk(
                         request.topk_values, request.topk_ids, result.tokens, s.vocab_size, s.blank
                     )

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from asr_core.audio_io import read_wav
+from asr_core.ctc_search import ctc_topk
 from asr_core.engine import Engine
 from asr_core.events import Final
 from asr_core.finals import FinalRequest, FinalSearch, FinalSettings
@@ -57,14 +58,12 @@ def seed_transcript() -> str:
     with torch.inference_mode():
         encoder_out, _ = encode_streaming(loaded, fbank, 8, 4)
         log_probs = loaded.model.ctc_log_probs(encoder_out.unsqueeze(0))[0]
-    values, ids = log_probs.topk(engine.beam, dim=-1)
-    settings = FinalSettings(
-        beam=engine.beam, blank=loaded.blank_id, sos=loaded.sos_id, eos=loaded.eos_id, ctc_weight=engine.ctc_weight,
-        reverse_weight=engine.reverse_weight, attention_beam=engine.attention_beam, vocab_size=loaded.vocab_size,
+    settings = FinalSettings.for_model(
+        loaded, beam=engine.beam, ctc_weight=engine.ctc_weight, reverse_weight=engine.reverse_weight,
+        attention_beam=engine.attention_beam,
     )  # fmt: skip
-    (result,) = FinalSearch(loaded.model.decoder, settings).run(
-        [FinalRequest(values.numpy(), ids.numpy(), encoder_out)]
-    )
+    request = FinalRequest(*ctc_topk(log_probs, engine.beam), encoder_out)
+    (result,) = FinalSearch(loaded.model.decoder, settings).run([request])
     best = result.rescored.tokens if result.rescored is not None else ()
     return "".join(loaded.units[t] for t in best if not loaded.units[t].startswith("<"))
 

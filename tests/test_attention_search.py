@@ -216,15 +216,11 @@ def final_request(loaded: LoadedModel, wav: Path, beam: int = 10) -> FinalReques
     with torch.inference_mode():
         encoder_out, _ = encode_streaming(loaded, fbank, 8, 4)
         log_probs = loaded.model.ctc_log_probs(encoder_out.unsqueeze(0))[0]
-    values, ids = log_probs.topk(beam, dim=-1)
-    return FinalRequest(values.numpy(), ids.numpy(), encoder_out)
+    return FinalRequest(*ctc_topk(log_probs, beam), encoder_out)
 
 
 def settings_for(loaded: LoadedModel, attention_beam: int) -> FinalSettings:
-    return FinalSettings(
-        beam=10, blank=loaded.blank_id, sos=loaded.sos_id, eos=loaded.eos_id, ctc_weight=0.5,
-        reverse_weight=0.3, attention_beam=attention_beam, vocab_size=loaded.vocab_size,
-    )  # fmt: skip
+    return FinalSettings.for_model(loaded, beam=10, ctc_weight=0.5, reverse_weight=0.3, attention_beam=attention_beam)
 
 
 def assert_times_fit(times: tuple[int, ...], tokens: tuple[int, ...], frames: int) -> None:

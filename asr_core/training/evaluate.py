@@ -32,7 +32,7 @@ import numpy as np
 import soxr
 import torch
 
-from asr_core.ctc_search import ctc_greedy_batch, ctc_prefix_beam_search
+from asr_core.ctc_search import ctc_greedy_batch, ctc_prefix_beam_search, ctc_topk
 from asr_core.finals import FinalRequest, FinalSearch, FinalSettings
 from asr_core.frontend import compute_fbank
 from asr_core.model.loader import LoadedModel, load_wenet_model
@@ -177,20 +177,19 @@ def decode(
                 texts[i] = _text(loaded, list(result.tokens))
             out["rescore"].extend(texts)
         if joint is not None:
-            requests = []
-            for i in range(len(part)):
-                values, ids = log_probs[i, : enc_lens[i]].topk(beam, dim=-1)
-                requests.append(FinalRequest(values.numpy(), ids.numpy(), enc[i, : enc_lens[i]]))
+            requests = [
+                FinalRequest(*ctc_topk(log_probs[i, : enc_lens[i]], beam), enc[i, : enc_lens[i]])
+                for i in range(len(part))
+            ]
             for result in joint.run(requests):
                 out["joint"].append(_text(loaded, list(result.rescored.tokens)) if result.rescored else "")
     return out
 
 
 def _joint_search(loaded: LoadedModel, beam: int, attention_beam: int) -> FinalSearch:
-    settings = FinalSettings(
-        beam=beam, blank=loaded.blank_id, sos=loaded.sos_id, eos=loaded.eos_id, ctc_weight=0.5,
-        reverse_weight=0.3, attention_beam=attention_beam, vocab_size=loaded.vocab_size,
-    )  # fmt: skip
+    settings = FinalSettings.for_model(
+        loaded, beam=beam, ctc_weight=0.5, reverse_weight=0.3, attention_beam=attention_beam
+    )
     return FinalSearch(loaded.model.decoder, settings)
 
 
