@@ -3,21 +3,17 @@ and the load generator's UAC against a scripted peer that loses and ignores requ
 
 from __future__ import annotations
 
-import json
 import socket
-import subprocess
-import sys
 import threading
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from deploy.bench.sip_uac import BenchUac, CallState, UacConfig
 from sip.message import Headers, Request, Response, parse
+from tests.bench_json import run_bench_module
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(60)
 
 FIELDS = {
@@ -34,17 +30,7 @@ FIELDS = {
 
 
 def run_bench(*args: str) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, "-m", "deploy.bench.media_load", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=50,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report: dict[str, Any] = json.loads(done.stdout)
-    return report
+    return run_bench_module("deploy.bench.media_load", *args, timeout=50)
 
 
 def test_five_calls_through_sip() -> None:

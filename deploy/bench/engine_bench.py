@@ -107,7 +107,8 @@ def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray)
     starts = np.linspace(0, audio_pieces, num=trial.streams, endpoint=False).astype(int)
     stagger = np.linspace(0, trial.chunk_ms / 1000.0, num=trial.streams, endpoint=False)
     engine.start()
-    cpu0 = time.process_time() + (engine.finalizer_cpu_seconds() or 0.0)
+    finals_cpu0 = engine.finalizer_cpu_seconds()
+    cpu0 = time.process_time()
     wall0 = time.monotonic()
     latency_mark = 0
     if trial.fast:
@@ -136,7 +137,9 @@ def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray)
     for stream in streams:
         stream.done.wait(timeout=600)
     wall = time.monotonic() - wall0
-    cpu = time.process_time() + (engine.finalizer_cpu_seconds() or 0.0) - cpu0
+    finals_cpu1 = engine.finalizer_cpu_seconds()
+    finals_cpu = None if finals_cpu0 is None or finals_cpu1 is None else finals_cpu1 - finals_cpu0
+    cpu = time.process_time() - cpu0 + (finals_cpu or 0.0)
     engine.stop()
     stats = engine.stats
     latencies = list(stats.partial_latency_ms)
@@ -158,6 +161,9 @@ def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray)
         "fast": trial.fast,
         "realtime_ok": realtime_ok,
         "rtf": round(wall / audio_s if trial.fast else cpu / audio_s, 4),
+        # The part of rtf the finals process used (CTC prefix beam search and attention
+        # rescoring); null when finals run in a thread of this process.
+        "finals_rtf": None if finals_cpu is None else round(finals_cpu / audio_s, 4),
         "throughput_x_realtime": round(audio_s / wall, 2),
         "chunks": stats.chunks,
         "batches": stats.batches,
