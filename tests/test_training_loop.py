@@ -12,6 +12,7 @@ import yaml
 
 from asr_core.model.loader import load_wenet_model
 from asr_core.training import data, evaluate, export, train
+from tests.demo_quality import DEMO_MODEL
 
 BUNDLE = Path(__file__).resolve().parent / "data" / "hotline_8k"
 
@@ -168,3 +169,26 @@ def test_recipe_trains_then_fine_tunes(prepared: tuple[Path, Path], tmp_path: Pa
     assert (work / "finetuned" / "final.pt").exists() and (work / "exp_serving" / "checkpoint.pt").exists()
     assert (out / "units.txt").read_bytes() == (work / "base" / "units.txt").read_bytes()
     assert load_wenet_model(out).vocab_size == load_wenet_model(work / "base").vocab_size
+
+
+def test_more_sentences_avoid_held_out_texts_and_keep_to_the_units() -> None:
+    """`--stage more`: the extra fine-tuning texts never repeat a test or tuning sentence, and use
+    only characters the model to be fine-tuned has (its output rows stay)."""
+    from asr_core.training import recipe, textgen
+
+    splits = textgen.make_splits(400, 40, 0)
+    units = {line.split()[0] for line in (DEMO_MODEL / "units.txt").read_text(encoding="utf-8").splitlines()}
+    sets = recipe.more_sentences(splits, units, count=60, rare_count=30)
+    assert set(sets) == set(recipe.MORE_SETS)
+    assert sets["train_v6"] == splits.train[: len(sets["train_v6"])]
+    assert len(sets["train_v7"]) == 60 and len(sets["train_v7_rare"]) == 30
+    held_out = [*splits.test_sentences, *splits.test_templates, *recipe.tuning_sentences(splits)]
+    banned = {textgen.strip_punctuation(s.transcript) for s in held_out}
+    train = {s.transcript for s in splits.train}
+    for sentence in [*sets["train_v7"], *sets["train_v7_rare"]]:
+        text = textgen.strip_punctuation(sentence.transcript)
+        assert text not in banned and set(text) <= units
+    assert not train & {s.transcript for s in sets["train_v7"]}
+    tuning = recipe.tuning_sentences(splits)
+    tests = {s.transcript for s in splits.test_sentences}
+    assert len(tuning) == 150 and not {s.transcript for s in tuning} & (train | tests)

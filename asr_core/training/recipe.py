@@ -67,6 +67,66 @@ def prepare_data(
     return stats
 
 
+# The sets the sixth and seventh releases were fine-tuned on (``--stage more``): name -> (render
+# seed, utterance-id prefix). Their texts avoid both test sets and the tuning set.
+MORE_SETS = {
+    "train_v6": (777, "t2_"),  # the first 4,500 sentences of train, rendered by the current channel
+    "train_v7": (5252, "t3_"),  # new sentences of the training templates
+    "train_v7_rare": (6262, "t4_"),  # new sentences of rare-character words
+}
+
+
+def tuning_sentences(splits: textgen.Splits, count: int = 150) -> list[textgen.Sentence]:
+    """A dev set for tuning decoding settings (beam sizes, weights), so that the test set is not
+    tuned on: unseen sentences of the training templates, none in ``train`` or ``test_sentences``."""
+    known = {s.transcript for s in splits.train} | {s.transcript for s in splits.test_sentences}
+    train_templates = frozenset(textgen.TEMPLATES) - textgen.TEST_TEMPLATES
+    fresh = textgen.generate(4 * count, 4242, 0.6, train_templates)
+    return [s for s in fresh if s.transcript not in known][:count]
+
+
+def more_sentences(
+    splits: textgen.Splits, units: set[str], count: int = 6000, rare_count: int = 3000
+) -> dict[str, list[textgen.Sentence]]:
+    """The texts of :data:`MORE_SETS`. New sentences keep to ``units`` (a released model's output
+    characters, so that fine-tuning it needs no new rows) and are never a sentence of either test
+    set or of the tuning set; the new template sentences are not in ``train`` either."""
+    held_out = [*splits.test_sentences, *splits.test_templates, *tuning_sentences(splits)]
+    banned = frozenset(textgen.strip_punctuation(s.transcript) for s in held_out)
+    seen = {s.transcript for s in [*splits.train, *splits.test_sentences, *splits.test_templates]}
+
+    def usable(sentence: textgen.Sentence) -> bool:
+        text = textgen.strip_punctuation(sentence.transcript)
+        return text not in banned and set(text) <= units
+
+    train_templates = frozenset(textgen.TEMPLATES) - textgen.TEST_TEMPLATES
+    fresh = textgen.generate(count + count // 6, 5151, 0.6, train_templates, exclude=banned)
+    rare = textgen.make_rare_set(rare_count + rare_count // 15, 6161, splits)
+    return {
+        "train_v6": splits.train[:4500],
+        "train_v7": [s for s in fresh if usable(s) and s.transcript not in seen][:count],
+        "train_v7_rare": [s for s in rare if usable(s)][:rare_count],
+    }
+
+
+def prepare_more(work: Path, model: Path, processes: int) -> dict[str, int]:
+    """Render :data:`MORE_SETS` and the tuning set (``tune``: WAVs, held-out voices) under ``work``,
+    skipping those already there; returns fbank frames per set."""
+    units = {line.split()[0] for line in (model / "units.txt").read_text(encoding="utf-8").splitlines()}
+    splits = textgen.make_splits(7784, 250, 0)
+    sets = {name: (sentences, *MORE_SETS[name], False) for name, sentences in more_sentences(splits, units).items()}
+    sets["tune"] = (tuning_sentences(splits), 999, "dev_", True)
+    frames = {}
+    for name, (sentences, seed, prefix, held_out) in sets.items():
+        out = work / name
+        if (out / "feats.npy").exists():
+            frames[name] = sum(e.frames for e in data.FeatureSet(out))
+            continue
+        frames[name] = data.prepare(out, sentences, seed, prefix, held_out, held_out, processes)
+        print(f"{name}: {len(sentences)} utterances, {frames[name] / 360000:.2f} h")
+    return frames
+
+
 def make_test_bundle(out: Path, seed: int = 7, count: int = 3) -> None:
     """A few held-out telephone WAVs (8 kHz, 16-bit) + ``text`` for other tests: the seed sentence
     (whose text is in training; this voice and channel are not) and ``count`` unseen sentences."""
@@ -109,11 +169,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--processes", type=int, default=2, help="worker processes for synthesis")
     parser.add_argument("--init-from", type=Path, help="start training from this model dir's weights")
-    parser.add_argument("--stage", choices=("all", "data", "train", "bundle"), default="all")
+    parser.add_argument(
+        "--stage", choices=("all", "data", "train", "bundle", "more"), default="all",
+        help="more: render the sixth and seventh releases' fine-tuning sets and the tuning set into --work "
+        "(units of --init-from, default --out)",
+    )  # fmt: skip
     parser.add_argument("--bundle", type=Path, default=Path("tests/data/hotline_8k"), help="--stage bundle output")
     args = parser.parse_args(argv)
     if args.stage == "bundle":
         make_test_bundle(args.bundle)
+        return
+    if args.stage == "more":
+        print(json.dumps(prepare_more(args.work, args.init_from or args.out, args.processes)))
         return
     if args.stage in ("all", "data"):
         stats = prepare_data(args.work, args.hours, args.num_test, args.seed, args.processes, args.rare_hours)
