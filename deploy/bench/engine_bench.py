@@ -33,8 +33,9 @@ from asr_core.events import Event
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_core.stream import StreamConfig
 
-PIECE_SAMPLES = 320  # 20 ms at 16 kHz: one RTP packet's worth
-PIECE_S = PIECE_SAMPLES / 16000
+# The service hands each call's audio to the engine in the RTP leg's resampler batches
+# (rtp.leg.DEFAULT_RESAMPLE_BATCH_MS), so the bench feeds pieces of that size by default.
+DEFAULT_PIECE_MS = 80
 LATENCY_LIMIT_MS = 300.0
 
 
@@ -52,6 +53,7 @@ class Trial:
     dtype: str = "float32"
     finalizer: str = "process"
     rescore: bool = True
+    piece_ms: int = DEFAULT_PIECE_MS
 
 
 def synthetic_speech(seconds: float, seed: int) -> np.ndarray:
@@ -101,8 +103,10 @@ def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray)
 
     config = StreamConfig(chunk_ms=trial.chunk_ms, left_chunks=trial.left_chunks, rescore=trial.rescore)
     streams = [engine.open_stream(config, on_event) for _ in range(trial.streams)]
-    pieces_total = int(trial.seconds / PIECE_S)
-    audio_pieces = len(audio) // PIECE_SAMPLES
+    piece_samples = trial.piece_ms * 16
+    piece_s = trial.piece_ms / 1000.0
+    pieces_total = int(trial.seconds / piece_s)
+    audio_pieces = len(audio) // piece_samples
     # Each stream starts at a different point of the audio and of the chunk period.
     starts = np.linspace(0, audio_pieces, num=trial.streams, endpoint=False).astype(int)
     stagger = np.linspace(0, trial.chunk_ms / 1000.0, num=trial.streams, endpoint=False)
@@ -115,16 +119,16 @@ def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray)
         for k in range(pieces_total):
             for i, stream in enumerate(streams):
                 j = (starts[i] + k) % audio_pieces
-                stream.accept_waveform(audio[j * PIECE_SAMPLES : (j + 1) * PIECE_SAMPLES])
+                stream.accept_waveform(audio[j * piece_samples : (j + 1) * piece_samples])
     else:
         next_piece = np.zeros(trial.streams, dtype=np.int64)
         while True:
             now = time.monotonic() - wall0
-            due = np.minimum(np.floor((now - stagger) / PIECE_S).astype(np.int64) + 1, pieces_total)
+            due = np.minimum(np.floor((now - stagger) / piece_s).astype(np.int64) + 1, pieces_total)
             for i in np.nonzero(due > next_piece)[0].tolist():
                 for k in range(int(next_piece[i]), int(due[i])):
                     j = (starts[i] + k) % audio_pieces
-                    streams[i].accept_waveform(audio[j * PIECE_SAMPLES : (j + 1) * PIECE_SAMPLES])
+                    streams[i].accept_waveform(audio[j * piece_samples : (j + 1) * piece_samples])
                 next_piece[i] = due[i]
             if not latency_mark and now >= 0.75 * trial.seconds:
                 latency_mark = len(engine.stats.partial_latency_ms)
@@ -144,7 +148,7 @@ def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray)
     stats = engine.stats
     latencies = list(stats.partial_latency_ms)
     tail = latencies[latency_mark:] if latency_mark else latencies[len(latencies) * 3 // 4 :]
-    audio_s = trial.streams * pieces_total * PIECE_S
+    audio_s = trial.streams * pieces_total * piece_s
     drain_s = wall - (feed_end - wall0)
     # Kept up: in the last quarter of the run no chunk waited more than a second (a backlog
     # grows without bound once the engine is slower than real time, so this separates the two).
@@ -289,6 +293,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where finals are searched and rescored (EngineOptions.finalizer; the service's default is process)",
     )
     parser.add_argument("--fast", action="store_true", help="feed as fast as possible (throughput)")
+    parser.add_argument(
+        "--piece-ms",
+        type=int,
+        default=DEFAULT_PIECE_MS,
+        choices=[20, 40, 80],
+        help="audio handed to each stream per call (20: one RTP packet; default: the service's resampler batch)",
+    )
     parser.add_argument("--audio", type=Path, help="a 16 kHz mono WAV to feed instead of synthetic speech")
     parser.add_argument(
         "--max-utterance-ms",
@@ -325,6 +336,7 @@ def run(args: argparse.Namespace) -> int:
         args.dtype or ("float16" if args.device.startswith("cuda") else "float32"),
         args.finalizer,
         args.rescore,
+        args.piece_ms,
     )
     header = {
         "arch": None if args.model else args.arch,
@@ -335,6 +347,7 @@ def run(args: argparse.Namespace) -> int:
         "backend": args.backend,
         "dtype": base.dtype,
         "finalizer": base.finalizer,
+        "piece_ms": base.piece_ms,
         "rescore": base.rescore,
         "torch_threads": torch.get_num_threads(),
     }

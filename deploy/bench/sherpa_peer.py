@@ -39,8 +39,6 @@ from asr_core.backends import BACKENDS
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from deploy.bench.engine_bench import (
     LATENCY_LIMIT_MS,
-    PIECE_S,
-    PIECE_SAMPLES,
     Trial,
     calibrate_blank,
     find_max,
@@ -50,6 +48,8 @@ from deploy.bench.engine_bench import (
 )
 from deploy.export.sherpa import MODEL_FILE, TOKENS_FILE, export_sherpa_model, write_tokens
 
+PIECE_SAMPLES = 320  # both recognisers get 20 ms pieces at 16 kHz: one RTP packet each
+PIECE_S = PIECE_SAMPLES / 16000
 OURS_KEYS = ("realtime_ok", "rtf", "partial_latency_ms", "batch_size_mean", "forward_ms_mean", "drain_s")
 FBANK_SHIFT_SAMPLES = 160
 FBANK_FIRST_FRAME_END = 280
@@ -179,10 +179,11 @@ def _load(args: argparse.Namespace, workdir: Path, audio: np.ndarray) -> LoadedM
 
 
 def ours_trial(args: argparse.Namespace, streams: int) -> Trial:
-    """Our engine's trial with the peer's load settings and the command's engine options."""
+    """Our engine's trial with the peer's load settings (pieces of audio included) and the
+    command's engine options."""
     return Trial(
         streams, args.seconds, args.chunk_ms, args.left_chunks, max_batch=64, max_wait_ms=args.max_wait_ms,
-        fast=False, backend=args.backend, rescore=args.rescore,
+        fast=False, backend=args.backend, rescore=args.rescore, piece_ms=PIECE_SAMPLES // 16,
     )  # fmt: skip
 
 
