@@ -32,10 +32,11 @@ from asr_core.engine import DTYPES, Engine, EngineOptions, resolve_dtype
 from asr_core.events import Event
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_core.stream import StreamConfig
+from rtp.leg import DEFAULT_RESAMPLE_BATCH_MS
 
-# The service hands each call's audio to the engine in the RTP leg's resampler batches
-# (rtp.leg.DEFAULT_RESAMPLE_BATCH_MS), so the bench feeds pieces of that size by default.
-DEFAULT_PIECE_MS = 80
+# The service hands each call's audio to the engine in the RTP leg's resampler batches, so the
+# bench feeds pieces of that size by default.
+DEFAULT_PIECE_MS = DEFAULT_RESAMPLE_BATCH_MS
 LATENCY_LIMIT_MS = 300.0
 
 
@@ -297,8 +298,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--piece-ms",
         type=int,
         default=DEFAULT_PIECE_MS,
-        choices=[20, 40, 80],
-        help="audio handed to each stream per call (20: one RTP packet; default: the service's resampler batch)",
+        help="ms of audio handed to a stream per call (20: one RTP packet; default: the service's resampler batch)",
     )
     parser.add_argument("--audio", type=Path, help="a 16 kHz mono WAV to feed instead of synthetic speech")
     parser.add_argument(
@@ -317,6 +317,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.piece_ms <= 0:
+        raise SystemExit(f"--piece-ms must be positive, got {args.piece_ms}")
     if args.threads:
         torch.set_num_threads(args.threads)
     audio = read_wav(args.audio).samples if args.audio else synthetic_speech(30.0, seed=1)
