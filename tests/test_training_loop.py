@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from asr_core.model.loader import load_wenet_model
+from asr_core.model.loader import load_units, load_wenet_model
 from asr_core.training import data, evaluate, export, train
 from tests.demo_quality import DEMO_MODEL
 
@@ -177,7 +177,7 @@ def test_more_sentences_avoid_held_out_texts_and_keep_to_the_units() -> None:
     from asr_core.training import recipe, textgen
 
     splits = textgen.make_splits(400, 40, 0)
-    units = {line.split()[0] for line in (DEMO_MODEL / "units.txt").read_text(encoding="utf-8").splitlines()}
+    units = set(load_units(DEMO_MODEL / "units.txt"))
     sets = recipe.more_sentences(splits, units, count=60, rare_count=30)
     assert set(sets) == set(recipe.MORE_SETS)
     assert sets["train_v6"] == splits.train[: len(sets["train_v6"])]

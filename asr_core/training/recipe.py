@@ -23,6 +23,7 @@ import json
 import time
 from pathlib import Path
 
+from asr_core.model.loader import load_units
 from asr_core.training import data, textgen
 
 AVERAGE_UTTERANCE_SECONDS = 3.7
@@ -52,15 +53,10 @@ def prepare_data(
     }
     if num_rare:
         sets["train_rare"] = (textgen.make_rare_set(num_rare, seed + 5, splits), False, False)
-    frames = {}
-    for offset, (name, (sentences, held_out, wavs)) in enumerate(sets.items()):
-        out = work / name
-        if (out / "feats.npy").exists():
-            frames[name] = sum(e.frames for e in data.FeatureSet(out))
-            continue
-        started = time.monotonic()
-        frames[name] = data.prepare(out, sentences, seed + 100 * offset, f"{name}_", held_out, wavs, processes)
-        print(f"{name}: {len(sentences)} utterances, {frames[name] / 360000:.2f} h, {time.monotonic() - started:.0f} s")
+    frames = {
+        name: _render(work / name, sentences, seed + 100 * offset, f"{name}_", held_out, wavs, processes)
+        for offset, (name, (sentences, held_out, wavs)) in enumerate(sets.items())
+    }
     used, common = textgen.char_coverage(splits.train)
     stats = {"train_utterances": len(splits.train), "distinct_chars": used, "common_3500_covered": common, **frames}
     (work / "data_stats.json").write_text(json.dumps(stats, ensure_ascii=False, indent=1))
@@ -112,18 +108,26 @@ def more_sentences(
 def prepare_more(work: Path, model: Path, processes: int) -> dict[str, int]:
     """Render :data:`MORE_SETS` and the tuning set (``tune``: WAVs, held-out voices) under ``work``,
     skipping those already there; returns fbank frames per set."""
-    units = {line.split()[0] for line in (model / "units.txt").read_text(encoding="utf-8").splitlines()}
+    units = set(load_units(model / "units.txt"))
     splits = textgen.make_splits(7784, 250, 0)
     sets = {name: (sentences, *MORE_SETS[name], False) for name, sentences in more_sentences(splits, units).items()}
     sets["tune"] = (tuning_sentences(splits), 999, "dev_", True)
-    frames = {}
-    for name, (sentences, seed, prefix, held_out) in sets.items():
-        out = work / name
-        if (out / "feats.npy").exists():
-            frames[name] = sum(e.frames for e in data.FeatureSet(out))
-            continue
-        frames[name] = data.prepare(out, sentences, seed, prefix, held_out, held_out, processes)
-        print(f"{name}: {len(sentences)} utterances, {frames[name] / 360000:.2f} h")
+    return {
+        name: _render(work / name, sentences, seed, prefix, held_out, held_out, processes)
+        for name, (sentences, seed, prefix, held_out) in sets.items()
+    }
+
+
+def _render(
+    out: Path, sentences: list[textgen.Sentence], seed: int, prefix: str, held_out: bool, wavs: bool, processes: int
+) -> int:
+    """``data.prepare`` unless ``out`` already holds the set (an interrupted recipe resumes);
+    returns its fbank frames."""
+    if (out / "feats.npy").exists():
+        return sum(e.frames for e in data.FeatureSet(out))
+    started = time.monotonic()
+    frames = data.prepare(out, sentences, seed, prefix, held_out, wavs, processes)
+    print(f"{out.name}: {len(sentences)} utterances, {frames / 360000:.2f} h, {time.monotonic() - started:.0f} s")
     return frames
 
 
