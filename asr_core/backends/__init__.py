@@ -9,6 +9,7 @@ that their packages stay optional.
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -65,7 +66,7 @@ class TorchChunkRunner:
         if int8:
             self.encoder = _int8_linears(self.encoder)
             self.ctc = _int8_linears(self.ctc)
-            if torch.ops.mkldnn._is_mkldnn_bf16_supported() and isinstance(self.encoder.embed, Conv2dSubsampling):
+            if native_bf16_cpu() and isinstance(self.encoder.embed, Conv2dSubsampling):
                 self.encoder.embed.conv = Bf16Convs(self.encoder.embed.conv)  # type: ignore[assignment]
 
     @torch.inference_mode()
@@ -109,6 +110,23 @@ def rescoring_decoder(backend: str, decoder: ModuleT) -> ModuleT:
     if not backend.endswith("int8") or next(decoder.parameters()).device.type != "cpu":
         return decoder
     return quantize_linears(copy.deepcopy(decoder), {nn.Linear})
+
+
+@functools.cache
+def native_bf16_cpu() -> bool:
+    """Whether this CPU computes bfloat16 in hardware (AVX512-BF16 or AMX-BF16).
+
+    oneDNN also runs bfloat16 on plain AVX512 (``torch.ops.mkldnn._is_mkldnn_bf16_supported()``
+    is true there), but by emulation, slower than float32: on an AVX512-VNNI Xeon without
+    AVX512-BF16 the subsampling convs took 3.5x as long in bf16 as in float32 and a training step
+    twice as long (docs/BENCHMARKS.md). Reads the flags of ``/proc/cpuinfo``; where that file is
+    missing (not Linux) oneDNN's answer is taken."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags))
 
 
 class Bf16Convs(nn.Module):
