@@ -3,6 +3,7 @@ training resumes from its checkpoint, and the exported directory loads as a WeNe
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +77,41 @@ def test_loss_goes_down_resumes_and_exports(prepared: tuple[Path, Path], tmp_pat
     assert report["utterances"] == 4
     assert set(report["cer"]) == {"160ms", "320ms", "640ms", "full"}
     assert all(v["greedy"] >= 0.0 for v in report["cer"].values())
+
+
+def test_export_averages_the_lowest_dev_loss_checkpoints(prepared: tuple[Path, Path], tmp_path: Path) -> None:
+    """``average_best``: the weights of the N lowest-dev-loss checkpoints are kept, and their mean is
+    exported exactly when it scores a lower dev loss than the best single checkpoint."""
+    data_dir, config = prepared
+    raw = yaml.safe_load(config.read_text())
+    raw["recipe_conf"]["average_best"] = 2
+    config = tmp_path / "average.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    torch.manual_seed(0)
+    trainer = train.Trainer(config, data_dir, tmp_path / "exp", bf16=False)
+    trainer.dev_ids = trainer.train_ids[:2]  # four utterances are too few for a held-out dev split
+    rng = np.random.default_rng(0)
+    devs = {}
+    for _ in range(4):
+        for _ in range(3):
+            trainer.train_step(trainer._batch(trainer.train_ids, True, rng))
+        devs[f"step{trainer.step}.pt"] = trainer.save_checkpoint()
+    snapshots = tmp_path / "exp" / "snapshots"
+    kept = sorted(devs, key=devs.__getitem__)[:2]
+    assert sorted(p.name for p in snapshots.glob("*.pt")) == sorted(kept)
+    assert json.loads((snapshots / "index.json").read_text()) == {name: devs[name] for name in kept}
+
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    chosen = trainer.export_state()
+    assert all(torch.equal(v, before[k]) for k, v in trainer.model.state_dict().items())
+    states = [torch.load(snapshots / name, weights_only=True) for name in kept]
+    mean = {k: (states[0][k] + states[1][k]) / 2 for k in states[0]}
+    trainer.model.load_state_dict(mean)
+    averaged_dev = trainer.dev_loss()
+    assert chosen.name == ("average.pt" if averaged_dev < min(devs.values()) else "best.pt")
+    if chosen.name == "average.pt":
+        exported = torch.load(chosen, weights_only=True)
+        assert all(torch.allclose(exported[k], mean[k]) for k in mean if not k.endswith(".pe"))
 
 
 def test_helpers() -> None:
@@ -181,14 +217,25 @@ def test_more_sentences_avoid_held_out_texts_and_keep_to_the_units() -> None:
     sets = recipe.more_sentences(splits, units, count=60, rare_count=30)
     assert set(sets) == set(recipe.MORE_SETS)
     assert sets["train_v6"] == splits.train[: len(sets["train_v6"])]
-    assert len(sets["train_v7"]) == 60 and len(sets["train_v7_rare"]) == 30
+    for name in ("train_v7", "train_v8"):
+        assert len(sets[name]) == 60 and len(sets[f"{name}_rare"]) == 30
     held_out = [*splits.test_sentences, *splits.test_templates, *recipe.tuning_sentences(splits)]
     banned = {textgen.strip_punctuation(s.transcript) for s in held_out}
     train = {s.transcript for s in splits.train}
-    for sentence in [*sets["train_v7"], *sets["train_v7_rare"]]:
+    for sentence in [s for name in ("train_v7", "train_v7_rare", "train_v8", "train_v8_rare") for s in sets[name]]:
         text = textgen.strip_punctuation(sentence.transcript)
         assert text not in banned and set(text) <= units
-    assert not train & {s.transcript for s in sets["train_v7"]}
+    assert not train & {s.transcript for s in [*sets["train_v7"], *sets["train_v8"]]}
+    seventh = {s.transcript for s in [*sets["train_v7"], *sets["train_v7_rare"]]}
+    assert not seventh & {s.transcript for s in [*sets["train_v8"], *sets["train_v8_rare"]]}
     tuning = recipe.tuning_sentences(splits)
     tests = {s.transcript for s in splits.test_sentences}
     assert len(tuning) == 150 and not {s.transcript for s in tuning} & (train | tests)
+
+
+def test_stage_more_rejects_an_unknown_set_name_before_rendering(tmp_path: Path) -> None:
+    from asr_core.training import recipe
+
+    with pytest.raises(ValueError, match=r"unknown set.*train_v9.*renders"):
+        recipe.prepare_more(tmp_path, DEMO_MODEL, 1, ["train_v8", "train_v9"])
+    assert list(tmp_path.iterdir()) == []

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from asr_core.model.loader import load_units
@@ -63,13 +64,19 @@ def prepare_data(
     return stats
 
 
-# The sets the sixth and seventh releases were fine-tuned on (``--stage more``): name -> (render
+# The sets the sixth to eighth releases were fine-tuned on (``--stage more``): name -> (render
 # seed, utterance-id prefix). Their texts avoid both test sets and the tuning set.
 MORE_SETS = {
     "train_v6": (777, "t2_"),  # the first 4,500 sentences of train, rendered by the current channel
     "train_v7": (5252, "t3_"),  # new sentences of the training templates
     "train_v7_rare": (6262, "t4_"),  # new sentences of rare-character words
+    "train_v8": (8383, "t5_"),  # more new template sentences, none of train_v7's
+    "train_v8_rare": (9393, "t6_"),  # rare-character words, rarity counted over every set above
 }
+
+# Held-out sets ``--stage more`` can render alone (WAVs, held-out voices): name -> (seed, prefix).
+# ``test_sentences`` is rendered exactly as the data stage renders it, without its 7.8 h of training speech.
+HELD_OUT_SETS = {"tune": (999, "dev_"), "test_sentences": (100, "test_sentences_")}
 
 
 def tuning_sentences(splits: textgen.Splits, count: int = 150) -> list[textgen.Sentence]:
@@ -96,25 +103,38 @@ def more_sentences(
         return text not in banned and set(text) <= units
 
     train_templates = frozenset(textgen.TEMPLATES) - textgen.TEST_TEMPLATES
-    fresh = textgen.generate(count + count // 6, 5151, 0.6, train_templates, exclude=banned)
-    rare = textgen.make_rare_set(rare_count + rare_count // 15, 6161, splits)
-    return {
-        "train_v6": splits.train[:4500],
-        "train_v7": [s for s in fresh if usable(s) and s.transcript not in seen][:count],
-        "train_v7_rare": [s for s in rare if usable(s)][:rare_count],
-    }
+    sets = {"train_v6": splits.train[:4500]}
+    for version, text_seed, rare_seed in ((7, 5151, 6161), (8, 5353, 6363)):
+        # Rounds after the seventh avoid the texts of earlier rounds and count rarity over them too.
+        heard = [s for name, sentences in sets.items() if name != "train_v6" for s in sentences]
+        earlier = {s.transcript for s in heard}
+        # The seventh round dropped train's texts after drawing (5,772 of 6,000 were left); later
+        # rounds leave out train's and earlier rounds' texts while drawing, and get their full count.
+        exclude = banned | {textgen.strip_punctuation(text) for text in seen | earlier} if heard else banned
+        fresh = textgen.generate(count + count // 6, text_seed, 0.6, train_templates, exclude=exclude)
+        new = [s for s in fresh if usable(s) and s.transcript not in seen]
+        rare = textgen.make_rare_set(rare_count + rare_count // 15, rare_seed, splits, heard=heard)
+        sets[f"train_v{version}"] = new[:count]
+        sets[f"train_v{version}_rare"] = [s for s in rare if usable(s) and s.transcript not in earlier][:rare_count]
+    return sets
 
 
-def prepare_more(work: Path, model: Path, processes: int) -> dict[str, int]:
-    """Render :data:`MORE_SETS` and the tuning set (``tune``: WAVs, held-out voices) under ``work``,
+def prepare_more(work: Path, model: Path, processes: int, names: Sequence[str] = ()) -> dict[str, int]:
+    """Render :data:`MORE_SETS` and :data:`HELD_OUT_SETS` (or only ``names``) under ``work``,
     skipping those already there; returns fbank frames per set."""
+    unknown = set(names) - set(MORE_SETS) - set(HELD_OUT_SETS)
+    if unknown:
+        raise ValueError(f"unknown set(s) {sorted(unknown)}; --stage more renders {[*MORE_SETS, *HELD_OUT_SETS]}")
     units = set(load_units(model / "units.txt"))
     splits = textgen.make_splits(7784, 250, 0)
-    sets = {name: (sentences, *MORE_SETS[name], False) for name, sentences in more_sentences(splits, units).items()}
-    sets["tune"] = (tuning_sentences(splits), 999, "dev_", True)
+    texts = {**more_sentences(splits, units), "tune": tuning_sentences(splits), "test_sentences": splits.test_sentences}
     return {
-        name: _render(work / name, sentences, seed, prefix, held_out, held_out, processes)
-        for name, (sentences, seed, prefix, held_out) in sets.items()
+        name: _render(work / name, texts[name], seed, prefix, held_out, held_out, processes)
+        for name, (seed, prefix, held_out) in [
+            *((n, (*MORE_SETS[n], False)) for n in MORE_SETS),
+            *((n, (*HELD_OUT_SETS[n], True)) for n in HELD_OUT_SETS),
+        ]
+        if not names or name in names
     }
 
 
@@ -175,8 +195,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--init-from", type=Path, help="start training from this model dir's weights")
     parser.add_argument(
         "--stage", choices=("all", "data", "train", "bundle", "more"), default="all",
-        help="more: render the sixth and seventh releases' fine-tuning sets and the tuning set into --work "
-        "(units of --init-from, default --out)",
+        help="more: render the sixth to eighth releases' fine-tuning sets, the tuning set and test_sentences "
+        "into --work (units of --init-from, default --out)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--sets", nargs="+", default=(), metavar="NAME",
+        help=f"--stage more renders only these ({', '.join([*MORE_SETS, *HELD_OUT_SETS])}); default all",
     )  # fmt: skip
     parser.add_argument("--bundle", type=Path, default=Path("tests/data/hotline_8k"), help="--stage bundle output")
     args = parser.parse_args(argv)
@@ -184,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
         make_test_bundle(args.bundle)
         return
     if args.stage == "more":
-        print(json.dumps(prepare_more(args.work, args.init_from or args.out, args.processes)))
+        print(json.dumps(prepare_more(args.work, args.init_from or args.out, args.processes, args.sets)))
         return
     if args.stage in ("all", "data"):
         stats = prepare_data(args.work, args.hours, args.num_test, args.seed, args.processes, args.rare_hours)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import cache
@@ -325,12 +325,15 @@ def make_splits(num_train: int, num_test: int, seed: int = 0, hotline_fraction: 
     return Splits(train, test_sentences, test_templates)
 
 
-def make_rare_set(count: int, seed: int, splits: Splits, hotline_fraction: float = 0.2) -> list[Sentence]:
+def make_rare_set(
+    count: int, seed: int, splits: Splits, hotline_fraction: float = 0.2, heard: Sequence[Sentence] = ()
+) -> list[Sentence]:
     """Extra training sentences that make the training split's rare characters common: the training
     templates with words drawn by :class:`RareWordPicker`, only characters the training split
-    already has (so the units stay), and no sentence of either test set."""
-    counts = Counter(ch for s in splits.train for ch in s.transcript)
-    known = set(counts)
+    already has (so the units stay), and no sentence of either test set. Rarity counts the training
+    split plus ``heard`` (sets trained on since)."""
+    known = {ch for s in splits.train for ch in s.transcript}
+    counts = Counter(ch for s in (*splits.train, *heard) for ch in s.transcript if ch in known)
     picker = RareWordPicker(counts, known)
     held_out = frozenset(s.transcript for s in (*splits.test_sentences, *splits.test_templates))
     pool = generate(count * 2, seed, hotline_fraction, frozenset(TEMPLATES) - TEST_TEMPLATES, picker, held_out)
