@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from asr_core.backends import make_runner
 from asr_core.model import LoadedModel, load_wenet_model
-from asr_core.model.attention import MultiHeadedAttention, RelPositionMultiHeadedAttention
+from asr_core.model.attention import MultiHeadedAttention, RelPositionMultiHeadedAttention, dot_products
 from asr_core.model.convolution import ConvolutionModule, pointwise_as_linear
 
 FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "wenet_u2pp_small"
@@ -121,6 +121,37 @@ def test_fused_qkv_trains() -> None:
     (y.square().sum() + kv_new.sum()).backward()
     for linear in (att.linear_q, att.linear_k, att.linear_v):
         assert linear.weight.grad is not None and float(linear.weight.grad.abs().sum()) > 0
+
+
+def test_fused_attention_in_eval_mode_equals_the_explicit_path() -> None:
+    """Eval mode runs plain attention through torch's fused kernel: same output as the explicit
+    masked softmax (training mode), including WeNet's zeros for a query with every key masked."""
+    torch.manual_seed(3)
+    att = MultiHeadedAttention(4, 32, 0.0)
+    query, memory = torch.randn(3, 5, 32), torch.randn(3, 7, 32)
+    mask = torch.rand(3, 5, 7) > 0.4
+    mask[0, 2] = False  # a query row with no key to attend to
+    source_mask = torch.ones(2, 1, 7, dtype=torch.bool)
+    source_mask[1, 0, 4:] = False
+    rows = torch.tensor([0, 1, 1])
+    outputs = {}
+    for training in (True, False):
+        att.train(training)
+        with torch.no_grad():
+            outputs[training] = (
+                att(query, memory, memory, mask),
+                att(query, memory, memory, None),
+                att.forward_shared_memory(query, memory[:2], source_mask, rows),
+            )
+    for explicit, fused in zip(outputs[True], outputs[False], strict=True):
+        assert float((explicit - fused).abs().max()) <= 1e-5
+    assert torch.equal(outputs[False][0][0, 2], att.linear_out.bias)  # zeros through linear_out
+
+
+def test_chunk_query_dot_products_equal_the_plain_product() -> None:
+    q, k = torch.randn(2, 4, 3, 16), torch.randn(2, 4, 9, 16)
+    assert torch.allclose(dot_products(q, k), q @ k.transpose(-2, -1), atol=1e-5)
+    assert torch.allclose(dot_products(k, q), k @ q.transpose(-2, -1), atol=1e-5)
 
 
 @pytest.fixture(scope="module")

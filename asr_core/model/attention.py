@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from asr_core.model.embedding import sinusoid
-from asr_core.model.inference import may_cache_derived, weights_key
+from asr_core.model.inference import exporting, may_cache_derived, weights_key
 
 MIN_TABLE_ROWS = 1024
 
@@ -29,15 +29,19 @@ def dot_products(q: Tensor, k: Tensor) -> Tensor:
     A streaming chunk has few queries (4-16 frames) and more keys (the cache window plus the
     chunk). CPU batched GEMMs of that shape ran twice as fast as ``q @ k^T`` when computed as
     ``(k @ q^T)^T`` with ``q^T`` contiguous (AISHELL size, 28 streams: 499 -> 250 us per
-    layer, docs/BENCHMARKS.md); with as many queries as keys the plain product is kept.
+    layer, docs/BENCHMARKS.md); with as many queries as keys, and in exported graphs, the plain
+    product is kept.
     """
-    if q.size(-2) >= k.size(-2):
+    if exporting() or q.size(-2) >= k.size(-2):
         return torch.matmul(q, k.transpose(-2, -1))
     return torch.matmul(k, q.transpose(-2, -1).contiguous()).transpose(-2, -1)
 
 
 class MultiHeadedAttention(nn.Module):
     """Scaled dot-product attention with ``linear_q/k/v/out`` (WeNet names)."""
+
+    plain_scores = True
+    """Scores are q . k / sqrt(d_k) alone, so eval mode may run torch's fused kernel (:meth:`attend_scaled`)."""
 
     def __init__(
         self,
@@ -129,6 +133,23 @@ class MultiHeadedAttention(nn.Module):
         b, _, t1, _ = x.shape
         return self.linear_out(x.transpose(1, 2).reshape(b, t1, self.h * self.d_k))
 
+    def attend_scaled(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """``attend(q, k, v, scores(q, k, None, 0), mask)`` for plain scores; in eval mode by torch's
+        fused ``scaled_dot_product_attention``: one pass, no (T1, T2) score tensors to fill, mask
+        and normalise (the decoder's prefix trees on CPU: 1.6-2.9x faster, docs/BENCHMARKS.md), and
+        WeNet's zeros for a query whose keys are all masked. Training (its attention dropout) and
+        exported graphs keep the explicit path."""
+        if self.training or not self.plain_scores or exporting():
+            return self.attend(q, k, v, self.scores(q, k, None, 0), mask)
+        if mask is None:
+            x = nn.functional.scaled_dot_product_attention(q, k, v)
+        else:
+            keep = mask.unsqueeze(1)  # (B, 1, 1|T1, T2)
+            x = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+            x = x.masked_fill(~keep.any(dim=-1, keepdim=True), 0.0)  # all-masked rows: zeros, not NaN
+        b, _, t1, _ = x.shape
+        return self.linear_out(x.transpose(1, 2).reshape(b, t1, self.h * self.d_k))
+
     def forward(
         self,
         query: Tensor,
@@ -142,6 +163,8 @@ class MultiHeadedAttention(nn.Module):
         q = self._heads(query, self.linear_q)
         k = self._heads(key, self.linear_k)
         v = self._heads(value, self.linear_v)
+        if self.plain_scores:
+            return self.attend_scaled(q, k, v, mask)
         return self.attend(q, k, v, self.scores(q, k, key_positions, table_rows), mask)
 
     def forward_shared_memory(self, query: Tensor, memory: Tensor, memory_mask: Tensor, rows: Tensor) -> Tensor:
@@ -167,7 +190,7 @@ class MultiHeadedAttention(nn.Module):
         q = self._heads(query, self.linear_q)
         k = keys.index_select(0, rows)
         v = values.index_select(0, rows)
-        return self.attend(q, k, v, self.scores(q, k, None, 0), memory_mask.index_select(0, rows))
+        return self.attend_scaled(q, k, v, memory_mask.index_select(0, rows))
 
     def forward_cached(
         self,
@@ -200,6 +223,8 @@ class MultiHeadedAttention(nn.Module):
 
 class RelPositionMultiHeadedAttention(MultiHeadedAttention):
     """WeNet's rel_selfattn: adds ``linear_pos`` (no bias), ``pos_bias_u``, ``pos_bias_v``."""
+
+    plain_scores = False
 
     def __init__(
         self,
