@@ -128,12 +128,10 @@ def prepare_more(work: Path, model: Path, processes: int, names: Sequence[str] =
     units = set(load_units(model / "units.txt"))
     splits = textgen.make_splits(7784, 250, 0)
     texts = {**more_sentences(splits, units), "tune": tuning_sentences(splits), "test_sentences": splits.test_sentences}
+    held_out = {name: name in HELD_OUT_SETS for name in texts}
     return {
-        name: _render(work / name, texts[name], seed, prefix, held_out, held_out, processes)
-        for name, (seed, prefix, held_out) in [
-            *((n, (*MORE_SETS[n], False)) for n in MORE_SETS),
-            *((n, (*HELD_OUT_SETS[n], True)) for n in HELD_OUT_SETS),
-        ]
+        name: _render(work / name, texts[name], seed, prefix, held_out[name], held_out[name], processes)
+        for name, (seed, prefix) in {**MORE_SETS, **HELD_OUT_SETS}.items()
         if not names or name in names
     }
 
