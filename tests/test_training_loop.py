@@ -217,17 +217,20 @@ def test_more_sentences_avoid_held_out_texts_and_keep_to_the_units() -> None:
     sets = recipe.more_sentences(splits, units, count=60, rare_count=30)
     assert set(sets) == set(recipe.MORE_SETS)
     assert sets["train_v6"] == splits.train[: len(sets["train_v6"])]
-    for name in ("train_v7", "train_v8"):
+    rounds = ("train_v7", "train_v8", "train_v9")
+    for name in rounds:
         assert len(sets[name]) == 60 and len(sets[f"{name}_rare"]) == 30
     held_out = [*splits.test_sentences, *splits.test_templates, *recipe.tuning_sentences(splits)]
     banned = {textgen.strip_punctuation(s.transcript) for s in held_out}
     train = {s.transcript for s in splits.train}
-    for sentence in [s for name in ("train_v7", "train_v7_rare", "train_v8", "train_v8_rare") for s in sets[name]]:
+    for sentence in [s for name in rounds for s in [*sets[name], *sets[f"{name}_rare"]]]:
         text = textgen.strip_punctuation(sentence.transcript)
         assert text not in banned and set(text) <= units
-    assert not train & {s.transcript for s in [*sets["train_v7"], *sets["train_v8"]]}
-    seventh = {s.transcript for s in [*sets["train_v7"], *sets["train_v7_rare"]]}
-    assert not seventh & {s.transcript for s in [*sets["train_v8"], *sets["train_v8_rare"]]}
+    assert not train & {s.transcript for name in rounds for s in sets[name]}
+    # No round repeats a text of an earlier round (template or rare-character sentence).
+    texts = {name: {s.transcript for s in [*sets[name], *sets[f"{name}_rare"]]} for name in rounds}
+    for index, name in enumerate(rounds[1:], 1):
+        assert not texts[name] & set().union(*(texts[earlier] for earlier in rounds[:index])), name
     tuning = recipe.tuning_sentences(splits)
     tests = {s.transcript for s in splits.test_sentences}
     assert len(tuning) == 150 and not {s.transcript for s in tuning} & (train | tests)
@@ -236,6 +239,6 @@ def test_more_sentences_avoid_held_out_texts_and_keep_to_the_units() -> None:
 def test_stage_more_rejects_an_unknown_set_name_before_rendering(tmp_path: Path) -> None:
     from asr_core.training import recipe
 
-    with pytest.raises(ValueError, match=r"unknown set.*train_v9.*renders"):
-        recipe.prepare_more(tmp_path, DEMO_MODEL, 1, ["train_v8", "train_v9"])
+    with pytest.raises(ValueError, match=r"unknown set.*train_v10.*renders"):
+        recipe.prepare_more(tmp_path, DEMO_MODEL, 1, ["train_v9", "train_v10"])
     assert list(tmp_path.iterdir()) == []

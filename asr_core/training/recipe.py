@@ -64,7 +64,7 @@ def prepare_data(
     return stats
 
 
-# The sets the sixth to eighth releases were fine-tuned on (``--stage more``): name -> (render
+# The sets the sixth to ninth releases were fine-tuned on (``--stage more``): name -> (render
 # seed, utterance-id prefix). Their texts avoid both test sets and the tuning set.
 MORE_SETS = {
     "train_v6": (777, "t2_"),  # the first 4,500 sentences of train, rendered by the current channel
@@ -72,6 +72,8 @@ MORE_SETS = {
     "train_v7_rare": (6262, "t4_"),  # new sentences of rare-character words
     "train_v8": (8383, "t5_"),  # more new template sentences, none of train_v7's
     "train_v8_rare": (9393, "t6_"),  # rare-character words, rarity counted over every set above
+    "train_v9": (8585, "t7_"),  # a third round of new template sentences, none of earlier rounds'
+    "train_v9_rare": (9595, "t8_"),  # rare-character words, rarity counted over every set above
 }
 
 # Held-out sets ``--stage more`` can render alone (WAVs, held-out voices): name -> (seed, prefix).
@@ -104,7 +106,7 @@ def more_sentences(
 
     train_templates = frozenset(textgen.TEMPLATES) - textgen.TEST_TEMPLATES
     sets = {"train_v6": splits.train[:4500]}
-    for version, text_seed, rare_seed in ((7, 5151, 6161), (8, 5353, 6363)):
+    for version, text_seed, rare_seed in ((7, 5151, 6161), (8, 5353, 6363), (9, 5757, 6767)):
         # Rounds after the seventh avoid the texts of earlier rounds and count rarity over them too.
         heard = [s for name, sentences in sets.items() if name != "train_v6" for s in sentences]
         earlier = {s.transcript for s in heard}
