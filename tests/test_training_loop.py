@@ -207,6 +207,40 @@ def test_recipe_trains_then_fine_tunes(prepared: tuple[Path, Path], tmp_path: Pa
     assert load_wenet_model(out).vocab_size == load_wenet_model(work / "base").vocab_size
 
 
+def test_stage_rounds_chains_the_release_rounds(
+    prepared: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--stage rounds`: each chosen round trains on its sets from the round before's export; sets
+    already in --work are not rendered again; the last round exports to --out."""
+    from asr_core.training import recipe
+
+    data_dir, config = prepared
+    raw = yaml.safe_load(config.read_text())
+    raw["recipe_conf"].update(tie_by_pronunciation=True, lr_schedule="cosine")
+    tuned = tmp_path / "tuned.yaml"
+    tuned.write_text(yaml.safe_dump(raw))
+    work, start, out = tmp_path / "work", tmp_path / "start", tmp_path / "model"
+    recipe._train(tuned, [data_dir], tmp_path / "exp_start", start, 0.01, 0, None)
+    for name in ("train_v8", "train_v8_rare", "train_v9", "train_v9_rare"):
+        (work / name).mkdir(parents=True)
+        for file in ("index.tsv", "feats.npy"):
+            (work / name / file).symlink_to(data_dir / file)
+    capsys.readouterr()
+    recipe.main(["--stage", "rounds", "--rounds", "ninth", "eighth", "--work", str(work), "--out", str(out),
+                 "--init-from", str(start), "--serving-config", str(tuned), "--minutes-scale", "0.0001"])  # fmt: skip
+    printed = capsys.readouterr().out
+    eighth, ninth = printed.index("round eighth: 0.009 min"), printed.index("round ninth: 0.01 min")
+    assert eighth < printed.index(f"initialised from {start}") < ninth
+    assert printed.index(f"initialised from {work / 'release_eighth'}") > ninth
+    assert (work / "exp_eighth" / "checkpoint.pt").exists() and (work / "release_eighth" / "final.pt").exists()
+    assert (work / "exp_ninth" / "checkpoint.pt").exists() and (out / "final.pt").exists()
+    assert sorted(p.name for p in work.iterdir() if p.name.startswith("train")) == [
+        "train_v8", "train_v8_rare", "train_v9", "train_v9_rare"]  # fmt: skip
+    assert load_wenet_model(out).vocab_size == load_wenet_model(start).vocab_size
+    with pytest.raises(ValueError, match=r"unknown round.*tenth.*runs"):
+        recipe.train_rounds(work, out, start, ["tenth"], config=tuned)
+
+
 def test_more_sentences_avoid_held_out_texts_and_keep_to_the_units() -> None:
     """`--stage more`: the extra fine-tuning texts never repeat a test or tuning sentence, and use
     only characters the model to be fine-tuned has (its output rows stay)."""

@@ -14,6 +14,9 @@ context); the last stage is exported to ``--out``.
 Stages skip work already done in ``--work`` (data directories with an ``index.tsv``, a training
 checkpoint), so an interrupted recipe resumes where it stopped. ``--stage data`` only prepares
 the data; ``--stage train`` expects it.
+
+The sixth to ninth releases are the fifth fine-tuned further, round by round, on more speech:
+``--stage rounds`` renders those sets (``--stage more`` renders them alone) and runs the rounds.
 """
 
 from __future__ import annotations
@@ -81,6 +84,17 @@ MORE_SETS = {
 HELD_OUT_SETS = {"tune": (999, "dev_"), "test_sentences": (100, "test_sentences_")}
 
 
+# The fine-tuning rounds after the fifth release (``--stage rounds``), in order, each starting
+# from the model the round before exported: (release, sets of MORE_SETS, minutes of
+# conf/demo_serving.yaml).
+ROUNDS = (
+    ("sixth", ("train_v6",), 35.0),
+    ("seventh", ("train_v6", "train_v7", "train_v7_rare"), 90.0),
+    ("eighth", ("train_v8", "train_v8_rare"), 90.0),
+    ("ninth", ("train_v8", "train_v8_rare", "train_v9", "train_v9_rare"), 100.0),
+)
+
+
 def tuning_sentences(splits: textgen.Splits, count: int = 150) -> list[textgen.Sentence]:
     """A dev set for tuning decoding settings (beam sizes, weights), so that the test set is not
     tuned on: unseen sentences of the training templates, none in ``train`` or ``test_sentences``."""
@@ -136,6 +150,39 @@ def prepare_more(work: Path, model: Path, processes: int, names: Sequence[str] =
         for name, (seed, prefix) in {**MORE_SETS, **HELD_OUT_SETS}.items()
         if not names or name in names
     }
+
+
+def train_rounds(
+    work: Path,
+    out: Path,
+    init_from: Path,
+    releases: Sequence[str] = (),
+    *,
+    config: Path,
+    processes: int = 2,
+    minutes_scale: float = 1.0,
+    seed: int = 0,
+) -> None:
+    """Run :data:`ROUNDS` (or only ``releases``, in their order there) from ``init_from``: render
+    the sets they need that ``work`` lacks, then fine-tune each round from the export of the one
+    before. Intermediate releases go to ``work/release_<name>``, the last to ``out``."""
+    unknown = set(releases) - {name for name, _, _ in ROUNDS}
+    if unknown:
+        raise ValueError(f"unknown round(s) {sorted(unknown)}; --stage rounds runs {[name for name, _, _ in ROUNDS]}")
+    if minutes_scale <= 0:
+        raise ValueError(f"minutes_scale must be positive, got {minutes_scale}")
+    chosen = [round_ for round_ in ROUNDS if not releases or round_[0] in releases]
+    needed = dict.fromkeys(name for _, sets, _ in chosen for name in sets)
+    missing = [name for name in needed if not (work / name / "feats.npy").exists()]
+    if missing:
+        prepare_more(work, init_from, processes, missing)
+    init = init_from
+    for index, (release, sets, minutes) in enumerate(chosen):
+        export = out if index == len(chosen) - 1 else work / f"release_{release}"
+        minutes *= minutes_scale
+        print(f"round {release}: {minutes:g} min on {', '.join(sets)} from {init}", flush=True)
+        _train(config, [work / name for name in sets], work / f"exp_{release}", export, minutes, seed, init)
+        init = export
 
 
 def _render(
@@ -194,14 +241,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--processes", type=int, default=2, help="worker processes for synthesis")
     parser.add_argument("--init-from", type=Path, help="start training from this model dir's weights")
     parser.add_argument(
-        "--stage", choices=("all", "data", "train", "bundle", "more"), default="all",
-        help="more: render the sixth to eighth releases' fine-tuning sets, the tuning set and test_sentences "
-        "into --work (units of --init-from, default --out)",
+        "--stage", choices=("all", "data", "train", "bundle", "more", "rounds"), default="all",
+        help="more: render the sixth to ninth releases' fine-tuning sets, the tuning set and test_sentences "
+        "into --work (units of --init-from, default --out); rounds: the fine-tuning rounds that made the "
+        "sixth to ninth releases, from --init-from (default --out), rendering the sets they need",
     )  # fmt: skip
     parser.add_argument(
         "--sets", nargs="+", default=(), metavar="NAME",
         help=f"--stage more renders only these ({', '.join([*MORE_SETS, *HELD_OUT_SETS])}); default all",
     )  # fmt: skip
+    parser.add_argument(
+        "--rounds", nargs="+", default=(), metavar="RELEASE",
+        help=f"--stage rounds runs only these ({', '.join(name for name, _, _ in ROUNDS)}); default all",
+    )  # fmt: skip
+    parser.add_argument(
+        "--minutes-scale", type=float, default=1.0, help="--stage rounds: multiply each round's minutes by this"
+    )
     parser.add_argument("--bundle", type=Path, default=Path("tests/data/hotline_8k"), help="--stage bundle output")
     args = parser.parse_args(argv)
     if args.stage == "bundle":
@@ -209,6 +264,11 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.stage == "more":
         print(json.dumps(prepare_more(args.work, args.init_from or args.out, args.processes, args.sets)))
+        return
+    if args.stage == "rounds":
+        init = args.init_from or args.out
+        train_rounds(args.work, args.out, init, args.rounds, config=args.serving_config, processes=args.processes,
+                     minutes_scale=args.minutes_scale, seed=args.seed)  # fmt: skip
         return
     if args.stage in ("all", "data"):
         stats = prepare_data(args.work, args.hours, args.num_test, args.seed, args.processes, args.rare_hours)
