@@ -5,8 +5,8 @@ mode, ``rescoring.attention_search``) proposes hypotheses too. They join the CTC
 member is scored by CTC's forward algorithm on the same stored posteriors, and the bidirectional
 rescoring picks among all of them. On the bundled demo model, whose CTC head is much weaker
 than its decoder, this cut the finals' CER at 320 ms chunks from 46.6 % to 21.3 % (fifth
-release), from 19.5 % to 15.2 % (sixth), from 9.9 % to 9.0 % (seventh) and from 8.9 % to 8.0 %
-(eighth; docs/BENCHMARKS.md).
+release), from 19.5 % to 15.2 % (sixth), from 9.9 % to 9.0 % (seventh), from 8.9 % to 8.0 %
+(eighth) and from 8.0 % to 7.0 % (ninth; docs/BENCHMARKS.md).
 
 Two runners with one interface (``run(requests) -> results``):
 
