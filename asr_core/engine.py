@@ -82,6 +82,9 @@ class EngineOptions:
     # process's GIL; see asr_core/finals.py). Without the engine's threads (run_once) finals
     # are always computed in the caller's thread.
     finalizer: str = "thread"
+    # The torch backends on a CPU run each full chunk shape as a frozen TorchScript graph, which
+    # does not wait for the GIL between operations (asr_core/backends/traced.py); False: eager.
+    traced_step: bool = True
 
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -129,7 +132,7 @@ class Engine:
         self.loaded = loaded
         self.device = torch.device(self.options.device)
         self.model = loaded.model.to(device=self.device, dtype=self.options.dtype).eval()
-        self.runner = runner or make_runner(self.options.backend, loaded)
+        self.runner = runner or make_runner(self.options.backend, loaded, traced=self.options.traced_step)
         if self.options.finalizer not in ("thread", "process"):
             raise ValueError(f"finalizer {self.options.finalizer!r} unknown; choose thread or process")
         settings = FinalSettings.for_model(
@@ -156,6 +159,15 @@ class Engine:
             dtype=self.options.dtype,
             device=self.device,
         )
+        # fbank frames of a full chunk of each allowed size: the shapes batches mostly have.
+        self._chunk_inputs = tuple(
+            (chunk_ms // self.frame_ms - 1) * self.subsampling + loaded.right_context + 1
+            for chunk_ms in self.options.allowed_chunk_ms
+        )
+        expect = getattr(self.runner, "expect", None)
+        if expect is not None:
+            for input_frames in self._chunk_inputs:
+                expect(input_frames, self.pool.window)
         self.stats = EngineStats()
         self._streams: dict[str, Stream] = {}
         self._streams_lock = threading.Lock()
@@ -184,6 +196,33 @@ class Engine:
         self._finalizer = threading.Thread(target=self._run_finalizer, name="asr-finalizer", daemon=True)
         self._thread.start()
         self._finalizer.start()
+
+    @torch.inference_mode()
+    def warm_up(self) -> float:
+        """Run one chunk step of each allowed chunk size on an empty cache, so that one-time work
+        (tracing the torch graphs, first-run allocations) is done before calls arrive rather
+        than in their first chunks. Returns the seconds it took. Call before ``start``."""
+        started = time.perf_counter()
+        pool = self.pool
+        att = torch.zeros(
+            (pool.geometry.num_layers, 1, pool.geometry.heads, pool.window, 2 * pool.geometry.d_k),
+            dtype=self.options.dtype,
+            device=self.device,
+        )
+        cnn = torch.zeros(
+            (pool.geometry.num_layers, 1, pool.geometry.d_model, pool.geometry.cnn_frames),
+            dtype=self.options.dtype,
+            device=self.device,
+        )
+        pos = torch.full((1, pool.window), -1, dtype=torch.int64, device=self.device)
+        mask = torch.zeros((1, pool.window), dtype=torch.bool, device=self.device)
+        offsets = torch.zeros(1, dtype=torch.int64, device=self.device)
+        for input_frames in self._chunk_inputs:
+            xs = torch.zeros(
+                (1, input_frames, self.loaded.config.input_dim), dtype=self.options.dtype, device=self.device
+            )
+            self.runner.step(xs, offsets, att, pos, mask, cnn)
+        return time.perf_counter() - started
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the scheduler (finals already queued are still emitted); open streams get no more events."""

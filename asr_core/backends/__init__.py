@@ -18,6 +18,7 @@ from typing import NamedTuple, Protocol, TypeVar
 import torch
 from torch import nn
 
+from asr_core.backends.traced import TracedSteps
 from asr_core.model.attention import MultiHeadedAttention
 from asr_core.model.convolution import ConvolutionModule, pointwise_as_linear
 from asr_core.model.ctc import CTC
@@ -59,7 +60,7 @@ class TorchChunkRunner:
     not cover, runs in bfloat16 (``Bf16Convs``).
     """
 
-    def __init__(self, loaded: LoadedModel, int8: bool = False) -> None:
+    def __init__(self, loaded: LoadedModel, int8: bool = False, traced: bool = False) -> None:
         self.model = loaded.model
         self.encoder: U2Encoder = loaded.model.encoder
         self.ctc: CTC = loaded.model.ctc
@@ -68,6 +69,15 @@ class TorchChunkRunner:
             self.ctc = _int8_linears(self.ctc)
             if native_bf16_cpu() and isinstance(self.encoder.embed, Conv2dSubsampling):
                 self.encoder.embed.conv = Bf16Convs(self.encoder.embed.conv)  # type: ignore[assignment]
+        self.traced: TracedSteps | None = None
+        on_cpu = next(self.encoder.parameters()).device.type == "cpu"
+        if traced and on_cpu:
+            self.traced = TracedSteps(self.encoder, self.ctc)
+
+    def expect(self, input_frames: int, window: int) -> None:
+        """Declare a chunk shape the caller will run often (the traced graphs are built for these)."""
+        if self.traced is not None:
+            self.traced.expect(input_frames, window)
 
     @torch.inference_mode()
     def step(
@@ -79,9 +89,14 @@ class TorchChunkRunner:
         cache_mask: torch.Tensor,
         cnn_cache: torch.Tensor,
     ) -> ChunkStep:
+        max_offset = int(offsets.max()) if offsets.numel() else 0
+        if self.traced is not None:
+            out = self.traced(xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache, max_offset)
+            if out is not None:
+                return ChunkStep(*out)
         # kv_ring's pool is zero-initialised and only ever holds model outputs.
         ys, new_kv, new_cnn = self.encoder.forward_chunk_batch(
-            xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache, cache_is_finite=True
+            xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache, cache_is_finite=True, max_offset=max_offset
         )
         return ChunkStep(ys, self.ctc.log_softmax(ys).float(), new_kv, new_cnn)
 
@@ -191,16 +206,19 @@ def make_runner(
     cache_dir: Path | None = None,
     threads: int | None = None,
     calibration_dir: Path | None = None,
+    traced: bool = False,
 ) -> ChunkRunner:
     """The chunk runner for ``backend`` (one of ``BACKENDS``) on the device ``loaded`` is on.
 
     ONNX and TensorRT backends run the graph at ``onnx_path``, or export ``loaded`` on first use
     into ``cache_dir`` (default ``$ASR_ONNX_CACHE`` or ``$XDG_CACHE_HOME/hotline-asr/onnx``).
     ``threads``: ONNX Runtime intra-op threads (default: torch's). ``calibration_dir``: WAVs
-    for the TensorRT INT8 calibrator. Optional packages are imported only here, when chosen.
+    for the TensorRT INT8 calibrator. ``traced``: the torch backends on a CPU run the shapes
+    declared with ``expect`` as frozen TorchScript graphs (``asr_core.backends.traced``).
+    Optional packages are imported only here, when chosen.
     """
     if backend in ("torch", "torch-int8"):
-        return TorchChunkRunner(loaded, int8=backend == "torch-int8")
+        return TorchChunkRunner(loaded, int8=backend == "torch-int8", traced=traced)
     if backend not in BACKENDS:
         raise ValueError(f"engine backend {backend!r} is not available; choose one of: {', '.join(BACKENDS)}")
     try:

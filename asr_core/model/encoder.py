@@ -220,6 +220,7 @@ class U2Encoder(nn.Module):
         *,
         cache_is_finite: bool = False,
         max_offset: int | None = None,
+        position_rows: int | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """One chunk of B independent streams in one pass.
 
@@ -236,6 +237,9 @@ class U2Encoder(nn.Module):
             a copy of the whole cache.
         max_offset: ``int(offsets.max())`` when the caller knows it on the host; sizes the
             position table without a device-to-host sync.
+        position_rows: use this many rows of the position table (more than any key position
+            of the batch), whatever the offsets; for graphs traced once and run on any offset
+            below it (``backends.traced``).
         Returns (ys (B, C, D), new_kv (L, B, H, C, 2*d_k) keys|values of this chunk's frames
         only, new_cnn (L, B, D, K-1)).
         """
@@ -254,7 +258,9 @@ class U2Encoder(nn.Module):
             # Invalid cache frames may hold anything (even NaN); zero them so 0 * value stays 0.
             att_cache = att_cache.masked_fill(~cache_mask[None, :, None, :, None], 0.0)
         table_rows = 0
-        if self._uses_position_table():
+        if position_rows is not None:
+            table_rows = self._table_rows(position_rows)
+        elif self._uses_position_table():
             if max_offset is None:
                 max_offset = int(offsets.max()) if offsets.numel() else 0
             table_rows = self._table_rows(max_offset + chunk)

@@ -4,12 +4,34 @@ fused projection weights): eval mode, no autograd, and not while tracing/exporti
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor, nn
 
+_serving = threading.local()
+
+
+@contextlib.contextmanager
+def serving_trace() -> Iterator[None]:
+    """Trace, in this thread, a graph for this process's own use (``backends.traced``), not
+    for export: the eager fast paths and weight-derived caches stay on, and whatever they
+    cache is frozen into the graph as constants, as eager mode would use it."""
+    previous = getattr(_serving, "active", False)
+    _serving.active = True
+    try:
+        yield
+    finally:
+        _serving.active = previous
+
 
 def exporting() -> bool:
-    """True while tracing, scripting, exporting to ONNX or compiling."""
+    """True while tracing, scripting, exporting to ONNX or compiling (but not inside
+    ``serving_trace``)."""
+    if getattr(_serving, "active", False):
+        return False
     return (
         torch.jit.is_tracing()
         or torch.jit.is_scripting()

@@ -1,0 +1,145 @@
+"""The torch backends' chunk step as frozen TorchScript graphs, one per input shape.
+
+Why: in eager mode each of the step's ~500 torch operations returns to Python, and so has
+to take the GIL back before the next one can start. Any other Python thread of the process
+that is busy at that moment (the gateway's RTP and SIP loops, the event publisher, a bench's
+feeder) holds it for up to the interpreter's switch interval, and the step waits that long,
+again and again. Measured (AISHELL size, torch-int8, 14 streams, 1 thread): 64-76 ms alone,
+168-208 ms beside a thread that runs Python half of the time; the traced graph runs all its
+operations without the GIL, in 51-75 ms either way, with bitwise the same outputs
+(docs/BENCHMARKS.md). Freezing folds the weight-derived tensors (the projected position
+tables, prepacked int8 weights) into the graph.
+
+A graph is traced from the eager step on the first batch of its shape (input frames T_in,
+cache window W and dtype; the batch size stays free) and only for the shapes the owner
+declared (``expect``: the engine's full chunks), because tracing takes a second or more and
+the rare shapes (a call's short last chunk) are not worth a stall. Positions are looked up in
+a table of ``position_limit`` rows frozen into the graph; a batch with a later position (an
+utterance longer than the limit) runs eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from asr_core.model.ctc import CTC
+from asr_core.model.encoder import U2Encoder
+from asr_core.model.inference import serving_trace
+
+log = logging.getLogger(__name__)
+
+POSITION_LIMIT = 1024
+"""Encoder frames from an utterance's start the traced graphs cover: 41 s at 4x subsampling
+(the engine ends utterances after 20 s by default); later chunks run eagerly."""
+
+ShapeKey = tuple[int, int, torch.dtype]
+
+
+class _Step(nn.Module):
+    """The chunk step as one module with tensor inputs and outputs, to be traced."""
+
+    def __init__(self, encoder: U2Encoder, ctc: CTC, position_rows: int) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.ctc = ctc
+        self.position_rows = position_rows
+
+    def forward(
+        self,
+        xs: Tensor,
+        offsets: Tensor,
+        att_cache: Tensor,
+        cache_pos: Tensor,
+        cache_mask: Tensor,
+        cnn_cache: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        ys, new_kv, new_cnn = self.encoder.forward_chunk_batch(
+            xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache,
+            cache_is_finite=True, position_rows=self.position_rows,
+        )  # fmt: skip
+        return ys, self.ctc.log_softmax(ys).float(), new_kv, new_cnn
+
+
+class TracedSteps:
+    """Frozen traced graphs of ``encoder`` + ``ctc``'s chunk step, built on first use of a
+    declared shape; ``__call__`` returns None where the caller must run the eager step."""
+
+    def __init__(self, encoder: U2Encoder, ctc: CTC, position_limit: int = POSITION_LIMIT) -> None:
+        self.module = _Step(encoder, ctc, position_limit).eval()
+        self.position_limit = position_limit
+        self.subsampling = encoder.embed
+        self._expected: set[tuple[int, int]] | None = set()
+        self._graphs: dict[ShapeKey, Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]]] = {}
+        self._failed: set[ShapeKey] = set()
+
+    def expect(self, input_frames: int, window: int) -> None:
+        """Trace the step for chunks of ``input_frames`` fbank frames over ``window`` cache frames."""
+        if self._expected is not None:
+            self._expected.add((input_frames, window))
+
+    def expect_any(self) -> None:
+        """Trace every shape on its first use (benchmarks, tools that repeat a few shapes)."""
+        self._expected = None
+
+    @property
+    def graphs(self) -> int:
+        return len(self._graphs)
+
+    def __call__(
+        self,
+        xs: Tensor,
+        offsets: Tensor,
+        att_cache: Tensor,
+        cache_pos: Tensor,
+        cache_mask: Tensor,
+        cnn_cache: Tensor,
+        max_offset: int,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+        """The step's (ys, log_probs, new_kv, new_cnn), or None: not a declared shape, a
+        position beyond the graphs' table, or tracing failed for this shape."""
+        t_in, window = xs.size(1), att_cache.size(3)
+        if max_offset + self.subsampling.output_length(t_in) > self.position_limit:
+            return None
+        key = (t_in, window, xs.dtype)
+        graph = self._graphs.get(key)
+        if graph is None:
+            wanted = self._expected is None or (t_in, window) in self._expected
+            if not wanted or key in self._failed:
+                return None
+            graph = self._trace(key, (xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache))
+            if graph is None:
+                return None
+        with torch.jit.optimized_execution(False):
+            return graph(xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache)
+
+    def _trace(
+        self, key: ShapeKey, example: tuple[Tensor, ...]
+    ) -> Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]] | None:
+        started = time.perf_counter()
+        try:
+            with torch.inference_mode(), serving_trace(), warnings.catch_warnings():
+                # The tracer warns about Python values it records as constants: the shape
+                # (one graph per shape) and the table size (checked in __call__).
+                warnings.simplefilter("ignore", torch.jit.TracerWarning)
+                # torch 2.13 marks torch.jit deprecated (torch.compile was slower here and
+                # took minutes to compile, docs/BENCHMARKS.md); where it is gone, the step
+                # runs eagerly, through the except below.
+                warnings.filterwarnings("ignore", category=DeprecationWarning, message=r"`torch\.jit\.")
+                traced = torch.jit.trace(self.module, example, check_trace=False)
+                graph = torch.jit.freeze(traced.eval())
+        except Exception:  # a model the tracer cannot follow still runs, eagerly
+            log.exception("tracing the chunk step for input shape %s failed; it runs eagerly", key[:2])
+            self._failed.add(key)
+            return None
+        self._graphs[key] = graph
+        log.info(
+            "traced the chunk step for %d-frame chunks over %d cache frames in %.1f s",
+            key[0], key[1], time.perf_counter() - started,
+        )  # fmt: skip
+        return graph

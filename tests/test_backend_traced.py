@@ -1,0 +1,125 @@
+"""Traced chunk steps (asr_core/backends/traced.py): the same outputs as the eager step, one
+graph per declared shape, and the eager step wherever a graph does not apply."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from asr_core.backends import TorchChunkRunner, make_runner
+from asr_core.backends.traced import POSITION_LIMIT
+from asr_core.engine import Engine, EngineOptions
+from asr_core.model.loader import LoadedModel, load_wenet_model
+
+FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "wenet_u2pp_small"
+pytestmark = pytest.mark.skipif(not FIXTURE.is_dir(), reason=f"WeNet fixture not found at {FIXTURE}")
+
+CHUNK = 4  # encoder frames (160 ms)
+WINDOW = 32  # cache frames
+
+
+@pytest.fixture(scope="module")
+def loaded() -> LoadedModel:
+    torch.set_num_threads(1)
+    return load_wenet_model(FIXTURE / "model")
+
+
+def input_frames(loaded: LoadedModel, chunk: int = CHUNK) -> int:
+    return (chunk - 1) * loaded.subsampling + loaded.right_context + 1
+
+
+def step_inputs(loaded: LoadedModel, batch: int, seed: int, first_offset: int = 0) -> dict[str, torch.Tensor]:
+    """B streams at different points of their utterances: some caches partly empty, as in the engine."""
+    g = torch.Generator().manual_seed(seed)
+    offsets = first_offset + torch.randint(0, 200, (batch,), generator=g)
+    offsets[0] = first_offset  # a stream at the start of its utterance: nothing cached yet
+    ring = torch.arange(WINDOW)
+    newest = offsets.unsqueeze(1) - 1
+    cache_pos = newest - (newest - ring) % WINDOW  # the frame at each ring index
+    cache_mask = cache_pos >= 0
+    cache_pos = cache_pos.masked_fill(~cache_mask, -1)
+    att = torch.randn(loaded.num_blocks, batch, loaded.heads, WINDOW, 2 * loaded.d_k, generator=g)
+    return {
+        "xs": 10.0 + 3.0 * torch.randn(batch, input_frames(loaded), 80, generator=g),
+        "offsets": offsets,
+        "att_cache": att * cache_mask[None, :, None, :, None],  # the pool holds zeros where never written
+        "cache_pos": cache_pos,
+        "cache_mask": cache_mask,
+        "cnn_cache": torch.randn(loaded.num_blocks, batch, loaded.d_model, loaded.cnn_cache_frames, generator=g),
+    }
+
+
+def assert_same_step(a: object, b: object) -> None:
+    for name in ("ys", "log_probs", "new_kv", "new_cnn"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.shape == y.shape, name
+        assert torch.equal(x, y), f"{name}: max difference {float((x - y).abs().max())}"
+
+
+@pytest.mark.parametrize("backend", ["torch", "torch-int8"])
+def test_traced_step_equals_the_eager_step_for_any_batch(loaded: LoadedModel, backend: str) -> None:
+    traced = make_runner(backend, loaded, traced=True)
+    eager = make_runner(backend, loaded)
+    assert isinstance(traced, TorchChunkRunner) and traced.traced is not None
+    assert isinstance(eager, TorchChunkRunner) and eager.traced is None
+    traced.expect(input_frames(loaded), WINDOW)
+    for seed, batch in enumerate((3, 1, 7, 3)):
+        inputs = step_inputs(loaded, batch, seed)
+        assert_same_step(traced.step(**inputs), eager.step(**inputs))
+    assert traced.traced.graphs == 1  # the batch size is free within a graph
+
+
+def test_other_shapes_and_late_positions_run_eagerly(loaded: LoadedModel) -> None:
+    traced = make_runner("torch-int8", loaded, traced=True)
+    eager = make_runner("torch-int8", loaded)
+    assert isinstance(traced, TorchChunkRunner) and traced.traced is not None
+    traced.expect(input_frames(loaded), WINDOW)
+    # A short last chunk: a shape nobody declared; traced on first use it would stall the engine.
+    short = step_inputs(loaded, 2, seed=1)
+    short["xs"] = short["xs"][:, : input_frames(loaded) - 5]
+    assert_same_step(traced.step(**short), eager.step(**short))
+    assert traced.traced.graphs == 0
+    # Positions past the graphs' table (an utterance longer than it covers) need the eager path.
+    late = step_inputs(loaded, 2, seed=2, first_offset=POSITION_LIMIT)
+    assert_same_step(traced.step(**late), eager.step(**late))
+    assert traced.traced.graphs == 0
+    assert_same_step(traced.step(**step_inputs(loaded, 2, seed=3)), eager.step(**step_inputs(loaded, 2, seed=3)))
+    assert traced.traced.graphs == 1
+
+
+def test_a_step_the_tracer_cannot_follow_runs_eagerly(
+    loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """If tracing fails (a model the tracer cannot follow, a torch without torch.jit) the step
+    still runs, eagerly, and the failure is logged once rather than retried every batch."""
+    calls = []
+
+    def broken_trace(*args: object, **kwargs: object) -> None:
+        calls.append(1)
+        raise RuntimeError("tracer says no")
+
+    monkeypatch.setattr(torch.jit, "trace", broken_trace)
+    traced = make_runner("torch", loaded, traced=True)
+    eager = make_runner("torch", loaded)
+    assert isinstance(traced, TorchChunkRunner) and traced.traced is not None
+    traced.expect(input_frames(loaded), WINDOW)
+    with caplog.at_level(logging.ERROR, logger="asr_core.backends.traced"):
+        for seed in range(3):
+            inputs = step_inputs(loaded, 2, seed)
+            assert_same_step(traced.step(**inputs), eager.step(**inputs))
+    assert len(calls) == 1 and traced.traced.graphs == 0
+    assert "runs eagerly" in caplog.text
+
+
+def test_engine_warm_up_traces_every_allowed_chunk_size(loaded: LoadedModel) -> None:
+    options = EngineOptions(max_streams=2, allowed_chunk_ms=(160, 320), backend="torch-int8")
+    engine = Engine(loaded, options)
+    assert isinstance(engine.runner, TorchChunkRunner) and engine.runner.traced is not None
+    assert engine.runner.traced.graphs == 0
+    assert engine.warm_up() > 0
+    assert engine.runner.traced.graphs == 2
+    eager = Engine(loaded, EngineOptions(max_streams=2, traced_step=False))
+    assert isinstance(eager.runner, TorchChunkRunner) and eager.runner.traced is None
