@@ -104,6 +104,11 @@ class EngineSettings(_Section):
         description="where finals are searched and rescored: a child process (CPU; keeps that work off the "
         "GIL the engine and the RTP loop share) or a thread",
     )
+    traced_step: bool = Field(
+        True,
+        description="torch backends on a CPU: run full chunks as frozen TorchScript graphs, which do not wait "
+        "for the GIL between operations (false: eager)",
+    )
     max_streams: int = Field(256, ge=1, description="cache pool slots: the node's admission limit")
     max_batch: int = Field(64, ge=1)
     max_wait_ms: float = Field(20.0, ge=0)

@@ -101,6 +101,7 @@ def engine_options(config: ServiceConfig) -> EngineOptions:
         dtype=resolve_dtype(engine.dtype, engine.device) if on_gpu or engine.dtype == "bfloat16" else torch.float32,
         backend=engine.resolved_backend,
         finalizer=engine.finalizer,
+        traced_step=engine.traced_step,
     )
 
 
@@ -242,6 +243,9 @@ class Service:
         self.started_at = time.monotonic()
         await self.publisher.start()
         self.bridge.start()
+        # Before SIP listens: the first calls' chunks must not wait for one-time set-up.
+        warm_s = await asyncio.get_running_loop().run_in_executor(None, self.engine.warm_up)
+        log.info("engine warmed up in %.1f s", warm_s)
         self.engine.start()
         await self.sip.start()
         metrics_port = self.metrics.start() if self.config.metrics.enabled else None

@@ -55,6 +55,7 @@ class Trial:
     finalizer: str = "process"
     rescore: bool = True
     piece_ms: int = DEFAULT_PIECE_MS
+    traced_step: bool = True
 
 
 def synthetic_speech(seconds: float, seed: int) -> np.ndarray:
@@ -91,9 +92,11 @@ def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray)
         dtype=resolve_dtype(trial.dtype, device),
         finalizer=trial.finalizer,
         backend=trial.backend,
+        traced_step=trial.traced_step,
         endpoint=EndpointRules(max_utterance_ms=trial.max_utterance_ms),
     )
     engine = Engine(loaded, options)
+    engine.warm_up()
     finals = [0]
     lock = threading.Lock()
 
@@ -293,6 +296,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="process",
         help="where finals are searched and rescored (EngineOptions.finalizer; the service's default is process)",
     )
+    parser.add_argument(
+        "--eager-step",
+        dest="traced_step",
+        action="store_false",
+        help="torch backends: run the chunk step eagerly instead of as traced graphs (EngineOptions.traced_step)",
+    )
     parser.add_argument("--fast", action="store_true", help="feed as fast as possible (throughput)")
     parser.add_argument(
         "--piece-ms",
@@ -339,6 +348,7 @@ def run(args: argparse.Namespace) -> int:
         args.finalizer,
         args.rescore,
         args.piece_ms,
+        args.traced_step,
     )
     header = {
         "arch": None if args.model else args.arch,
@@ -351,6 +361,7 @@ def run(args: argparse.Namespace) -> int:
         "finalizer": base.finalizer,
         "piece_ms": base.piece_ms,
         "rescore": base.rescore,
+        "traced_step": base.traced_step,
         "torch_threads": torch.get_num_threads(),
     }
     if not args.find_max:
