@@ -218,6 +218,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--attention-beam", type=int, help="engine.attention_beam (default: the service's); 0 = WeNet's rescoring"
     )
+    parser.add_argument(
+        "--eager-step",
+        action="store_true",
+        help="engine.traced_step: false (the chunk step in eager PyTorch, for A/B against the default)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -234,7 +239,9 @@ def run(args: argparse.Namespace) -> int:
                 local = LocalRedis(workdir / "redis")
                 local.start()
                 redis_url = local.url
-            engine = {} if args.attention_beam is None else {"attention_beam": args.attention_beam}
+            engine: dict[str, Any] = {} if args.attention_beam is None else {"attention_beam": args.attention_beam}
+            if args.eager_step:
+                engine["traced_step"] = False
             result = asyncio.run(run_bench(model_dir, redis_url, workdir, args.calls, args.seconds, **engine))
         except (DemoError, FileNotFoundError) as exc:
             print(json.dumps({"error": str(exc)}))
