@@ -34,11 +34,13 @@ def run_bench(*args: str) -> dict[str, Any]:
     return run_bench_module("deploy.bench.engine_bench", "--arch", "small", "--threads", "1", *args, timeout=170)
 
 
-@pytest.mark.parametrize(("finalizer", "piece_ms"), [("process", 80), ("thread", 20)])
-def test_one_trial_reports_fields_and_cpu_split(finalizer: str, piece_ms: int) -> None:
-    report = run_bench("--streams", "3", "--seconds", "2", "--finalizer", finalizer, "--piece-ms", str(piece_ms))
+@pytest.mark.parametrize(("finalizer", "piece_ms", "traced"), [("process", 80, True), ("thread", 20, False)])
+def test_one_trial_reports_fields_and_cpu_split(finalizer: str, piece_ms: int, traced: bool) -> None:
+    step = [] if traced else ["--eager-step"]
+    report = run_bench("--streams", "3", "--seconds", "2", "--finalizer", finalizer, "--piece-ms", str(piece_ms), *step)
     assert set(report) >= FIELDS
     assert report["streams"] == 3 and report["finalizer"] == finalizer and report["piece_ms"] == piece_ms
+    assert report["traced_step"] is traced
     assert report["finals"] == 3  # every stream's input ended mid-utterance: one final each
     assert report["chunks"] > 0 and report["rtf"] > 0
     assert set(report["partial_latency_ms"]) == {"p50", "p95", "p99"}
