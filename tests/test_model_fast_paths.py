@@ -235,3 +235,58 @@ def test_torch_int8_runner_stays_close_to_float(loaded: LoadedModel) -> None:
     agree = (int8_step.log_probs.argmax(-1) == float_step.log_probs.argmax(-1)).float().mean()
     assert float(agree) >= 0.8
     assert np.isfinite(int8_step.ys.numpy()).all()
+
+
+@needs_fixture
+def test_glu_cache_layout_gives_wenets_outputs_chunk_after_chunk(loaded: LoadedModel) -> None:
+    """Three streams at different offsets (one starting, one 9 frames in: part of its conv
+    history is before its start) run five chunks with the conv cache in WeNet's layout and in
+    the GLU layout (the GLU of the same history; whatever before the start), each carrying its
+    own caches forward: the outputs and attention caches agree, and the GLU cache holds what the
+    GLU computes from WeNet's cached inputs."""
+    encoder = loaded.model.encoder
+    g = torch.Generator().manual_seed(11)
+    batch, width, chunk = 3, 16, 4
+    offsets = torch.tensor([0, 9, 700])
+    pos = offsets[:, None] - width + torch.arange(width)[None]
+    mask = pos >= 0
+    att = (
+        torch.randn(loaded.num_blocks, batch, loaded.heads, width, 2 * loaded.d_k, generator=g)
+        * mask[None, :, None, :, None]
+    )
+    k = loaded.cnn_cache_frames
+    before_start = (offsets[:, None] - k + torch.arange(k)[None]) < 0  # (B, K-1)
+    inputs = torch.randn(loaded.num_blocks, batch, loaded.d_model, k, generator=g)
+    inputs = inputs.masked_fill(before_start[None, :, None, :], 0.0)  # WeNet: zeros before the start
+    with torch.inference_mode():
+        glus = torch.stack(
+            [
+                nn.functional.glu(layer.conv_module.pointwise_conv1(inputs[i]), dim=1)
+                for i, layer in enumerate(encoder.encoders)
+            ]
+        )
+    glus = glus.masked_fill(before_start[None, :, None, :], 42.0)  # the GLU layout ignores these frames
+    caches = {False: (att, pos, mask, inputs), True: (att, pos, mask, glus)}
+    with torch.inference_mode():
+        for step in range(5):
+            xs = 10 + 3 * torch.randn(batch, 19, 80, generator=g)
+            offs = offsets + step * chunk
+            out = {}
+            for glu in (False, True):
+                a, p, m, c = caches[glu]
+                ys, kv, cnn = encoder.forward_chunk_batch(xs, offs, a, p, m, c, cache_is_finite=True, glu_cache=glu)
+                out[glu] = (ys, kv, cnn)
+                ring = (offs[:, None] + torch.arange(chunk)[None]) % width  # (B, C)
+                a, p, m = a.clone(), p.clone(), m.clone()
+                rows = torch.arange(batch)[:, None]
+                a[:, rows, :, ring] = kv.permute(1, 3, 0, 2, 4)
+                p[rows, ring] = offs[:, None] + torch.arange(chunk)[None]
+                m[rows, ring] = True
+                caches[glu] = (a, p, m, cnn)
+            torch.testing.assert_close(out[True][0], out[False][0], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(out[True][1], out[False][1], rtol=1e-4, atol=1e-4)
+        # After the last chunk, the GLU cache is the GLU of WeNet's cached conv inputs.
+        conv = encoder.encoders[0].conv_module
+        wenet_inputs = out[False][2][0].transpose(1, 2)  # (B, K-1, D)
+        glu_of_inputs = nn.functional.glu(conv.pointwise_conv1(wenet_inputs.transpose(1, 2)), dim=1)
+        torch.testing.assert_close(out[True][2][0], glu_of_inputs, rtol=1e-4, atol=1e-4)

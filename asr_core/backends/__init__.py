@@ -58,6 +58,11 @@ class TorchChunkRunner:
     ``_int8_linears``); the loaded float model (and its decoder, for rescoring) stays as it is.
     On CPUs with native bf16 (AVX512-BF16/AMX) the copy's conv2d subsampling, which int8 does
     not cover, runs in bfloat16 (``Bf16Convs``).
+
+    Its conv caches hold the conv modules' GLU outputs (``forward_chunk_batch(glu_cache=True)``),
+    not WeNet's conv inputs: a pool filled by this runner is not for another backend's runner.
+    ``traced``: full chunks of the shapes declared with ``expect`` run as frozen TorchScript
+    graphs on a CPU (``asr_core.backends.traced``).
     """
 
     def __init__(self, loaded: LoadedModel, int8: bool = False, traced: bool = False) -> None:
@@ -96,8 +101,9 @@ class TorchChunkRunner:
                 return ChunkStep(*out)
         # kv_ring's pool is zero-initialised and only ever holds model outputs.
         ys, new_kv, new_cnn = self.encoder.forward_chunk_batch(
-            xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache, cache_is_finite=True, max_offset=max_offset
-        )
+            xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache,
+            cache_is_finite=True, max_offset=max_offset, glu_cache=True,
+        )  # fmt: skip
         return ChunkStep(ys, self.ctc.log_softmax(ys).float(), new_kv, new_cnn)
 
 

@@ -61,7 +61,7 @@ class _Step(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         ys, new_kv, new_cnn = self.encoder.forward_chunk_batch(
             xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache,
-            cache_is_finite=True, position_rows=self.position_rows,
+            cache_is_finite=True, position_rows=self.position_rows, glu_cache=True,
         )  # fmt: skip
         return ys, self.ctc.log_softmax(ys).float(), new_kv, new_cnn
 

@@ -62,13 +62,32 @@ class ConvolutionModule(nn.Module):
         self.pointwise_conv2: nn.Module = nn.Conv1d(channels, channels, 1, bias=bias)
         self.activation = ACTIVATIONS[activation]()
 
-    def forward(self, x: Tensor, mask_pad: Tensor | None, cache: Tensor | None) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, x: Tensor, mask_pad: Tensor | None, cache: Tensor | None, glu_start: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """x: (B, T, D); mask_pad: (B, 1, T) bool or None; cache: (B, D, kernel-1) or None (zeros).
 
         Frames stay channels-last: the pointwise convs run as matmuls on (B, T, D) (see
         ``pointwise``); only the depthwise conv sees (B, D, T).
-        Returns (y (B, T, D), new_cache (B, D, kernel-1); (B, D, 0) when not causal).
+
+        ``cache`` holds the module's last kernel-1 inputs (WeNet's layout), or with ``glu_start``
+        ((B, kernel-1) bool, True for cache frames before the stream's start; causal, chunked
+        only) the last kernel-1 outputs of the GLU, i.e. the depthwise conv's inputs. WeNet's
+        layout makes every chunk run the first pointwise conv over the kernel-1 cached frames
+        again (14 old frames for 4 new ones at 160 ms); the GLU layout runs it on the new frames
+        only. Frames before the start are zero inputs in either layout (WeNet pads with zeros).
+        Returns (y (B, T, D), new_cache (B, D, kernel-1) in the same layout; (B, D, 0) when not
+        causal).
         """
+        if glu_start is not None:
+            if cache is None or self.lorder == 0 or mask_pad is not None:
+                raise ValueError("the GLU cache layout needs a causal conv, a cache and no padding mask")
+            zero_input = nn.functional.glu(pointwise(self.pointwise_conv1, x.new_zeros(1, 1, x.size(2))), dim=2)
+            history = torch.where(glu_start.unsqueeze(2), zero_input, cache.transpose(1, 2))  # (B, kernel-1, D)
+            x = nn.functional.glu(pointwise(self.pointwise_conv1, x), dim=2)  # (B, T, D)
+            x = torch.cat((history, x), dim=1)  # (B, kernel-1 + T, D)
+            new_cache = x[:, -self.lorder :].transpose(1, 2)
+            return self._depthwise_on(x), new_cache
         if mask_pad is not None:
             x = x.masked_fill(~mask_pad.transpose(1, 2), 0.0)  # padding frames -> 0
         if self.lorder > 0:
@@ -81,9 +100,13 @@ class ConvolutionModule(nn.Module):
             new_cache = x[:, :0].transpose(1, 2)
         x = pointwise(self.pointwise_conv1, x)  # (B, T', 2D)
         x = nn.functional.glu(x, dim=2)  # (B, T', D)
-        x = self.depthwise_conv(x.transpose(1, 2))  # (B, D, T)
-        x = self.norm(x.transpose(1, 2)) if self.use_layer_norm else self.norm(x).transpose(1, 2)  # (B, T, D)
-        x = pointwise(self.pointwise_conv2, self.activation(x))
+        x = self._depthwise_on(x)
         if mask_pad is not None:
             x = x.masked_fill(~mask_pad.transpose(1, 2), 0.0)
         return x, new_cache
+
+    def _depthwise_on(self, x: Tensor) -> Tensor:
+        """GLU outputs (B, T', D) -> (B, T, D): depthwise conv, norm, activation, second pointwise."""
+        x = self.depthwise_conv(x.transpose(1, 2))  # (B, D, T)
+        x = self.norm(x.transpose(1, 2)) if self.use_layer_norm else self.norm(x).transpose(1, 2)  # (B, T, D)
+        return pointwise(self.pointwise_conv2, self.activation(x))

@@ -150,6 +150,7 @@ class U2Encoder(nn.Module):
         mask_pad: Tensor | None,
         att_cache: Tensor,
         cnn_cache: Tensor | None,
+        glu_start: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """All blocks + after_norm. att_cache: (L, B, H, W, 2*d_k); cnn_cache: (L, B, D, K-1).
 
@@ -166,6 +167,7 @@ class U2Encoder(nn.Module):
                 mask_pad,
                 att_cache[i],
                 None if cnn_cache is None else cnn_cache[i],
+                glu_start,
             )
             new_kv.append(kv)
             new_cnn.append(cnn)
@@ -221,6 +223,7 @@ class U2Encoder(nn.Module):
         cache_is_finite: bool = False,
         max_offset: int | None = None,
         position_rows: int | None = None,
+        glu_cache: bool = False,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """One chunk of B independent streams in one pass.
 
@@ -240,6 +243,10 @@ class U2Encoder(nn.Module):
         position_rows: use this many rows of the position table (more than any key position
             of the batch), whatever the offsets; for graphs traced once and run on any offset
             below it (``backends.traced``).
+        glu_cache: cnn_cache holds each conv module's last K-1 GLU outputs instead of its
+            inputs (``ConvolutionModule.forward``): the same results without recomputing the
+            first pointwise conv over the cached frames. The caller keeps one layout per cache;
+            zeros (a new stream, or one reset after an endpoint, at offset 0) are valid in both.
         Returns (ys (B, C, D), new_kv (L, B, H, C, 2*d_k) keys|values of this chunk's frames
         only, new_cnn (L, B, D, K-1)).
         """
@@ -264,6 +271,11 @@ class U2Encoder(nn.Module):
             if max_offset is None:
                 max_offset = int(offsets.max()) if offsets.numel() else 0
             table_rows = self._table_rows(max_offset + chunk)
+        glu_start = None
+        if glu_cache and self.cnn_cache_frames > 0:
+            # Cache frame j of a stream at offset o is frame o - (K-1) + j: before the start if < 0.
+            history = torch.arange(self.cnn_cache_frames, device=xs.device) - self.cnn_cache_frames
+            glu_start = (offsets.unsqueeze(1) + history) < 0  # (B, K-1)
         return self._run_layers(
             xs,
             key_mask,
@@ -272,6 +284,7 @@ class U2Encoder(nn.Module):
             None,
             att_cache,
             cnn_cache if self.cnn_cache_frames > 0 else None,
+            glu_start,
         )
 
     def forward_chunk(

@@ -62,13 +62,16 @@ class ConformerEncoderLayer(nn.Module):
         mask_pad: Tensor | None,
         kv_cache: Tensor,
         cnn_cache: Tensor | None,
+        glu_start: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """One block over new frames with cached left context.
 
         x: (B, T, D); mask: (B, 1|T, W+T) bool attention mask over cache+new keys;
         key_positions: (B|1, W+T) int64; mask_pad: (B, 1, T) bool or None (padding in the
         full-utterance forward); kv_cache: (B, H, W, 2*d_k) keys|values; cnn_cache: (B, D, K-1)
-        or None (zeros). Returns (y (B, T, D), kv_new (B, H, T, 2*d_k), new_cnn (B, D, K-1)).
+        or None (zeros); glu_start: (B, K-1) bool, the conv cache in the GLU layout (see
+        ``ConvolutionModule.forward``) or None (WeNet's).
+        Returns (y (B, T, D), kv_new (B, H, T, 2*d_k), new_cnn (B, D, K-1)).
         """
         norm_mha: nn.Module = getattr(self, self._norm_names[0])
         norm_ff: nn.Module = getattr(self, self._norm_names[1])
@@ -84,7 +87,7 @@ class ConformerEncoderLayer(nn.Module):
         if self.conv_module is not None:
             residual = x
             h = self.norm_conv(x) if self.normalize_before else x
-            conv, new_cnn = self.conv_module(h, mask_pad, cnn_cache)
+            conv, new_cnn = self.conv_module(h, mask_pad, cnn_cache, glu_start)
             x = residual + self.dropout(conv)
             if not self.normalize_before:
                 x = self.norm_conv(x)
