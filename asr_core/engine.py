@@ -41,7 +41,7 @@ from asr_core.events import Ended, Event, Final, NBestEntry, Partial
 from asr_core.finals import FinalRequest, FinalSearch, FinalSettings, ProcessFinalSearch
 from asr_core.frontend import fbank_windows
 from asr_core.model.loader import LoadedModel
-from asr_core.stream import Stream, StreamConfig, Utterance
+from asr_core.stream import Stream, StreamConfig, Utterance, chunk_input_frames
 from asr_gateway.samples import SampleRing
 from kv_ring import CapacityError, KvPool
 from rescoring.attention import RescoreResult
@@ -161,7 +161,7 @@ class Engine:
         )
         # fbank frames of a full chunk of each allowed size: the shapes batches mostly have.
         self._chunk_inputs = tuple(
-            (chunk_ms // self.frame_ms - 1) * self.subsampling + loaded.right_context + 1
+            chunk_input_frames(chunk_ms // self.frame_ms, self.subsampling, loaded.right_context)
             for chunk_ms in self.options.allowed_chunk_ms
         )
         expect = getattr(self.runner, "expect", None)

@@ -45,6 +45,11 @@ class StreamConfig:
         return frames
 
 
+def chunk_input_frames(chunk_frames: int, subsampling: int, right_context: int) -> int:
+    """Fbank frames a full chunk of ``chunk_frames`` encoder frames reads (WeNet's window)."""
+    return (chunk_frames - 1) * subsampling + right_context + 1
+
+
 @dataclass(slots=True)
 class Utterance:
     """Decoding state of the utterance in progress (reset at every endpoint)."""
@@ -110,7 +115,7 @@ class Stream:
         self.fbank = FbankStream()
         self.frames_consumed = 0  # fbank frames (stream time) already behind the next chunk's start
         self.stride = subsampling * chunk_frames  # fbank frames per chunk
-        self.window = (chunk_frames - 1) * subsampling + right_context + 1  # fbank frames per chunk input
+        self.window = chunk_input_frames(chunk_frames, subsampling, right_context)  # fbank frames per chunk input
         self.context = right_context + 1  # fewest fbank frames that yield one encoder frame
         self.utterance = Utterance()
         self.noise_floor = math.inf  # log power; see asr_core.endpoint.loud_frames (all utterances)

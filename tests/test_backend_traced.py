@@ -13,6 +13,7 @@ from asr_core.backends import TorchChunkRunner, make_runner
 from asr_core.backends.traced import POSITION_LIMIT
 from asr_core.engine import Engine, EngineOptions
 from asr_core.model.loader import LoadedModel, load_wenet_model
+from asr_core.stream import chunk_input_frames
 
 FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "wenet_u2pp_small"
 pytestmark = pytest.mark.skipif(not FIXTURE.is_dir(), reason=f"WeNet fixture not found at {FIXTURE}")
@@ -28,7 +29,7 @@ def loaded() -> LoadedModel:
 
 
 def input_frames(loaded: LoadedModel, chunk: int = CHUNK) -> int:
-    return (chunk - 1) * loaded.subsampling + loaded.right_context + 1
+    return chunk_input_frames(chunk, loaded.subsampling, loaded.right_context)
 
 
 def step_inputs(loaded: LoadedModel, batch: int, seed: int, first_offset: int = 0) -> dict[str, torch.Tensor]:

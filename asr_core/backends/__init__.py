@@ -18,7 +18,7 @@ from typing import NamedTuple, Protocol, TypeVar
 import torch
 from torch import nn
 
-from asr_core.backends.traced import TracedSteps
+from asr_core.backends.traced import TorchStep, TracedSteps
 from asr_core.model.attention import MultiHeadedAttention
 from asr_core.model.convolution import ConvolutionModule, pointwise_as_linear
 from asr_core.model.ctc import CTC
@@ -59,8 +59,8 @@ class TorchChunkRunner:
     On CPUs with native bf16 (AVX512-BF16/AMX) the copy's conv2d subsampling, which int8 does
     not cover, runs in bfloat16 (``Bf16Convs``).
 
-    Its conv caches hold the conv modules' GLU outputs (``forward_chunk_batch(glu_cache=True)``),
-    not WeNet's conv inputs: a pool filled by this runner is not for another backend's runner.
+    The step is ``traced.TorchStep``: its conv caches hold the conv modules' GLU outputs, not
+    WeNet's conv inputs, so a pool filled by this runner is not for another backend's runner.
     ``traced``: full chunks of the shapes declared with ``expect`` run as frozen TorchScript
     graphs on a CPU (``asr_core.backends.traced``).
     """
@@ -74,6 +74,7 @@ class TorchChunkRunner:
             self.ctc = _int8_linears(self.ctc)
             if native_bf16_cpu() and isinstance(self.encoder.embed, Conv2dSubsampling):
                 self.encoder.embed.conv = Bf16Convs(self.encoder.embed.conv)  # type: ignore[assignment]
+        self.eager = TorchStep(self.encoder, self.ctc).eval()
         self.traced: TracedSteps | None = None
         on_cpu = next(self.encoder.parameters()).device.type == "cpu"
         if traced and on_cpu:
@@ -94,17 +95,12 @@ class TorchChunkRunner:
         cache_mask: torch.Tensor,
         cnn_cache: torch.Tensor,
     ) -> ChunkStep:
-        max_offset = int(offsets.max()) if offsets.numel() else 0
+        out = None
         if self.traced is not None:
-            out = self.traced(xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache, max_offset)
-            if out is not None:
-                return ChunkStep(*out)
-        # kv_ring's pool is zero-initialised and only ever holds model outputs.
-        ys, new_kv, new_cnn = self.encoder.forward_chunk_batch(
-            xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache,
-            cache_is_finite=True, max_offset=max_offset, glu_cache=True,
-        )  # fmt: skip
-        return ChunkStep(ys, self.ctc.log_softmax(ys).float(), new_kv, new_cnn)
+            out = self.traced(xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache)
+        if out is None:
+            out = self.eager(xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache)
+        return ChunkStep(*out)
 
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)

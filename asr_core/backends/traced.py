@@ -41,10 +41,14 @@ POSITION_LIMIT = 1024
 ShapeKey = tuple[int, int, torch.dtype]
 
 
-class _Step(nn.Module):
-    """The chunk step as one module with tensor inputs and outputs, to be traced."""
+class TorchStep(nn.Module):
+    """The torch backends' chunk step (encoder chunk forward + CTC head) as one module with
+    tensor inputs and outputs: run eagerly, or traced with ``position_rows`` fixed.
 
-    def __init__(self, encoder: U2Encoder, ctc: CTC, position_rows: int) -> None:
+    The conv caches are in the GLU layout (``forward_chunk_batch(glu_cache=True)``) and the
+    attention cache is a zero-initialised pool of model outputs (``cache_is_finite``)."""
+
+    def __init__(self, encoder: U2Encoder, ctc: CTC, position_rows: int | None = None) -> None:
         super().__init__()
         self.encoder = encoder
         self.ctc = ctc
@@ -71,7 +75,7 @@ class TracedSteps:
     declared shape; ``__call__`` returns None where the caller must run the eager step."""
 
     def __init__(self, encoder: U2Encoder, ctc: CTC, position_limit: int = POSITION_LIMIT) -> None:
-        self.module = _Step(encoder, ctc, position_limit).eval()
+        self.module = TorchStep(encoder, ctc, position_limit).eval()
         self.position_limit = position_limit
         self.subsampling = encoder.embed
         self._expected: set[tuple[int, int]] | None = set()
@@ -99,11 +103,11 @@ class TracedSteps:
         cache_pos: Tensor,
         cache_mask: Tensor,
         cnn_cache: Tensor,
-        max_offset: int,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
         """The step's (ys, log_probs, new_kv, new_cnn), or None: not a declared shape, a
         position beyond the graphs' table, or tracing failed for this shape."""
         t_in, window = xs.size(1), att_cache.size(3)
+        max_offset = int(offsets.max()) if offsets.numel() else 0
         if max_offset + self.subsampling.output_length(t_in) > self.position_limit:
             return None
         key = (t_in, window, xs.dtype)
@@ -115,6 +119,8 @@ class TracedSteps:
             graph = self._trace(key, (xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache))
             if graph is None:
                 return None
+        # No profiling-executor passes on top of freezing: re-optimizing for batch sizes it
+        # had not seen stalled single steps by hundreds of ms in the micro-benchmark.
         with torch.jit.optimized_execution(False):
             return graph(xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache)
 
