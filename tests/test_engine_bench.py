@@ -3,11 +3,17 @@ the engine's process and the finals process; plus the stream-count search on its
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-from deploy.bench.engine_bench import largest_passing
+from asr_core.frontend import compute_fbank
+from asr_core.model.loader import load_wenet_model
+from asr_core.offline import encode_streaming
+from deploy.bench.engine_bench import calibrate_ctc, largest_passing, synthetic_speech
+from deploy.bench.make_random_model import make_random_model
 from tests.bench_json import run_bench_module
 
 pytestmark = pytest.mark.timeout(180)
@@ -41,7 +47,10 @@ def test_one_trial_reports_fields_and_cpu_split(finalizer: str, piece_ms: int, t
     assert set(report) >= FIELDS
     assert report["streams"] == 3 and report["finalizer"] == finalizer and report["piece_ms"] == piece_ms
     assert report["traced_step"] is traced
-    assert report["finals"] == 3  # every stream's input ended mid-utterance: one final each
+    # Each stream's input ends mid-utterance (a final each); the calibrated random model also
+    # endpoints in the synthetic speech's pauses, as a trained model does.
+    assert report["finals"] >= 3 and report["final_tokens_per_s"] > 0
+    assert report["ctc_calibration"]["blank_rate"] == 0.85 and report["ctc_calibration"]["peak"] >= 0.975
     assert report["chunks"] > 0 and report["rtf"] > 0
     assert set(report["partial_latency_ms"]) == {"p50", "p95", "p99"}
     if finalizer == "process":
@@ -66,3 +75,23 @@ def test_largest_passing_finds_the_boundary() -> None:
 
 def test_largest_passing_when_nothing_passes() -> None:
     assert largest_passing(lambda n: False, start=4) == 0
+
+
+def test_calibrated_random_ctc_decodes_like_a_trained_model(tmp_path: Path) -> None:
+    """After calibration the random model's streaming CTC output has the blank share and peaked
+    posteriors asked for, and varied tokens (not one token on every frame)."""
+    make_random_model("small", tmp_path, seed=0)
+    loaded = load_wenet_model(tmp_path)
+    audio = synthetic_speech(12.0, seed=1)
+    calibration = calibrate_ctc(loaded, audio, blank_rate=0.8, peak=0.95, chunk_ms=160, left_chunks=8)
+    assert calibration.scale > 1.0 and calibration.tokens_per_second > 0
+    with torch.inference_mode():
+        fbank = torch.from_numpy(compute_fbank(audio[: 16000 * 10]))
+        encoder_out, _ = encode_streaming(loaded, fbank, 4, 8)
+        top = loaded.model.ctc.log_softmax(encoder_out).max(dim=-1)
+    blank_share = float((top.indices == loaded.blank_id).float().mean())
+    assert abs(blank_share - 0.8) < 0.02
+    assert abs(float(top.values.exp().mean()) - 0.95) < 0.01
+    assert abs(calibration.peak - 0.95) < 0.01
+    emitted = top.indices[top.indices != loaded.blank_id]
+    assert len(set(emitted.tolist())) > 3

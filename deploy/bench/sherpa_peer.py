@@ -38,9 +38,10 @@ import torch
 from asr_core.backends import BACKENDS
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from deploy.bench.engine_bench import (
+    BLANK_RATE,
     LATENCY_LIMIT_MS,
     Trial,
-    calibrate_blank,
+    calibrate_ctc,
     find_max,
     largest_passing,
     run_trial,
@@ -174,7 +175,7 @@ def _load(args: argparse.Namespace, workdir: Path, audio: np.ndarray) -> LoadedM
 
     make_random_model(args.arch, workdir / "model", seed=0)
     loaded = load_wenet_model(workdir / "model")
-    calibrate_blank(loaded, audio, args.blank_rate)
+    calibrate_ctc(loaded, audio, args.blank_rate, chunk_ms=args.chunk_ms, left_chunks=args.left_chunks)
     return loaded
 
 
@@ -200,7 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-ms", type=int, default=160, choices=[160, 240, 320, 640])
     parser.add_argument("--left-chunks", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1, help="sherpa-onnx and torch threads")
-    parser.add_argument("--blank-rate", type=float, default=0.8)
+    parser.add_argument(
+        "--blank-rate",
+        type=float,
+        default=BLANK_RATE,
+        help="share of frames the random model is calibrated to decode as blank (asr-bench engine --blank-rate)",
+    )
     parser.add_argument("--no-ours", action="store_true", help="with --find-max: skip our engine's search")
     parser.add_argument("--backend", default="onnxruntime", choices=list(BACKENDS), help="our engine's backend")
     parser.add_argument(
