@@ -85,6 +85,9 @@ class EngineOptions:
     # The torch backends on a CPU run each full chunk shape as a frozen TorchScript graph, which
     # does not wait for the GIL between operations (asr_core/backends/traced.py); False: eager.
     traced_step: bool = True
+    # Traced steps of large batches are cut into this many parts run at once in as many threads
+    # (one core each; asr_core/backends TorchChunkRunner); 1 = one thread runs every step.
+    step_threads: int = 1
 
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -132,7 +135,9 @@ class Engine:
         self.loaded = loaded
         self.device = torch.device(self.options.device)
         self.model = loaded.model.to(device=self.device, dtype=self.options.dtype).eval()
-        self.runner = runner or make_runner(self.options.backend, loaded, traced=self.options.traced_step)
+        self.runner = runner or make_runner(
+            self.options.backend, loaded, traced=self.options.traced_step, step_threads=self.options.step_threads
+        )
         if self.options.finalizer not in ("thread", "process"):
             raise ValueError(f"finalizer {self.options.finalizer!r} unknown; choose thread or process")
         settings = FinalSettings.for_model(
@@ -235,6 +240,9 @@ class Engine:
         if self._final_search is not self._local_search:
             self._final_search.close()
             self._final_search = self._local_search
+        close_runner = getattr(self.runner, "close", None)
+        if close_runner is not None:
+            close_runner()
 
     @property
     def decoder(self) -> object:

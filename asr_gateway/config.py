@@ -109,6 +109,12 @@ class EngineSettings(_Section):
         description="torch backends on a CPU: run full chunks as frozen TorchScript graphs, which do not wait "
         "for the GIL between operations (false: eager)",
     )
+    step_threads: int = Field(
+        1,
+        ge=1,
+        description="traced steps of 16+ streams are split into this many parts run at once, one core each; "
+        "lowers partial latency where cores are free, but on a saturated node it takes CPU from the finals",
+    )
     max_streams: int = Field(256, ge=1, description="cache pool slots: the node's admission limit")
     max_batch: int = Field(64, ge=1)
     max_wait_ms: float = Field(20.0, ge=0)

@@ -102,6 +102,7 @@ def engine_options(config: ServiceConfig) -> EngineOptions:
         backend=engine.resolved_backend,
         finalizer=engine.finalizer,
         traced_step=engine.traced_step,
+        step_threads=engine.step_threads,
     )
 
 

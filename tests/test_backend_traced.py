@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asr_core.backends import TorchChunkRunner, make_runner
+from asr_core.backends import SPLIT_MIN_STREAMS, TorchChunkRunner, make_runner
 from asr_core.backends.traced import POSITION_LIMIT
 from asr_core.engine import Engine, EngineOptions
 from asr_core.model.loader import LoadedModel, load_wenet_model
@@ -89,6 +89,33 @@ def test_other_shapes_and_late_positions_run_eagerly(loaded: LoadedModel) -> Non
     assert traced.traced.graphs == 0
     assert_same_step(traced.step(**step_inputs(loaded, 2, seed=3)), eager.step(**step_inputs(loaded, 2, seed=3)))
     assert traced.traced.graphs == 1
+
+
+def test_a_large_batch_split_over_threads_keeps_each_streams_outputs(loaded: LoadedModel) -> None:
+    """step_threads: a large batch runs as parts in parallel threads; every stream gets the
+    outputs the whole batch gives it, in its own row."""
+    split = make_runner("torch", loaded, traced=True, step_threads=3)
+    whole = make_runner("torch", loaded, traced=True)
+    assert isinstance(split, TorchChunkRunner) and isinstance(whole, TorchChunkRunner)
+    for runner in (split, whole):
+        runner.expect(input_frames(loaded), WINDOW)
+    inputs = step_inputs(loaded, 3 * SPLIT_MIN_STREAMS + 2, seed=5)
+    split.step(**inputs)  # builds the graph in one thread first: not split
+    assert split._helpers is None
+    out = split.step(**inputs)
+    assert split._helpers is not None  # this time it was
+    reference = whole.step(**inputs)
+    for name in ("ys", "log_probs", "new_kv", "new_cnn"):
+        x, y = getattr(out, name), getattr(reference, name)
+        assert x.shape == y.shape, name
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4, msg=name)
+    # Too few streams for two parts: one piece, as without helpers.
+    small = step_inputs(loaded, 2 * SPLIT_MIN_STREAMS - 1, seed=6)
+    assert_same_step(split.step(**small), whole.step(**small))
+    split.close()
+    assert split._helpers is None
+    with pytest.raises(ValueError, match="step_threads"):
+        TorchChunkRunner(loaded, traced=True, step_threads=0)
 
 
 def test_a_step_the_tracer_cannot_follow_runs_eagerly(

@@ -12,7 +12,7 @@ import torch
 from asr_core.frontend import compute_fbank
 from asr_core.model.loader import load_wenet_model
 from asr_core.offline import encode_streaming
-from deploy.bench.engine_bench import calibrate_ctc, largest_passing, synthetic_speech
+from deploy.bench.engine_bench import _passes, calibrate_ctc, largest_passing, synthetic_speech
 from deploy.bench.make_random_model import make_random_model
 from tests.bench_json import run_bench_module
 
@@ -49,7 +49,7 @@ def test_one_trial_reports_fields_and_cpu_split(finalizer: str, piece_ms: int, t
     assert report["traced_step"] is traced
     # Each stream's input ends mid-utterance (a final each); the calibrated random model also
     # endpoints in the synthetic speech's pauses, as a trained model does.
-    assert report["finals"] >= 3 and report["final_tokens_per_s"] > 0
+    assert report["finals"] >= 3 and report["final_tokens_per_s"] > 0 and report["rescore_tree_nodes_per_s"] > 0
     assert report["ctc_calibration"]["blank_rate"] == 0.85 and report["ctc_calibration"]["peak"] >= 0.975
     assert report["chunks"] > 0 and report["rtf"] > 0
     assert set(report["partial_latency_ms"]) == {"p50", "p95", "p99"}
@@ -95,3 +95,19 @@ def test_calibrated_random_ctc_decodes_like_a_trained_model(tmp_path: Path) -> N
     assert abs(calibration.peak - 0.95) < 0.01
     emitted = top.indices[top.indices != loaded.blank_id]
     assert len(set(emitted.tolist())) > 3
+
+
+def test_a_trial_passes_only_when_partials_and_finals_keep_up() -> None:
+    def trial(realtime_ok: bool, partial_p95: float, final_p95: float) -> dict[str, Any]:
+        return {
+            "realtime_ok": realtime_ok,
+            "partial_latency_ms": {"p50": 1.0, "p95": partial_p95, "p99": partial_p95},
+            "final_latency_ms": {"p50": 1.0, "p95": final_p95},
+        }
+
+    assert _passes(trial(True, 250.0, 900.0))
+    assert _passes(trial(True, 250.0, float("nan")))  # no final ended during the run
+    assert not _passes(trial(False, 250.0, 900.0))
+    assert not _passes(trial(True, 350.0, 900.0))
+    # Partials on time while the finals' backlog grows: past the machine's capacity.
+    assert not _passes(trial(True, 250.0, 5000.0))

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import warnings
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple, Protocol, TypeVar
 
@@ -63,9 +65,17 @@ class TorchChunkRunner:
     WeNet's conv inputs, so a pool filled by this runner is not for another backend's runner.
     ``traced``: full chunks of the shapes declared with ``expect`` run as frozen TorchScript
     graphs on a CPU (``asr_core.backends.traced``).
+
+    ``step_threads`` > 1 (traced graphs only): a batch of at least ``SPLIT_MIN_STREAMS`` streams
+    per part is cut into that many parts along the batch, run at once in this thread and helper
+    threads. A frozen graph runs without the GIL, so the parts use that many cores; with one
+    intra-op thread per part this scales nearly linearly, where intra-op threads inside each
+    small matmul do not (AISHELL-size, B=40 on 2 cores: 178 -> 94 ms; docs/BENCHMARKS.md).
     """
 
-    def __init__(self, loaded: LoadedModel, int8: bool = False, traced: bool = False) -> None:
+    def __init__(self, loaded: LoadedModel, int8: bool = False, traced: bool = False, step_threads: int = 1) -> None:
+        if step_threads < 1:
+            raise ValueError(f"step_threads must be at least 1, got {step_threads}")
         self.model = loaded.model
         self.encoder: U2Encoder = loaded.model.encoder
         self.ctc: CTC = loaded.model.ctc
@@ -79,6 +89,8 @@ class TorchChunkRunner:
         on_cpu = next(self.encoder.parameters()).device.type == "cpu"
         if traced and on_cpu:
             self.traced = TracedSteps(self.encoder, self.ctc)
+        self.step_threads = step_threads if self.traced is not None else 1
+        self._helpers: ThreadPoolExecutor | None = None
 
     def expect(self, input_frames: int, window: int) -> None:
         """Declare a chunk shape the caller will run often (the traced graphs are built for these)."""
@@ -97,10 +109,59 @@ class TorchChunkRunner:
     ) -> ChunkStep:
         out = None
         if self.traced is not None:
-            out = self.traced(xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache)
+            inputs = (xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache)
+            out = self._split_step(inputs) if self.step_threads > 1 else None
+            if out is None:
+                out = self.traced(*inputs)
         if out is None:
             out = self.eager(xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache)
         return ChunkStep(*out)
+
+    def _split_step(self, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...] | None:
+        """The traced step on parts of the batch at once; None where it does not apply (a batch
+        too small to split, a shape without a graph yet, or a part the graphs decline)."""
+        traced = self.traced
+        assert traced is not None
+        xs, _, att_cache = inputs[:3]
+        batch = xs.size(0)
+        parts = min(self.step_threads, batch // SPLIT_MIN_STREAMS)
+        if parts < 2 or not traced.has_graph(xs.size(1), att_cache.size(3), xs.dtype):
+            return None
+        if self._helpers is None:
+            self._helpers = ThreadPoolExecutor(self.step_threads - 1, thread_name_prefix="asr-step")
+        bounds = [batch * i // parts for i in range(parts + 1)]
+        pieces = [_batch_slice(inputs, start, end) for start, end in itertools.pairwise(bounds)]
+        futures = [self._helpers.submit(_run_inference, traced, piece) for piece in pieces[1:]]
+        outs = [traced(*pieces[0]), *(future.result() for future in futures)]
+        if any(out is None for out in outs):
+            return None
+        ys, log_probs, new_kv, new_cnn = zip(*outs, strict=True)
+        return torch.cat(ys), torch.cat(log_probs), torch.cat(new_kv, dim=1), torch.cat(new_cnn, dim=1)
+
+    def close(self) -> None:
+        """Stop the helper threads (a later split step starts them again)."""
+        if self._helpers is not None:
+            self._helpers.shutdown(wait=True)
+            self._helpers = None
+
+
+SPLIT_MIN_STREAMS = 8
+"""Fewest streams per part of a split step: smaller parts lose more in matmul efficiency than
+a second core gains."""
+
+
+def _batch_slice(inputs: tuple[torch.Tensor, ...], start: int, end: int) -> tuple[torch.Tensor, ...]:
+    """Streams start..end of a step's inputs (the caches are batched along dim 1, the rest dim 0)."""
+    xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache = inputs
+    return (
+        xs[start:end], offsets[start:end], att_cache[:, start:end], cache_pos[start:end], cache_mask[start:end],
+        cnn_cache[:, start:end],
+    )  # fmt: skip
+
+
+def _run_inference(traced: TracedSteps, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...] | None:
+    with torch.inference_mode():  # per thread
+        return traced(*inputs)
 
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
@@ -209,6 +270,7 @@ def make_runner(
     threads: int | None = None,
     calibration_dir: Path | None = None,
     traced: bool = False,
+    step_threads: int = 1,
 ) -> ChunkRunner:
     """The chunk runner for ``backend`` (one of ``BACKENDS``) on the device ``loaded`` is on.
 
@@ -216,11 +278,12 @@ def make_runner(
     into ``cache_dir`` (default ``$ASR_ONNX_CACHE`` or ``$XDG_CACHE_HOME/hotline-asr/onnx``).
     ``threads``: ONNX Runtime intra-op threads (default: torch's). ``calibration_dir``: WAVs
     for the TensorRT INT8 calibrator. ``traced``: the torch backends on a CPU run the shapes
-    declared with ``expect`` as frozen TorchScript graphs (``asr_core.backends.traced``).
+    declared with ``expect`` as frozen TorchScript graphs (``asr_core.backends.traced``), with
+    large batches split over ``step_threads`` threads (``TorchChunkRunner``).
     Optional packages are imported only here, when chosen.
     """
     if backend in ("torch", "torch-int8"):
-        return TorchChunkRunner(loaded, int8=backend == "torch-int8", traced=traced)
+        return TorchChunkRunner(loaded, int8=backend == "torch-int8", traced=traced, step_threads=step_threads)
     if backend not in BACKENDS:
         raise ValueError(f"engine backend {backend!r} is not available; choose one of: {', '.join(BACKENDS)}")
     try:

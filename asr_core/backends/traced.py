@@ -95,6 +95,11 @@ class TracedSteps:
     def graphs(self) -> int:
         return len(self._graphs)
 
+    def has_graph(self, input_frames: int, window: int, dtype: torch.dtype) -> bool:
+        """Whether the graph of this shape is built (calls for it then trace nothing, so several
+        threads may run it at once)."""
+        return (input_frames, window, dtype) in self._graphs
+
     def __call__(
         self,
         xs: Tensor,
