@@ -4,7 +4,8 @@
 20 ms (as RTP would), with start times spread over one chunk so chunks do not all line up,
 and reports one JSON object. ``--find-max`` searches the largest N that keeps up in real
 time with p95 partial latency <= 300 ms and p95 final latency <= 2 s, once batched and once
-with ``--max-batch 1``, and reports the ratio as ``batching_gain``. ``--fast`` feeds as fast as possible (throughput).
+with ``--max-batch 1``, and reports the ratio as ``batching_gain``. ``--fast`` feeds as fast
+as possible (throughput).
 """
 
 from __future__ import annotations
@@ -296,8 +297,9 @@ def calibrate_ctc(
       the mean top posterior reaches ``peak``.
 
     Calibrated so, the AISHELL-shape model decodes 6 s of the synthetic speech as a trained
-    model does real speech (docs/BENCHMARKS.md): ~3-4 tokens per second, an n-best of equal
-    lengths whose prefix trees hold 4-6 nodes per token. Returns what was applied and reached.
+    model does real speech (docs/BENCHMARKS.md): ~3-4 tokens per second, an n-best as long as
+    the greedy path whose prefix trees hold about 4-5 nodes per token in each direction.
+    Returns what was applied and reached.
     """
     from asr_core.frontend import compute_fbank
     from asr_core.offline import encode_streaming
