@@ -25,7 +25,7 @@ apt-deps:
 PIP := set -o pipefail; $(PY) -m pip install -q --disable-pip-version-check
 QUIET := 2>&1 | { grep -v '^WARNING: Location' || true; }
 
-$(STAMP): setup.cfg setup.py pyproject.toml rtp/_fastrtp.c
+$(STAMP): setup.cfg setup.py pyproject.toml rtp/_fastrtp.c asr_core/_fastctc.c
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) torch==2.13.0 $(QUIET)
 	$(PIP) -e '.[test,dev,onnx]' $(QUIET)

@@ -1,9 +1,20 @@
-"""Only the optional C extension is declared here; everything else is in setup.cfg.
+"""Only the optional C extensions are declared here; everything else is in setup.cfg.
 
-`rtp._fastrtp` (the RTP receive fast path) is optional: where it cannot be compiled (no C
-compiler or Python headers) the install goes on and the pure Python receive path runs.
+Both are optional: where they cannot be compiled (no C compiler or Python headers) the install
+goes on and the pure Python paths run.
+
+- `rtp._fastrtp`: the RTP receive fast path.
+- `asr_core._fastctc`: the finals' CTC prefix beam search. It must round exactly as the numpy
+  search does, so no contraction of multiply-adds into FMAs.
 """
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("rtp._fastrtp", ["rtp/_fastrtp.c"], optional=True, extra_compile_args=["-O2"])])
+setup(
+    ext_modules=[
+        Extension("rtp._fastrtp", ["rtp/_fastrtp.c"], optional=True, extra_compile_args=["-O2"]),
+        Extension(
+            "asr_core._fastctc", ["asr_core/_fastctc.c"], optional=True, extra_compile_args=["-O2", "-ffp-contract=off"]
+        ),
+    ]
+)

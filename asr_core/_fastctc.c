@@ -1,0 +1,608 @@
+/* CTC prefix beam search on stored per-frame top-k posteriors, in C.
+ *
+ * The same search as `asr_core.ctc_search._PrefixBeam`, step for step: candidates in WeNet's
+ * update order (top-k tokens outer, prefixes inner; a repeated token spawns "same prefix"
+ * then "prefix + token"), prefixes identified by trie nodes so that candidates reaching one
+ * prefix merge, scores accumulated in candidate order with numpy's logaddexp formula, the
+ * beam chosen by total score with ties kept in order of first appearance, and the Viterbi
+ * scores and token times replayed for the survivors. The results equal the numpy version's
+ * bit for bit (tests/test_ctc_search_native.py); the numpy version is the reference and runs
+ * wherever this optional extension was not built.
+ *
+ * Token times are kept as shared immutable lists (each cell: a frame and the cell before it,
+ * the newest token first), so that a hypothesis' times cost one cell per new token instead of
+ * a copy of the whole tuple per frame.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KIND_BLANK 0
+#define KIND_REPEAT_SAME 1
+#define KIND_REPEAT_NEW 2
+#define KIND_EXTEND 3
+#define TOKEN_STRIDE ((int64_t)1 << 24)
+#define LOGE2 0.693147180559945309417232121458176568
+
+/* numpy's npy_logaddexp, so that sums round exactly as np.logaddexp's do. */
+static double logaddexp(double x, double y)
+{
+    if (x == y) {
+        return x + LOGE2;
+    }
+    const double tmp = x - y;
+    if (tmp > 0) {
+        return x + log1p(exp(-tmp));
+    }
+    if (tmp <= 0) {
+        return y + log1p(exp(tmp));
+    }
+    return tmp; /* NaN */
+}
+
+/* ---- growable arrays ---- */
+
+static int grow(void **data, Py_ssize_t *capacity, Py_ssize_t needed, size_t item)
+{
+    if (needed <= *capacity) {
+        return 0;
+    }
+    Py_ssize_t next = *capacity ? *capacity : 64;
+    while (next < needed) {
+        next *= 2;
+    }
+    void *bigger = realloc(*data, (size_t)next * item);
+    if (bigger == NULL) {
+        return -1;
+    }
+    *data = bigger;
+    *capacity = next;
+    return 0;
+}
+
+/* ---- trie: key (parent node * stride + token) -> node, open addressing ---- */
+
+typedef struct {
+    int64_t *keys; /* -1: empty */
+    int64_t *nodes;
+    Py_ssize_t capacity; /* a power of two */
+    Py_ssize_t used;
+} Trie;
+
+static Py_ssize_t trie_slot(const Trie *trie, int64_t key)
+{
+    uint64_t h = (uint64_t)key * 0x9E3779B97F4A7C15ULL;
+    Py_ssize_t mask = trie->capacity - 1;
+    Py_ssize_t i = (Py_ssize_t)(h >> 17) & mask;
+    while (trie->keys[i] != -1 && trie->keys[i] != key) {
+        i = (i + 1) & mask;
+    }
+    return i;
+}
+
+static int trie_init(Trie *trie, Py_ssize_t capacity)
+{
+    trie->keys = malloc((size_t)capacity * sizeof(int64_t));
+    trie->nodes = malloc((size_t)capacity * sizeof(int64_t));
+    if (trie->keys == NULL || trie->nodes == NULL) {
+        return -1;
+    }
+    memset(trie->keys, 0xff, (size_t)capacity * sizeof(int64_t)); /* all -1 */
+    trie->capacity = capacity;
+    trie->used = 0;
+    return 0;
+}
+
+static int64_t trie_get(const Trie *trie, int64_t key)
+{
+    Py_ssize_t i = trie_slot(trie, key);
+    return trie->keys[i] == key ? trie->nodes[i] : -1;
+}
+
+static int trie_put(Trie *trie, int64_t key, int64_t node)
+{
+    if (2 * (trie->used + 1) > trie->capacity) {
+        Trie bigger;
+        if (trie_init(&bigger, 2 * trie->capacity) < 0) {
+            free(bigger.keys);
+            free(bigger.nodes);
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < trie->capacity; i++) {
+            if (trie->keys[i] != -1) {
+                Py_ssize_t j = trie_slot(&bigger, trie->keys[i]);
+                bigger.keys[j] = trie->keys[i];
+                bigger.nodes[j] = trie->nodes[i];
+            }
+        }
+        bigger.used = trie->used;
+        free(trie->keys);
+        free(trie->nodes);
+        *trie = bigger;
+    }
+    Py_ssize_t i = trie_slot(trie, key);
+    if (trie->keys[i] == -1) {
+        trie->used++;
+    }
+    trie->keys[i] = key;
+    trie->nodes[i] = node;
+    return 0;
+}
+
+/* ---- the search ---- */
+
+typedef struct {
+    int kind;
+    Py_ssize_t hyp;
+    int64_t token;
+    double prob;
+    int64_t key;
+    int64_t target; /* trie node, or -1 - candidate index for a prefix not in the trie yet */
+    double contrib;
+    Py_ssize_t group;
+} Candidate;
+
+typedef struct {
+    int64_t target;
+    Py_ssize_t first; /* index of its first candidate */
+    double s, ns, total;
+} Group;
+
+/* A link of a chain: a trie node (its token, its parent node) or a token-time cell (a frame,
+ * the cell of the token before it). */
+typedef struct {
+    int64_t item;
+    int64_t prev;
+} Link;
+
+typedef struct {
+    /* trie nodes: node 0 is the empty prefix (no token, no parent) */
+    Link *nodes;
+    Py_ssize_t node_count, node_capacity;
+    Trie trie;
+    /* token times, newest token first; -1 is the empty list */
+    Link *cells;
+    Py_ssize_t cell_count, cell_capacity;
+    /* the beam: hypotheses 0..size-1 */
+    Py_ssize_t size;
+    int64_t *node;
+    double *s, *ns, *v_s, *v_ns;
+    int64_t *times_s, *times_ns;
+    /* scratch per frame */
+    Candidate *cand;
+    Group *groups;
+    Py_ssize_t *order;
+    Py_ssize_t *slot;
+    int64_t *lookup_target; /* target -> group, open addressing over node targets */
+    Py_ssize_t *lookup_group;
+    Py_ssize_t lookup_capacity;
+    int64_t *next_node;
+    double *next_s, *next_ns, *next_v_s, *next_v_ns, *cur_prob;
+    int64_t *next_times_s, *next_times_ns;
+} Search;
+
+static void search_free(Search *x)
+{
+    free(x->nodes);
+    free(x->trie.keys);
+    free(x->trie.nodes);
+    free(x->cells);
+    free(x->node);
+    free(x->s);
+    free(x->ns);
+    free(x->v_s);
+    free(x->v_ns);
+    free(x->times_s);
+    free(x->times_ns);
+    free(x->cand);
+    free(x->groups);
+    free(x->order);
+    free(x->slot);
+    free(x->lookup_target);
+    free(x->lookup_group);
+    free(x->next_node);
+    free(x->next_s);
+    free(x->next_ns);
+    free(x->next_v_s);
+    free(x->next_v_ns);
+    free(x->cur_prob);
+    free(x->next_times_s);
+    free(x->next_times_ns);
+}
+
+static int search_init(Search *x, Py_ssize_t beam, Py_ssize_t k)
+{
+    memset(x, 0, sizeof(*x));
+    Py_ssize_t max_cand = 2 * beam * k;
+    x->lookup_capacity = 1;
+    while (x->lookup_capacity < 4 * max_cand) {
+        x->lookup_capacity *= 2;
+    }
+#define ALLOC(field, count) (((field) = calloc((size_t)(count), sizeof(*(field)))) == NULL)
+    if (ALLOC(x->node, beam) || ALLOC(x->s, beam) || ALLOC(x->ns, beam) || ALLOC(x->v_s, beam) ||
+        ALLOC(x->v_ns, beam) || ALLOC(x->times_s, beam) || ALLOC(x->times_ns, beam) ||
+        ALLOC(x->cand, max_cand) || ALLOC(x->groups, max_cand) || ALLOC(x->order, max_cand) ||
+        ALLOC(x->slot, max_cand) || ALLOC(x->lookup_target, x->lookup_capacity) ||
+        ALLOC(x->lookup_group, x->lookup_capacity) || ALLOC(x->next_node, beam) || ALLOC(x->next_s, beam) ||
+        ALLOC(x->next_ns, beam) || ALLOC(x->next_v_s, beam) || ALLOC(x->next_v_ns, beam) ||
+        ALLOC(x->cur_prob, beam) || ALLOC(x->next_times_s, beam) || ALLOC(x->next_times_ns, beam)) {
+        return -1;
+    }
+#undef ALLOC
+    if (trie_init(&x->trie, 1024) < 0) {
+        return -1;
+    }
+    if (grow((void **)&x->nodes, &x->node_capacity, 1, sizeof(Link)) < 0) {
+        return -1;
+    }
+    x->nodes[0].item = -1;
+    x->nodes[0].prev = -1;
+    x->node_count = 1;
+    /* one hypothesis: the empty prefix, blank-ending with probability 1 */
+    x->size = 1;
+    x->node[0] = 0;
+    x->s[0] = 0.0;
+    x->ns[0] = -INFINITY;
+    x->v_s[0] = 0.0;
+    x->v_ns[0] = 0.0;
+    x->times_s[0] = -1;
+    x->times_ns[0] = -1;
+    return 0;
+}
+
+/* Appends a link; returns its index, or -1 when out of memory. */
+static int64_t append_link(Link **links, Py_ssize_t *count, Py_ssize_t *capacity, int64_t item, int64_t prev)
+{
+    if (grow((void **)links, capacity, *count + 1, sizeof(Link)) < 0) {
+        return -1;
+    }
+    (*links)[*count].item = item;
+    (*links)[*count].prev = prev;
+    return (*count)++;
+}
+
+#define NEW_CELL(x, frame, prev) append_link(&(x)->cells, &(x)->cell_count, &(x)->cell_capacity, (frame), (prev))
+#define NEW_NODE(x, parent, token) append_link(&(x)->nodes, &(x)->node_count, &(x)->node_capacity, (token), (parent))
+
+static Py_ssize_t group_of(Search *x, Py_ssize_t *groups, int64_t target, Py_ssize_t candidate)
+{
+    if (target >= 0) {
+        Py_ssize_t mask = x->lookup_capacity - 1;
+        Py_ssize_t i = (Py_ssize_t)(((uint64_t)target * 0x9E3779B97F4A7C15ULL) >> 17) & mask;
+        while (x->lookup_target[i] != -1) {
+            if (x->lookup_target[i] == target) {
+                return x->lookup_group[i];
+            }
+            i = (i + 1) & mask;
+        }
+        x->lookup_target[i] = target;
+        x->lookup_group[i] = *groups;
+    }
+    Group *g = &x->groups[*groups];
+    g->target = target;
+    g->first = candidate;
+    g->s = -INFINITY;
+    g->ns = -INFINITY;
+    return (*groups)++;
+}
+
+static int search_step(Search *x, Py_ssize_t t, const double *values, const int64_t *ids, Py_ssize_t k,
+                       Py_ssize_t beam, int64_t blank)
+{
+    Py_ssize_t hyps = x->size, count = 0;
+    for (Py_ssize_t j = 0; j < k; j++) {
+        int64_t u = ids[j];
+        double p = values[j];
+        for (Py_ssize_t h = 0; h < hyps; h++) {
+            int64_t last = x->nodes[x->node[h]].item;
+            int kinds[2], n = 1;
+            if (u == blank) {
+                kinds[0] = KIND_BLANK;
+            }
+            else if (u == last) {
+                kinds[0] = KIND_REPEAT_SAME;
+                kinds[1] = KIND_REPEAT_NEW;
+                n = 2;
+            }
+            else {
+                kinds[0] = KIND_EXTEND;
+            }
+            for (int r = 0; r < n; r++) {
+                Candidate *c = &x->cand[count];
+                c->kind = kinds[r];
+                c->hyp = h;
+                c->token = u;
+                c->prob = p;
+                c->key = x->node[h] * TOKEN_STRIDE + u;
+                if (c->kind == KIND_REPEAT_NEW || c->kind == KIND_EXTEND) {
+                    int64_t found = trie_get(&x->trie, c->key);
+                    c->target = found >= 0 ? found : -1 - (int64_t)count;
+                }
+                else {
+                    c->target = x->node[h];
+                }
+                double base;
+                if (c->kind == KIND_REPEAT_SAME) {
+                    base = x->ns[h];
+                }
+                else if (c->kind == KIND_REPEAT_NEW) {
+                    base = x->s[h];
+                }
+                else {
+                    base = logaddexp(x->s[h], x->ns[h]);
+                }
+                c->contrib = base + p;
+                count++;
+            }
+        }
+    }
+
+    /* merge candidates by prefix, accumulating in candidate order */
+    Py_ssize_t groups = 0;
+    memset(x->lookup_target, 0xff, (size_t)x->lookup_capacity * sizeof(int64_t));
+    for (Py_ssize_t c = 0; c < count; c++) {
+        Candidate *cand = &x->cand[c];
+        cand->group = group_of(x, &groups, cand->target, c);
+        Group *g = &x->groups[cand->group];
+        if (cand->kind == KIND_BLANK) {
+            g->s = logaddexp(g->s, cand->contrib);
+        }
+        else {
+            g->ns = logaddexp(g->ns, cand->contrib);
+        }
+    }
+    /* The best `beam` groups by total score, ties in order of first appearance (as
+     * np.lexsort((first, -total))): groups are numbered in that order, so an insertion that
+     * puts each one after the kept groups scoring at least as well keeps it. */
+    Py_ssize_t size = 0;
+    for (Py_ssize_t g = 0; g < groups; g++) {
+        Group *group = &x->groups[g];
+        group->total = logaddexp(group->s, group->ns);
+        x->slot[g] = -1;
+        double key = -group->total;
+        Py_ssize_t pos = size;
+        while (pos > 0 && -x->groups[x->order[pos - 1]].total > key) {
+            pos--;
+        }
+        if (pos >= beam) {
+            continue;
+        }
+        Py_ssize_t end = size < beam ? size : beam - 1;
+        memmove(&x->order[pos + 1], &x->order[pos], (size_t)(end - pos) * sizeof(Py_ssize_t));
+        x->order[pos] = g;
+        if (size < beam) {
+            size++;
+        }
+    }
+    for (Py_ssize_t i = 0; i < size; i++) {
+        x->slot[x->order[i]] = i;
+        x->next_v_s[i] = -INFINITY;
+        x->next_v_ns[i] = -INFINITY;
+        x->cur_prob[i] = -INFINITY;
+        x->next_times_s[i] = -1;
+        x->next_times_ns[i] = -1;
+    }
+
+    /* Viterbi scores and token times of the survivors, in update order */
+    for (Py_ssize_t c = 0; c < count; c++) {
+        const Candidate *cand = &x->cand[c];
+        Py_ssize_t i = x->slot[cand->group];
+        if (i < 0) {
+            continue;
+        }
+        Py_ssize_t h = cand->hyp;
+        double p = cand->prob, h_vs = x->v_s[h], h_vns = x->v_ns[h];
+        if (cand->kind == KIND_REPEAT_SAME) {
+            if (x->next_v_ns[i] < h_vns + p) {
+                x->next_v_ns[i] = h_vns + p;
+                if (x->cur_prob[i] < p) {
+                    x->cur_prob[i] = p;
+                    int64_t times = x->times_ns[h];
+                    int64_t cell = NEW_CELL(x, t, times >= 0 ? x->cells[times].prev : -1);
+                    if (cell < 0) {
+                        return -1;
+                    }
+                    x->next_times_ns[i] = cell;
+                }
+            }
+            continue;
+        }
+        double viterbi = h_vs > h_vns ? h_vs : h_vns;
+        int64_t times = h_vs > h_vns ? x->times_s[h] : x->times_ns[h];
+        if (cand->kind == KIND_BLANK) {
+            x->next_v_s[i] = viterbi + p;
+            x->next_times_s[i] = times;
+        }
+        else if (cand->kind == KIND_REPEAT_NEW) {
+            if (x->next_v_ns[i] < h_vs + p) {
+                x->next_v_ns[i] = h_vs + p;
+                x->cur_prob[i] = p;
+                int64_t cell = NEW_CELL(x, t, x->times_s[h]);
+                if (cell < 0) {
+                    return -1;
+                }
+                x->next_times_ns[i] = cell;
+            }
+        }
+        else if (x->next_v_ns[i] < viterbi + p) {
+            x->next_v_ns[i] = viterbi + p;
+            x->cur_prob[i] = p;
+            int64_t cell = NEW_CELL(x, t, times);
+            if (cell < 0) {
+                return -1;
+            }
+            x->next_times_ns[i] = cell;
+        }
+    }
+
+    /* the survivors' prefixes: a new trie node for a prefix seen for the first time */
+    for (Py_ssize_t i = 0; i < size; i++) {
+        const Group *g = &x->groups[x->order[i]];
+        const Candidate *cand = &x->cand[g->first];
+        int64_t node = cand->target;
+        if (cand->kind == KIND_REPEAT_NEW || cand->kind == KIND_EXTEND) {
+            if (node < 0) {
+                node = NEW_NODE(x, x->node[cand->hyp], cand->token);
+                if (node < 0 || trie_put(&x->trie, cand->key, node) < 0) {
+                    return -1;
+                }
+            }
+        }
+        else {
+            node = x->node[cand->hyp];
+        }
+        x->next_node[i] = node;
+        x->next_s[i] = g->s;
+        x->next_ns[i] = g->ns;
+    }
+    x->size = size;
+    memcpy(x->node, x->next_node, (size_t)size * sizeof(int64_t));
+    memcpy(x->s, x->next_s, (size_t)size * sizeof(double));
+    memcpy(x->ns, x->next_ns, (size_t)size * sizeof(double));
+    memcpy(x->v_s, x->next_v_s, (size_t)size * sizeof(double));
+    memcpy(x->v_ns, x->next_v_ns, (size_t)size * sizeof(double));
+    memcpy(x->times_s, x->next_times_s, (size_t)size * sizeof(int64_t));
+    memcpy(x->times_ns, x->next_times_ns, (size_t)size * sizeof(int64_t));
+    return 0;
+}
+
+/* The items of the chain from link `start` back to link `stop` (not included), oldest first. */
+static PyObject *chain_tuple(const Link *links, int64_t start, int64_t stop)
+{
+    Py_ssize_t length = 0;
+    for (int64_t i = start; i != stop; i = links[i].prev) {
+        length++;
+    }
+    PyObject *tuple = PyTuple_New(length);
+    if (tuple == NULL) {
+        return NULL;
+    }
+    for (int64_t i = start; i != stop; i = links[i].prev) {
+        PyObject *value = PyLong_FromLongLong(links[i].item);
+        if (value == NULL) {
+            Py_DECREF(tuple);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(tuple, --length, value);
+    }
+    return tuple;
+}
+
+static PyObject *search_nbest(const Search *x)
+{
+    PyObject *result = PyList_New(x->size);
+    if (result == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < x->size; i++) {
+        PyObject *tokens = chain_tuple(x->nodes, x->node[i], 0);
+        int64_t times_start = x->v_s[i] > x->v_ns[i] ? x->times_s[i] : x->times_ns[i];
+        PyObject *times = chain_tuple(x->cells, times_start, -1);
+        PyObject *entry = NULL;
+        if (tokens != NULL && times != NULL) {
+            entry = Py_BuildValue("(OdO)", tokens, logaddexp(x->s[i], x->ns[i]), times);
+        }
+        Py_XDECREF(tokens);
+        Py_XDECREF(times);
+        if (entry == NULL) {
+            Py_DECREF(result);
+            return NULL;
+        }
+        PyList_SET_ITEM(result, i, entry);
+    }
+    return result;
+}
+
+static int matrix(PyObject *object, Py_buffer *view, const char *name, const char *formats)
+{
+    if (PyObject_GetBuffer(object, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        return -1;
+    }
+    const char *format = view->format ? view->format : "B";
+    if (format[0] == '<' || format[0] == '=' || format[0] == '@') {
+        format++;
+    }
+    if (view->ndim != 2 || view->itemsize != 8 || strlen(format) != 1 || strchr(formats, format[0]) == NULL) {
+        PyErr_Format(PyExc_ValueError, "%s must be a C-contiguous 2-D array of 8-byte items (%s)", name, formats);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *prefix_beam_search(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *values_obj, *ids_obj;
+    Py_ssize_t beam;
+    long long blank;
+    if (!PyArg_ParseTuple(args, "OOnL", &values_obj, &ids_obj, &beam, &blank)) {
+        return NULL;
+    }
+    if (beam < 1) {
+        PyErr_SetString(PyExc_ValueError, "beam must be at least 1");
+        return NULL;
+    }
+    Py_buffer values, ids;
+    if (matrix(values_obj, &values, "values", "d") < 0) {
+        return NULL;
+    }
+    if (matrix(ids_obj, &ids, "ids", "lq") < 0) {
+        PyBuffer_Release(&values);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t frames = values.shape[0], k = values.shape[1];
+    if (ids.shape[0] != frames || ids.shape[1] != k) {
+        PyErr_SetString(PyExc_ValueError, "values and ids must have the same shape");
+        goto done;
+    }
+    Search search;
+    if (search_init(&search, beam, k > 0 ? k : 1) < 0) {
+        search_free(&search);
+        PyErr_NoMemory();
+        goto done;
+    }
+    int failed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t t = 0; t < frames && !failed; t++) {
+        failed = search_step(&search, t, (const double *)values.buf + t * k, (const int64_t *)ids.buf + t * k, k, beam,
+                             (int64_t)blank) < 0;
+    }
+    Py_END_ALLOW_THREADS
+    if (failed) {
+        PyErr_NoMemory();
+    }
+    else {
+        result = search_nbest(&search);
+    }
+    search_free(&search);
+done:
+    PyBuffer_Release(&values);
+    PyBuffer_Release(&ids);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"prefix_beam_search", prefix_beam_search, METH_VARARGS,
+     "prefix_beam_search(values, ids, beam, blank) -> [(tokens, score, times)], best first.\n\n"
+     "values: (T, K) float64 log-posteriors of each frame's top K, best first; ids: (T, K) int64."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_fastctc",
+    .m_doc = "CTC prefix beam search in C (see asr_core.ctc_search).",
+    .m_size = -1,
+    .m_methods = methods,
+};
+
+PyMODINIT_FUNC PyInit__fastctc(void)
+{
+    return PyModule_Create(&module);
+}
