@@ -223,6 +223,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="engine.traced_step: false (the chunk step in eager PyTorch, for A/B against the default)",
     )
+    parser.add_argument("--step-threads", type=int, help="engine.step_threads (default: the service's)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -242,6 +243,8 @@ def run(args: argparse.Namespace) -> int:
             engine: dict[str, Any] = {} if args.attention_beam is None else {"attention_beam": args.attention_beam}
             if args.eager_step:
                 engine["traced_step"] = False
+            if args.step_threads is not None:
+                engine["step_threads"] = args.step_threads
             result = asyncio.run(run_bench(model_dir, redis_url, workdir, args.calls, args.seconds, **engine))
         except (DemoError, FileNotFoundError) as exc:
             print(json.dumps({"error": str(exc)}))
