@@ -28,6 +28,7 @@ import torch
 
 from asr_core.audio_io import read_wav
 from asr_core.backends import BACKENDS
+from asr_core.ctc_search import ctc_greedy_batch
 from asr_core.endpoint import EndpointRules
 from asr_core.engine import DTYPES, Engine, EngineOptions, resolve_dtype
 from asr_core.events import Event, Final
@@ -105,17 +106,13 @@ def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray)
     )
     engine = Engine(loaded, options)
     engine.warm_up()
-    finals = [0, 0, 0]  # finals, their tokens, their n-bests' prefix-tree nodes (both directions)
+    finals: list[Final] = []  # measured after the run, not in the engine's event path
     lock = threading.Lock()
 
     def on_event(event: Event) -> None:
         if isinstance(event, Final):
-            hyps = [entry.tokens for entry in event.nbest]
-            nodes = len(PrefixTree.of(hyps, 0)) + len(PrefixTree.of([h[::-1] for h in hyps], 0)) if hyps else 0
             with lock:
-                finals[0] += 1
-                finals[1] += len(event.tokens)
-                finals[2] += nodes
+                finals.append(event)
 
     config = StreamConfig(chunk_ms=trial.chunk_ms, left_chunks=trial.left_chunks, rescore=trial.rescore)
     streams = [engine.open_stream(config, on_event) for _ in range(trial.streams)]
@@ -192,18 +189,26 @@ def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray)
         "forward_ms_mean": round(float(np.mean(stats.forward_ms.values())), 3) if stats.forward_ms else 0.0,
         "partial_latency_ms": _percentiles(latencies, (50, 95, 99)),
         "final_latency_ms": _percentiles(list(stats.final_latency_ms), (50, 95)),
-        "finals": finals[0],
+        "finals": len(finals),
         # Tokens of the finals per second of audio: the decoding work the finals represent.
-        "final_tokens_per_s": round(finals[1] / audio_s, 2),
+        "final_tokens_per_s": round(sum(len(f.tokens) for f in finals) / audio_s, 2),
         # Decoder rows of the finals' rescoring per second of audio: the left-to-right and the
         # right-to-left prefix trees of each n-best (rescoring.attention.PrefixTree).
-        "rescore_tree_nodes_per_s": round(finals[2] / audio_s, 2),
+        "rescore_tree_nodes_per_s": round(sum(_tree_nodes(f) for f in finals) / audio_s, 2),
         "behind_realtime_chunks": stats.behind_realtime_chunks,
         "drain_s": round(drain_s, 3),
         "kv_bytes_per_stream": engine.pool.bytes_per_slot,
         "kv_bytes_total": engine.pool.total_bytes,
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
+
+
+def _tree_nodes(final: Final) -> int:
+    """Nodes of the left-to-right and right-to-left prefix trees of a final's n-best."""
+    hyps = [entry.tokens for entry in final.nbest]
+    if not hyps:
+        return 0
+    return len(PrefixTree.of(hyps, 0)) + len(PrefixTree.of([h[::-1] for h in hyps], 0))
 
 
 def _passes(result: dict[str, Any]) -> bool:
@@ -316,13 +321,7 @@ def calibrate_ctc(
     blank = loaded.blank_id
     others = logits.clone()
     others[:, blank] = -math.inf
-    best_other, best_id = others.max(dim=-1)  # (T,)
-    margin = (best_other - logits[:, blank]).numpy()  # a frame is blank when shift/scale > margin
-
-    def greedy_tokens(threshold: float) -> int:
-        ids = np.where(margin < threshold, -1, best_id.numpy())  # -1: blank
-        changes = np.concatenate(([True], ids[1:] != ids[:-1]))
-        return int(np.count_nonzero(changes & (ids >= 0)))
+    margin = (others.max(dim=-1).values - logits[:, blank]).numpy()  # a frame is blank when shift/scale > margin
 
     threshold = float(np.quantile(margin, blank_rate)) + 1e-3
 
@@ -344,7 +343,9 @@ def calibrate_ctc(
         head.weight.mul_(scale)
         head.bias.mul_(scale)
         head.bias[blank] += scale * threshold
-    return CtcCalibration(scale, scale * threshold, greedy_tokens(threshold) / seconds, mean_peak(scale))
+    with torch.inference_mode():
+        tokens = ctc_greedy_batch(head(encoder_out)[None], torch.tensor([len(encoder_out)]), blank)[0]
+    return CtcCalibration(scale, scale * threshold, len(tokens) / seconds, mean_peak(scale))
 
 
 def _load_model(args: argparse.Namespace, workdir: Path, audio: np.ndarray) -> tuple[LoadedModel, dict | None]:
