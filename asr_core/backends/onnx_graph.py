@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from asr_core.model.loader import LoadedModel
+from asr_core.stream import chunk_input_frames
 
 CHUNK_INPUTS = ("xs", "offsets", "att_cache", "cache_pos", "cache_mask", "cnn_cache")
 CHUNK_OUTPUTS = ("ys", "log_probs", "new_kv", "new_cnn")
@@ -88,7 +89,7 @@ def model_metadata(loaded: LoadedModel) -> dict[str, int]:
 def chunk_example(loaded: LoadedModel, batch: int, chunk: int, window: int, seed: int) -> tuple[Tensor, ...]:
     """Random chunk-step inputs: streams at different offsets, caches shuffled and partly invalid."""
     generator = torch.Generator().manual_seed(seed)
-    t_in = (chunk - 1) * loaded.subsampling + loaded.right_context + 1
+    t_in = chunk_input_frames(chunk, loaded.subsampling, loaded.right_context)
     xs = torch.randn(batch, t_in, loaded.config.input_dim, generator=generator) * 3 + 8  # (B, T_in, n_mels)
     offsets = torch.randint(0, 400, (batch,), generator=generator) + window  # (B,)
     order = torch.stack([torch.randperm(window, generator=generator) for _ in range(batch)])  # (B, W)

@@ -28,6 +28,7 @@ from asr_core.backends import ChunkStep
 from asr_core.backends.onnx_graph import CHUNK_INPUTS, CHUNK_OUTPUTS, cached_chunk_graph, cpu_float_copy
 from asr_core.frontend import compute_fbank
 from asr_core.model.loader import LoadedModel
+from asr_core.stream import chunk_input_frames
 from kv_ring import KvPool
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ def calibration_inputs(
     loaded = cpu_float_copy(loaded)
     encoder = loaded.model.encoder
     window = chunk * left_chunks
-    t_in = (chunk - 1) * loaded.subsampling + loaded.right_context + 1
+    t_in = chunk_input_frames(chunk, loaded.subsampling, loaded.right_context)
     records: list[tuple[torch.Tensor, ...]] = []
     with torch.inference_mode():
         for wav in wavs:

@@ -25,6 +25,7 @@ import torch
 
 from asr_core.backends import ChunkRunner, make_runner
 from asr_core.model.loader import LoadedModel, load_wenet_model
+from asr_core.stream import chunk_input_frames
 from deploy.bench.make_random_model import ARCHS, make_random_model
 
 FIRST_OFFSET = 1000
@@ -35,7 +36,7 @@ def step_inputs(loaded: LoadedModel, batch: int, chunk: int, window: int) -> dic
     """Arguments of ``ChunkRunner.step`` for ``batch`` streams in steady state (full windows)."""
     g = torch.Generator().manual_seed(batch)
     rate = loaded.subsampling
-    t_in = (chunk - 1) * rate + loaded.right_context + 1
+    t_in = chunk_input_frames(chunk, rate, loaded.right_context)
     offsets = FIRST_OFFSET + 7 * torch.arange(batch, dtype=torch.int64)  # (B,)
     # Ring order as kv_ring stores it: frame p lives at index p % W.
     ring = torch.arange(window, dtype=torch.int64)  # (W,)

@@ -39,6 +39,7 @@ from asr_core.backends.onnx_graph import (
     quantize_int8,
 )
 from asr_core.model.loader import LoadedModel, load_wenet_model
+from asr_core.stream import chunk_input_frames
 
 MODEL_FILE = "model-streaming.onnx"
 MODEL_INT8_FILE = "model-streaming.int8.onnx"
@@ -96,7 +97,7 @@ def sherpa_metadata(loaded: LoadedModel, chunk_size: int, left_chunks: int) -> d
 def _example(loaded: LoadedModel, chunk_size: int, left_chunks: int) -> tuple[Tensor, ...]:
     """The inputs of sherpa-onnx's first call for one stream."""
     window = chunk_size * left_chunks
-    t_in = (chunk_size - 1) * loaded.subsampling + loaded.right_context + 1
+    t_in = chunk_input_frames(chunk_size, loaded.subsampling, loaded.right_context)
     x = torch.randn(1, t_in, loaded.config.input_dim) * 3 + 8  # (1, T_in, n_mels)
     attn_cache = torch.zeros(loaded.num_blocks, loaded.heads, window, 2 * loaded.d_k)
     conv_cache = torch.zeros(loaded.num_blocks, 1, loaded.d_model, loaded.cnn_cache_frames)
