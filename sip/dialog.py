@@ -8,11 +8,12 @@ only along ``CALL_TABLE``.
 from __future__ import annotations
 
 import enum
+import secrets
 from dataclasses import dataclass, field
 
 from sip.app import CallInfo, LegInfo
 from sip.errors import LocalProtocolError, RemoteProtocolError
-from sip.message import Address, NameAddr, Request
+from sip.message import BRANCH_MAGIC, Address, Headers, NameAddr, Request
 from sip.sdp import SessionDescription, StreamPlan
 from sip.siprec import RecordingMetadata, Role
 
@@ -109,3 +110,25 @@ class Call:
 
     def leg_infos(self) -> tuple[LegInfo, ...]:
         return tuple(leg.info for leg in self.legs.values())
+
+    def next_request(
+        self, method: str, via_host: str, user_agent: str, extra: tuple[tuple[str, str], ...] = ()
+    ) -> tuple[str, Request]:
+        """(branch, request): our next in-dialog request (BYE, refresh UPDATE) to the remote
+        target along the route set, with the next local CSeq; ``via_host`` is our host:port."""
+        transport = self.source.transport
+        branch = BRANCH_MAGIC + secrets.token_hex(8)
+        self.local_cseq += 1
+        headers = Headers()
+        headers.add("Via", f"SIP/2.0/{transport.upper()} {via_host};branch={branch};rport")
+        headers.add("Max-Forwards", "70")
+        for route in self.route_set:
+            headers.add("Route", route)
+        headers.add("From", str(self.local_party))
+        headers.add("To", str(self.remote_party))
+        headers.add("Call-ID", self.sip_call_id)
+        headers.add("CSeq", f"{self.local_cseq} {method}")
+        for name, value in extra:
+            headers.add(name, value)
+        headers.add("User-Agent", user_agent)
+        return branch, Request(method, self.remote_target, headers)

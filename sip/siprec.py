@@ -91,6 +91,8 @@ class RecordingMetadata:
             root = ET.fromstring(data)
         except ET.ParseError as exc:
             raise SipParseError(f"recording metadata is not well-formed XML: {exc}", 400) from None
+        except (LookupError, ValueError) as exc:  # an encoding the XML declares but Python lacks
+            raise SipParseError(f"recording metadata cannot be decoded: {exc}", 400) from None
         if _local(root.tag) != "recording":
             raise SipParseError(f"recording metadata root is <{_local(root.tag)}>, expected <recording>", 400)
         participants: dict[str, Participant] = {}

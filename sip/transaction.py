@@ -15,8 +15,8 @@ import itertools
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-from sip.errors import LocalProtocolError, RemoteProtocolError
-from sip.message import Address, Message, Request, Response
+from sip.errors import LocalProtocolError, RemoteProtocolError, SipParseError
+from sip.message import Address, Message, NameAddr, Request, Response, Via, parse_cseq
 
 TimerKey = tuple[str, Hashable]
 
@@ -72,6 +72,27 @@ NON_INVITE_CLIENT: dict[tuple[TxState, str], TxState] = {
     (S.PROCEEDING, "response"): S.TERMINATED,
     (S.PROCEEDING, "timeout"): S.TERMINATED,
 }
+
+
+def server_key(request: Request) -> tuple[str, str, str]:
+    """The key of the server transaction ``request`` belongs to (RFC 3261 17.2.3: top Via's
+    branch and sent-by, method; an ACK belongs to its INVITE's), after checking the headers
+    every request must carry. ``SipParseError`` (400) when one is missing or malformed."""
+    headers = request.headers
+    vias = headers.get_all("Via")
+    if not vias:
+        raise SipParseError("request without a Via header")
+    via = Via.parse(vias[0])
+    for name in ("From", "To", "Call-ID"):
+        if not headers.get(name):
+            raise SipParseError(f"request without a {name} header")
+    NameAddr.parse(headers.get("From") or "")
+    NameAddr.parse(headers.get("To") or "")
+    _, method = parse_cseq(headers.get("CSeq"))
+    if method != request.method:
+        raise SipParseError(f"CSeq method {method!r} differs from the request method {request.method!r}")
+    method_key = "INVITE" if request.method == "ACK" else request.method
+    return (via.branch or headers.get("Call-ID") or "", f"{via.host}:{via.port}", method_key)
 
 
 def _response_event(status: int) -> str:

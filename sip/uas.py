@@ -6,147 +6,62 @@ The transport feeds every datagram or framed stream message to ``receive`` and c
 legs) and ``CallEnded`` (tell the application, after the legs are closed). The core calls the
 ``CallHandler`` synchronously only for the two questions it must answer before replying:
 ``has_capacity`` and ``open_leg``. Nothing a peer sends escapes ``receive`` as an exception:
-protocol errors become error responses (or drops) and are counted in ``counters``.
+protocol errors become error responses (or drops) and are counted in ``counters``; a bug in
+a handler (ours or the application's) is logged with its traceback and answered 500, a full
+node 503.
+
+This module keeps the transactions and dialogs; its helpers each have one job:
+``invite.InviteGate`` (the checks a new INVITE passes), ``admission`` (ACL, rate, capacity),
+``auth`` (digest), ``session_timer`` (RFC 4028), ``call_media`` (streams, legs, SDP answer),
+``responses`` (building responses) and ``actions`` (what the transport is asked to do).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import ipaddress
+import logging
 import secrets
-import uuid
 from collections import Counter
-from dataclasses import dataclass
-from typing import Protocol
 
-from sip.app import CallHandler, CallInfo, CapacityError, LegInfo, PcmSink
+from sip import session_timer
+from sip.actions import Action, CallEnded, LegUpdated, SendMessage, StartMedia, StopMedia, UpdateMedia
+from sip.admission import Admission
+from sip.app import CallHandler
+from sip.auth import DigestAuth
+from sip.call_media import CallMedia, PortSource, read_body, select_streams
 from sip.config import SipSettings
-from sip.dialog import Call, CallEvent, CallState, Leg
+from sip.dialog import Call, CallEvent, CallState
 from sip.errors import ProtocolError, SipParseError
+from sip.invite import NO_AUDIO, InviteGate
 from sip.message import (
-    BRANCH_MAGIC,
     Address,
-    Headers,
     Message,
     NameAddr,
     Request,
     Response,
-    SipUri,
     Via,
     parse,
     parse_cseq,
-    parse_params,
-    split_list,
-    unquote,
 )
-from sip.routing import CallFacts, Profile, Router
-from sip.sdp import SessionDescription, StreamPlan, build_answer, plan_streams
-from sip.siprec import RecordingMetadata, Role, assign_roles, is_siprec, split_body
-from sip.transaction import ClientTransaction, ServerTransaction, TimerConfig, TimerQueue, TxState
+from sip.responses import ACCEPT, ALLOW, SUPPORTED, HeaderPairs, Reject, make_response, warning
+from sip.routing import Router
+from sip.sdp import plan_streams
+from sip.transaction import ClientTransaction, ServerTransaction, TimerConfig, TimerQueue, TxState, server_key
 
-ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, UPDATE, INFO"
-ACCEPT = "application/sdp, multipart/mixed, application/rs-metadata+xml"
-SUPPORTED = "timer, siprec"
-_SUPPORTED_OPTIONS = frozenset({"timer", "siprec"})
+__all__ = [
+    "Action",
+    "CallEnded",
+    "LegUpdated",
+    "PortSource",
+    "SendMessage",
+    "StartMedia",
+    "StopMedia",
+    "UasCore",
+    "UpdateMedia",
+]
+
+log = logging.getLogger(__name__)
+
 _KNOWN_METHODS = frozenset({"REGISTER", "SUBSCRIBE", "NOTIFY", "PUBLISH", "MESSAGE", "REFER", "PRACK"})
-_NONCE_LIFETIME_S = 300.0
-_MAX_BUCKETS = 4096
-REASONS = {
-    100: "Trying",
-    180: "Ringing",
-    200: "OK",
-    400: "Bad Request",
-    401: "Unauthorized",
-    403: "Forbidden",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    413: "Request Entity Too Large",
-    415: "Unsupported Media Type",
-    420: "Bad Extension",
-    422: "Session Interval Too Small",
-    480: "Temporarily Unavailable",
-    481: "Call/Transaction Does Not Exist",
-    487: "Request Terminated",
-    488: "Not Acceptable Here",
-    491: "Request Pending",
-    500: "Server Internal Error",
-    501: "Not Implemented",
-    503: "Service Unavailable",
-    513: "Message Too Large",
-}
-
-
-class PortSource(Protocol):
-    """Where RTP ports come from (``rtp.ports.PortAllocator``); ``allocate`` raises when exhausted."""
-
-    def allocate(self) -> int: ...
-
-    def release(self, port: int) -> None: ...
-
-
-@dataclass(frozen=True)
-class SendMessage:
-    message: Message
-    dest: Address
-
-
-@dataclass(frozen=True)
-class StartMedia:
-    """Open an RTP leg on ``port`` feeding ``sink``; when it ends, call ``UasCore.media_ended``.
-
-    ``remote`` is the peer's RTP (address, port) from its SDP offer, None when it gave none.
-    """
-
-    call: CallInfo
-    leg: LegInfo
-    port: int
-    payload_types: dict[int, str]
-    on_hold: bool
-    sink: PcmSink
-    remote: tuple[str, int] | None = None
-
-
-@dataclass(frozen=True)
-class UpdateMedia:
-    call_id: str
-    leg: LegInfo
-    payload_types: dict[int, str]
-    on_hold: bool
-    remote: tuple[str, int] | None = None
-
-
-@dataclass(frozen=True)
-class StopMedia:
-    """Close the leg; its port goes back to the allocator once the leg is closed."""
-
-    call_id: str
-    leg_id: str
-    port: int
-
-
-@dataclass(frozen=True)
-class LegUpdated:
-    call: CallInfo
-    leg: LegInfo
-
-
-@dataclass(frozen=True)
-class CallEnded:
-    call: CallInfo
-    reason: str
-
-
-Action = SendMessage | StartMedia | UpdateMedia | StopMedia | LegUpdated | CallEnded
-
-
-class _Reject(Exception):
-    """Answer the request with ``status`` (and extra headers) and stop handling it."""
-
-    def __init__(self, status: int, headers: tuple[tuple[str, str], ...] = ()) -> None:
-        super().__init__(status)
-        self.status = status
-        self.headers = headers
 
 
 class UasCore:
@@ -159,17 +74,17 @@ class UasCore:
         self.router = router or Router()
         self.timers = TimerConfig(settings.t1_ms / 1000, settings.t2_ms / 1000)
         self.local_ports = {"udp": settings.port, "tcp": settings.port, "tls": settings.tls_port}
-        self.draining = False
         self.counters: Counter[str] = Counter()
+        self.admission = Admission(settings, handler)
+        self.auth = DigestAuth(settings.auth) if settings.auth is not None else None
+        self.media = CallMedia(handler, ports, self.counters, self.admission.retry_after())
+        self.invites = InviteGate(settings, self.admission, self.auth, self.router, self.counters)
         self.max_transactions = settings.max_calls * 8 + 256
         self._calls: dict[str, Call] = {}
         self._dialogs: dict[tuple[str, str], str] = {}
         self._server_tx: dict[tuple[str, str, str], ServerTransaction] = {}
         self._client_tx: dict[str, ClientTransaction] = {}
         self._queue = TimerQueue()
-        self._buckets: dict[str, tuple[float, float]] = {}
-        self._secret = secrets.token_bytes(16)
-        self._acl = list(settings.acl_cidrs)
 
     # ---- public API --------------------------------------------------------------------
 
@@ -183,9 +98,13 @@ class UasCore:
     def next_deadline(self) -> float | None:
         return self._queue.next_deadline()
 
+    @property
+    def draining(self) -> bool:
+        return self.admission.draining
+
     def set_draining(self) -> None:
         """From now on new INVITEs and OPTIONS get 503; calls in progress continue."""
-        self.draining = True
+        self.admission.draining = True
 
     def receive(self, data: bytes, source: Address, now: float) -> list[Action]:
         """One datagram (or one framed stream message) from ``source``."""
@@ -207,7 +126,7 @@ class UasCore:
         except ProtocolError as exc:
             self.counters["errors.remote"] += 1
             if isinstance(message, Request) and message.method != "ACK":
-                return [SendMessage(self._make_response(message, exc.status_hint), source)]
+                return [SendMessage(self._make_response(message, exc.status_hint, (warning(str(exc)),)), source)]
             return []
 
     def on_timer(self, now: float) -> list[Action]:
@@ -249,14 +168,12 @@ class UasCore:
     # ---- requests ----------------------------------------------------------------------
 
     def _on_request(self, request: Request, source: Address, now: float) -> list[Action]:
-        via = self._validate(request)
-        if not self._allowed(source.host):
+        key = server_key(request)
+        if not self.admission.allowed(source.host):
             self.counters["acl.denied"] += 1
             if self.settings.acl_action == "drop" or request.method == "ACK":
                 return []
             return [SendMessage(self._make_response(request, 403), source)]
-        method_key = "INVITE" if request.method == "ACK" else request.method
-        key = (via.branch or request.headers.get("Call-ID") or "", f"{via.host}:{via.port}", method_key)
         if request.method == "ACK":
             return self._on_ack(request, key, now)
         tx = self._server_tx.get(key)
@@ -266,7 +183,7 @@ class UasCore:
             return [SendMessage(cached, source)] if cached is not None else []
         if len(self._server_tx) >= self.max_transactions:
             self.counters["dropped.tx_table_full"] += 1
-            return [SendMessage(self._make_response(request, 503, self._retry_after()), source)]
+            return [SendMessage(self._make_response(request, 503, self.admission.retry_after()), source)]
         tx = ServerTransaction.create(key, request, source.transport != "udp", self.timers)
         tx.peer = source
         self._server_tx[key] = tx
@@ -284,122 +201,48 @@ class UasCore:
                 status = 405 if request.method in _KNOWN_METHODS else 501
                 return self._respond(tx, request, status, now, headers=(("Allow", ALLOW),))
             return handle(tx, request, now)
-        except _Reject as reject:
+        except Reject as reject:
             return self._respond(tx, request, reject.status, now, headers=reject.headers)
         except ProtocolError as exc:
             self.counters["errors.remote"] += 1
-            return self._respond(tx, request, exc.status_hint, now)
+            return self._respond(tx, request, exc.status_hint, now, headers=(warning(str(exc)),))
+        except Exception:
+            # Our bug (or the application's), not the peer's and not a full node: say so with
+            # a 500, keep the traceback, and leave no half-made call or open transaction behind.
+            self.counters["errors.internal"] += 1
+            log.exception("%s from %s:%s failed; answering 500", request.method, source.host, source.port)
+            return self._abandon(tx, request, now)
 
-    def _validate(self, request: Request) -> Via:
-        headers = request.headers
-        vias = headers.get_all("Via")
-        if not vias:
-            raise SipParseError("request without a Via header")
-        via = Via.parse(vias[0])
-        for name in ("From", "To", "Call-ID"):
-            if not headers.get(name):
-                raise SipParseError(f"request without a {name} header")
-        NameAddr.parse(headers.get("From") or "")
-        NameAddr.parse(headers.get("To") or "")
-        _, method = parse_cseq(headers.get("CSeq"))
-        if method != request.method:
-            raise SipParseError(f"CSeq method {method!r} differs from the request method {request.method!r}")
-        return via
-
-    def _allowed(self, host: str) -> bool:
-        if not self._acl:
-            return True
-        try:
-            address = ipaddress.ip_address(host)
-        except ValueError:
-            return False
-        return any(address in network for network in self._acl)
+    def _abandon(self, tx: ServerTransaction, request: Request, now: float) -> list[Action]:
+        """After a handler failed: end a call it set up but did not answer, then answer 500."""
+        actions: list[Action] = []
+        call = self._calls.get(tx.owner or "")
+        if call is not None and call.invite_tx == tx.key and call.state is CallState.RINGING:
+            call.handle(CallEvent.REJECT)
+            actions += self._end_call(call, "error")
+            self._forget(call)
+        if tx.state in (TxState.TRYING, TxState.PROCEEDING):
+            to_tag = call.local_tag if call is not None else None
+            actions += self._respond(tx, request, 500, now, to_tag=to_tag)
+        return actions
 
     def _on_options(self, tx: ServerTransaction, request: Request, now: float) -> list[Action]:
         headers = (("Allow", ALLOW), ("Accept", ACCEPT), ("Supported", SUPPORTED))
-        if self.draining or not self._has_room(1):
-            return self._respond(tx, request, 503, now, headers=headers + self._retry_after())
+        if not self.admission.accepting(len(self._calls), 1):
+            return self._respond(tx, request, 503, now, headers=headers + self.admission.retry_after())
         return self._respond(tx, request, 200, now, headers=headers)
-
-    def _has_room(self, legs: int) -> bool:
-        return len(self._calls) < self.settings.max_calls and self.handler.has_capacity(legs)
-
-    def _retry_after(self) -> tuple[tuple[str, str], ...]:
-        return (("Retry-After", str(self.settings.retry_after_s)),)
 
     def _on_invite(self, tx: ServerTransaction, request: Request, now: float) -> list[Action]:
         to = NameAddr.parse(request.headers.get("To") or "")
         if to.tag is not None:
             return self._modify(tx, request, now)
-        if self.draining:
-            raise _Reject(503, self._retry_after())
-        unsupported = [o for o in request.headers.get_all("Require") if o.lower() not in _SUPPORTED_OPTIONS]
-        if unsupported:
-            raise _Reject(420, (("Unsupported", ", ".join(unsupported)),))
         assert tx.peer is not None
-        if not self._rate_ok(tx.peer.host, now):
-            self.counters["invites.rate_limited"] += 1
-            raise _Reject(503, (("Retry-After", "1"),))
-        if self.settings.auth is not None and not self._authorized(request, now):
-            self.counters["invites.challenged"] += 1
-            raise _Reject(401, (("WWW-Authenticate", self._challenge(now)),))
-        sdp, metadata_bytes = split_body(request.headers.get("Content-Type"), request.body)
-        if sdp is None:
-            raise _Reject(488, (("Warning", '399 hotline-asr "an SDP offer is required"'),))
-        siprec = is_siprec(request)
-        offer = SessionDescription.parse(sdp)
-        metadata = RecordingMetadata.parse(metadata_bytes) if metadata_bytes else None
-        session_expires = self._session_interval(request)
-        from_party = NameAddr.parse(request.headers.get("From") or "")
-        decision = self.router.decide(self._facts(request, tx.peer, from_party, to, siprec))
-        if decision.profile is None:
-            raise _Reject(decision.reject_code or 404)
-        profile = decision.profile
-        streams = self._streams(plan_streams(offer, sendonly_is_hold=not siprec), profile, metadata, siprec, from_party)
-        if not streams:
-            raise _Reject(488, (("Warning", '304 hotline-asr "no PCMU or PCMA audio stream to record"'),))
-        plans = [plan for plan, _, _ in streams]
-        if not self._has_room(len(plans)):
-            self.counters["invites.no_capacity"] += 1
-            raise _Reject(503, self._retry_after())
-        call_id = uuid.uuid4().hex
-        contact = request.headers.get_all("Contact")
-        info = CallInfo(
-            call_id=call_id,
-            sip_call_id=request.headers.get("Call-ID") or "",
-            from_aor=from_party.uri,
-            from_name=from_party.display,
-            to_aor=to.uri,
-            to_name=to.display,
-            source=(tx.peer.host, tx.peer.port, tx.peer.transport),
-            route=decision.route,
-            profile=profile,
-            siprec=siprec,
-        )
-        call = Call(
-            info=info,
-            sip_call_id=info.sip_call_id,
-            local_tag=secrets.token_hex(6),
-            remote_tag=from_party.tag,
-            local_party=to,
-            remote_party=from_party,
-            remote_target=NameAddr.parse(contact[0]).uri if contact else from_party.uri,
-            route_set=request.headers.get_all("Record-Route"),
-            source=tx.peer,
-            remote_cseq=parse_cseq(request.headers.get("CSeq"))[0],
-            request=request,
-            invite_tx=tx.key,
-            metadata=metadata,
-            sdp_session_id=secrets.randbelow(2**31),
-            session_expires=session_expires,
-        )
-        call.local_party = to.with_params(tag=call.local_tag)
+        call = self.invites.admit(request, tx.peer, tx.key, len(self._calls), now)
+        call_id = call.info.call_id
         self._calls[call_id] = call
         self._dialogs[(call.sip_call_id, call.local_tag)] = call_id
         tx.owner = call_id
         self.counters["invites.accepted"] += 1
-        call.offer = offer
-        call.pending_streams = streams
         actions = self._respond(tx, request, 100, now)
         if self.settings.answer_delay_ms > 0:
             actions += self._respond(tx, request, 180, now, to_tag=call.local_tag, contact=True, call=call)
@@ -408,130 +251,29 @@ class UasCore:
             return actions
         return actions + self._answer(call, now)
 
-    def _streams(
-        self,
-        plans: list[StreamPlan],
-        profile: Profile,
-        metadata: RecordingMetadata | None,
-        siprec: bool,
-        from_party: NameAddr,
-    ) -> list[tuple[StreamPlan, Role, str | None]]:
-        """Each acceptable stream with its role and participant AOR, keeping only roles the profile transcribes."""
-        aors: list[str | None] = []
-        for plan in plans:
-            if not siprec:
-                aors.append(from_party.uri)
-                continue
-            participant = metadata.participant_for_label(plan.label) if metadata and plan.label else None
-            aors.append(participant.aor if participant else None)
-        if siprec:
-            roles = assign_roles(profile.roles.to_rule(), aors)
-        else:
-            roles = ["mixed"] * len(plans)
-        return [
-            (plan, role, aor) for plan, role, aor in zip(plans, roles, aors, strict=True) if role in profile.transcribe
-        ]
-
-    def _open_legs(self, call: Call, streams: list[tuple[StreamPlan, Role, str | None]]) -> list[Action]:
-        """Allocate ports and ask the application for sinks; undo everything on failure (503)."""
-        opened: list[tuple[Leg, PcmSink]] = []
-        try:
-            for plan, role, aor in streams:
-                port = self.ports.allocate()
-                info = LegInfo(f"{call.info.call_id}-{plan.index}", plan.label, role, aor, plan.codec)
-                call.legs[plan.index] = Leg(info, plan, port)
-                call.info = call.info.with_legs(call.leg_infos())
-                opened.append((call.legs[plan.index], self.handler.open_leg(call.info, info)))
-        except (CapacityError, RuntimeError) as exc:
-            self.counters["invites.no_capacity"] += 1
-            for plan, _, _ in streams:
-                leg = call.legs.pop(plan.index, None)
-                if leg is not None:
-                    self.ports.release(leg.port)
-            partial = call.info
-            call.info = call.info.with_legs(call.leg_infos())
-            if opened:
-                self.handler.call_ended(partial, "capacity")
-            raise _Reject(503, self._retry_after()) from exc
-        return [
-            StartMedia(
-                call.info, leg.info, leg.port, dict(leg.plan.payload_types), leg.plan.on_hold, sink, leg.plan.remote
-            )
-            for leg, sink in opened
-        ]
-
     def _answer(self, call: Call, now: float) -> list[Action]:
         tx = self._server_tx.get(call.invite_tx)  # type: ignore[call-overload]
         call.answer_at = None
         if tx is None or tx.state is not TxState.PROCEEDING:
             return []
         try:
-            media = self._open_legs(call, call.pending_streams)
-        except _Reject as reject:
+            media = self.media.open_legs(call, call.pending_streams)
+        except Reject as reject:
             call.handle(CallEvent.REJECT)
             self._forget(call)
             return self._respond(tx, call.request, reject.status, now, headers=reject.headers, to_tag=call.local_tag)
         call.pending_streams = []
         call.handle(CallEvent.ANSWER)
-        call.answer_sdp = self._answer_sdp(call)
-        headers = self._session_timer_headers(call, call.request, now)
+        call.answer_sdp = self.media.answer_sdp(call, self.settings.public_host())
+        headers = self._arm_session_timer(call, call.request, now)
         return media + self._respond(
             tx, call.request, 200, now, headers=headers, body=call.answer_sdp, to_tag=call.local_tag, call=call
         )
 
-    def _answer_sdp(self, call: Call) -> bytes:
-        assert call.offer is not None
-        plans = [leg.plan for leg in call.legs.values()]
-        ports = {index: leg.port for index, leg in call.legs.items()}
-        call.sdp_version += 1
-        return build_answer(
-            call.offer, plans, ports, self.settings.public_host(), call.sdp_session_id, call.sdp_version
-        )
-
-    def _session_interval(self, request: Request) -> int | None:
-        """RFC 4028 for a UAS: the interval the request asks for, or 422 when below our Min-SE."""
-        value = request.headers.get("Session-Expires")
-        if value is None:
-            return None
-        number = value.split(";", 1)[0].strip()
-        if not number.isascii() or not number.isdigit() or len(number) > 9:
-            raise SipParseError(f"malformed Session-Expires {value[:40]!r}")
-        interval = int(number)
-        if interval < self.settings.min_se_s:
-            raise _Reject(422, (("Min-SE", str(self.settings.min_se_s)),))
-        return interval
-
-    def _session_timer_headers(self, call: Call, request: Request, now: float) -> tuple[tuple[str, str], ...]:
-        """Session-Expires for a 2xx. When the UAC refreshes we hang up if it stops; when it does
-        not support session timers we are the refresher and send UPDATE every half interval."""
-        call.expires_at = call.refresh_at = None
-        if call.session_expires is None:
-            return ()
-        value = request.headers.get("Session-Expires") or ""
-        refresher = parse_params(value.partition(";")[2]).get("refresher") or "uac"
-        supported = any(o.lower() == "timer" for o in request.headers.get_all("Supported"))
-        if not supported:
-            refresher = "uas"
-        interval = call.session_expires
-        if refresher == "uac":
-            call.expires_at = now + interval - min(32, interval / 3)
-        else:
-            call.refresh_at = now + interval / 2
+    def _arm_session_timer(self, call: Call, request: Request, now: float) -> HeaderPairs:
+        headers = session_timer.arm(call, request, now)
         self._queue.schedule(("call", call.info.call_id), call.next_deadline())
-        headers = [("Session-Expires", f"{interval};refresher={refresher}")]
-        if supported:
-            headers.append(("Require", "timer"))
-        return tuple(headers)
-
-    def _facts(self, request: Request, source: Address, from_party: NameAddr, to: NameAddr, siprec: bool) -> CallFacts:
-        def user(uri: str) -> str:
-            try:
-                return SipUri.parse(uri).user or ""
-            except SipParseError:
-                return ""
-
-        headers = {name: value for name, value in request.headers if name.lower().startswith("x-")}
-        return CallFacts(source.host, user(to.uri), user(from_party.uri), headers, siprec)
+        return headers
 
     def _find_call(self, request: Request) -> Call | None:
         to = NameAddr.parse(request.headers.get("To") or "")
@@ -546,22 +288,22 @@ class UasCore:
         """re-INVITE or UPDATE: hold/resume, codec change, new streams, metadata, session refresh."""
         call = self._find_call(request)
         if call is None or call.state not in (CallState.ANSWERING, CallState.CONFIRMED):
-            raise _Reject(481)
+            raise Reject(481)
         cseq = parse_cseq(request.headers.get("CSeq"))[0]
         if cseq <= call.remote_cseq:
-            raise _Reject(500, (("Warning", '399 hotline-asr "CSeq out of order"'),))
+            raise Reject(500, (warning("CSeq out of order"),))
         pending = self._server_tx.get(call.invite_tx)  # type: ignore[call-overload]
         if request.method == "INVITE" and pending is not None and pending.state is TxState.ACCEPTED:
-            raise _Reject(491, (("Retry-After", "1"),))
+            raise Reject(491, (("Retry-After", "1"),))
         call.remote_cseq = cseq
-        sdp, metadata_bytes = split_body(request.headers.get("Content-Type"), request.body)
-        if metadata_bytes:
-            call.metadata = RecordingMetadata.parse(metadata_bytes)
-        session_expires = self._session_interval(request)
+        body = read_body(request)
+        if body.metadata is not None:
+            call.metadata = body.metadata
+        session_expires = session_timer.session_interval(request, self.settings.min_se_s)
         actions: list[Action] = []
-        if sdp is not None:
-            offer = SessionDescription.parse(sdp)
-            streams = self._streams(
+        offer = body.offer
+        if offer is not None:
+            streams = select_streams(
                 plan_streams(offer, sendonly_is_hold=not call.info.siprec),
                 call.info.profile,
                 call.metadata,
@@ -569,60 +311,20 @@ class UasCore:
                 call.remote_party,
             )
             if not streams:
-                raise _Reject(488, (("Warning", '304 hotline-asr "no PCMU or PCMA audio stream to record"'),))
+                raise Reject(488, (NO_AUDIO,))
             call.offer = offer
-            actions += self._apply_streams(call, streams)
-            call.answer_sdp = self._answer_sdp(call)
-        elif metadata_bytes:
-            actions += self._apply_metadata(call)
+            actions += self.media.apply_streams(call, streams)
+            call.answer_sdp = self.media.answer_sdp(call, self.settings.public_host())
+        elif body.metadata is not None:
+            actions += self.media.apply_metadata(call)
         call.handle(CallEvent.UPDATE)
         if request.method == "INVITE":
             tx.owner = call.info.call_id
             call.invite_tx = tx.key
         call.session_expires = session_expires
-        headers = self._session_timer_headers(call, request, now)
-        return actions + self._respond(
-            tx, request, 200, now, headers=headers, body=call.answer_sdp if sdp or request.method == "INVITE" else b""
-        )
-
-    def _apply_streams(self, call: Call, streams: list[tuple[StreamPlan, Role, str | None]]) -> list[Action]:
-        actions: list[Action] = []
-        wanted = {plan.index for plan, _, _ in streams}
-        for index in [i for i in call.legs if i not in wanted]:
-            leg = call.legs.pop(index)
-            actions.append(StopMedia(call.info.call_id, leg.info.leg_id, leg.port))
-        new_streams: list[tuple[StreamPlan, Role, str | None]] = []
-        for plan, role, aor in streams:
-            existing = call.legs.get(plan.index)
-            if existing is None:
-                new_streams.append((plan, role, aor))
-                continue
-            leg = existing
-            info = LegInfo(leg.info.leg_id, plan.label, role, aor, plan.codec)
-            changed_media = (
-                plan.payload_types != leg.plan.payload_types
-                or plan.on_hold != leg.plan.on_hold
-                or plan.remote != leg.plan.remote
-            )
-            leg.plan = plan
-            if info != leg.info:
-                leg.info = info
-                call.info = call.info.with_legs(call.leg_infos())
-                actions.append(LegUpdated(call.info, info))
-            if changed_media:
-                actions.append(
-                    UpdateMedia(call.info.call_id, info, dict(plan.payload_types), plan.on_hold, plan.remote)
-                )
-        call.info = call.info.with_legs(call.leg_infos())
-        if new_streams:
-            actions += self._open_legs(call, new_streams)
-        return actions
-
-    def _apply_metadata(self, call: Call) -> list[Action]:
-        """A metadata-only update: re-map participants (and so roles) onto the current legs."""
-        plans = [leg.plan for leg in call.legs.values()]
-        streams = self._streams(plans, call.info.profile, call.metadata, call.info.siprec, call.remote_party)
-        return self._apply_streams(call, [s for s in streams if s[0].index in call.legs])
+        headers = self._arm_session_timer(call, request, now)
+        sdp_body = call.answer_sdp if offer is not None or request.method == "INVITE" else b""
+        return actions + self._respond(tx, request, 200, now, headers=headers, body=sdp_body)
 
     def _on_update(self, tx: ServerTransaction, request: Request, now: float) -> list[Action]:
         return self._modify(tx, request, now)
@@ -633,7 +335,7 @@ class UasCore:
     def _on_bye(self, tx: ServerTransaction, request: Request, now: float) -> list[Action]:
         call = self._find_call(request)
         if call is None:
-            raise _Reject(481)
+            raise Reject(481)
         call.handle(CallEvent.BYE_IN)
         actions = self._respond(tx, request, 200, now)
         if call.end_reason is None:
@@ -645,7 +347,7 @@ class UasCore:
         invite_key = (tx.key[0], tx.key[1], "INVITE")  # type: ignore[index]
         invite = self._server_tx.get(invite_key)
         if invite is None:
-            raise _Reject(481)
+            raise Reject(481)
         actions = self._respond(tx, request, 200, now)
         call = self._calls.get(invite.owner or "")
         if call is not None and call.state is CallState.RINGING and invite.state is TxState.PROCEEDING:
@@ -754,8 +456,7 @@ class UasCore:
             return self.hangup(call.info.call_id, "session-expired", now)
         if call.refresh_at is not None and now >= call.refresh_at and call.session_expires is not None:
             call.refresh_at = None
-            refresh = (("Session-Expires", f"{call.session_expires};refresher=uas"), ("Supported", "timer"))
-            return self._send_request(call, "UPDATE", now, refresh)
+            return self._send_request(call, "UPDATE", now, session_timer.refresh_headers(call))
         self._queue.schedule(("call", call_id), call.next_deadline())
         return []
 
@@ -784,25 +485,11 @@ class UasCore:
         return self._respond(tx, call.request, status, now, to_tag=call.local_tag)
 
     def _send_request(
-        self, call: Call, method: str, now: float, extra: tuple[tuple[str, str], ...] = ()
+        self, call: Call, method: str, now: float, extra: HeaderPairs = ()
     ) -> list[Action]:
         """An in-dialog request (BYE, refresh UPDATE) to the peer the dialog came from."""
         transport = call.source.transport
-        branch = BRANCH_MAGIC + secrets.token_hex(8)
-        call.local_cseq += 1
-        headers = Headers()
-        headers.add("Via", f"SIP/2.0/{transport.upper()} {self._via_host(transport)};branch={branch};rport")
-        headers.add("Max-Forwards", "70")
-        for route in call.route_set:
-            headers.add("Route", route)
-        headers.add("From", str(call.local_party))
-        headers.add("To", str(call.remote_party))
-        headers.add("Call-ID", call.sip_call_id)
-        headers.add("CSeq", f"{call.local_cseq} {method}")
-        for name, value in extra:
-            headers.add(name, value)
-        headers.add("User-Agent", self.settings.user_agent)
-        request = Request(method, call.remote_target, headers)
+        branch, request = call.next_request(method, self._via_host(transport), self.settings.user_agent, extra)
         tx = ClientTransaction.create(branch, request, transport != "udp", self.timers, now)
         tx.peer = call.source
         tx.owner = call.info.call_id
@@ -823,7 +510,7 @@ class UasCore:
         status: int,
         now: float,
         *,
-        headers: tuple[tuple[str, str], ...] = (),
+        headers: HeaderPairs = (),
         body: bytes = b"",
         to_tag: str | None = None,
         contact: bool = False,
@@ -852,80 +539,8 @@ class UasCore:
         self,
         request: Request,
         status: int,
-        extra: tuple[tuple[str, str], ...] = (),
+        extra: HeaderPairs = (),
         to_tag: str | None = None,
     ) -> Response:
         self.counters[f"responses.{status}"] += 1
-        headers = Headers()
-        for name, value in request.headers:
-            lower = name.lower()
-            if lower in ("via", "from", "call-id", "cseq") or (
-                lower == "record-route" and request.method == "INVITE" and 100 < status < 300
-            ):
-                headers.add(name, value)
-            elif lower == "to":
-                if to_tag is not None and status > 100 and ";tag=" not in value.replace(" ", "").lower():
-                    value = f"{value};tag={to_tag}"
-                headers.add(name, value)
-        headers.add("Server", self.settings.user_agent)
-        if status in (200, 405) and request.method in ("INVITE", "UPDATE"):
-            headers.add("Allow", ALLOW)
-            headers.add("Supported", SUPPORTED)
-        for name, value in extra:
-            headers.add(name, value)
-        return Response(status, REASONS.get(status, "Unknown"), headers)
-
-    # ---- admission: rate limit and digest auth -----------------------------------------
-
-    def _rate_ok(self, host: str, now: float) -> bool:
-        """Token bucket per source IP; the table keeps the most recent sources only."""
-        burst = float(self.settings.invite_burst)
-        tokens, last = self._buckets.pop(host, (burst, now))
-        tokens = min(burst, tokens + max(0.0, now - last) * self.settings.invite_rate_per_s)
-        allowed = tokens >= 1.0
-        self._buckets[host] = (tokens - 1.0 if allowed else tokens, now)
-        if len(self._buckets) > _MAX_BUCKETS:
-            del self._buckets[next(iter(self._buckets))]
-        return allowed
-
-    def _challenge(self, now: float) -> str:
-        assert self.settings.auth is not None
-        stamp = f"{int(now * 1000):x}"
-        nonce = f"{stamp}.{hmac.new(self._secret, stamp.encode(), hashlib.sha256).hexdigest()[:20]}"
-        return f'Digest realm="{self.settings.auth.realm}", nonce="{nonce}", algorithm=MD5, qop="auth"'
-
-    def _nonce_fresh(self, nonce: str, now: float) -> bool:
-        stamp, _, mac = nonce.partition(".")
-        expected = hmac.new(self._secret, stamp.encode(), hashlib.sha256).hexdigest()[:20]
-        try:
-            issued = int(stamp, 16) / 1000
-        except ValueError:
-            return False
-        return hmac.compare_digest(mac, expected) and 0 <= now - issued <= _NONCE_LIFETIME_S
-
-    def _authorized(self, request: Request, now: float) -> bool:
-        assert self.settings.auth is not None
-        header = request.headers.get("Authorization") or ""
-        scheme, _, rest = header.partition(" ")
-        if scheme.lower() != "digest":
-            return False
-        params: dict[str, str] = {}
-        for item in split_list(rest):
-            name, _, value = item.partition("=")
-            params[name.strip().lower()] = unquote(value)
-        password = self.settings.auth.users.get(params.get("username", ""))
-        if password is None or params.get("realm") != self.settings.auth.realm:
-            return False
-        if not self._nonce_fresh(params.get("nonce", ""), now):
-            return False
-
-        def md5(text: str) -> str:
-            return hashlib.md5(text.encode("utf-8")).hexdigest()
-
-        ha1 = md5(f"{params['username']}:{params['realm']}:{password}")
-        ha2 = md5(f"{request.method}:{params.get('uri', '')}")
-        if params.get("qop"):
-            expected = md5(f"{ha1}:{params['nonce']}:{params.get('nc', '')}:{params.get('cnonce', '')}:auth:{ha2}")
-        else:
-            expected = md5(f"{ha1}:{params['nonce']}:{ha2}")
-        return hmac.compare_digest(expected, params.get("response", ""))
+        return make_response(request, status, self.settings.user_agent, extra, to_tag)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rtp.ports import PortsExhausted
 from sip.message import Address, Request, Response, parse
 
 SOURCE = Address("udp", "10.0.0.5", 5062)
@@ -65,7 +66,7 @@ class FakePorts:
 
     def allocate(self) -> int:
         if not self.free:
-            raise RuntimeError("no ports")
+            raise PortsExhausted("no ports")
         port = self.free.pop(0)
         self.used.add(port)
         return port

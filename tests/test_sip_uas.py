@@ -380,3 +380,69 @@ def test_we_refresh_when_the_uac_does_not_support_timers() -> None:
     actions = core.receive(bytes(Response(481, "Gone", second.headers)), SOURCE, 90.2)
     assert [r.method for r in requests(actions)] == ["BYE"]
     assert any(isinstance(a, CallEnded) and a.reason == "session-refresh-failed" for a in actions)
+
+
+def drain_timers(core: UasCore, until: float) -> None:
+    """Fire every timer due up to ``until`` seconds (retransmissions, Timer H/I/J)."""
+    while (deadline := core.next_deadline()) is not None and deadline <= until:
+        core.on_timer(deadline)
+
+
+def test_handler_bug_is_a_500_with_a_logged_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    class Broken(CountingCallHandler):
+        def open_leg(self, call: CallInfo, leg: LegInfo) -> CountingSink:
+            raise KeyError("a bug in the application")
+
+    ports = FakePorts()
+    core = UasCore(SipSettings(), Broken(), ports)
+    with caplog.at_level("ERROR", logger="sip"):
+        actions = core.receive(invite(), SOURCE, 0.0)
+    assert statuses(actions) == [100, 500]
+    assert not [a for a in actions if isinstance(a, StartMedia)]
+    (record,) = [r for r in caplog.records if r.exc_info is not None]
+    assert record.exc_info[0] is KeyError  # type: ignore[index]
+    assert "Traceback" in caplog.text and "a bug in the application" in caplog.text
+    assert core.counters["errors.internal"] == 1 and core.counters["invites.no_capacity"] == 0
+    assert ports.used == set() and core.active_calls == 0
+    drain_timers(core, 60.0)
+    assert len(core._server_tx) == 0
+
+
+def test_bug_in_a_request_handler_is_a_500_and_frees_the_transaction(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    core = make_core()
+
+    def broken(*args: object) -> object:
+        raise RuntimeError("a bug in the core")
+
+    monkeypatch.setattr(core, "_on_options", broken)
+    with caplog.at_level("ERROR", logger="sip.uas"):
+        (response,) = responses(core.receive(invite(method="OPTIONS", body=""), SOURCE, 0.0))
+    assert response.status == 500 and "Traceback" in caplog.text and "a bug in the core" in caplog.text
+    drain_timers(core, 60.0)
+    assert len(core._server_tx) == 0
+
+
+def test_siprec_metadata_in_an_unknown_encoding_gets_400_with_a_warning() -> None:
+    from tests.test_sip_fuzz import SIPREC_BODY
+
+    ports = FakePorts()
+    core = UasCore(SipSettings(), CountingCallHandler(), ports)
+    start = SIPREC_BODY.index("<recording")
+    body = SIPREC_BODY[:start] + '<?xml version="1.0" encoding="x-no-such-codec"?>' + SIPREC_BODY[start:]
+    data = invite(extra="Require: siprec\r\n", body=body, content_type="multipart/mixed;boundary=fz")
+    (response,) = responses(core.receive(data, SOURCE, 0.0))
+    assert response.status == 400
+    assert "x-no-such-codec" in (response.headers.get("Warning") or "")
+    assert (response.headers.get("Warning") or "").startswith('399 hotline-asr "')
+    assert core.active_calls == 0 and ports.used == set()
+    drain_timers(core, 60.0)
+    assert len(core._server_tx) == 0
+
+
+def test_ports_exhausted_is_a_503_not_a_500() -> None:
+    core = UasCore(SipSettings(), CountingCallHandler(), FakePorts(count=0))
+    (trying, busy) = responses(core.receive(invite(), SOURCE, 0.0))
+    assert (trying.status, busy.status, busy.headers.get("Retry-After")) == (100, 503, "5")
+    assert core.counters["errors.internal"] == 0

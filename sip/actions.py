@@ -1,0 +1,63 @@
+"""What the UAS core asks its transport to do: the actions ``UasCore`` returns, in order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sip.app import CallInfo, LegInfo, PcmSink
+from sip.message import Address, Message
+
+
+@dataclass(frozen=True)
+class SendMessage:
+    message: Message
+    dest: Address
+
+
+@dataclass(frozen=True)
+class StartMedia:
+    """Open an RTP leg on ``port`` feeding ``sink``; when it ends, call ``UasCore.media_ended``.
+
+    ``remote`` is the peer's RTP (address, port) from its SDP offer, None when it gave none.
+    """
+
+    call: CallInfo
+    leg: LegInfo
+    port: int
+    payload_types: dict[int, str]
+    on_hold: bool
+    sink: PcmSink
+    remote: tuple[str, int] | None = None
+
+
+@dataclass(frozen=True)
+class UpdateMedia:
+    call_id: str
+    leg: LegInfo
+    payload_types: dict[int, str]
+    on_hold: bool
+    remote: tuple[str, int] | None = None
+
+
+@dataclass(frozen=True)
+class StopMedia:
+    """Close the leg; its port goes back to the allocator once the leg is closed."""
+
+    call_id: str
+    leg_id: str
+    port: int
+
+
+@dataclass(frozen=True)
+class LegUpdated:
+    call: CallInfo
+    leg: LegInfo
+
+
+@dataclass(frozen=True)
+class CallEnded:
+    call: CallInfo
+    reason: str
+
+
+Action = SendMessage | StartMedia | UpdateMedia | StopMedia | LegUpdated | CallEnded

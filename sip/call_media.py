@@ -1,0 +1,188 @@
+"""A call's media as the UAS negotiates it: the offer in the body, which streams are recorded
+(roles from SIPREC metadata and the route's profile), the RTP legs they open and our SDP answer.
+
+No sockets: opening a leg means an allocated port and a sink from the application, returned
+as ``StartMedia`` actions for the transport. A full node (``admission.CAPACITY_ERRORS``) is a
+503; anything else the application raises is its bug: logged with its traceback, a 500.
+Either way every leg opened so far is undone.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from typing import Protocol
+
+from sip.actions import Action, LegUpdated, StartMedia, StopMedia, UpdateMedia
+from sip.admission import CAPACITY_ERRORS
+from sip.app import CallHandler, LegInfo, PcmSink
+from sip.dialog import Call, Leg
+from sip.errors import ProtocolError, SipParseError
+from sip.message import NameAddr, Request
+from sip.responses import HeaderPairs, Reject
+from sip.routing import Profile
+from sip.sdp import SessionDescription, StreamPlan, build_answer
+from sip.siprec import RecordingMetadata, Role, assign_roles, split_body
+
+log = logging.getLogger(__name__)
+
+Streams = list[tuple[StreamPlan, Role, str | None]]
+"""Accepted streams with the role each is transcribed as and the AOR of the party sending it."""
+
+
+class PortSource(Protocol):
+    """Where RTP ports come from (``rtp.ports.PortAllocator``); ``allocate`` raises
+    ``rtp.ports.PortsExhausted`` when none is free."""
+
+    def allocate(self) -> int: ...
+
+    def release(self, port: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class Body:
+    """A request's body, parsed: the SDP offer and the SIPREC metadata, each None when absent."""
+
+    offer: SessionDescription | None
+    metadata: RecordingMetadata | None
+
+
+def read_body(request: Request) -> Body:
+    """Parse the body of an INVITE or UPDATE; a body we cannot read is the peer's error (400).
+
+    The parsers raise ``SipParseError`` for what they recognise; any other ``ValueError`` or
+    ``LookupError`` (an unknown XML encoding, say) from a peer's bytes is turned into one too.
+    """
+    try:
+        sdp, metadata = split_body(request.headers.get("Content-Type"), request.body)
+        return Body(
+            SessionDescription.parse(sdp) if sdp is not None else None,
+            RecordingMetadata.parse(metadata) if metadata else None,
+        )
+    except ProtocolError:
+        raise
+    except (ValueError, LookupError) as exc:
+        raise SipParseError(f"unreadable body: {exc}", 400) from exc
+
+
+def select_streams(
+    plans: list[StreamPlan],
+    profile: Profile,
+    metadata: RecordingMetadata | None,
+    siprec: bool,
+    from_party: NameAddr,
+) -> Streams:
+    """Each acceptable stream with its role and participant AOR, keeping only roles the profile transcribes."""
+    aors: list[str | None] = []
+    for plan in plans:
+        if not siprec:
+            aors.append(from_party.uri)
+            continue
+        participant = metadata.participant_for_label(plan.label) if metadata and plan.label else None
+        aors.append(participant.aor if participant else None)
+    if siprec:
+        roles = assign_roles(profile.roles.to_rule(), aors)
+    else:
+        roles = ["mixed"] * len(plans)
+    return [(plan, role, aor) for plan, role, aor in zip(plans, roles, aors, strict=True) if role in profile.transcribe]
+
+
+class CallMedia:
+    """Opens, changes and answers the legs of calls; shares the UAS's ``counters``."""
+
+    def __init__(
+        self, handler: CallHandler, ports: PortSource, counters: Counter[str], retry_after: HeaderPairs
+    ) -> None:
+        self.handler = handler
+        self.ports = ports
+        self.counters = counters
+        self.retry_after = retry_after
+
+    def open_legs(self, call: Call, streams: Streams) -> list[Action]:
+        """Allocate ports and ask the application for sinks; undo everything on failure.
+
+        Raises ``Reject(503)`` when the node is full, ``Reject(500)`` when the application failed.
+        """
+        opened: list[tuple[Leg, PcmSink]] = []
+        try:
+            for plan, role, aor in streams:
+                port = self.ports.allocate()
+                info = LegInfo(f"{call.info.call_id}-{plan.index}", plan.label, role, aor, plan.codec)
+                call.legs[plan.index] = Leg(info, plan, port)
+                call.info = call.info.with_legs(call.leg_infos())
+                opened.append((call.legs[plan.index], self.handler.open_leg(call.info, info)))
+        except Exception as exc:
+            full = isinstance(exc, CAPACITY_ERRORS)
+            if full:
+                self.counters["invites.no_capacity"] += 1
+            else:
+                self.counters["errors.internal"] += 1
+                log.exception("opening a leg of call %s failed; answering 500", call.info.call_id)
+            self._undo(call, streams, "capacity" if full else "error", tell_handler=bool(opened))
+            raise Reject(503, self.retry_after) if full else Reject(500) from exc
+        return [
+            StartMedia(
+                call.info, leg.info, leg.port, dict(leg.plan.payload_types), leg.plan.on_hold, sink, leg.plan.remote
+            )
+            for leg, sink in opened
+        ]
+
+    def _undo(self, call: Call, streams: Streams, reason: str, *, tell_handler: bool) -> None:
+        for plan, _, _ in streams:
+            leg = call.legs.pop(plan.index, None)
+            if leg is not None:
+                self.ports.release(leg.port)
+        partial = call.info
+        call.info = call.info.with_legs(call.leg_infos())
+        if tell_handler:
+            self.handler.call_ended(partial, reason)
+
+    def apply_streams(self, call: Call, streams: Streams) -> list[Action]:
+        """A new offer on an existing call: stop dropped streams, update changed ones, open new ones."""
+        actions: list[Action] = []
+        wanted = {plan.index for plan, _, _ in streams}
+        for index in [i for i in call.legs if i not in wanted]:
+            leg = call.legs.pop(index)
+            actions.append(StopMedia(call.info.call_id, leg.info.leg_id, leg.port))
+        new_streams: Streams = []
+        for plan, role, aor in streams:
+            existing = call.legs.get(plan.index)
+            if existing is None:
+                new_streams.append((plan, role, aor))
+                continue
+            leg = existing
+            info = LegInfo(leg.info.leg_id, plan.label, role, aor, plan.codec)
+            changed_media = (
+                plan.payload_types != leg.plan.payload_types
+                or plan.on_hold != leg.plan.on_hold
+                or plan.remote != leg.plan.remote
+            )
+            leg.plan = plan
+            if info != leg.info:
+                leg.info = info
+                call.info = call.info.with_legs(call.leg_infos())
+                actions.append(LegUpdated(call.info, info))
+            if changed_media:
+                actions.append(
+                    UpdateMedia(call.info.call_id, info, dict(plan.payload_types), plan.on_hold, plan.remote)
+                )
+        call.info = call.info.with_legs(call.leg_infos())
+        if new_streams:
+            actions += self.open_legs(call, new_streams)
+        return actions
+
+    def apply_metadata(self, call: Call) -> list[Action]:
+        """A metadata-only update: re-map participants (and so roles) onto the current legs."""
+        plans = [leg.plan for leg in call.legs.values()]
+        streams = select_streams(plans, call.info.profile, call.metadata, call.info.siprec, call.remote_party)
+        return self.apply_streams(call, [s for s in streams if s[0].index in call.legs])
+
+    @staticmethod
+    def answer_sdp(call: Call, host: str) -> bytes:
+        """Our SDP answer to the call's current offer (a new version each time), media at ``host``."""
+        assert call.offer is not None
+        plans = [leg.plan for leg in call.legs.values()]
+        ports = {index: leg.port for index, leg in call.legs.items()}
+        call.sdp_version += 1
+        return build_answer(call.offer, plans, ports, host, call.sdp_session_id, call.sdp_version)

@@ -1,0 +1,128 @@
+"""Deciding on a new INVITE (one without a To tag): every check a call must pass before it
+exists, in the order a peer can act on, and the ``Call`` record it creates.
+
+Order: draining (503), ``Require`` options (420), the source's INVITE rate (503,
+``Retry-After: 1``), digest auth (401), the body (400/415/488), session interval (422), the
+route (404 or the route's code), a recordable stream (488), room for its legs (503).
+A refusal is a ``Reject``; the UAS core answers it and owns the transaction and dialog.
+"""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from collections import Counter
+from collections.abc import Hashable
+
+from sip import session_timer
+from sip.admission import Admission
+from sip.app import CallInfo
+from sip.auth import DigestAuth
+from sip.call_media import read_body, select_streams
+from sip.config import SipSettings
+from sip.dialog import Call
+from sip.errors import SipParseError
+from sip.message import Address, NameAddr, Request, SipUri, parse_cseq
+from sip.responses import SUPPORTED_OPTIONS, Reject, warning
+from sip.routing import CallFacts, Router
+from sip.sdp import plan_streams
+from sip.siprec import is_siprec
+
+NO_AUDIO = warning("no PCMU or PCMA audio stream to record", 304)
+
+
+class InviteGate:
+    """Admits or refuses new INVITEs; shares the UAS's ``counters``."""
+
+    def __init__(
+        self,
+        settings: SipSettings,
+        admission: Admission,
+        auth: DigestAuth | None,
+        router: Router,
+        counters: Counter[str],
+    ) -> None:
+        self.settings = settings
+        self.admission = admission
+        self.auth = auth
+        self.router = router
+        self.counters = counters
+
+    def admit(self, request: Request, peer: Address, tx_key: Hashable, active_calls: int, now: float) -> Call:
+        """The new call (ringing, legs not yet open) for ``request`` from ``peer``, or ``Reject``."""
+        if self.admission.draining:
+            raise Reject(503, self.admission.retry_after())
+        unsupported = [o for o in request.headers.get_all("Require") if o.lower() not in SUPPORTED_OPTIONS]
+        if unsupported:
+            raise Reject(420, (("Unsupported", ", ".join(unsupported)),))
+        if not self.admission.rate_ok(peer.host, now):
+            self.counters["invites.rate_limited"] += 1
+            raise Reject(503, (("Retry-After", "1"),))
+        if self.auth is not None and not self.auth.authorized(request, now):
+            self.counters["invites.challenged"] += 1
+            raise Reject(401, (("WWW-Authenticate", self.auth.challenge(now)),))
+        body = read_body(request)
+        if body.offer is None:
+            raise Reject(488, (warning("an SDP offer is required"),))
+        siprec = is_siprec(request)
+        session_expires = session_timer.session_interval(request, self.settings.min_se_s)
+        to = NameAddr.parse(request.headers.get("To") or "")
+        from_party = NameAddr.parse(request.headers.get("From") or "")
+        decision = self.router.decide(_facts(request, peer, from_party, to, siprec))
+        if decision.profile is None:
+            raise Reject(decision.reject_code or 404)
+        profile = decision.profile
+        plans = plan_streams(body.offer, sendonly_is_hold=not siprec)
+        streams = select_streams(plans, profile, body.metadata, siprec, from_party)
+        if not streams:
+            raise Reject(488, (NO_AUDIO,))
+        if not self.admission.has_room(active_calls, len(streams)):
+            self.counters["invites.no_capacity"] += 1
+            raise Reject(503, self.admission.retry_after())
+        contact = request.headers.get_all("Contact")
+        info = CallInfo(
+            call_id=uuid.uuid4().hex,
+            sip_call_id=request.headers.get("Call-ID") or "",
+            from_aor=from_party.uri,
+            from_name=from_party.display,
+            to_aor=to.uri,
+            to_name=to.display,
+            source=(peer.host, peer.port, peer.transport),
+            route=decision.route,
+            profile=profile,
+            siprec=siprec,
+        )
+        call = Call(
+            info=info,
+            sip_call_id=info.sip_call_id,
+            local_tag=secrets.token_hex(6),
+            remote_tag=from_party.tag,
+            local_party=to,
+            remote_party=from_party,
+            remote_target=NameAddr.parse(contact[0]).uri if contact else from_party.uri,
+            route_set=request.headers.get_all("Record-Route"),
+            source=peer,
+            remote_cseq=parse_cseq(request.headers.get("CSeq"))[0],
+            request=request,
+            invite_tx=tx_key,
+            metadata=body.metadata,
+            sdp_session_id=secrets.randbelow(2**31),
+            session_expires=session_expires,
+        )
+        call.local_party = to.with_params(tag=call.local_tag)
+        call.offer = body.offer
+        call.pending_streams = streams
+        return call
+
+
+def _facts(request: Request, source: Address, from_party: NameAddr, to: NameAddr, siprec: bool) -> CallFacts:
+    """What routing rules match on: source IP, called and calling user, X- headers, SIPREC."""
+
+    def user(uri: str) -> str:
+        try:
+            return SipUri.parse(uri).user or ""
+        except SipParseError:
+            return ""
+
+    headers = {name: value for name, value in request.headers if name.lower().startswith("x-")}
+    return CallFacts(source.host, user(to.uri), user(from_party.uri), headers, siprec)
