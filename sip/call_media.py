@@ -20,12 +20,14 @@ from sip.app import CallHandler, LegInfo, PcmSink
 from sip.dialog import Call, Leg
 from sip.errors import ProtocolError, SipParseError
 from sip.message import NameAddr, Request
-from sip.responses import HeaderPairs, Reject
+from sip.responses import HeaderPairs, Reject, warning
 from sip.routing import Profile
-from sip.sdp import SessionDescription, StreamPlan, build_answer
+from sip.sdp import SessionDescription, StreamPlan, build_answer, plan_streams
 from sip.siprec import RecordingMetadata, Role, assign_roles, split_body
 
 log = logging.getLogger(__name__)
+
+NO_AUDIO = warning("no PCMU or PCMA audio stream to record", 304)
 
 Streams = list[tuple[StreamPlan, Role, str | None]]
 """Accepted streams with the role each is transcribed as and the AOR of the party sending it."""
@@ -177,6 +179,20 @@ class CallMedia:
         plans = [leg.plan for leg in call.legs.values()]
         streams = select_streams(plans, call.info.profile, call.metadata, call.info.siprec, call.remote_party)
         return self.apply_streams(call, [s for s in streams if s[0].index in call.legs])
+
+    def renegotiate(self, call: Call, body: Body, host: str) -> list[Action]:
+        """A re-INVITE's or UPDATE's body on an answered call: a new offer changes the legs and
+        our answer (488 when nothing is left to record); metadata alone re-maps the roles."""
+        if body.offer is None:
+            return self.apply_metadata(call) if body.metadata is not None else []
+        plans = plan_streams(body.offer, sendonly_is_hold=not call.info.siprec)
+        streams = select_streams(plans, call.info.profile, call.metadata, call.info.siprec, call.remote_party)
+        if not streams:
+            raise Reject(488, (NO_AUDIO,))
+        call.offer = body.offer
+        actions = self.apply_streams(call, streams)
+        call.answer_sdp = self.answer_sdp(call, host)
+        return actions
 
     @staticmethod
     def answer_sdp(call: Call, host: str) -> bytes:

@@ -18,7 +18,7 @@ from sip import session_timer
 from sip.admission import Admission
 from sip.app import CallInfo
 from sip.auth import DigestAuth
-from sip.call_media import read_body, select_streams
+from sip.call_media import NO_AUDIO, read_body, select_streams
 from sip.config import SipSettings
 from sip.dialog import Call
 from sip.errors import SipParseError
@@ -27,8 +27,6 @@ from sip.responses import SUPPORTED_OPTIONS, Reject, warning
 from sip.routing import CallFacts, Router
 from sip.sdp import plan_streams
 from sip.siprec import is_siprec
-
-NO_AUDIO = warning("no PCMU or PCMA audio stream to record", 304)
 
 
 class InviteGate:

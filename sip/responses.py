@@ -62,6 +62,13 @@ def warning(text: str, code: int = 399) -> tuple[str, str]:
     return ("Warning", f'{code} {WARNING_AGENT} "{escaped}"')
 
 
+def contact_header(transport: str, host_port: str, siprec: bool) -> tuple[str, str]:
+    """Our Contact in a dialog's 18x/2xx; a recording session marks us as the SRS (RFC 7866)."""
+    srs = ";+sip.srs" if siprec else ""
+    param = "" if transport == "udp" else f";transport={transport}"
+    return ("Contact", f"<sip:hotline-asr@{host_port}{param}>{srs}")
+
+
 def make_response(
     request: Request,
     status: int,

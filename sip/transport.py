@@ -17,22 +17,14 @@ from typing import Any, Protocol, runtime_checkable
 
 from rtp.leg import END_RTCP_BYE, RtpLeg
 from rtp.sink import PcmSink
+from sip.actions import Action, CallEnded, LegUpdated, SendMessage, StartMedia, StopMedia, UpdateMedia
 from sip.app import CallHandler
+from sip.call_media import PortSource
 from sip.config import SipSettings
 from sip.errors import SipParseError
 from sip.message import Address, StreamFramer
 from sip.routing import Router
-from sip.uas import (
-    Action,
-    CallEnded,
-    LegUpdated,
-    PortSource,
-    SendMessage,
-    StartMedia,
-    StopMedia,
-    UasCore,
-    UpdateMedia,
-)
+from sip.uas import UasCore
 
 log = logging.getLogger(__name__)
 _READ_BYTES = 65536

@@ -23,41 +23,19 @@ import secrets
 from collections import Counter
 
 from sip import session_timer
-from sip.actions import Action, CallEnded, LegUpdated, SendMessage, StartMedia, StopMedia, UpdateMedia
+from sip.actions import Action, CallEnded, SendMessage, StopMedia
 from sip.admission import Admission
 from sip.app import CallHandler
 from sip.auth import DigestAuth
-from sip.call_media import CallMedia, PortSource, read_body, select_streams
+from sip.call_media import CallMedia, PortSource, read_body
 from sip.config import SipSettings
 from sip.dialog import Call, CallEvent, CallState
 from sip.errors import ProtocolError, SipParseError
-from sip.invite import NO_AUDIO, InviteGate
-from sip.message import (
-    Address,
-    Message,
-    NameAddr,
-    Request,
-    Response,
-    Via,
-    parse,
-    parse_cseq,
-)
-from sip.responses import ACCEPT, ALLOW, SUPPORTED, HeaderPairs, Reject, make_response, warning
+from sip.invite import InviteGate
+from sip.message import Address, Message, NameAddr, Request, Response, Via, parse, parse_cseq
+from sip.responses import ACCEPT, ALLOW, SUPPORTED, HeaderPairs, Reject, contact_header, make_response, warning
 from sip.routing import Router
-from sip.sdp import plan_streams
 from sip.transaction import ClientTransaction, ServerTransaction, TimerConfig, TimerQueue, TxState, server_key
-
-__all__ = [
-    "Action",
-    "CallEnded",
-    "LegUpdated",
-    "PortSource",
-    "SendMessage",
-    "StartMedia",
-    "StopMedia",
-    "UasCore",
-    "UpdateMedia",
-]
 
 log = logging.getLogger(__name__)
 
@@ -300,30 +278,14 @@ class UasCore:
         if body.metadata is not None:
             call.metadata = body.metadata
         session_expires = session_timer.session_interval(request, self.settings.min_se_s)
-        actions: list[Action] = []
-        offer = body.offer
-        if offer is not None:
-            streams = select_streams(
-                plan_streams(offer, sendonly_is_hold=not call.info.siprec),
-                call.info.profile,
-                call.metadata,
-                call.info.siprec,
-                call.remote_party,
-            )
-            if not streams:
-                raise Reject(488, (NO_AUDIO,))
-            call.offer = offer
-            actions += self.media.apply_streams(call, streams)
-            call.answer_sdp = self.media.answer_sdp(call, self.settings.public_host())
-        elif body.metadata is not None:
-            actions += self.media.apply_metadata(call)
+        actions = self.media.renegotiate(call, body, self.settings.public_host())
         call.handle(CallEvent.UPDATE)
         if request.method == "INVITE":
             tx.owner = call.info.call_id
             call.invite_tx = tx.key
         call.session_expires = session_expires
         headers = self._arm_session_timer(call, request, now)
-        sdp_body = call.answer_sdp if offer is not None or request.method == "INVITE" else b""
+        sdp_body = call.answer_sdp if body.offer is not None or request.method == "INVITE" else b""
         return actions + self._respond(tx, request, 200, now, headers=headers, body=sdp_body)
 
     def _on_update(self, tx: ServerTransaction, request: Request, now: float) -> list[Action]:
@@ -484,9 +446,7 @@ class UasCore:
             return []
         return self._respond(tx, call.request, status, now, to_tag=call.local_tag)
 
-    def _send_request(
-        self, call: Call, method: str, now: float, extra: HeaderPairs = ()
-    ) -> list[Action]:
+    def _send_request(self, call: Call, method: str, now: float, extra: HeaderPairs = ()) -> list[Action]:
         """An in-dialog request (BYE, refresh UPDATE) to the peer the dialog came from."""
         transport = call.source.transport
         branch, request = call.next_request(method, self._via_host(transport), self.settings.user_agent, extra)
@@ -520,11 +480,8 @@ class UasCore:
             to_tag = secrets.token_hex(6)
         response = self._make_response(request, status, headers, to_tag)
         if call is not None and (contact or body):
-            srs = ";+sip.srs" if call.info.siprec else ""
-            transport = "" if call.source.transport == "udp" else f";transport={call.source.transport}"
-            response.headers.add(
-                "Contact", f"<sip:hotline-asr@{self._via_host(call.source.transport)}{transport}>{srs}"
-            )
+            transport = call.source.transport
+            response.headers.add(*contact_header(transport, self._via_host(transport), call.info.siprec))
         if body:
             response.headers.add("Content-Type", "application/sdp")
             response.body = body

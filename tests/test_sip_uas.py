@@ -7,22 +7,14 @@ import hashlib
 import pytest
 
 from rtp.sink import CountingSink
+from sip.actions import Action, CallEnded, LegUpdated, SendMessage, StartMedia, StopMedia, UpdateMedia
 from sip.app import CallInfo, CapacityError, CountingCallHandler, LegInfo
 from sip.config import AuthSettings, SipSettings
 from sip.dialog import Call, CallEvent, CallState
 from sip.errors import LocalProtocolError, RemoteProtocolError
 from sip.message import Address, NameAddr, Request, Response, parse
 from sip.transaction import ServerTransaction, TimerConfig, TxState
-from sip.uas import (
-    Action,
-    CallEnded,
-    LegUpdated,
-    SendMessage,
-    StartMedia,
-    StopMedia,
-    UasCore,
-    UpdateMedia,
-)
+from sip.uas import UasCore
 from tests.test_sip_support import OFFER_PCMU, SOURCE, FakePorts, ack, invite
 
 OFFER_PCMA = OFFER_PCMU.replace("RTP/AVP 0 8 101", "RTP/AVP 8 101")
