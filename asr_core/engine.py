@@ -169,10 +169,8 @@ class Engine:
             chunk_input_frames(chunk_ms // self.frame_ms, self.subsampling, loaded.right_context)
             for chunk_ms in self.options.allowed_chunk_ms
         )
-        expect = getattr(self.runner, "expect", None)
-        if expect is not None:
-            for input_frames in self._chunk_inputs:
-                expect(input_frames, self.pool.window)
+        for input_frames in self._chunk_inputs:
+            self.runner.expect(input_frames, self.pool.window)
         self.stats = EngineStats()
         self._streams: dict[str, Stream] = {}
         self._streams_lock = threading.Lock()
@@ -240,9 +238,7 @@ class Engine:
         if self._final_search is not self._local_search:
             self._final_search.close()
             self._final_search = self._local_search
-        close_runner = getattr(self.runner, "close", None)
-        if close_runner is not None:
-            close_runner()
+        self.runner.close()
 
     @property
     def decoder(self) -> object:

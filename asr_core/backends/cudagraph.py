@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from asr_core.backends import ChunkStep
+from asr_core.backends.runner import ChunkStep
 from asr_core.model.encoder import U2Encoder
 from asr_core.model.loader import LoadedModel
 
@@ -79,6 +79,12 @@ class CudaGraphChunkRunner:
         return _Captured(graph, static, outputs)
 
     @torch.inference_mode()
+    def expect(self, input_frames: int, window: int) -> None:
+        """Nothing to prepare: graphs are captured for each shape on its first step."""
+
+    def close(self) -> None:
+        """Nothing to release: the captured graphs live as long as the runner."""
+
     def step(
         self,
         xs: torch.Tensor,

@@ -14,8 +14,8 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from asr_core.backends import ChunkStep
 from asr_core.backends.onnx_graph import CHUNK_INPUTS, CHUNK_OUTPUTS, cached_chunk_graph
+from asr_core.backends.runner import ChunkStep
 from asr_core.model.loader import LoadedModel
 
 DECODER_INPUTS = ("memory", "memory_mask", "ys_in_pad", "ys_in_lens", "r_ys_in_pad")
@@ -80,6 +80,12 @@ class OrtChunkRunner:
                 f"d_model {runner.meta.get('d_model')}; the loaded model has {loaded.num_blocks}, {loaded.d_model})"
             )
         return runner
+
+    def expect(self, input_frames: int, window: int) -> None:
+        """Nothing to prepare: the graph takes any chunk shape."""
+
+    def close(self) -> None:
+        """Nothing to release: the session lives as long as the runner."""
 
     def step(
         self,

@@ -24,8 +24,8 @@ import tensorrt as trt
 import torch
 
 from asr_core.audio_io import read_wav
-from asr_core.backends import ChunkStep
 from asr_core.backends.onnx_graph import CHUNK_INPUTS, CHUNK_OUTPUTS, cached_chunk_graph, cpu_float_copy
+from asr_core.backends.runner import ChunkStep
 from asr_core.frontend import compute_fbank
 from asr_core.model.loader import LoadedModel
 from asr_core.stream import chunk_input_frames
@@ -229,6 +229,12 @@ class TensorRTChunkRunner:
             if low <= batch <= high:
                 return index, self.contexts[index]
         raise ValueError(f"batch {batch} exceeds the largest TensorRT profile ({PROFILE_BATCHES[-1][1]})")
+
+    def expect(self, input_frames: int, window: int) -> None:
+        """Nothing to prepare: the optimization profiles cover every batch and chunk shape."""
+
+    def close(self) -> None:
+        """Nothing to release: the engine and its contexts live as long as the runner."""
 
     def step(
         self,

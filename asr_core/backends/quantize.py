@@ -1,0 +1,97 @@
+"""Reduced-precision copies of model parts for the CPU: dynamic int8 Linears (the int8 chunk
+runner and the finals' rescoring decoder) and bfloat16 convs where the CPU computes bf16 natively."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+from torch import nn
+
+from asr_core.model.attention import MultiHeadedAttention
+from asr_core.model.convolution import ConvolutionModule, pointwise_as_linear
+
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+
+
+def quantize_linears(module: ModuleT, which: Iterable[str] | Iterable[type[nn.Module]]) -> ModuleT:
+    """``module`` (changed in place) with the chosen Linears dynamically quantized to int8.
+
+    torch 2.13 still ships eager dynamic quantization but marks ``torch.ao.quantization``
+    deprecated, and every call warns twice; those two warnings are silenced here so that each
+    service start does not print them. (If a later torch removes the API, the bfloat16 dtype is
+    the CPU fallback: about as fast on AVX512-BF16/AMX CPUs, see deploy/README.md.)
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning, message="torch.ao.quantization is deprecated")
+        warnings.filterwarnings("ignore", category=UserWarning, message="torch.quantize_per_tensor")
+        quantized: ModuleT = torch.ao.quantization.quantize_dynamic(module, which, dtype=torch.qint8)
+    return quantized
+
+
+def rescoring_decoder(backend: str, decoder: ModuleT) -> ModuleT:
+    """The attention decoder the finals are rescored with: int8 Linears (a copy) with an
+    int8 backend on the CPU, where rescoring is the other large cost besides the encoder."""
+    if not backend.endswith("int8") or next(decoder.parameters()).device.type != "cpu":
+        return decoder
+    return quantize_linears(copy.deepcopy(decoder), {nn.Linear})
+
+
+@functools.cache
+def native_bf16_cpu() -> bool:
+    """Whether this CPU computes bfloat16 in hardware (AVX512-BF16 or AMX-BF16).
+
+    oneDNN also runs bfloat16 on plain AVX512 (``torch.ops.mkldnn._is_mkldnn_bf16_supported()``
+    is true there), but by emulation, slower than float32: on an AVX512-VNNI Xeon without
+    AVX512-BF16 the subsampling convs took 3.5x as long in bf16 as in float32 and a training step
+    twice as long (docs/BENCHMARKS.md). Reads the flags of ``/proc/cpuinfo``; where that file is
+    missing (not Linux) oneDNN's answer is taken."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags))
+
+
+class Bf16Convs(nn.Module):
+    """A float conv stack run in bfloat16: float in, float out.
+
+    For the int8 backend's conv2d subsampling, about a fifth of its chunk step in float32
+    (a 256->256 3x3 conv per encoder frame). oneDNN's bf16 convs run it ~2x faster
+    (AISHELL-size, 20 streams' chunks: 20.4 -> 10.4 ms) at ~0.4 % relative error of the
+    output, below the int8 Linears' own error that follows it.
+    """
+
+    def __init__(self, convs: nn.Module) -> None:
+        super().__init__()
+        self.convs = copy.deepcopy(convs).to(torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.convs(x.to(torch.bfloat16))
+        return out.float()
+
+
+def int8_linears(module: ModuleT) -> ModuleT:
+    """A copy of ``module`` whose matmuls run dynamically quantized to int8: every
+    ``nn.Linear``, the pointwise convs of the conv modules (as Linears) and one fused q/k|v
+    Linear per self-attention; the position projections (``linear_pos``, which only build a
+    float table once) and the conv2d subsampling stay float."""
+    float_copy = copy.deepcopy(module)
+    for child in float_copy.modules():
+        if isinstance(child, ConvolutionModule):
+            child.pointwise_conv1 = pointwise_as_linear(child.pointwise_conv1)
+            child.pointwise_conv2 = pointwise_as_linear(child.pointwise_conv2)
+        if isinstance(child, MultiHeadedAttention):
+            child.qkv_projection = child.fused_qkv_linear()
+    names = {
+        name
+        for name, child in float_copy.named_modules()
+        if type(child) is nn.Linear and not name.endswith("linear_pos")
+    }
+    return quantize_linears(float_copy, names)

@@ -1,0 +1,50 @@
+"""The contract between the engine and a backend: ``ChunkRunner`` and its output ``ChunkStep``.
+
+A runner takes B streams' chunk features and gathered caches and returns encoder output, CTC
+log-probs and the chunk's new caches. Backends live in their own modules (``torch_runner``,
+``onnxruntime``, ``tensorrt``, ``cudagraph``); ``registry.make_runner`` picks one by name.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+import torch
+
+
+class ChunkStep(NamedTuple):
+    """Outputs of one batched chunk step (B streams, C new encoder frames)."""
+
+    ys: torch.Tensor  # (B, C, D) encoder output
+    log_probs: torch.Tensor  # (B, C, V) CTC log-softmax
+    new_kv: torch.Tensor  # (L, B, H, C, 2*d_k) keys|values of the chunk's frames
+    new_cnn: torch.Tensor  # (L, B, D, K-1)
+
+
+class ChunkRunner(Protocol):
+    """What the engine calls on a backend: ``expect`` while it is built, ``step`` once per
+    batch, ``close`` when it stops. Every backend implements all three (no-ops where a
+    backend has nothing to prepare or release), so callers never probe for them."""
+
+    def expect(self, input_frames: int, window: int) -> None:
+        """Declare a chunk shape the caller will run often: ``input_frames`` fbank frames per
+        chunk, ``window`` cached encoder frames. A backend may prepare for it (the torch
+        backends trace a graph for it); a step of any other shape must still run."""
+        ...
+
+    def step(
+        self,
+        xs: torch.Tensor,
+        offsets: torch.Tensor,
+        att_cache: torch.Tensor,
+        cache_pos: torch.Tensor,
+        cache_mask: torch.Tensor,
+        cnn_cache: torch.Tensor,
+    ) -> ChunkStep:
+        """One batched chunk step; see ``U2Encoder.forward_chunk_batch`` for the argument shapes."""
+        ...
+
+    def close(self) -> None:
+        """Release what the runner holds beyond its weights (helper threads); a later step may
+        start them again."""
+        ...

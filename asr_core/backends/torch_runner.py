@@ -1,0 +1,129 @@
+"""``backend: torch`` and ``torch-int8``: the model's own PyTorch code as the chunk runner,
+optionally as frozen TorchScript graphs (``traced``) split over several threads."""
+
+from __future__ import annotations
+
+import itertools
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from asr_core.backends.quantize import Bf16Convs, int8_linears, native_bf16_cpu
+from asr_core.backends.runner import ChunkStep
+from asr_core.backends.traced import TorchStep, TracedSteps
+from asr_core.model.ctc import CTC
+from asr_core.model.encoder import U2Encoder
+from asr_core.model.loader import LoadedModel
+from asr_core.model.subsampling import Conv2dSubsampling
+
+
+class TorchChunkRunner:
+    """Eager PyTorch: the model's own ``forward_chunk_batch`` and CTC head.
+
+    ``int8`` (backend ``torch-int8``, CPU): runs a copy of the encoder and CTC head whose matmuls
+    are dynamically quantized (int8 weights, activations quantized per call; see
+    ``_int8_linears``); the loaded float model (and its decoder, for rescoring) stays as it is.
+    On CPUs with native bf16 (AVX512-BF16/AMX) the copy's conv2d subsampling, which int8 does
+    not cover, runs in bfloat16 (``Bf16Convs``).
+
+    The step is ``traced.TorchStep``: its conv caches hold the conv modules' GLU outputs, not
+    WeNet's conv inputs, so a pool filled by this runner is not for another backend's runner.
+    ``traced``: full chunks of the shapes declared with ``expect`` run as frozen TorchScript
+    graphs on a CPU (``asr_core.backends.traced``).
+
+    ``step_threads`` > 1 (traced graphs only): a batch of at least ``SPLIT_MIN_STREAMS`` streams
+    per part is cut into that many parts along the batch, run at once in this thread and helper
+    threads. A frozen graph runs without the GIL, so the parts use that many cores; with one
+    intra-op thread per part this scales nearly linearly, where intra-op threads inside each
+    small matmul do not (AISHELL-size, B=40 on 2 cores: 178 -> 94 ms; docs/BENCHMARKS.md).
+    """
+
+    def __init__(self, loaded: LoadedModel, int8: bool = False, traced: bool = False, step_threads: int = 1) -> None:
+        if step_threads < 1:
+            raise ValueError(f"step_threads must be at least 1, got {step_threads}")
+        self.model = loaded.model
+        self.encoder: U2Encoder = loaded.model.encoder
+        self.ctc: CTC = loaded.model.ctc
+        if int8:
+            self.encoder = int8_linears(self.encoder)
+            self.ctc = int8_linears(self.ctc)
+            if native_bf16_cpu() and isinstance(self.encoder.embed, Conv2dSubsampling):
+                self.encoder.embed.conv = Bf16Convs(self.encoder.embed.conv)  # type: ignore[assignment]
+        self.eager = TorchStep(self.encoder, self.ctc).eval()
+        self.traced: TracedSteps | None = None
+        on_cpu = next(self.encoder.parameters()).device.type == "cpu"
+        if traced and on_cpu:
+            self.traced = TracedSteps(self.encoder, self.ctc)
+        self.step_threads = step_threads if self.traced is not None else 1
+        self._helpers: ThreadPoolExecutor | None = None
+
+    def expect(self, input_frames: int, window: int) -> None:
+        """Declare a chunk shape the caller will run often (the traced graphs are built for these)."""
+        if self.traced is not None:
+            self.traced.expect(input_frames, window)
+
+    @torch.inference_mode()
+    def step(
+        self,
+        xs: torch.Tensor,
+        offsets: torch.Tensor,
+        att_cache: torch.Tensor,
+        cache_pos: torch.Tensor,
+        cache_mask: torch.Tensor,
+        cnn_cache: torch.Tensor,
+    ) -> ChunkStep:
+        out = None
+        if self.traced is not None:
+            inputs = (xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache)
+            out = self._split_step(inputs) if self.step_threads > 1 else None
+            if out is None:
+                out = self.traced(*inputs)
+        if out is None:
+            out = self.eager(xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache)
+        return ChunkStep(*out)
+
+    def _split_step(self, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...] | None:
+        """The traced step on parts of the batch at once; None where it does not apply (a batch
+        too small to split, a shape without a graph yet, or a part the graphs decline)."""
+        traced = self.traced
+        assert traced is not None
+        xs, _, att_cache = inputs[:3]
+        batch = xs.size(0)
+        parts = min(self.step_threads, batch // SPLIT_MIN_STREAMS)
+        if parts < 2 or not traced.has_graph(xs.size(1), att_cache.size(3), xs.dtype):
+            return None
+        if self._helpers is None:
+            self._helpers = ThreadPoolExecutor(self.step_threads - 1, thread_name_prefix="asr-step")
+        bounds = [batch * i // parts for i in range(parts + 1)]
+        pieces = [_batch_slice(inputs, start, end) for start, end in itertools.pairwise(bounds)]
+        futures = [self._helpers.submit(_run_inference, traced, piece) for piece in pieces[1:]]
+        outs = [traced(*pieces[0]), *(future.result() for future in futures)]
+        if any(out is None for out in outs):
+            return None
+        ys, log_probs, new_kv, new_cnn = zip(*outs, strict=True)
+        return torch.cat(ys), torch.cat(log_probs), torch.cat(new_kv, dim=1), torch.cat(new_cnn, dim=1)
+
+    def close(self) -> None:
+        """Stop the helper threads (a later split step starts them again)."""
+        if self._helpers is not None:
+            self._helpers.shutdown(wait=True)
+            self._helpers = None
+
+
+SPLIT_MIN_STREAMS = 8
+"""Fewest streams per part of a split step: smaller parts lose more in matmul efficiency than
+a second core gains."""
+
+
+def _batch_slice(inputs: tuple[torch.Tensor, ...], start: int, end: int) -> tuple[torch.Tensor, ...]:
+    """Streams start..end of a step's inputs (the caches are batched along dim 1, the rest dim 0)."""
+    xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache = inputs
+    return (
+        xs[start:end], offsets[start:end], att_cache[:, start:end], cache_pos[start:end], cache_mask[start:end],
+        cnn_cache[:, start:end],
+    )  # fmt: skip
+
+
+def _run_inference(traced: TracedSteps, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...] | None:
+    with torch.inference_mode():  # per thread
+        return traced(*inputs)
