@@ -1,0 +1,338 @@
+"""The engine's scheduler: the batching loop that turns many streams' audio into batched chunk
+steps, partials and endpoints, on one thread that owns all model state.
+
+Each tick it
+1. moves every stream's queued audio into its fbank extractor,
+2. collects the streams whose next chunk is complete,
+3. groups them by chunk shape (chunk size, input frames) -- one bucket per shape, so streams
+   with different chunk sizes are all served, each by its own batched forward,
+4. forms batches of up to ``max_batch`` (a group smaller than that waits at most
+   ``max_wait_ms`` for more streams, unless every stream of that chunk size is already in it),
+5. runs ONE ``ChunkRunner.step`` per batch, ring-writes the new keys/values, takes the CTC
+   top-k, updates greedy partials and endpoint counters with array operations,
+6. hands every utterance that ended in this tick to the ``Finalizer`` and moves its stream on.
+
+Oldest-ready-first ordering keeps it fair: a stream never waits behind newer chunks. When a
+chunk's latency exceeds ``behind_ms`` the scheduler counts it and logs (rate-limited) that it
+is behind real time; audio is never dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from asr_core import memtrim
+from asr_core.backends import ChunkRunner
+from asr_core.endpoint import LEADING_SILENCE, NO_ENDPOINT, REASONS, loud_frames, update_endpoints
+from asr_core.events import Partial
+from asr_core.finalizer import EndJob, Finalizer, FinalJob, UtteranceSnapshot, deliver
+from asr_core.frontend import fbank_windows
+from asr_core.stream import Stream
+from kv_ring import KvPool
+
+if TYPE_CHECKING:
+    from asr_core.engine import EngineOptions, EngineStats
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler:
+    """The batching loop over the open streams (``streams``, guarded by ``lock``).
+
+    ``text`` maps token ids to text. ``wakeup`` is set by streams when audio arrives.
+    """
+
+    def __init__(
+        self,
+        options: EngineOptions,
+        *,
+        pool: KvPool,
+        runner: ChunkRunner,
+        finalizer: Finalizer,
+        text: Callable[[Iterable[int]], str],
+        stats: EngineStats,
+        device: torch.device,
+        subsampling: int,
+        right_context: int,
+        blank: int,
+    ) -> None:
+        self.options = options
+        self.pool = pool
+        self.runner = runner
+        self.finalizer = finalizer
+        self.text = text
+        self.stats = stats
+        self.device = device
+        self.subsampling = subsampling
+        self.right_context = right_context
+        self.frame_ms = 10 * subsampling
+        self._blank = blank
+        self.streams: dict[str, Stream] = {}
+        self.lock = threading.Lock()
+        self.wakeup = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_behind_log = 0.0
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
+
+    def add(self, stream: Stream) -> None:
+        """Schedule ``stream`` from the next tick on; ``ValueError`` if its id is already open."""
+        with self.lock:
+            if stream.stream_id in self.streams:
+                raise ValueError(f"stream id {stream.stream_id!r} is already open")
+            self.streams[stream.stream_id] = stream
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="asr-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float) -> None:
+        self._stop.set()
+        self.wakeup.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._thread = None
+
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)
+        next_trim = time.monotonic() + self.options.trim_interval_s
+        while not self._stop.is_set():
+            if self.options.trim_interval_s > 0 and time.monotonic() >= next_trim:
+                memtrim.trim()
+                next_trim = time.monotonic() + self.options.trim_interval_s
+            try:
+                timeout = self.run_once()
+            except Exception:
+                # A bug or a device error must not silently stop every call's recognition:
+                # log it, count it, keep serving (the failed batch's chunks are lost).
+                self.stats.errors += 1
+                log.exception("engine tick failed")
+                timeout = 0.1
+            if timeout > 0:
+                self.wakeup.wait(timeout)
+                self.wakeup.clear()
+
+    def run_once(self) -> float:
+        """One scheduler tick; returns how long to wait for new audio (0: work may remain).
+
+        Public so tests and offline tools can drive the engine without its thread.
+        """
+        with self.lock:
+            streams = list(self.streams.values())
+        ready: list[tuple[Stream, int]] = []
+        ending: list[tuple[Stream, str]] = []
+        now = time.monotonic()
+        for stream in streams:
+            stream.drain_inbox()
+            frames = stream.next_chunk_frames()
+            if frames:
+                if not stream.ready_since:
+                    since = stream.arrival_time_of_sample(stream.chunk_last_sample(frames))
+                    if frames < stream.window:
+                        # A short last chunk can only run once the input has ended (its audio may
+                        # have arrived long before the caller hung up): it is ready from then on.
+                        since = max(since, stream.input_end_time)
+                    stream.ready_since = since
+                ready.append((stream, frames))
+            elif stream.closing:
+                ending.append((stream, "closed"))
+            elif stream.finishing:
+                ending.append((stream, "input_finished"))
+
+        wait = self.options.max_wait_ms / 1000.0
+        ran = False
+        for batch in self._form_batches(ready, now):
+            self._process_batch(batch, ending)
+            ran = True
+        if ending:
+            self._finish_streams(ending)
+        if not self.finalizer.running:
+            self.finalizer.finalize_pending()  # driven without threads (tests, offline tools)
+        if ran or ending:
+            return 0.0
+        return wait if ready else 0.05
+
+    def _form_batches(self, ready: list[tuple[Stream, int]], now: float) -> Iterable[list[tuple[Stream, int]]]:
+        groups: dict[tuple[int, int], list[tuple[Stream, int]]] = {}
+        for stream, frames in ready:
+            groups.setdefault((stream.chunk_frames, frames), []).append((stream, frames))
+        active_per_chunk: dict[int, int] = {}
+        with self.lock:
+            for stream in self.streams.values():
+                active_per_chunk[stream.chunk_frames] = active_per_chunk.get(stream.chunk_frames, 0) + 1
+        max_batch = self.options.max_batch
+        max_wait = self.options.max_wait_ms / 1000.0
+        for (chunk_frames, _), members in groups.items():
+            members.sort(key=lambda item: item[0].ready_since)
+            oldest_wait = now - members[0][0].ready_since
+            complete = len(members) >= min(max_batch, active_per_chunk.get(chunk_frames, 0))
+            finishing = any(stream.finishing or stream.closing for stream, _ in members)
+            if not (complete or finishing or oldest_wait >= max_wait):
+                continue
+            for start in range(0, len(members), max_batch):
+                yield members[start : start + max_batch]
+
+    @torch.inference_mode()
+    def _process_batch(self, batch: list[tuple[Stream, int]], ending: list[tuple[Stream, str]]) -> None:
+        streams = [stream for stream, _ in batch]
+        frames = batch[0][1]
+        size = len(streams)
+        audio = np.stack([stream.take_chunk_samples(frames) for stream in streams])  # (B, samples)
+        feats = fbank_windows(torch.from_numpy(audio).to(self.device), frames)  # (B, T_in, n_mels)
+        xs = feats.to(dtype=self.options.dtype)
+        slots = torch.tensor([stream.slot for stream in streams], dtype=torch.int64)
+        offsets = torch.tensor([stream.utterance.offset for stream in streams], dtype=torch.int64)
+        started = time.perf_counter()
+        cache = self.pool.gather(slots, reuse_buffer=True)
+        ys, log_probs, new_kv, new_cnn = self.runner.step(
+            xs, offsets.to(self.device), cache.att, cache.pos, cache.mask, cache.cnn
+        )  # ys (B, C, D), log_probs (B, C, V)
+        chunk = ys.shape[1]
+        positions = offsets.unsqueeze(1) + torch.arange(chunk, dtype=torch.int64).unsqueeze(0)  # (B, C)
+        self.pool.write(slots, new_kv, positions, new_cnn)
+        top_values, top_ids = log_probs.topk(self.options.beam, dim=-1)  # (B, C, k)
+        blank_prob = log_probs[..., self._blank].exp().cpu().numpy()  # (B, C)
+        top_values_np = top_values.cpu().numpy()
+        top_ids_np = top_ids.cpu().numpy()
+        forward_ms = (time.perf_counter() - started) * 1000.0
+
+        decoded_any = self._update_greedy(streams, top_ids_np[:, :, 0], chunk)
+        trailing = np.array([s.utterance.trailing_frames for s in streams], dtype=np.int64)
+        utt_frames = np.array([s.utterance.offset for s in streams], dtype=np.int64)
+        loud = self._loud_frames(streams, feats, chunk) if self.options.endpoint.energy_gate_db > 0 else None
+        codes = update_endpoints(
+            self.options.endpoint, self.frame_ms, blank_prob, trailing, utt_frames, decoded_any, loud
+        )
+
+        now = time.monotonic()
+        for i, stream in enumerate(streams):
+            utt = stream.utterance
+            utt.offset += chunk
+            utt.trailing_frames = int(trailing[i])
+            utt.topk_values.append(top_values_np[i])
+            utt.topk_ids.append(top_ids_np[i])
+            utt.encoder_out.append(ys[i].clone())
+            latency_ms = (now - stream.ready_since) * 1000.0
+            self.stats.partial_latency_ms.append(latency_ms)
+            if latency_ms > self.options.behind_ms:
+                self._note_behind(latency_ms)
+            if utt.changed or stream.config.emit_unchanged_partials:
+                self._emit_partial(stream, latency_ms, stream.ready_since)
+                utt.changed = False
+            stream.ready_since = 0.0
+            if codes[i] != NO_ENDPOINT:
+                ending.append((stream, REASONS[int(codes[i])]))
+        self.stats.chunks += size
+        self.stats.batches += 1
+        self.stats.batch_sizes.append(size)
+        self.stats.forward_ms.append(forward_ms)
+
+    def _loud_frames(self, streams: list[Stream], feats: torch.Tensor, chunk: int) -> np.ndarray:
+        """(B, C) bool: new encoder frames whose audio stands out from each stream's noise floor.
+
+        A frame's energy is the loudest of the fbank frames it is computed from (its subsampling
+        window), each fbank frame's energy the log of its total mel power."""
+        window = self.right_context + 1
+        energy = torch.logsumexp(feats.float(), dim=-1)  # (B, T_in)
+        per_frame = energy.unfold(1, window, self.subsampling)[:, :chunk].amax(dim=-1).cpu().numpy()  # (B, C)
+        floors = np.array([s.noise_floor for s in streams], dtype=np.float64)
+        loud = loud_frames(per_frame.astype(np.float64), floors, self.options.endpoint.energy_gate_db)
+        for stream, floor in zip(streams, floors.tolist(), strict=True):
+            stream.noise_floor = floor
+        return loud
+
+    def _update_greedy(self, streams: list[Stream], best: np.ndarray, chunk: int) -> np.ndarray:
+        """CTC greedy over the new frames of every stream; returns (B,) 'utterance has text'."""
+        previous = np.array([s.utterance.last_token for s in streams], dtype=np.int64)  # (B,)
+        shifted = np.concatenate([previous[:, None], best[:, :-1]], axis=1)  # (B, C)
+        emit = (best != self._blank) & (best != shifted)  # (B, C)
+        rows, cols = np.nonzero(emit)
+        for row, col in zip(rows.tolist(), cols.tolist(), strict=True):
+            utt = streams[row].utterance
+            utt.tokens.append(int(best[row, col]))
+            utt.token_frames.append(utt.offset + col)
+            utt.changed = True
+        for i, stream in enumerate(streams):
+            stream.utterance.last_token = int(best[i, -1])
+        return np.array([bool(s.utterance.tokens) for s in streams])
+
+    def _note_behind(self, latency_ms: float) -> None:
+        self.stats.behind_realtime_chunks += 1
+        now = time.monotonic()
+        if now - self._last_behind_log > 10.0:
+            self._last_behind_log = now
+            log.warning(
+                "engine behind real time: chunk latency %.0f ms (%d such chunks so far, %d streams)",
+                latency_ms,
+                self.stats.behind_realtime_chunks,
+                self.pool.used_slots,
+            )
+
+    def _times_ms(self, stream: Stream, frames: Iterable[int]) -> tuple[int, ...]:
+        base = stream.utterance.start_frame
+        return tuple((base + f) * self.frame_ms for f in frames)
+
+    def _emit_partial(self, stream: Stream, latency_ms: float, audio_end: float) -> None:
+        utt = stream.utterance
+        event = Partial(
+            stream_id=stream.stream_id,
+            utterance_id=utt.utterance_id,
+            seq=stream.next_seq(),
+            text=self.text(utt.tokens),
+            tokens=tuple(utt.tokens),
+            token_times_ms=self._times_ms(stream, utt.token_frames),
+            begin_ms=utt.start_frame * self.frame_ms,
+            end_ms=(utt.start_frame + utt.offset) * self.frame_ms,
+            latency_ms=latency_ms,
+            audio_end_monotonic=audio_end,
+        )
+        deliver(stream, event)
+
+    def _finish_streams(self, ending: list[tuple[Stream, str]]) -> None:
+        """Hand ended utterances to the finalizer; reset the streams at once, or retire them.
+
+        The stream's next utterance starts immediately (fresh offset and cache slot) while the
+        finalizer searches and rescores the one that ended, so finals never delay partials.
+        """
+        seen: set[str] = set()
+        detected = time.monotonic()
+        for stream, reason in ending:
+            if stream.stream_id in seen:
+                continue
+            seen.add(stream.stream_id)
+            retire = reason in ("closed", "input_finished") and not stream.next_chunk_frames()
+            if reason in ("closed", "input_finished") and not retire:
+                continue  # more chunks to decode first (input finished mid-tick)
+            utt = stream.utterance
+            if utt.tokens and reason != REASONS[LEADING_SILENCE]:
+                self.finalizer.submit(FinalJob(stream, reason, UtteranceSnapshot.of(utt), detected))
+            if retire:
+                self._retire(stream)
+            else:
+                self._reset_utterance(stream)
+
+    def _reset_utterance(self, stream: Stream) -> None:
+        """Start the next utterance: fresh model offset and caches, as WeNet's runtime does."""
+        utt = stream.utterance
+        utt.reset(utt.start_frame + utt.offset)
+        self.pool.reset(stream.slot)
+
+    def _retire(self, stream: Stream) -> None:
+        """Free the slot now; the finalizer emits ``Ended`` after the stream's last Final."""
+        with self.lock:
+            self.streams.pop(stream.stream_id, None)
+        self.pool.release(stream.slot)
+        utt = stream.utterance
+        reason = "closed" if stream.closing else "input_finished"
+        self.finalizer.submit(EndJob(stream, reason, (utt.start_frame + utt.offset) * self.frame_ms))
