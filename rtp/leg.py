@@ -3,7 +3,8 @@ parse -> reorder buffer -> G.711 decode -> 8->16 kHz resample -> sink.
 
 All protocol work is in the sans-IO modules (`packet`, `jitter`, `g711`, `resample`); this
 module adds the sockets (read by the event loop's shared `rtp.poller.DatagramPoller`), source
-latching, RFC 3550 jitter, and the inactivity timer.
+latching, RFC 3550 jitter, RTCP BYE and the inactivity timer; handing in-order packets to the
+optional C receive path and taking its state back is `rtp.fastpath`.
 Malformed packets are counted in `stats.bad_packets` and dropped; nothing a peer sends can
 raise out of the datagram handlers.
 """
@@ -20,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from rtp.fastpath import FastPath
 from rtp.g711 import DECODE_TABLES
 from rtp.jitter import Frame, FrameKind, LossFill, PacketKind, ReorderBuffer
 from rtp.packet import RTP_HEADER_LENGTH, RtpPacket, is_rtcp, parse_rtcp
@@ -132,14 +134,10 @@ class RtpLeg:
         expected_remote: tuple[str, int] | None = None,
     ) -> None:
         self._stats = LegStats()
-        # The C receive path (`rtp._fastrtp`, through the poller) when built and `fast_path`:
-        # `_fast` is the poller's receiver once the RTP socket is registered there, `_armed`
-        # whether it is taking this leg's in-order packets now (see `_arm`).
+        # The C receive path (`rtp._fastrtp`, through the poller) when built and `fast_path`;
+        # `self._fast.armed` while it takes this leg's in-order packets (`rtp.fastpath`).
         self._use_fast = fast_path
-        self._fast: Any = None
-        self._fast_fd = -1
-        self._armed = False
-        self._armed_payload_type = -1
+        self._fast = FastPath()
         self._sink = sink
         self._on_end = on_end
         self._timeout_s = inactivity_timeout_s
@@ -181,7 +179,7 @@ class RtpLeg:
     @property
     def stats(self) -> LegStats:
         """The leg's counters, including the packets the C receive path has taken so far."""
-        if self._armed:
+        if self._fast.armed:
             self._take_fast(disarm=False)
         return self._stats
 
@@ -214,7 +212,7 @@ class RtpLeg:
         self._poller = DatagramPoller.for_loop(loop, self._poll_interval_s)
         batch_bytes = self._batch_samples  # G.711: one byte per sample
         if self._poller.add(rtp, self.handle_rtp, owner=self if self._use_fast else None, batch_bytes=batch_bytes):
-            self._fast, self._fast_fd = self._poller.fast, rtp.fileno()
+            self._fast.attach(self._poller.fast, rtp.fileno())
         self._poller.add(rtcp, self.handle_rtcp)
         self._sockets = (rtp, rtcp)
         self._last_seen = time.monotonic()
@@ -222,7 +220,7 @@ class RtpLeg:
 
     def set_payload_types(self, payload_types: dict[int, str]) -> None:
         """Apply a new SDP answer's payload type map (re-INVITE); unknown names are skipped."""
-        if self._armed:
+        if self._fast.armed:
             self._take_fast(disarm=True)
         kinds: dict[int, PacketKind] = {}
         tables: dict[int, np.ndarray] = {}
@@ -247,7 +245,7 @@ class RtpLeg:
         """
         if address is None:
             return
-        if self._armed:
+        if self._fast.armed:
             self._take_fast(disarm=True)
         host, port = address
         if not 0 <= port <= 65535:
@@ -279,7 +277,7 @@ class RtpLeg:
         """
         if self._closed:
             return
-        if self._armed:  # a packet that bypassed the C path: take over its state first
+        if self._fast.armed:  # a packet that bypassed the C path: take over its state first
             self._take_fast(disarm=True)
         if len(data) >= RTP_HEADER_LENGTH and data[0] == _PLAIN_RTP_FIRST_BYTE:
             _, second, sequence_number, timestamp, ssrc = _RTP_HEADER.unpack_from(data)
@@ -328,7 +326,7 @@ class RtpLeg:
                 self._queued_samples += len(payload)
                 if self._queued_samples >= self._batch_samples:
                     self._resample_queued()
-                if self._fast is not None:
+                if self._fast.available:
                     self._arm(payload_type, addr)
                 return
             kind = PacketKind.AUDIO
@@ -373,7 +371,7 @@ class RtpLeg:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._armed:
+        if self._fast.armed:
             self._take_fast(disarm=True)
         self._deliver(self._buffer.flush())
         self._resample_queued()
@@ -398,45 +396,31 @@ class RtpLeg:
     def _arm(self, payload_type: int, addr: Address) -> None:
         """Let the C receive path take the packets that continue the stream from `addr`:
         called after a packet took the in-order path (`push_in_order`), so the reorder buffer
-        holds nothing and its expectation is known. The C path's first batch completes what
-        is queued here, so batches keep their size."""
+        holds nothing and its expectation is known."""
         expected = self._buffer.in_order_expectation()
-        if expected is None:
-            return
-        try:
-            packed = socket.inet_pton(socket.AF_INET6 if ":" in addr[0] else socket.AF_INET, addr[0])
-        except (OSError, TypeError, IndexError):
-            return
-        next_seq, timestamp, payload_bytes, ssrc = expected
-        self._armed = self._fast.arm(
-            self._fast_fd, next_seq, ssrc, timestamp, payload_bytes, payload_type, packed, addr[1],
-            self._jitter_ticks, self._jitter_arrival, self._jitter_timestamp, self._queued_samples,
-        )  # fmt: skip
-        self._armed_payload_type = payload_type
+        if expected is not None:
+            jitter = (self._jitter_ticks, self._jitter_arrival, self._jitter_timestamp)
+            self._fast.arm(expected, payload_type, addr, jitter, self._queued_samples)
 
     def _take_fast(self, *, disarm: bool) -> None:
-        """Bring the counters (and with `disarm` the stream state and the batch in progress)
-        of the packets the C path took into this leg; with `disarm` it stops taking them."""
-        taken = self._fast.take(self._fast_fd, disarm)
-        packets, size, arrival, jitter_ticks, jitter_arrival, jitter_timestamp = taken[:6]
-        since_arm, next_timestamp, last, pending = taken[6:]
-        if packets:
+        """Bring what the C path took into this leg (see `rtp.fastpath.FastPath.take`)."""
+        taken = self._fast.take(disarm=disarm)
+        if taken.packets:
             stats = self._stats
-            stats.packets += packets
-            stats.bytes += size
-            stats.last_packet_time = arrival
-            self._last_seen = max(self._last_seen, arrival)
-            self._jitter_ticks, self._jitter_arrival = jitter_ticks, jitter_arrival
-            self._jitter_timestamp = jitter_timestamp
-            stats.jitter_ms = jitter_ticks * 1000 / CLOCK_RATE_HZ
+            stats.packets += taken.packets
+            stats.bytes += taken.size
+            stats.last_packet_time = taken.arrival
+            self._last_seen = max(self._last_seen, taken.arrival)
+            self._jitter_ticks, self._jitter_arrival = taken.jitter_ticks, taken.jitter_arrival
+            self._jitter_timestamp = taken.jitter_timestamp
+            stats.jitter_ms = taken.jitter_ticks * 1000 / CLOCK_RATE_HZ
         if not disarm:
             return
-        self._armed = False
-        if since_arm:
-            self._buffer.advance_in_order(since_arm, next_timestamp, self._armed_payload_type, last)
-        if pending:
-            self._raw.append(pending)
-            self._queued_samples += len(pending)
+        if taken.since_arm:
+            self._buffer.advance_in_order(taken.since_arm, taken.next_timestamp, taken.payload_type, taken.last_payload)
+        if taken.pending:
+            self._raw.append(taken.pending)
+            self._queued_samples += len(taken.pending)
 
     def _admit(self, addr: Address) -> bool:
         """The source rule of the class doc, for a valid packet from an address not latched."""
@@ -502,7 +486,7 @@ class RtpLeg:
         self._timer = None
         if self._closed or self._ended:
             return
-        if self._armed:
+        if self._fast.armed:
             self._take_fast(disarm=False)
         idle = time.monotonic() - self._last_seen
         if not self._on_hold and idle >= self._timeout_s:

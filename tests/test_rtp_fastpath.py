@@ -155,7 +155,7 @@ def test_ipv6_source_is_taken_in_c() -> None:
                 sender.sendto(packet(n), ("::1", port))
                 await asyncio.sleep(0.001)
             await wait_for(lambda: leg.stats.packets == 20)
-            assert leg._armed
+            assert leg._fast.armed
         stats = await leg.close()
         assert stats.samples_out == sink.samples == 20 * 320
         assert stats.lost == stats.bad_packets == 0
@@ -171,7 +171,7 @@ def test_counters_are_current_while_the_c_path_takes_packets() -> None:
                 sender.sendto(packet(n), (HOST, port))
                 await asyncio.sleep(0.001)
             await wait_for(lambda: leg.stats.packets == 30)
-            assert leg._armed  # the in-order packets after the first went through C
+            assert leg._fast.armed  # the in-order packets after the first went through C
             stats = leg.stats
             assert stats.bytes == 30 * 172
             assert stats.last_packet_time is not None and stats.last_packet_time <= time.monotonic()
