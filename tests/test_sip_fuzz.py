@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from sip.app import CountingCallHandler
 from sip.config import SipSettings
-from sip.message import Address, BodyPart, StreamFramer, build_multipart, parse
+from sip.message import Address, StreamFramer, parse
+from sip.multipart import BodyPart, build_multipart
 from sip.uas import UasCore
 from tests.test_sip_support import OFFER_PCMU, FakePorts, ack, invite
 

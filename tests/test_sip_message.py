@@ -6,7 +6,6 @@ import pytest
 
 from sip.errors import SipParseError
 from sip.message import (
-    BodyPart,
     Headers,
     NameAddr,
     Request,
@@ -14,12 +13,11 @@ from sip.message import (
     SipUri,
     StreamFramer,
     Via,
-    build_multipart,
     parse,
     parse_cseq,
-    parse_multipart,
     split_list,
 )
+from sip.multipart import BodyPart, build_multipart, parse_multipart
 from tests.test_sip_support import invite
 
 COMPACT = (
