@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -52,6 +52,20 @@ class DecoderFn(Protocol):
         reverse_weight: float,
         *,
         memory_rows: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@runtime_checkable
+class TreeDecoder(Protocol):
+    """A decoder that scores each utterance's n-best as one prefix tree (``forward_tree`` of
+    ``asr_core.model.decoder``'s decoders; exported graphs lack it and take the padded path)."""
+
+    def forward_tree(
+        self,
+        memory: torch.Tensor,
+        mask: torch.Tensor,
+        tree: tuple[torch.Tensor, ...],
+        r_tree: tuple[torch.Tensor, ...] | None,
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
@@ -365,11 +379,11 @@ def attention_rescore(
     for nbest in nbests:
         first_row.append(first_row[-1] + len(nbest))
     use_r2l = reverse_weight > 0.0
-    forward_tree = getattr(decoder_fn, "forward_tree", None) if prefix_tree else None
-    if forward_tree is not None:
+    if prefix_tree and isinstance(decoder_fn, TreeDecoder):
         use_r2l = _rescore_trees(
-            forward_tree, encoder_outs, nbests, sos, eos, use_r2l, padding_slack, max_positions, first_row, l2r, r2l
-        )
+            decoder_fn.forward_tree, encoder_outs, nbests, sos, eos, use_r2l, padding_slack, max_positions,
+            first_row, l2r, r2l,
+        )  # fmt: skip
     else:
         use_r2l = _rescore_padded(
             decoder_fn, encoder_outs, nbests, sos, eos, reverse_weight, padding_slack, max_positions,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -30,6 +30,7 @@ from rescoring.attention import padded_memory
 __all__ = ["AttentionHypothesis", "StepDecoder", "attention_beam_search", "supports_search"]
 
 
+@runtime_checkable
 class StepDecoder(Protocol):
     """A decoder with an incremental step (``asr_core.model.decoder``'s decoders)."""
 
@@ -52,8 +53,8 @@ class AttentionHypothesis:
 
 
 def supports_search(decoder: object) -> bool:
-    """Whether ``decoder`` has the incremental step this search needs."""
-    return callable(getattr(decoder, "step", None)) and callable(getattr(decoder, "memory_keys_values", None))
+    """Whether ``decoder`` has the incremental step this search needs (``StepDecoder``'s members)."""
+    return isinstance(decoder, StepDecoder)
 
 
 @torch.inference_mode()
