@@ -10,15 +10,28 @@ resampler:
 - each odd output is a dot product of the 2R inputs around it with fixed taps (a windowed
   sinc: R = 20 taps per side, Kaiser beta 8). Response: flat to within 0.001 dB up to 3.4 kHz
   (the telephone band's top), -0.07 dB at 3.6 kHz, images above 4.6 kHz at least 82 dB down;
-- the dot products of every stream that has a batch ready are one float32 matrix product:
-  each stream's samples, cut into overlapping windows of BLOCK + 2R - 1, times a banded
+- the dot products of every stream that has a batch ready are one matrix product: each
+  stream's samples, cut into overlapping windows of BLOCK + 2R - 1, times a banded
   (BLOCK + 2R - 1) x BLOCK matrix of the taps.
 
 Output lags input by R input samples (2.5 ms), against 63 ms on average (115 ms at most)
-for soxr's HQ fixed-ratio stream. The arithmetic does not depend on how input is cut into
-pieces or grouped with other streams' pieces (float32 products rounded to int16 once), so
-any cutting gives the same samples as one call on the whole signal: exactly
-2 x the input's length in total, the last R pairs coming from `flush()`.
+for soxr's HQ fixed-ratio stream.
+
+The same bits on every CPU, whatever the grouping: the taps are fixed point (integers, in
+units of 2^-TAP_FRACTION_BITS) and the product runs in float64 on integer-valued operands.
+Every product of an int16 sample and an integer tap is an integer below 2^15 * 2^24, and
+every partial sum, in whatever order or blocking a BLAS kernel adds them (FMA or not, any
+SIMD width, any row count), is an integer of magnitude at most 2^15 * sum|taps| < 2^53
+(checked at import): float64 represents all of them exactly, so each odd output's
+accumulator is the exact integer dot product, and one scaling by a power of two and one
+round-half-to-even make the int16 sample. So any cutting into pieces, any batch of
+streams, and any BLAS kernel (OpenBLAS's Haswell or SkylakeX ones, MKL) give the samples
+one call on the whole signal gives: exactly 2 x the input's length in total, the last R
+pairs coming from `flush()`. (A float32 product, as before, rounded its partial sums, so
+its rounding depended on the kernel's blocking: 4 of 16,000 samples differed by 1 LSB
+between piece sizes on an AVX2 CPU.) Rounding the taps to 2^-24 moves an output by at
+most 2^15 * 40 * 2^-25 < 0.04 LSB before the final rounding, so the output is within
+1 LSB of the float32 filter the bundled demo model was trained with.
 
 `SharedUpsampler` is the batcher: one per event loop (`for_loop`), each leg holds one
 `UpsamplerStream` from it. A stream's `submit()` queues its piece; the batch runs in a
@@ -50,6 +63,8 @@ INPUT_RATE_HZ = 8000
 OUTPUT_RATE_HZ = 16000
 TAPS_PER_SIDE = 20
 KAISER_BETA = 8.0
+# Fixed-point scale of the taps: an integer tap t weighs t * 2^-TAP_FRACTION_BITS.
+TAP_FRACTION_BITS = 24
 # Odd outputs computed per matrix row: larger blocks waste fewer multiplications on the
 # band's overlap ((BLOCK + 2R - 1) / BLOCK) but pad short pieces further.
 BLOCK = 64
@@ -71,27 +86,41 @@ def halfband_taps(taps_per_side: int = TAPS_PER_SIDE, beta: float = KAISER_BETA)
     return taps / taps.sum()
 
 
+def fixed_point_taps(taps: np.ndarray, fraction_bits: int = TAP_FRACTION_BITS) -> np.ndarray:
+    """int64 taps in units of 2^-fraction_bits; raises ValueError when an int16 signal's dot
+    product with them could leave float64's exact integer range (2^53), the condition that
+    makes the matrix product independent of summation order."""
+    # Averaged with its mirror so that the fixed taps stay exactly symmetric (linear phase).
+    fixed = np.rint((taps + taps[::-1]) * 2.0 ** (fraction_bits - 1)).astype(np.int64)
+    bound = 2**15 * int(np.abs(fixed).sum())
+    if bound >= 2**53:
+        raise ValueError(f"taps at {fraction_bits} fraction bits can sum to {bound}, beyond float64's exact 2^53")
+    return fixed
+
+
 def _band_matrix(taps: np.ndarray, block: int) -> np.ndarray:
-    """(block + len(taps) - 1, block) float32: column s holds the taps at rows s ... s + 2R - 1."""
-    matrix = np.zeros((block + len(taps) - 1, block), dtype=np.float32)
+    """(block + len(taps) - 1, block) float64: column s holds the taps at rows s ... s + 2R - 1."""
+    matrix = np.zeros((block + len(taps) - 1, block), dtype=np.float64)
     for column in range(block):
         matrix[column : column + len(taps), column] = taps
     return matrix
 
 
-_TAPS = halfband_taps()
+_TAPS = fixed_point_taps(halfband_taps())
 _BAND = _band_matrix(_TAPS, BLOCK)
+_OUTPUT_SCALE = 2.0**-TAP_FRACTION_BITS
 
 
 def upsample_rows(samples: np.ndarray, n: int) -> np.ndarray:
-    """samples: float32 (G, HISTORY + n), each row a stream's history then its n new 8 kHz
-    samples -> int16 (G, 2n): for each new input position, the even output (an input sample,
-    R - 1 positions into the row) and the odd output after it."""
+    """samples: float64 (G, HISTORY + n) holding int16 values, each row a stream's history
+    then its n new 8 kHz samples -> int16 (G, 2n): for each new input position, the even
+    output (an input sample, R - 1 positions into the row) and the odd output after it.
+    Exact whatever G and the BLAS kernel (see the module docstring)."""
     rows = samples.shape[0]
     blocks = -(-n // BLOCK)
     width = blocks * BLOCK + HISTORY
     if samples.shape[1] < width:
-        padded = np.zeros((rows, width), dtype=np.float32)
+        padded = np.zeros((rows, width), dtype=np.float64)
         padded[:, : samples.shape[1]] = samples
         samples = padded
     row_stride, column_stride = samples.strides
@@ -105,6 +134,7 @@ def upsample_rows(samples: np.ndarray, n: int) -> np.ndarray:
     out = np.empty((rows, 2 * n), dtype=np.int16)
     start = TAPS_PER_SIDE - 1
     out[:, 0::2] = samples[:, start : start + n]
+    np.multiply(odd, _OUTPUT_SCALE, out=odd)
     np.rint(odd, out=odd)
     np.clip(odd, -32768, 32767, out=odd)
     out[:, 1::2] = odd
@@ -135,7 +165,7 @@ class UpsamplerStream:
     def __init__(self, owner: SharedUpsampler, deliver: Deliver) -> None:
         self._owner = owner
         self._deliver = deliver
-        self._history = np.zeros(HISTORY, dtype=np.float32)
+        self._history = np.zeros(HISTORY, dtype=np.float64)
         # Output pairs before the first input sample (the window sliding in over the zero
         # history): not delivered, so output stays exactly twice the input.
         self._skip = TAPS_PER_SIDE
@@ -192,7 +222,7 @@ def _run_group(streams: list[UpsamplerStream], pieces: list[Piece]) -> None:
     stream, in one product; deliver each stream's output. A deliver callback that raises is
     logged and does not stop the others."""
     n = _piece_length(pieces[0])
-    samples = np.empty((len(streams), HISTORY + n), dtype=np.float32)
+    samples = np.empty((len(streams), HISTORY + n), dtype=np.float64)
     samples[:, :HISTORY] = np.stack([stream._history for stream in streams])
     first = pieces[0]
     if isinstance(first, np.ndarray):

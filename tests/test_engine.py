@@ -310,7 +310,10 @@ def test_dtype_names_resolve_or_say_why_not() -> None:
         resolve_dtype("int4", "cpu")
 
 
-@pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="oneDNN has no bf16 kernels for this CPU")
+@pytest.mark.skipif(
+    not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+    reason="needs oneDNN bf16 kernels: an x86 CPU with AVX-512 (native with AVX512-BF16 or AMX); AVX2-only CPUs skip",
+)
 def test_bfloat16_engine_keeps_the_winners(loaded: LoadedModel, audio: list[np.ndarray]) -> None:
     own = load_wenet_model(FIXTURE / "model")  # the engine casts the model it is given
     engine = Engine(own, EngineOptions(max_streams=2, dtype=resolve_dtype("bfloat16", "cpu"), endpoint=NO_ENDPOINTS))

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from asr_core.backends.onnx_graph import chunk_example
+from asr_core import cpu_isa
+from asr_core.backends.onnx_graph import INT8_MODES, chunk_example, int8_mode_for, quantize_int8
 from asr_core.backends.onnxruntime import OrtChunkRunner, OrtDecoderRunner
 from deploy.export import onnx_export
 
@@ -22,6 +23,9 @@ from asr_core.model.loader import LoadedModel, load_wenet_model  # noqa: E402
 ENCODER_TOLERANCE = 1e-4
 LOG_PROB_TOLERANCE = 1e-3
 WAVS = [FIXTURE / "wav" / "utt1.wav", FIXTURE / "wav" / "utt2.wav"]
+# The INT8 mode export picks on this machine (ONEDNN_MAX_CPU_ISA=AVX2 picks the AVX2 one);
+# a parameter so that the test's name says which mode its agreement was measured with.
+AUTO_INT8_MODE = int8_mode_for(cpu_isa.detect())
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +99,10 @@ def test_decoder_matches_wenet_decoder_log_probs(exported: Path, expected: dict[
                 torch.testing.assert_close(got[row, :length], want[row, :length], rtol=0, atol=LOG_PROB_TOLERANCE)
 
 
-def test_check_command_reports_errors_as_json(exported: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("int8_mode", [AUTO_INT8_MODE])
+def test_check_command_reports_errors_as_json(
+    exported: Path, capsys: pytest.CaptureFixture[str], int8_mode: str
+) -> None:
     argv = ["check", "--model", str(FIXTURE / "model"), "--out", str(exported), "--chunk", "8", "--left-chunks", "2"]
     assert onnx_export.main([*argv, "--wav", *map(str, WAVS)]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -107,7 +114,34 @@ def test_check_command_reports_errors_as_json(exported: Path, capsys: pytest.Cap
     assert audio["fp32"]["log_probs"] <= LOG_PROB_TOLERANCE
     assert audio["fp32"]["argmax_agreement"] == 1.0
     # INT8 weights move a random model's outputs visibly; the best CTC token mostly survives.
-    assert audio["int8"]["argmax_agreement"] >= 0.9
+    assert report["int8_mode"] == int8_mode
+    assert audio["int8"]["argmax_agreement"] >= 0.9, (int8_mode, report["cpu"])
+
+
+@pytest.mark.parametrize("mode", INT8_MODES)
+def test_every_int8_mode_is_recorded_and_mostly_agrees(
+    exported: Path, loaded: LoadedModel, tmp_path: Path, mode: str
+) -> None:
+    """Each mode runs here (on a VNNI CPU this cannot show u8s8's saturation on AVX2; the
+    reduce-range and u8u8 modes are the ones exact there) and names itself in the graph."""
+    target = tmp_path / f"{mode}.onnx"
+    quantize_int8(exported / onnx_export.ENCODER_FILE, target, mode)
+    runner = OrtChunkRunner(target)
+    assert runner.int8_mode == mode
+    assert runner.meta["num_blocks"] == loaded.num_blocks  # the model's own metadata is kept
+    audio = onnx_export.check_audio(loaded, {"int8": runner}, WAVS, 8, 2)
+    assert audio["int8"]["argmax_agreement"] >= 0.9, (mode, cpu_isa.detect().level)
+
+
+def test_export_records_the_int8_mode_it_chose(exported: Path) -> None:
+    runner = OrtChunkRunner(exported / onnx_export.ENCODER_INT8_FILE)
+    assert runner.int8_mode == AUTO_INT8_MODE
+    assert OrtChunkRunner(exported / onnx_export.ENCODER_FILE).int8_mode is None
+
+
+def test_unknown_int8_mode_is_refused(exported: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown INT8 mode 's4'"):
+        quantize_int8(exported / onnx_export.ENCODER_FILE, tmp_path / "x.onnx", "s4")
 
 
 def test_runner_errors_say_what_to_do(exported: Path, tmp_path: Path) -> None:

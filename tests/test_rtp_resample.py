@@ -1,12 +1,23 @@
 import asyncio
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 import soxr
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rtp import g711
 from rtp.leg import RtpLeg
-from rtp.resample import TAPS_PER_SIDE, SharedUpsampler, SoxrStream, Upsampler, halfband_taps
+from rtp.resample import (
+    TAP_FRACTION_BITS,
+    TAPS_PER_SIDE,
+    SharedUpsampler,
+    SoxrStream,
+    Upsampler,
+    fixed_point_taps,
+    halfband_taps,
+)
 from rtp.sink import CountingSink
 
 
@@ -45,6 +56,82 @@ def test_pieces_of_any_size_give_exactly_the_same_samples(seed: int) -> None:
     np.testing.assert_array_equal(whole, pieced)
 
 
+def integer_reference(x: np.ndarray) -> np.ndarray:
+    """The upsampler's output computed with int64 arithmetic only (no BLAS, no floats in the
+    sums): what every CPU must produce bit for bit."""
+    taps = fixed_point_taps(halfband_taps())
+    history, tail = np.zeros(2 * TAPS_PER_SIDE - 1, np.int64), np.zeros(TAPS_PER_SIDE, np.int64)
+    padded = np.concatenate([history, x.astype(np.int64), tail])
+    odd_sums = np.correlate(padded, taps, mode="valid")[TAPS_PER_SIDE:]
+    odd = np.clip(np.rint(odd_sums.astype(np.float64) * 2.0**-TAP_FRACTION_BITS), -32768, 32767)
+    out = np.empty(2 * len(x), dtype=np.int16)
+    out[0::2] = x
+    out[1::2] = odd
+    return out
+
+
+class ManualLoop:
+    """Stands in for the event loop: the shared upsampler's batch runs when the test says."""
+
+    def __init__(self) -> None:
+        self.callbacks: list[Callable[[], None]] = []
+
+    def call_soon(self, callback: Callable[[], None]) -> object:
+        self.callbacks.append(callback)
+        return object()
+
+    def run_pending(self) -> None:
+        callbacks, self.callbacks = self.callbacks, []
+        for callback in callbacks:
+            callback()
+
+
+int16_signals = st.lists(st.integers(-32768, 32767), min_size=0, max_size=600).map(lambda v: np.array(v, np.int16))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    signals=st.lists(int16_signals, min_size=1, max_size=5),
+    cuts=st.lists(st.integers(0, 200), min_size=0, max_size=30),
+    passes=st.lists(st.booleans(), min_size=0, max_size=30),
+)
+def test_any_piece_sizes_and_any_batching_give_the_integer_reference(
+    signals: list[np.ndarray], cuts: list[int], passes: list[bool]
+) -> None:
+    """Property: streams cut into any pieces, batched with each other in any way (a batch runs
+    after some submits, not others), give exactly the int64 reference, so the float64
+    product's result does not depend on the row count or the BLAS kernel that ran it."""
+    loop = ManualLoop()
+    shared = SharedUpsampler(loop)  # type: ignore[arg-type]
+    outputs: list[list[np.ndarray]] = [[] for _ in signals]
+    streams = [shared.stream(out.append) for out in outputs]
+    starts = [0] * len(signals)
+    for step, cut in enumerate(cuts):
+        index = step % len(signals)
+        signal = signals[index]
+        streams[index].submit(signal[starts[index] : starts[index] + cut])
+        starts[index] += cut
+        if step < len(passes) and passes[step]:
+            loop.run_pending()
+    for index, stream in enumerate(streams):
+        stream.submit(signals[index][starts[index] :])
+    loop.run_pending()
+    for stream in streams:
+        stream.flush()
+    for signal, out in zip(signals, outputs, strict=True):
+        got = np.concatenate(out) if out else np.zeros(0, np.int16)
+        np.testing.assert_array_equal(got, integer_reference(signal))
+
+
+def test_full_scale_input_stays_exact_and_clips() -> None:
+    """The largest sums an int16 signal can make (alternating full scale against the taps'
+    signs) are still exact and clip to int16."""
+    taps = fixed_point_taps(halfband_taps())
+    worst = np.where(taps > 0, 32767, -32768).astype(np.int16)
+    x = np.tile(np.concatenate([worst, -worst.astype(np.int32).clip(-32768, 32767).astype(np.int16)]), 20)
+    np.testing.assert_array_equal(upsample_in_pieces(x, [7, 160, 33] * 10), integer_reference(x))
+
+
 def test_even_outputs_are_the_input_samples_without_delay() -> None:
     x = (np.random.default_rng(1).standard_normal(1000) * 3000).astype(np.int16)
     y = upsample_in_pieces(x, [160] * 5)
@@ -63,6 +150,14 @@ def test_taps_sum_to_one_and_are_symmetric() -> None:
     assert len(taps) == 2 * TAPS_PER_SIDE
     assert abs(taps.sum() - 1) < 1e-12
     np.testing.assert_allclose(taps, taps[::-1])
+    fixed = fixed_point_taps(taps)
+    np.testing.assert_array_equal(fixed, fixed[::-1])
+    assert abs(int(fixed.sum()) - 2**TAP_FRACTION_BITS) <= len(fixed)
+
+
+def test_taps_too_fine_for_exact_float64_sums_are_refused() -> None:
+    with pytest.raises(ValueError, match="2\\^53"):
+        fixed_point_taps(halfband_taps(), fraction_bits=40)
 
 
 def test_telephone_band_passes_flat_and_images_are_rejected() -> None:

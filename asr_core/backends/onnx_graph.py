@@ -30,6 +30,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from asr_core import cpu_isa
+from asr_core.cpu_isa import CpuIsa
 from asr_core.model.loader import LoadedModel
 from asr_core.stream import chunk_input_frames
 
@@ -153,10 +155,36 @@ def export_chunk_step(loaded: LoadedModel, path: Path, opset: int = DEFAULT_OPSE
     add_metadata(path, dict(model_metadata(loaded)))
 
 
-def quantize_int8(source: Path, target: Path) -> None:
-    """Dynamic INT8 quantization of the MatMuls with constant weights (the linear layers)."""
+# INT8 modes (uint8 activations, quantized per call, x weights):
+# - "u8s8": int8 weights over their full range; exact accumulation where the CPU has VNNI
+#   or AMX, the fast path there;
+# - "u8s8-reduce-range": int8 weights in 7 bits (-64..63), so that AVX2's and plain AVX-512's
+#   u8 x s8 kernels, which add product pairs in saturating int16, cannot clip
+#   (255 * 64 * 2 < 32767); ONNX Runtime's advice for CPUs without VNNI;
+# - "u8u8": uint8 weights, which ONNX Runtime multiplies without the int16 pair sums.
+INT8_MODES = ("u8s8", "u8s8-reduce-range", "u8u8")
+INT8_MODE_KEY = "int8_mode"
+"""Metadata key of an INT8 graph that names its mode (absent in graphs from before modes)."""
+
+
+def int8_mode_for(isa: CpuIsa) -> str:
+    """The INT8 mode that is accurate on ``isa``: full-range weights only where VNNI/AMX exist."""
+    return "u8s8" if isa.vnni or isa.amx else "u8s8-reduce-range"
+
+
+def int8_file(mode: str) -> str:
+    """The cached INT8 graph's file name for ``mode`` (the default mode keeps the plain name)."""
+    return ENCODER_INT8_FILE if mode == "u8s8" else ENCODER_INT8_FILE.replace(".int8.", f".int8-{mode}.")
+
+
+def quantize_int8(source: Path, target: Path, mode: str = "u8s8") -> None:
+    """Dynamic INT8 quantization of the MatMuls with constant weights (the linear layers) in
+    ``mode`` (one of `INT8_MODES`), recorded in the graph's metadata under `INT8_MODE_KEY`."""
+    import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    if mode not in INT8_MODES:
+        raise ValueError(f"unknown INT8 mode {mode!r}; choose one of: {', '.join(INT8_MODES)}")
     root = logging.getLogger()
     advice = _DropMessage("Please consider to run pre-processing before quantization")
     root.addFilter(advice)
@@ -165,11 +193,15 @@ def quantize_int8(source: Path, target: Path) -> None:
             source,
             target,
             op_types_to_quantize=["MatMul"],
-            weight_type=QuantType.QInt8,
+            weight_type=QuantType.QUInt8 if mode == "u8u8" else QuantType.QInt8,
+            reduce_range=mode == "u8s8-reduce-range",
             extra_options={"MatMulConstBOnly": True},
         )
     finally:
         root.removeFilter(advice)
+    graph = onnx.load(str(target))
+    onnx.helper.set_model_props(graph, {**{p.key: p.value for p in graph.metadata_props}, INT8_MODE_KEY: mode})
+    onnx.save(graph, str(target))
 
 
 class _DropMessage(logging.Filter):
@@ -203,22 +235,26 @@ def default_cache_dir() -> Path:
     return base / "hotline-asr" / "onnx"
 
 
-def cached_chunk_graph(loaded: LoadedModel, int8: bool = False, cache_dir: Path | None = None) -> Path:
-    """The chunk-step ONNX file (INT8 if asked) for ``loaded``, exported on first use.
+def cached_chunk_graph(
+    loaded: LoadedModel, int8: bool = False, cache_dir: Path | None = None, int8_mode: str | None = None
+) -> Path:
+    """The chunk-step ONNX file (INT8 if asked) for ``loaded``, exported on first use. The
+    INT8 mode defaults to the one accurate on this CPU (`int8_mode_for`).
 
     Files are written under a temporary name and renamed, so concurrent processes never read a
     half-written graph.
     """
     folder = (cache_dir or default_cache_dir()) / model_fingerprint(loaded)
     fp32 = folder / ENCODER_FILE
-    target = folder / (ENCODER_INT8_FILE if int8 else ENCODER_FILE)
+    mode = int8_mode or int8_mode_for(cpu_isa.detect())
+    target = folder / (int8_file(mode) if int8 else ENCODER_FILE)
     if target.is_file():
         return target
     folder.mkdir(parents=True, exist_ok=True)
     if not fp32.is_file():
         _write_atomically(fp32, lambda tmp: export_chunk_step(loaded, tmp))
     if int8:
-        _write_atomically(target, lambda tmp: quantize_int8(fp32, tmp))
+        _write_atomically(target, lambda tmp: quantize_int8(fp32, tmp, mode))
     return target
 
 

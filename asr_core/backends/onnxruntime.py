@@ -8,17 +8,21 @@ graph's metadata, written by ``asr_core.backends.onnx_graph``. This module impor
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 import torch
 
-from asr_core.backends.onnx_graph import CHUNK_INPUTS, CHUNK_OUTPUTS, cached_chunk_graph
+from asr_core import cpu_isa
+from asr_core.backends.onnx_graph import CHUNK_INPUTS, CHUNK_OUTPUTS, INT8_MODE_KEY, cached_chunk_graph, int8_mode_for
 from asr_core.backends.runner import ChunkStep
 from asr_core.model.loader import LoadedModel
 
 DECODER_INPUTS = ("memory", "memory_mask", "ys_in_pad", "ys_in_lens", "r_ys_in_pad")
+
+log = logging.getLogger(__name__)
 
 
 def _session(path: str | Path, threads: int, providers: list[str] | None) -> ort.InferenceSession:
@@ -57,6 +61,17 @@ class OrtChunkRunner:
             raise ValueError(f"{path}: not a chunk-step graph (inputs {names}, expected {list(CHUNK_INPUTS)})")
         metadata = self.session.get_modelmeta().custom_metadata_map
         self.meta = {key: int(value) for key, value in metadata.items() if value.lstrip("-").isdigit()}
+        self.int8_mode: str | None = metadata.get(INT8_MODE_KEY)
+        """The graph's INT8 mode (`onnx_graph.INT8_MODES`); None for fp32 graphs and older exports."""
+        isa = cpu_isa.detect()
+        if self.int8_mode == "u8s8" and int8_mode_for(isa) != "u8s8":
+            log.warning(
+                "%s: full-range INT8 weights (u8s8) on a CPU without VNNI (%s): its int8 kernels can "
+                "saturate and lose accuracy; re-export with `asr-export onnx --int8-mode %s`",
+                path,
+                isa.level,
+                int8_mode_for(isa),
+            )
 
     @classmethod
     def for_model(

@@ -10,6 +10,10 @@ from deploy.bench import e2e_bench, engine_bench
 
 
 def _accuracy(argv: list[str]) -> int:
+    if "--int8-change" in argv:
+        from deploy.bench import int8_accuracy
+
+        return int8_accuracy.main([arg for arg in argv if arg != "--int8-change"])
     from asr_core.training.evaluate import main as evaluate
 
     evaluate(argv)
@@ -31,7 +35,10 @@ PASSTHROUGH: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "publisher": (_module_main("publisher_bench"), "events/s and publish latency to a local Redis"),
     "sherpa-peer": (_module_main("sherpa_peer"), "sherpa-onnx vs our engine on the same exported model"),
     "soak": (_module_main("soak"), "N calls for M minutes: RSS, FDs and threads over time"),
-    "accuracy": (_accuracy, "CER per chunk size, greedy and rescore, on a test set (WAVs + text)"),
+    "accuracy": (
+        _accuracy,
+        "CER per chunk size, greedy and rescore, on a test set (WAVs + text); --int8-change: INT8 vs fp32 per backend",
+    ),
 }
 
 

@@ -30,17 +30,20 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from asr_core import cpu_isa
 from asr_core.audio_io import read_wav
 from asr_core.backends.onnx_graph import (
     CHUNK_OUTPUTS,
     DEFAULT_OPSET,
     ENCODER_FILE,
     ENCODER_INT8_FILE,
+    INT8_MODES,
     LEGACY_EXPORTER_WARNINGS,
     ChunkStepGraph,
     add_metadata,
     chunk_example,
     export_chunk_step,
+    int8_mode_for,
     model_metadata,
     quantize_int8,
 )
@@ -117,16 +120,23 @@ def _decoder_example(loaded: LoadedModel, hyps: int, length: int, frames: int, s
     return memory, memory_mask, forward, lens + 1, backward
 
 
-def export_all(model_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, int8: bool = True) -> dict[str, str]:
-    """Export every graph of the model in `model_dir` into `out_dir`; returns {name: path}."""
+def export_all(
+    model_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, int8: bool = True, int8_mode: str = "auto"
+) -> dict[str, str]:
+    """Export every graph of the model in `model_dir` into `out_dir`; returns {name: path} plus,
+    with INT8, the mode used and the CPU tier it was chosen for (``auto``: this machine's)."""
     loaded = load_wenet_model(model_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = {"encoder_chunk": out_dir / ENCODER_FILE, "decoder": out_dir / DECODER_FILE}
     export_chunk_step(loaded, written["encoder_chunk"], opset)
     export_decoder(loaded, written["decoder"], opset)
     if int8:
+        isa = cpu_isa.detect()
+        mode = int8_mode_for(isa) if int8_mode == "auto" else int8_mode
         written["encoder_chunk_int8"] = out_dir / ENCODER_INT8_FILE
-        quantize_int8(written["encoder_chunk"], written["encoder_chunk_int8"])
+        quantize_int8(written["encoder_chunk"], written["encoder_chunk_int8"], mode)
+        chosen_for = isa.level if int8_mode == "auto" else "explicit --int8-mode"
+        return {**{name: str(path) for name, path in written.items()}, "int8_mode": mode, "int8_chosen_for": chosen_for}
     return {name: str(path) for name, path in written.items()}
 
 
@@ -264,6 +274,8 @@ def check_all(
     if (out_dir / ENCODER_INT8_FILE).is_file():
         runners["int8"] = OrtChunkRunner(out_dir / ENCODER_INT8_FILE, threads)
     report: dict[str, object] = {
+        "cpu": cpu_isa.detect().level,
+        "int8_mode": runners["int8"].int8_mode if "int8" in runners else None,
         "random_fp32": check_random(loaded, fp32),
         "decoder": check_decoder(loaded, OrtDecoderRunner(out_dir / DECODER_FILE, threads)),
     }
@@ -286,6 +298,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="directory for the .onnx files")
     parser.add_argument("--opset", type=int, default=DEFAULT_OPSET)
     parser.add_argument("--no-int8", action="store_true", help="skip the INT8 encoder")
+    parser.add_argument(
+        "--int8-mode",
+        choices=("auto", *INT8_MODES),
+        default="auto",
+        help="INT8 weights: u8s8 (fast, for VNNI/AMX CPUs), u8s8-reduce-range (7-bit weights, accurate on "
+        "AVX2/AVX-512 without VNNI), u8u8; auto: the accurate one for this machine's CPU",
+    )
     parser.add_argument("--wav", type=Path, nargs="*", default=[], help="check: 16 kHz WAVs streamed through both")
     parser.add_argument("--testset", type=Path, help="check: dir of WAVs + `text`; streaming greedy CER per runtime")
     parser.add_argument("--chunk", type=int, default=16, help="check: chunk size in encoder frames")
@@ -293,7 +312,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch and ONNX Runtime threads")
     args = parser.parse_args(argv)
     if args.command == "export":
-        result: dict[str, object] = dict(export_all(args.model, args.out, args.opset, not args.no_int8))
+        result: dict[str, object] = dict(
+            export_all(args.model, args.out, args.opset, not args.no_int8, args.int8_mode)
+        )
     else:
         result = check_all(args.model, args.out, args.wav, args.chunk, args.left_chunks, args.threads, args.testset)
     json.dump(result, sys.stdout)

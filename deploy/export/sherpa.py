@@ -31,11 +31,13 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from asr_core import cpu_isa
 from asr_core.backends.onnx_graph import (
     DEFAULT_OPSET,
     LEGACY_EXPORTER_WARNINGS,
     add_metadata,
     cpu_float_copy,
+    int8_mode_for,
     quantize_int8,
 )
 from asr_core.model.loader import LoadedModel, load_wenet_model
@@ -149,7 +151,9 @@ def export_for_sherpa(
     write_tokens(loaded, written["tokens"])
     if int8:
         written["model_int8"] = out_dir / MODEL_INT8_FILE
-        quantize_int8(written["model"], written["model_int8"])
+        mode = int8_mode_for(cpu_isa.detect())  # the mode accurate on this machine's CPU
+        quantize_int8(written["model"], written["model_int8"], mode)
+        return {**{name: str(path) for name, path in written.items()}, "int8_mode": mode}
     return {name: str(path) for name, path in written.items()}
 
 
