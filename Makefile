@@ -36,7 +36,7 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy asr_gateway kv_ring sip rtp kb_hooks asr_core rescoring
+	$(VENV)/bin/mypy asr_common asr_gateway kv_ring sip rtp kb_hooks asr_core rescoring
 
 # The demo-model recipe end to end (about 3 h on 2 CPU cores with these budgets; the bundled
 # model had longer ones, see asr_core/demo_model/README.md). Data and checkpoints go to exp/demo.

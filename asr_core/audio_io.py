@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import soxr
 
-TARGET_RATE = 16000
-RESAMPLED_RATES = (8000,)
+from asr_common.audio import SAMPLE_RATE, TELEPHONE_RATE
+
+RESAMPLED_RATES = (TELEPHONE_RATE,)
 
 
 class AudioError(ValueError):
@@ -35,15 +36,15 @@ class Audio:
 
     @property
     def sample_rate(self) -> int:
-        return TARGET_RATE
+        return SAMPLE_RATE
 
     @property
     def resampled(self) -> bool:
-        return self.source_rate != TARGET_RATE
+        return self.source_rate != SAMPLE_RATE
 
     @property
     def duration_s(self) -> float:
-        return self.samples.shape[0] / TARGET_RATE
+        return self.samples.shape[0] / SAMPLE_RATE
 
 
 def read_wav(path: str | Path) -> Audio:
@@ -71,7 +72,7 @@ def read_wav(path: str | Path) -> Audio:
         raise AudioError(f"{p}: {channels} channels; only mono is supported (e.g. sox IN -c 1 OUT.wav)")
     if width != 2:
         raise AudioError(f"{p}: {8 * width}-bit samples; only 16-bit PCM is supported (sox IN -b 16 OUT.wav)")
-    if rate != TARGET_RATE and rate not in RESAMPLED_RATES:
+    if rate != SAMPLE_RATE and rate not in RESAMPLED_RATES:
         raise AudioError(f"{p}: sample rate {rate} Hz; use 16000 Hz or 8000 Hz (sox IN -r 16000 OUT.wav)")
     got = len(data) // width
     if got < declared:
@@ -79,6 +80,6 @@ def read_wav(path: str | Path) -> Audio:
     if got == 0:
         raise AudioError(f"{p}: empty: no audio samples")
     samples = np.frombuffer(data, dtype="<i2").astype(np.float32)
-    if rate != TARGET_RATE:
-        samples = soxr.resample(samples, rate, TARGET_RATE).astype(np.float32)
+    if rate != SAMPLE_RATE:
+        samples = soxr.resample(samples, rate, SAMPLE_RATE).astype(np.float32)
     return Audio(samples=samples, source_rate=rate)

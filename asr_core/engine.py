@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from asr_common.errors import CapacityError
+from asr_common.latency import MeasurementRing
 from asr_core import memtrim
 from asr_core.backends import ChunkRunner, make_runner, rescoring_decoder
 from asr_core.ctc_search import Hypothesis
@@ -42,8 +44,7 @@ from asr_core.finals import FinalRequest, FinalSearch, FinalSettings, ProcessFin
 from asr_core.frontend import fbank_windows
 from asr_core.model.loader import LoadedModel
 from asr_core.stream import Stream, StreamConfig, Utterance, chunk_input_frames
-from asr_gateway.samples import SampleRing
-from kv_ring import CapacityError, KvPool
+from kv_ring import KvPool
 from rescoring.attention import RescoreResult
 
 __all__ = ["CapacityError", "Engine", "EngineOptions", "EngineStats", "StreamConfig"]
@@ -119,10 +120,10 @@ class EngineStats:
     finals: int = 0
     behind_realtime_chunks: int = 0
     errors: int = 0
-    batch_sizes: SampleRing = field(default_factory=lambda: SampleRing(100_000))
-    forward_ms: SampleRing = field(default_factory=lambda: SampleRing(100_000))
-    partial_latency_ms: SampleRing = field(default_factory=lambda: SampleRing(500_000))
-    final_latency_ms: SampleRing = field(default_factory=lambda: SampleRing(100_000))
+    batch_sizes: MeasurementRing = field(default_factory=lambda: MeasurementRing(100_000))
+    forward_ms: MeasurementRing = field(default_factory=lambda: MeasurementRing(100_000))
+    partial_latency_ms: MeasurementRing = field(default_factory=lambda: MeasurementRing(500_000))
+    final_latency_ms: MeasurementRing = field(default_factory=lambda: MeasurementRing(100_000))
 
 
 class Engine:

@@ -46,8 +46,8 @@ import numpy as np
 import soxr
 from threadpoolctl import threadpool_limits
 
-INPUT_RATE_HZ = 8000
-OUTPUT_RATE_HZ = 16000
+from asr_common.audio import SAMPLE_RATE, TELEPHONE_RATE
+
 TAPS_PER_SIDE = 20
 KAISER_BETA = 8.0
 # Odd outputs computed per matrix row: larger blocks waste fewer multiplications on the
@@ -312,7 +312,7 @@ class SoxrStream:
 
     def __init__(self, deliver: Deliver) -> None:
         self._deliver = deliver
-        self._stream = soxr.ResampleStream(INPUT_RATE_HZ, OUTPUT_RATE_HZ, 1, dtype="int16", quality="HQ")
+        self._stream = soxr.ResampleStream(TELEPHONE_RATE, SAMPLE_RATE, 1, dtype="int16", quality="HQ")
         self._finished = False
 
     def submit(self, samples: np.ndarray) -> None:

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from asr_common.audio import SAMPLE_RATE
 from asr_core import memtrim
 from asr_gateway.demo import (
     DATA_DIR,
@@ -46,8 +47,6 @@ from asr_gateway.demo import (
 )
 from asr_gateway.sipp_calls import PCMA, PCMU, place_call
 from deploy.bench.e2e_bench import call_audio
-
-SAMPLE_RATE = 16000
 
 
 @dataclass
