@@ -44,6 +44,7 @@ from asr_core.finals import FinalRequest, FinalSearch, FinalSettings, ProcessFin
 from asr_core.frontend import fbank_windows
 from asr_core.model.loader import LoadedModel
 from asr_core.stream import Stream, StreamConfig, Utterance, chunk_input_frames
+from asr_core.tokens import tokens_to_text
 from kv_ring import KvPool
 from rescoring.attention import RescoreResult
 
@@ -484,9 +485,7 @@ class Engine:
     # -- events ---------------------------------------------------------------------
 
     def _text(self, tokens: Iterable[int]) -> str:
-        units = self.loaded.units
-        skip = {self._blank, self.loaded.sos_id, self.loaded.eos_id}
-        return "".join(units[t] for t in tokens if t not in skip and not units[t].startswith("<")).replace("▁", " ")
+        return tokens_to_text(tokens, self.loaded.units)
 
     def _times_ms(self, stream: Stream, frames: Iterable[int]) -> tuple[int, ...]:
         base = stream.utterance.start_frame

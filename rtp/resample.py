@@ -332,3 +332,12 @@ class SoxrStream:
         out = self._stream.resample_chunk(np.zeros(0, dtype=np.int16), last=True)
         if len(out):
             self._deliver(out)
+
+
+def upsample_recording(pcm8k: np.ndarray) -> np.ndarray:
+    """A whole 8 kHz int16 recording (N,) -> 16 kHz float32 (2N,) at int16 scale: the samples a
+    call's leg hands the engine for the same audio (`Upsampler`, int16 rounding included).
+    Test sets and the demo model's training features go through it, so they hear what calls do."""
+    upsampler = Upsampler()
+    pieces = [upsampler.process(np.asarray(pcm8k, dtype=np.int16)), upsampler.flush()]
+    return np.concatenate(pieces).astype(np.float32)

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from asr_common.scoring import cer
 from asr_core.audio_io import read_wav
 from asr_core.ctc_search import ctc_topk
 from asr_core.engine import Engine
@@ -25,6 +26,7 @@ from asr_core.frontend import compute_fbank
 from asr_core.model.loader import load_wenet_model
 from asr_core.offline import encode_streaming
 from asr_core.stream import StreamConfig
+from asr_core.tokens import tokens_to_text
 from asr_gateway.config import EngineSettings, load_config
 from asr_gateway.service import engine_options
 
@@ -34,15 +36,6 @@ SEED_WAV = REPO / "tests" / "data" / "hotline_8k" / "hotline_seed.wav"
 SEED_TEXT = "我今天发现新华路十二号井盖发生了破损有安全隐患"
 GOOD_ENOUGH_CER = 0.25  # the ninth demo release's finals on unseen sentences: 7 % CER (docs/BENCHMARKS.md)
 E2E_CHUNK_MS, E2E_LEFT_CHUNKS = 320, 4  # deploy/config/routes.example.yaml, profile "default"
-
-
-def cer(hyp: str, ref: str) -> float:
-    row = np.arange(len(ref) + 1)
-    for i, h in enumerate(hyp, 1):
-        previous, row[0] = row[0], i
-        for j, r in enumerate(ref, 1):
-            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (h != r))
-    return float(row[len(ref)]) / max(1, len(ref))
 
 
 @functools.cache
@@ -65,7 +58,7 @@ def seed_transcript() -> str:
     request = FinalRequest(*ctc_topk(log_probs, engine.beam), encoder_out)
     (result,) = FinalSearch(loaded.model.decoder, settings).run([request])
     best = result.rescored.tokens if result.rescored is not None else ()
-    return "".join(loaded.units[t] for t in best if not loaded.units[t].startswith("<"))
+    return tokens_to_text(best, loaded.units)
 
 
 @functools.cache

@@ -60,10 +60,10 @@ def test_asr_transcribe_prints_the_seed_sentence(capsys: pytest.CaptureFixture[s
 
 
 def test_streaming_engine_evaluation_equals_chunk_masked_decoding() -> None:
-    """``evaluate --backend torch`` decodes through the serving engine; with a cache window
+    """``asr-bench accuracy --backend torch`` decodes through the serving engine; with a cache window
     longer than every utterance it must give the texts of the chunk-masked whole-utterance
     decoding (which equals chunk-by-chunk streaming with an unlimited cache)."""
-    from asr_core.training import evaluate
+    from deploy.bench import accuracy as evaluate
 
     loaded = load_wenet_model(DEMO_MODEL)
     items = evaluate.read_audio(BUNDLE)

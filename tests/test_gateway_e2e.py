@@ -15,10 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import redis
 
+from asr_common.scoring import cer
 from asr_core.audio_io import read_wav
 from asr_gateway.config import load_config
 from asr_gateway.service import DEMO_MODEL_DIR, Service
@@ -84,15 +84,6 @@ def read_events(url: str) -> list[dict[str, Any]]:
         raw = fields.get(b"event") or next(iter(fields.values()))
         events.append(json.loads(raw))
     return events
-
-
-def cer(hyp: str, ref: str) -> float:
-    d = np.arange(len(ref) + 1)
-    for i, h in enumerate(hyp, 1):
-        prev, d[0] = d[0], i
-        for j, r in enumerate(ref, 1):
-            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (h != r))
-    return float(d[len(ref)]) / max(1, len(ref))
 
 
 def test_calls_through_the_whole_service(tmp_path: Path, redis_server: RedisServer) -> None:

@@ -28,7 +28,8 @@ import redis
 
 from asr_core.audio_io import read_wav
 from asr_gateway.config import ServiceConfig
-from asr_gateway.demo import DATA_DIR, EventCollector, demo_config, free_tcp_port
+from asr_gateway.demo import DATA_DIR, EventCollector, demo_config
+from asr_gateway.local_redis import free_tcp_port
 from asr_gateway.service import DEMO_MODEL_DIR, Service
 from asr_gateway.sipp_calls import PCMA, CallResult, place_call, sipp_path
 from tests.demo_quality import demo_model_is_accurate

@@ -10,7 +10,7 @@ from deploy.bench import e2e_bench, engine_bench
 
 
 def _accuracy(argv: list[str]) -> int:
-    from asr_core.training.evaluate import main as evaluate
+    from deploy.bench.accuracy import main as evaluate
 
     evaluate(argv)
     return 0
