@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from asr_common.scoring import cer
 from asr_core.audio_io import read_wav
 from asr_core.endpoint import EndpointRules
 from asr_core.engine import Engine, EngineOptions
@@ -17,7 +18,6 @@ from tests.demo_quality import (
     GOOD_ENOUGH_CER,
     SEED_TEXT,
     SEED_WAV,
-    cer,
     seed_transcript,
     service_seed_transcript,
 )  # fmt: skip
