@@ -36,7 +36,8 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy asr_gateway kv_ring sip rtp kb_hooks asr_core rescoring
+	$(VENV)/bin/mypy asr_common asr_gateway kv_ring sip rtp kb_hooks asr_core rescoring recipes deploy
+	$(VENV)/bin/lint-imports
 
 # The demo-model recipe end to end (about 3 h on 2 CPU cores with these budgets; the bundled
 # model had longer ones, see asr_core/demo_model/README.md). Data and checkpoints go to exp/demo.
@@ -44,7 +45,7 @@ DEMO_MODEL_MINUTES ?= 60
 DEMO_FINETUNE_MINUTES ?= 60
 DEMO_SERVING_MINUTES ?= 60
 demo-model: setup
-	$(VENV)/bin/python -m asr_core.training.recipe --out asr_core/demo_model --work exp/demo \
+	$(VENV)/bin/python -m recipes.recipe --out asr_core/demo_model --work exp/demo \
 	  --minutes-budget $(DEMO_MODEL_MINUTES) --finetune-minutes $(DEMO_FINETUNE_MINUTES) \
 	  --serving-minutes $(DEMO_SERVING_MINUTES)
 

@@ -1,7 +1,8 @@
-"""Reading WAV files for offline transcription: 16-bit PCM mono, 16 kHz (8 kHz is resampled).
+"""Reading WAV files: 16-bit PCM mono; for offline transcription 16 kHz (8 kHz is resampled).
 
-Every problem with a file is an :class:`AudioError` whose message is one line naming the
-file and saying what to do.
+The one WAV reader of the project: ``read_pcm16`` gives a file's samples at its own rate (test
+sets, training data), ``read_wav`` the 16 kHz audio the engine takes. Every problem with a file
+is an :class:`AudioError` whose message is one line naming the file and saying what to do.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import soxr
 
-TARGET_RATE = 16000
-RESAMPLED_RATES = (8000,)
+from asr_common.audio import SAMPLE_RATE, TELEPHONE_RATE
+
+RESAMPLED_RATES = (TELEPHONE_RATE,)
 
 
 class AudioError(ValueError):
@@ -35,23 +37,22 @@ class Audio:
 
     @property
     def sample_rate(self) -> int:
-        return TARGET_RATE
+        return SAMPLE_RATE
 
     @property
     def resampled(self) -> bool:
-        return self.source_rate != TARGET_RATE
+        return self.source_rate != SAMPLE_RATE
 
     @property
     def duration_s(self) -> float:
-        return self.samples.shape[0] / TARGET_RATE
+        return self.samples.shape[0] / SAMPLE_RATE
 
 
-def read_wav(path: str | Path) -> Audio:
-    """Read a 16-bit PCM mono WAV at 16 kHz, or at 8 kHz (resampled to 16 kHz with soxr).
+def read_pcm16(path: str | Path) -> tuple[np.ndarray, int]:
+    """Read a 16-bit PCM mono WAV at any rate: (int16 samples (N,), sample rate in Hz).
 
     Raises:
-        AudioError: missing, unreadable, empty, truncated, not PCM WAV, not 16-bit,
-            not mono, or an unsupported sample rate.
+        AudioError: missing, unreadable, empty, truncated, not PCM WAV, not 16-bit or not mono.
     """
     p = Path(path)
     if not p.exists():
@@ -71,14 +72,25 @@ def read_wav(path: str | Path) -> Audio:
         raise AudioError(f"{p}: {channels} channels; only mono is supported (e.g. sox IN -c 1 OUT.wav)")
     if width != 2:
         raise AudioError(f"{p}: {8 * width}-bit samples; only 16-bit PCM is supported (sox IN -b 16 OUT.wav)")
-    if rate != TARGET_RATE and rate not in RESAMPLED_RATES:
-        raise AudioError(f"{p}: sample rate {rate} Hz; use 16000 Hz or 8000 Hz (sox IN -r 16000 OUT.wav)")
     got = len(data) // width
     if got < declared:
         raise AudioError(f"{p}: truncated: header declares {declared} samples, file holds {got}")
     if got == 0:
         raise AudioError(f"{p}: empty: no audio samples")
-    samples = np.frombuffer(data, dtype="<i2").astype(np.float32)
-    if rate != TARGET_RATE:
-        samples = soxr.resample(samples, rate, TARGET_RATE).astype(np.float32)
+    return np.frombuffer(data, dtype="<i2").astype(np.int16), rate
+
+
+def read_wav(path: str | Path) -> Audio:
+    """Read a 16-bit PCM mono WAV at 16 kHz, or at 8 kHz (resampled to 16 kHz with soxr).
+
+    Raises:
+        AudioError: missing, unreadable, empty, truncated, not PCM WAV, not 16-bit,
+            not mono, or an unsupported sample rate.
+    """
+    pcm, rate = read_pcm16(path)
+    if rate != SAMPLE_RATE and rate not in RESAMPLED_RATES:
+        raise AudioError(f"{path}: sample rate {rate} Hz; use 16000 Hz or 8000 Hz (sox IN -r 16000 OUT.wav)")
+    samples = pcm.astype(np.float32)
+    if rate != SAMPLE_RATE:
+        samples = soxr.resample(samples, rate, SAMPLE_RATE).astype(np.float32)
     return Audio(samples=samples, source_rate=rate)

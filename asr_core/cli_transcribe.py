@@ -34,6 +34,7 @@ from asr_core.finals import FinalRequest, FinalSearch, FinalSettings
 from asr_core.frontend import compute_fbank
 from asr_core.model.loader import LoadedModel, ModelLoadError, load_wenet_model
 from asr_core.offline import encode_full, encode_streaming
+from asr_core.tokens import tokens_to_text
 from rescoring.attention import attention_rescore
 
 CHUNK_MS_CHOICES = ("160", "240", "320", "640", "full")
@@ -41,7 +42,6 @@ MODES = ("greedy", "prefix_beam", "rescore", "joint")
 MODEL_DIR_ENV = "ASR_MODEL_DIR"
 DEMO_MODEL_DIR = Path(__file__).resolve().parent / "demo_model"
 FBANK_SHIFT_MS = 10
-HIDDEN_UNITS = frozenset({"<blank>", "<unk>", "<sos/eos>", "<sos>", "<eos>"})
 
 
 class UsageError(Exception):
@@ -126,12 +126,6 @@ def resolve_model_dir(arg: str | None) -> Path:
     if DEMO_MODEL_DIR.is_dir():
         return DEMO_MODEL_DIR
     raise UsageError(f"no model: pass --model DIR or set {MODEL_DIR_ENV} to a WeNet model directory")
-
-
-def tokens_to_text(tokens: Sequence[int], units: Sequence[str]) -> str:
-    """Join units, dropping special symbols; WeNet's BPE word marker becomes a space."""
-    pieces = [units[t] for t in tokens if 0 <= t < len(units) and units[t] not in HIDDEN_UNITS]
-    return "".join(pieces).replace("\u2581", " ").strip()
 
 
 def setting_name(chunk_frames: int | None, left_chunks: int) -> str:

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from asr_common.errors import CapacityError
+from asr_common.latency import MeasurementRing
 from asr_core.backends import ChunkRunner, make_runner, rescoring_decoder
 from asr_core.endpoint import EndpointRules
 from asr_core.events import Event
@@ -24,8 +26,8 @@ from asr_core.finals import FinalSearch, FinalSettings, ProcessFinalSearch
 from asr_core.model.loader import LoadedModel
 from asr_core.scheduler import Scheduler
 from asr_core.stream import Stream, StreamConfig, chunk_input_frames
-from asr_gateway.samples import SampleRing
-from kv_ring import CapacityError, KvPool
+from asr_core.tokens import tokens_to_text
+from kv_ring import KvPool
 
 __all__ = ["CapacityError", "Engine", "EngineOptions", "EngineStats", "StreamConfig"]
 
@@ -92,10 +94,10 @@ class EngineStats:
     finals: int = 0
     behind_realtime_chunks: int = 0
     errors: int = 0
-    batch_sizes: SampleRing = field(default_factory=lambda: SampleRing(100_000))
-    forward_ms: SampleRing = field(default_factory=lambda: SampleRing(100_000))
-    partial_latency_ms: SampleRing = field(default_factory=lambda: SampleRing(500_000))
-    final_latency_ms: SampleRing = field(default_factory=lambda: SampleRing(100_000))
+    batch_sizes: MeasurementRing = field(default_factory=lambda: MeasurementRing(100_000))
+    forward_ms: MeasurementRing = field(default_factory=lambda: MeasurementRing(100_000))
+    partial_latency_ms: MeasurementRing = field(default_factory=lambda: MeasurementRing(500_000))
+    final_latency_ms: MeasurementRing = field(default_factory=lambda: MeasurementRing(100_000))
 
 
 class Engine:
@@ -277,6 +279,4 @@ class Engine:
     # -- text -----------------------------------------------------------------------
 
     def _text(self, tokens: Iterable[int]) -> str:
-        units = self.loaded.units
-        skip = {self._blank, self.loaded.sos_id, self.loaded.eos_id}
-        return "".join(units[t] for t in tokens if t not in skip and not units[t].startswith("<")).replace("▁", " ")
+        return tokens_to_text(tokens, self.loaded.units)

@@ -27,7 +27,8 @@ import math
 import numpy as np
 import torch
 
-SAMPLE_RATE = 16000
+from asr_common.audio import SAMPLE_RATE
+
 NUM_MEL_BINS = 80
 FRAME_LENGTH_SAMPLES = 400
 FRAME_SHIFT_SAMPLES = 160

@@ -22,7 +22,6 @@ import torch
 from asr_core.events import Event
 from asr_core.frontend import FbankStream
 
-SAMPLE_RATE = 16000
 FBANK_SHIFT_SAMPLES = 160  # 10 ms
 FBANK_WINDOW_SAMPLES = 400  # 25 ms
 

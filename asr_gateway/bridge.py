@@ -25,8 +25,7 @@ from asr_core.stream import Stream, StreamConfig
 from kb_hooks.processor import TranscriptProcessor
 from kb_hooks.publisher import Publisher
 from kb_hooks.types import CallContext, Participant, RedactionMode, TranscriptUpdate
-from kv_ring import CapacityError as PoolCapacityError
-from sip.app import CallInfo, CapacityError, LegInfo
+from sip.app import CallInfo, LegInfo
 
 log = logging.getLogger(__name__)
 
@@ -106,10 +105,7 @@ class CallBridge:
     def open_leg(self, call: CallInfo, leg: LegInfo) -> StreamSink:
         profile = call.profile
         config = StreamConfig(chunk_ms=profile.chunk_ms, left_chunks=profile.left_chunks, stream_id=leg.leg_id)
-        try:
-            stream = self.engine.open_stream(config, self._on_engine_event)
-        except PoolCapacityError as exc:
-            raise CapacityError(str(exc)) from exc
+        stream = self.engine.open_stream(config, self._on_engine_event)  # PoolExhausted: a CapacityError, 503
         with self._lock:
             state = self._calls.get(call.call_id)
             if state is None:

@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from asr_common.yamlconf import ConfigError
 from asr_gateway.config import ServiceConfig, load_config
-from asr_gateway.yamlconf import ConfigError
 
 
 def _check_config(args: argparse.Namespace) -> int:

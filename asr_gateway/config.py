@@ -17,7 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from asr_gateway.yamlconf import ConfigError, read_yaml, validate_data
+from asr_common.yamlconf import ConfigError, read_yaml, validate_data
 from kb_hooks.config import KbHooksSettings, RedisSettings
 from sip.config import SipSettings
 

@@ -8,7 +8,7 @@ with a caller and an agent leg); prints the events as ``asr-gateway tail`` would
 prints a summary (CER of each leg against its known text, first-partial latency, KB
 suggestions, tags) and stops everything it started.
 
-The pieces (``LocalRedis``, ``demo_config``, ``EventCollector``, ``summarize``) are reused by
+The pieces (``local_redis.LocalRedis``, ``demo_config``, ``EventCollector``, ``summarize``) are reused by
 the end-to-end benchmark, the soak command and the tests.
 
 Kept as one module (about 520 lines) because it is one command's script whose reusable
@@ -24,9 +24,6 @@ import contextlib
 import json
 import os
 import random
-import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,13 +33,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
-import redis
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from asr_common.scoring import cer
 from asr_core.audio_io import read_wav
 from asr_gateway.cli import MODEL_FILES
 from asr_gateway.config import ServiceConfig
+from asr_gateway.local_redis import LocalRedis, LocalRedisError, redis_reachable
 from asr_gateway.logs import configure_logging
 from asr_gateway.service import DEMO_MODEL_DIR, Service
 from asr_gateway.sipp_calls import PCMA, PCMU, CallResult, place_call, sipp_path
@@ -82,70 +80,6 @@ DEMO_CALLS = (
 
 class DemoError(RuntimeError):
     """Something the demo needs is missing; the message says what to do."""
-
-
-# -- Redis ------------------------------------------------------------------------------
-
-
-def redis_reachable(url: str, timeout_s: float = 1.0) -> bool:
-    try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
-        try:
-            return bool(client.ping())
-        finally:
-            client.close()
-    except (RedisError, OSError, ValueError):
-        return False
-
-
-def free_tcp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class LocalRedis:
-    """A throwaway redis-server: free loopback port, no persistence, files in ``workdir``."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self.port = free_tcp_port()
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self, timeout_s: float = 10.0) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise DemoError("redis-server not found: install the Debian package redis-server (make setup does), "
-                            "or pass --redis URL of a running Redis")  # fmt: skip
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--dir", str(self.workdir), "--daemonize", "no", "--loglevel", "warning"]  # fmt: skip
-        with (self.workdir / "redis.log").open("ab") as log:
-            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise DemoError(f"redis-server exited with {self.process.returncode}; see {self.workdir}/redis.log")
-            if redis_reachable(self.url, 0.2):
-                return
-            time.sleep(0.05)
-        self.stop()
-        raise DemoError(f"redis-server did not answer on port {self.port} within {timeout_s:.0f} s")
-
-    def stop(self) -> None:
-        if self.process is None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self.process = None
 
 
 # -- the service's config ---------------------------------------------------------------
@@ -297,21 +231,6 @@ class EventCollector:
 
 
 # -- summary ----------------------------------------------------------------------------
-
-
-def cer(hyp: str, ref: str) -> float:
-    """Character error rate: Levenshtein distance over characters / reference length."""
-    hyp, ref = _chars(hyp), _chars(ref)
-    row = list(range(len(ref) + 1))
-    for i, h in enumerate(hyp, 1):
-        diagonal, row[0] = row[0], i
-        for j, r in enumerate(ref, 1):
-            diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diagonal + (h != r))
-    return row[len(ref)] / max(1, len(ref))
-
-
-def _chars(text: str) -> str:
-    return "".join(ch for ch in text if ch.isalnum())
 
 
 def load_references(data_dir: Path = DATA_DIR) -> dict[str, str]:
@@ -507,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
                 redis_url = local.url
             out = None if args.quiet or args.json else sys.stdout
             report = asyncio.run(run_demo(model_dir, redis_url, workdir, out))
-        except (DemoError, FileNotFoundError) as exc:
+        except (DemoError, LocalRedisError, FileNotFoundError) as exc:
             print(f"asr-gateway demo: {exc}", file=sys.stderr)
             return 2
         finally:

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from asr_common.yamlconf import ConfigError
 from asr_core import memtrim
 from asr_core.endpoint import EndpointRules
 from asr_core.engine import Engine, EngineOptions, resolve_dtype
@@ -35,7 +36,6 @@ from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_gateway.bridge import CallBridge
 from asr_gateway.config import ServiceConfig
 from asr_gateway.metrics import MetricsServer
-from asr_gateway.yamlconf import ConfigError
 from kb_hooks.processor import TranscriptProcessor
 from kb_hooks.publisher import Publisher
 from rtp.leg import RtpLeg

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from asr_gateway.yamlconf import ConfigError, format_validation_error, read_yaml, validate_data
+from asr_common.yamlconf import ConfigError, format_validation_error, read_yaml, validate_data
 from kb_hooks.matcher import Hit, PatternSpec, PhraseMatcher, PhraseSpec, normalized_phrase
 
 SuggestionKind = Literal["keyword", "all_of", "pattern"]

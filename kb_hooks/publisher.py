@@ -32,7 +32,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from asr_gateway.samples import SampleRing
+from asr_common.latency import MeasurementRing
 from kb_hooks import events as ev
 from kb_hooks.config import RedisSettings
 from kb_hooks.connection import make_client
@@ -171,8 +171,8 @@ class Publisher:
         self.inbox_full_dropped = 0
         self.redis_errors = 0
         self.reconnects = 0
-        self.ack_latency_s = SampleRing(_LATENCY_SAMPLES)
-        self.audio_to_ack_s = SampleRing(_LATENCY_SAMPLES)
+        self.ack_latency_s = MeasurementRing(_LATENCY_SAMPLES)
+        self.audio_to_ack_s = MeasurementRing(_LATENCY_SAMPLES)
 
     @property
     def partials_dropped(self) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from asr_gateway.yamlconf import ConfigError
+from asr_common.yamlconf import ConfigError
 
 T = TypeVar("T")
 

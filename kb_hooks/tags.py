@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from asr_gateway.yamlconf import ConfigError, read_yaml, validate_data
+from asr_common.yamlconf import ConfigError, read_yaml, validate_data
 from kb_hooks.matcher import Hit, MatchKind, PatternSpec, PhraseMatcher, PhraseSpec, normalized_phrase
 
 RuleKind = Literal["demand", "category"]

@@ -4,13 +4,12 @@ A fixed pool of slots (one per stream), ring writes of each new chunk, batched g
 with validity masks, memory accounting. Knows nothing about audio or text.
 """
 
-from kv_ring.errors import CapacityError, PoolExhausted, SlotStateError
+from kv_ring.errors import PoolExhausted, SlotStateError
 from kv_ring.memory import PoolGeometry, plan_pool
 from kv_ring.pool import CacheView, KvPool
 
 __all__ = [
     "CacheView",
-    "CapacityError",
     "KvPool",
     "PoolExhausted",
     "PoolGeometry",

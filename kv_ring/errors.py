@@ -1,12 +1,11 @@
 """Errors raised by the cache pool.
 
-`CapacityError` is the family an admission controller catches to answer "busy" (SIP 503);
-`SlotStateError` means the caller used a slot handle wrongly (a bug, not load).
+`PoolExhausted` belongs to the capacity-error family (`asr_common.errors.CapacityError`) that an
+admission controller catches to answer "busy" (SIP 503); `SlotStateError` means the caller used
+a slot handle wrongly (a bug, not load).
 """
 
-
-class CapacityError(RuntimeError):
-    """The node cannot take another stream right now."""
+from asr_common.errors import CapacityError
 
 
 class PoolExhausted(CapacityError):

@@ -21,7 +21,23 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from asr_core.ctc_search import Hypothesis
+
+class Hypothesis(Protocol):
+    """What rescoring needs of an n-best entry; ``asr_core.ctc_search.Hypothesis`` is one.
+
+    ``tokens``: the token ids without blanks; ``score``: its CTC prefix score (log-probability
+    of all its alignments), weighted by ``ctc_weight`` in the final score; ``times``: the
+    encoder frame of each token, handed on as the winner's times.
+    """
+
+    @property
+    def tokens(self) -> tuple[int, ...]: ...
+
+    @property
+    def score(self) -> float: ...
+
+    @property
+    def times(self) -> tuple[int, ...]: ...
 
 
 class DecoderFn(Protocol):

@@ -6,9 +6,11 @@ import socket
 import threading
 from collections import deque
 
+from asr_common.errors import CapacityError
 
-class PortsExhausted(RuntimeError):
-    """Every even port of the range is in use or could not be bound."""
+
+class PortsExhausted(CapacityError):
+    """Every even port of the range is in use or could not be bound (a capacity error: 503)."""
 
 
 class PortAllocator:

@@ -59,8 +59,8 @@ import numpy as np
 import soxr
 from threadpoolctl import threadpool_limits
 
-INPUT_RATE_HZ = 8000
-OUTPUT_RATE_HZ = 16000
+from asr_common.audio import SAMPLE_RATE, TELEPHONE_RATE
+
 TAPS_PER_SIDE = 20
 KAISER_BETA = 8.0
 # Fixed-point scale of the taps: an integer tap t weighs t * 2^-TAP_FRACTION_BITS.
@@ -342,7 +342,7 @@ class SoxrStream:
 
     def __init__(self, deliver: Deliver) -> None:
         self._deliver = deliver
-        self._stream = soxr.ResampleStream(INPUT_RATE_HZ, OUTPUT_RATE_HZ, 1, dtype="int16", quality="HQ")
+        self._stream = soxr.ResampleStream(TELEPHONE_RATE, SAMPLE_RATE, 1, dtype="int16", quality="HQ")
         self._finished = False
 
     def submit(self, samples: np.ndarray) -> None:
@@ -362,3 +362,12 @@ class SoxrStream:
         out = self._stream.resample_chunk(np.zeros(0, dtype=np.int16), last=True)
         if len(out):
             self._deliver(out)
+
+
+def upsample_recording(pcm8k: np.ndarray) -> np.ndarray:
+    """A whole 8 kHz int16 recording (N,) -> 16 kHz float32 (2N,) at int16 scale: the samples a
+    call's leg hands the engine for the same audio (`Upsampler`, int16 rounding included).
+    Test sets and the demo model's training features go through it, so they hear what calls do."""
+    upsampler = Upsampler()
+    pieces = [upsampler.process(np.asarray(pcm8k, dtype=np.int16)), upsampler.flush()]
+    return np.concatenate(pieces).astype(np.float32)

@@ -11,13 +11,14 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from asr_common.errors import CapacityError
 from rtp.sink import CountingSink, PcmSink
 from sip.routing import Profile
 from sip.siprec import Role
 
 
-class CapacityError(Exception):
-    """Raised by ``CallHandler.open_leg`` when no stream can be opened; the INVITE gets 503."""
+class LegsExhausted(CapacityError):
+    """A handler's own limit on open legs is reached (``CountingCallHandler``)."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,9 @@ class CallInfo:
 
 
 class CallHandler(Protocol):
+    """The application behind the UAS; ``open_leg`` raises a ``CapacityError`` (any of the
+    family in ``asr_common.errors``) when no stream can be opened, and the INVITE gets 503."""
+
     def has_capacity(self, legs: int) -> bool: ...
 
     def open_leg(self, call: CallInfo, leg: LegInfo) -> PcmSink: ...
@@ -76,7 +80,7 @@ class CountingCallHandler:
     def open_leg(self, call: CallInfo, leg: LegInfo) -> CountingSink:
         with self._lock:
             if self.open_legs >= self.capacity:
-                raise CapacityError(f"all {self.capacity} legs are busy")
+                raise LegsExhausted(f"all {self.capacity} legs are busy")
             self.open_legs += 1
             sink = CountingSink()
             self.sinks[leg.leg_id] = sink

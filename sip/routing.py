@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from asr_gateway.yamlconf import ConfigError, read_yaml, validate_data
+from asr_common.yamlconf import ConfigError, read_yaml, validate_data
 from sip.siprec import Role, RoleRule
 
 _DEFAULT_ORDER: tuple[Role, ...] = ("caller", "agent")

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from asr_core.audio_io import read_wav
-from asr_core.cli_transcribe import main, tokens_to_text
+from asr_core.cli_transcribe import main
 from asr_core.ctc_search import (
     ctc_prefix_beam_search_topk,
     ctc_scores_topk,
@@ -46,6 +46,7 @@ from asr_core.model.decoder import BiTransformerDecoder, TransformerDecoder
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_core.offline import encode_streaming
 from asr_core.stream import StreamConfig
+from asr_core.tokens import tokens_to_text
 from rescoring.attention import attention_rescore
 from rescoring.attention_search import AttentionHypothesis, attention_beam_search, supports_search
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from asr_common.yamlconf import ConfigError
 from asr_gateway.cli import main as gateway_main
 from asr_gateway.config import ServiceConfig, load_config
-from asr_gateway.yamlconf import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "deploy" / "config" / "example.yaml"

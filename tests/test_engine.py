@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from asr_common.scoring import edit_distance
 from asr_core.audio_io import read_wav
 from asr_core.ctc_search import ctc_greedy_batch, ctc_prefix_beam_search
 from asr_core.endpoint import EndpointRules
@@ -336,13 +337,4 @@ def assert_finals_close_to_reference(
     for i, samples in enumerate(audio):
         (final,) = collector.finals(f"lossy{i}")
         ref = reference(loaded, samples, chunk_ms, left_chunks)
-        assert _edit_distance(final.tokens, ref.best) <= 0.2 * len(ref.best)
-
-
-def _edit_distance(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    row = list(range(len(b) + 1))
-    for i, x in enumerate(a, 1):
-        previous, row[0] = row[0], i
-        for j, y in enumerate(b, 1):
-            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (x != y))
-    return row[-1]
+        assert edit_distance(ref.best, final.tokens) <= 0.2 * len(ref.best)

@@ -9,18 +9,15 @@ from pathlib import Path
 import pytest
 
 from asr_gateway.cli import main as cli_main
-from asr_gateway.demo import DATA_DIR, DEMO_CALLS, cer, load_references
+from asr_gateway.demo import DATA_DIR, DEMO_CALLS, load_references
 from asr_gateway.service import DEMO_MODEL_DIR
-from tests.demo_quality import demo_model_is_accurate
+from tests.demo_quality import GOOD_ENOUGH_CER
 
-REPO = Path(__file__).resolve().parents[1]
-FIXTURE_MODEL = REPO.parent / "shared" / "fixtures" / "wenet_u2pp_small" / "model"
-HAVE_DEMO_MODEL = (DEMO_MODEL_DIR / "final.pt").is_file()
-MODEL = DEMO_MODEL_DIR if HAVE_DEMO_MODEL else FIXTURE_MODEL
+MODEL = DEMO_MODEL_DIR  # the bundled model must read the bundled recordings: no fallback, no skip
 
 needs_peers = pytest.mark.skipif(
-    shutil.which("sipp") is None or shutil.which("redis-server") is None or not MODEL.is_dir(),
-    reason="needs sipp (Debian package sip-tester), redis-server, and the demo model or the WeNet fixture model",
+    shutil.which("sipp") is None or shutil.which("redis-server") is None,
+    reason="needs sipp (Debian package sip-tester) and redis-server",
 )
 
 
@@ -34,13 +31,6 @@ def test_bundled_audio_is_small_and_has_references() -> None:
             assert name in references
     assert {call.codec for call in DEMO_CALLS} == {"PCMU", "PCMA"}
     assert any(call.siprec for call in DEMO_CALLS)
-
-
-def test_cer() -> None:
-    assert cer("井盖破损", "井盖破损") == 0.0
-    assert cer("井盖，破损。", "井盖破损") == 0.0  # punctuation is not scored
-    assert cer("井破损", "井盖破损") == 0.25
-    assert cer("", "井盖") == 1.0
 
 
 @needs_peers
@@ -62,12 +52,11 @@ def test_demo_runs_the_whole_pipeline(capsys: pytest.CaptureFixture[str], monkey
     siprec = next(call for call in report["calls"] if call["siprec"])
     assert sorted(siprec["roles"]) == ["agent", "caller"]
     assert sorted(leg["role"] for leg in siprec["legs"]) == ["agent", "caller"], "both SIPREC legs carry audio"
-    if demo_model_is_accurate():  # transcripts: only with a model that recognizes speech
-        for call in report["calls"]:
-            assert max(leg["cer"] for leg in call["legs"]) <= 0.25, call
-        manhole = report["calls"][0]
-        assert any("kb-municipal-manhole" in kb for kb in manhole["kb"]), manhole
-        assert any(tag.startswith("市政设施/井盖") for tag in manhole["tags"]), manhole
+    for call in report["calls"]:
+        assert max(leg["cer"] for leg in call["legs"]) <= GOOD_ENOUGH_CER, call
+    manhole = report["calls"][0]
+    assert any("kb-municipal-manhole" in kb for kb in manhole["kb"]), manhole
+    assert any(tag.startswith("市政设施/井盖") for tag in manhole["tags"]), manhole
 
 
 def test_demo_without_sipp_says_what_to_install(
@@ -91,8 +80,8 @@ def test_demo_without_redis_server_says_what_to_do(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     sipp = shutil.which("sipp")
-    if sipp is None or not MODEL.is_dir():
-        pytest.skip("needs sipp and a model")
+    if sipp is None:
+        pytest.skip("needs sipp")
     (tmp_path / "sipp").symlink_to(sipp)
     monkeypatch.setenv("PATH", str(tmp_path))
     code = cli_main(["demo", "--model", str(MODEL), "--redis", "redis://127.0.0.1:1/0"])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from asr_gateway.yamlconf import ConfigError
+from asr_common.yamlconf import ConfigError
 from kb_hooks.kb import KnowledgeBase, load_kb
 from kb_hooks.normalize import normalize, numeral_to_digits
 from kb_hooks.reload import ReloadableRef

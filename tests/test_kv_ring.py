@@ -7,7 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kv_ring import CapacityError, KvPool, PoolExhausted, PoolGeometry, SlotStateError, plan_pool
+from asr_common.errors import CapacityError
+from kv_ring import KvPool, PoolExhausted, PoolGeometry, SlotStateError, plan_pool
 
 torch.set_num_threads(1)
 

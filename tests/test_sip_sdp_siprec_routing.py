@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from asr_gateway.yamlconf import ConfigError
+from asr_common.yamlconf import ConfigError
 from sip.errors import SipParseError
 from sip.message import parse
 from sip.routing import CallFacts, Router, load_routes

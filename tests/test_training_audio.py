@@ -7,10 +7,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from asr_core.training import channel, synth
-from asr_core.training.textgen import SEED_SENTENCE
+from recipes import channel, synth
+from recipes.textgen import SEED_SENTENCE
 from rtp import g711
-from rtp.resample import Upsampler
+from rtp.resample import Upsampler, upsample_recording
 
 needs_espeak = pytest.mark.skipif(
     not synth.espeak_available(), reason="espeak-ng not installed (apt-get install espeak-ng)"
@@ -80,7 +80,7 @@ def test_packet_loss_zeroes_whole_20ms_packets() -> None:
 def test_upsampling_to_model_rate_is_the_services() -> None:
     """Training features see the audio the service's RTP path hands the engine, rounding included."""
     pcm = channel.telephone(_tone_mix(8000), 8000, seed=4)
-    out = channel.to_model_rate(pcm)
+    out = upsample_recording(pcm)
     assert out.dtype == np.float32 and len(out) == 2 * len(pcm)
     assert np.array_equal(out, np.rint(out))  # int16 values, as the service's
     service = Upsampler()

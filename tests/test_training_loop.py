@@ -12,7 +12,8 @@ import torch
 import yaml
 
 from asr_core.model.loader import load_units, load_wenet_model
-from asr_core.training import data, evaluate, export, train
+from deploy.bench import accuracy
+from recipes import data, export, train
 from tests.demo_quality import DEMO_MODEL
 
 BUNDLE = Path(__file__).resolve().parent / "data" / "hotline_8k"
@@ -73,7 +74,7 @@ def test_loss_goes_down_resumes_and_exports(prepared: tuple[Path, Path], tmp_pat
     enc, _ = loaded.model.encoder(feats, torch.tensor([feats.size(1)]), decoding_chunk_size=4)
     assert enc.shape[-1] == 32 and torch.isfinite(enc).all()
 
-    report = evaluate.evaluate(out, BUNDLE, beam=2)
+    report = accuracy.evaluate(out, BUNDLE, beam=2)
     assert report["utterances"] == 4
     assert set(report["cer"]) == {"160ms", "320ms", "640ms", "full"}
     assert all(v["greedy"] >= 0.0 for v in report["cer"].values())
@@ -115,7 +116,6 @@ def test_export_averages_the_lowest_dev_loss_checkpoints(prepared: tuple[Path, P
 
 
 def test_helpers() -> None:
-    assert evaluate.edit_distance("井盖破损", "井破损了") == 2
     assert train.make_batches([5, 1, 3, 2], max_frames=6) == [[1, 3], [2], [0]]
     assert train.warmup_lr(10, 1e-3, 10) == pytest.approx(1e-3)
     assert train.warmup_lr(5, 1e-3, 10) == pytest.approx(5e-4)
@@ -186,7 +186,7 @@ def test_tied_fine_tuning_from_a_model(prepared: tuple[Path, Path], tmp_path: Pa
 
 def test_recipe_trains_then_fine_tunes(prepared: tuple[Path, Path], tmp_path: Path) -> None:
     """`--finetune-minutes` / `--serving-minutes`: each stage starts from the one before's export."""
-    from asr_core.training import recipe
+    from recipes import recipe
 
     data_dir, config = prepared
     work = tmp_path / "work"
@@ -212,7 +212,7 @@ def test_stage_rounds_chains_the_release_rounds(
 ) -> None:
     """`--stage rounds`: each chosen round trains on its sets from the round before's export; sets
     already in --work are not rendered again; the last round exports to --out."""
-    from asr_core.training import recipe
+    from recipes import recipe
 
     data_dir, config = prepared
     raw = yaml.safe_load(config.read_text())
@@ -244,7 +244,7 @@ def test_stage_rounds_chains_the_release_rounds(
 def test_more_sentences_avoid_held_out_texts_and_keep_to_the_units() -> None:
     """`--stage more`: the extra fine-tuning texts never repeat a test or tuning sentence, and use
     only characters the model to be fine-tuned has (its output rows stay)."""
-    from asr_core.training import recipe, textgen
+    from recipes import recipe, textgen
 
     splits = textgen.make_splits(400, 40, 0)
     units = set(load_units(DEMO_MODEL / "units.txt"))
@@ -271,7 +271,7 @@ def test_more_sentences_avoid_held_out_texts_and_keep_to_the_units() -> None:
 
 
 def test_stage_more_rejects_an_unknown_set_name_before_rendering(tmp_path: Path) -> None:
-    from asr_core.training import recipe
+    from recipes import recipe
 
     with pytest.raises(ValueError, match=r"unknown set.*train_v10.*renders"):
         recipe.prepare_more(tmp_path, DEMO_MODEL, 1, ["train_v9", "train_v10"])

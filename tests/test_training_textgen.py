@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asr_core.training import textgen
+from recipes import textgen
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from asr_core.training import tying
+from recipes import tying
 
 UNITS = ["<blank>", "<unk>", "妈", "马", "吗", "码", "井", "<sos/eos>"]
 

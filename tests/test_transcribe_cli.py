@@ -17,7 +17,8 @@ import pytest
 import torch
 import yaml
 
-from asr_core.cli_transcribe import main, tokens_to_text
+from asr_core.cli_transcribe import main
+from asr_core.tokens import tokens_to_text
 
 FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "wenet_u2pp_small"
 pytestmark = pytest.mark.skipif(

@@ -14,7 +14,7 @@ def _accuracy(argv: list[str]) -> int:
         from deploy.bench import int8_accuracy
 
         return int8_accuracy.main([arg for arg in argv if arg != "--int8-change"])
-    from asr_core.training.evaluate import main as evaluate
+    from deploy.bench.accuracy import main as evaluate
 
     evaluate(argv)
     return 0

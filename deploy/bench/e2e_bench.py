@@ -31,21 +31,20 @@ from typing import Any
 import numpy as np
 import torch
 
+from asr_common.scoring import cer
 from asr_core import memtrim
 from asr_core.audio_io import read_wav
 from asr_gateway.demo import (
     DATA_DIR,
     DemoError,
     EventCollector,
-    LocalRedis,
     Received,
-    cer,
     check_model_dir,
     default_model_dir,
     demo_config,
     load_references,
-    redis_reachable,
 )
+from asr_gateway.local_redis import LocalRedis, LocalRedisError, redis_reachable
 from asr_gateway.service import Service
 from asr_gateway.sipp_calls import PCMA, PCMU, CallResult, place_calls
 
@@ -246,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
             if args.step_threads is not None:
                 engine["step_threads"] = args.step_threads
             result = asyncio.run(run_bench(model_dir, redis_url, workdir, args.calls, args.seconds, **engine))
-        except (DemoError, FileNotFoundError) as exc:
+        except (DemoError, LocalRedisError, FileNotFoundError) as exc:
             print(json.dumps({"error": str(exc)}))
             return 2
         finally:

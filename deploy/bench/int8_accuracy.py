@@ -37,7 +37,7 @@ def cer_change(
     model: Path, testset: Path, backends: Sequence[str], limit: int | None, left_chunks: int, attention_beam: int
 ) -> dict[str, Any]:
     """CER per chunk size and method for torch and each backend, and each backend's change in points."""
-    from asr_core.training.evaluate import evaluate
+    from deploy.bench.accuracy import evaluate
 
     def run(backend: str) -> dict[str, Any]:
         return evaluate(

@@ -34,20 +34,12 @@ from typing import Any
 
 import numpy as np
 
+from asr_common.audio import SAMPLE_RATE
 from asr_core import memtrim
-from asr_gateway.demo import (
-    DATA_DIR,
-    DemoError,
-    LocalRedis,
-    check_model_dir,
-    default_model_dir,
-    free_tcp_port,
-    redis_reachable,
-)
+from asr_gateway.demo import DATA_DIR, DemoError, check_model_dir, default_model_dir
+from asr_gateway.local_redis import LocalRedis, LocalRedisError, free_tcp_port, redis_reachable
 from asr_gateway.sipp_calls import PCMA, PCMU, place_call
 from deploy.bench.e2e_bench import call_audio
-
-SAMPLE_RATE = 16000
 
 
 @dataclass
@@ -242,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             summary = asyncio.run(soak(args, sip_port, metrics_port, server.pid, workdir))
             server.send_signal(signal.SIGTERM)
             summary["serve_exit_code"] = server.wait(timeout=60)
-        except DemoError as exc:
+        except (DemoError, LocalRedisError) as exc:
             print(json.dumps({"error": str(exc)}))
             return 2
         finally:

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from asr_common.scoring import char_errors, scoring_text
 from asr_core import cpu_isa
 from asr_core.audio_io import read_wav
 from asr_core.backends.onnx_graph import (
@@ -51,6 +52,7 @@ from asr_core.backends.onnxruntime import DECODER_INPUTS, OrtChunkRunner, OrtDec
 from asr_core.frontend import compute_fbank
 from asr_core.model.decoder import BiTransformerDecoder
 from asr_core.model.loader import LoadedModel, load_wenet_model
+from asr_core.tokens import tokens_to_text
 from kv_ring import KvPool
 
 __all__ = ["DECODER_FILE", "ENCODER_FILE", "ENCODER_INT8_FILE", "export_all", "export_decoder", "main"]
@@ -234,20 +236,19 @@ def check_testset(
 
     Same chunking and cache window for all, so the differences are the runtime's (INT8 vs fp32).
     """
-    from asr_core.training.evaluate import edit_distance, read_testset
+    from deploy.bench.accuracy import read_testset
 
     graph = ChunkStepGraph(loaded).eval()
     steps: dict[str, ChunkStepFn] = {"torch": graph, **{name: r.step for name, r in runners.items()}}
     errors = dict.fromkeys(steps, 0)
     items = read_testset(testset)
-    ref_chars = sum(len(text) for _, text, _ in items)
+    ref_chars = sum(len(scoring_text(text)) for _, text, _ in items)
     for _, text, fbank in items:
         for name, step in steps.items():
             _, log_probs = stream_through_pool(step, loaded, torch.from_numpy(fbank), chunk, left_chunks)
             best = log_probs.argmax(-1).tolist()
             tokens = [t for i, t in enumerate(best) if t != loaded.blank_id and (i == 0 or t != best[i - 1])]
-            hyp = "".join(u for u in (loaded.units[t] for t in tokens) if not u.startswith("<"))
-            errors[name] += edit_distance(text, hyp)
+            errors[name] += char_errors(tokens_to_text(tokens, loaded.units), text)[0]
     cer = {name: round(count / max(ref_chars, 1), 4) for name, count in errors.items()}
     return {
         "utterances": len(items),

@@ -1,6 +1,6 @@
 """Our own U2++ training loop: CTC + left-to-right and right-to-left attention losses.
 
-    python -m asr_core.training.train --config asr_core/training/conf/demo.yaml \\
+    python -m recipes.train --config recipes/conf/demo.yaml \\
         --data exp/demo/train --exp exp/demo/exp --out asr_core/demo_model --minutes-budget 60
 
 The config is a WeNet ``train.yaml`` (``encoder_conf``, ``decoder_conf``, ``model_conf`` with
@@ -18,10 +18,10 @@ checkpoints are kept too (``<exp>/snapshots``) and their average is exported whe
 lower dev loss than the best one. Starting again with the same ``--exp`` resumes; ``--init-from DIR``
 starts a new run from an exported model's weights (and keeps that model's units and CMVN). At
 the end (step or time budget, SIGTERM, Ctrl-C) the loop saves a checkpoint and exports the best
-model as a WeNet model directory (see :mod:`asr_core.training.export`).
+model as a WeNet model directory (see :mod:`recipes.export`).
 
 ``recipe_conf`` options beyond WeNet: ``tie_by_pronunciation`` and ``syllable_ctc_weight``
-(:mod:`asr_core.training.tying`: output rows shared by pinyin syllable, an auxiliary syllable
+(:mod:`recipes.tying`: output rows shared by pinyin syllable, an auxiliary syllable
 CTC), ``lr_schedule: cosine`` (decay over this run's budget; a resumed run counts its budget
 from the resume). ``--data`` takes several prepared directories, read as one set.
 """
@@ -45,8 +45,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from asr_core.backends import native_bf16_cpu
-from asr_core.training import export, tying
-from asr_core.training.data import FeatureSet
+from recipes import export, tying
+from recipes.data import FeatureSet
 
 IGNORE_ID = -1
 
@@ -71,7 +71,7 @@ class RecipeConfig(BaseModel):
     max_epochs: int = Field(100, gt=0)
     log_every: int = Field(20, gt=0, description="steps between log lines")
     tie_by_pronunciation: bool = Field(
-        False, description="share output/embedding rows between characters of one syllable (training.tying)"
+        False, description="share output/embedding rows between characters of one syllable (recipes.tying)"
     )
     lr_schedule: Literal["warmup", "cosine"] = Field(
         "warmup",
@@ -81,7 +81,7 @@ class RecipeConfig(BaseModel):
     final_lr_fraction: float = Field(0.05, ge=0, le=1)
     syllable_ctc_weight: float = Field(
         0.0, ge=0, description="with tie_by_pronunciation: weight of the auxiliary tonal-syllable CTC loss "
-        "(training.tying.SyllableCTC), added to the WeNet loss",
+        "(recipes.tying.SyllableCTC), added to the WeNet loss",
     )  # fmt: skip
     serving_chunk_probability: float = Field(
         0.0, ge=0, le=1, description="share of training batches masked with a chunk size from serving_chunk_frames "

@@ -1,9 +1,8 @@
 """YAML files validated by pydantic models, with errors that name file, line and key.
 
 Admins edit the service config, the routes, the KB and the tag rules by hand; an error
-must say where it is (``config.yaml:12 engine.chunk_ms: ...``) and what is allowed. This
-module is a leaf: it imports nothing of the project, so every package may use it for the
-files it owns.
+must say where it is (``config.yaml:12 engine.chunk_ms: ...``) and what is allowed. Every
+package loads the files it owns with it, so it lives in ``asr_common``, below all of them.
 """
 
 from __future__ import annotations

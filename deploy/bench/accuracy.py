@@ -1,6 +1,7 @@
-"""Character error rate of a model directory on a test set, per chunk size and decoding mode.
+"""``asr-bench accuracy``: character error rate of a model directory on a test set, per chunk
+size and decoding mode.
 
-    python -m asr_core.training.evaluate --model asr_core/demo_model --testset exp/demo/test_sentences
+    asr-bench accuracy --model asr_core/demo_model --testset exp/demo/test_sentences
 
 A test set is a directory of WAVs (mono 16-bit, 8 or 16 kHz) plus ``text`` with
 ``<utt_id> <transcript>`` per line. Each utterance is decoded with the chunk attention mask of
@@ -18,6 +19,10 @@ whole test set's streams batched together; "greedy" is the last CTC partial of e
 "joint" its final ("rescore" with ``--attention-beam 0``). There is no full-context row in
 this mode. Running it for ``torch`` and an INT8 backend on the same test set gives the CER
 change of INT8 under serving conditions.
+
+Texts are scored by ``asr_common.scoring`` (punctuation and spaces not counted, as WeNet's
+``compute-cer.py``). The demo-model recipe (``recipes``) reads its test sets through
+``read_audio`` here, so its features and this benchmark hear the same audio.
 """
 
 from __future__ import annotations
@@ -32,25 +37,17 @@ import numpy as np
 import soxr
 import torch
 
+from asr_common.audio import SAMPLE_RATE, TELEPHONE_RATE
+from asr_common.scoring import corpus_cer, scoring_text
+from asr_core.audio_io import read_pcm16
 from asr_core.ctc_search import ctc_greedy_batch, ctc_prefix_beam_search, ctc_topk
 from asr_core.finals import FinalRequest, FinalSearch, FinalSettings
 from asr_core.frontend import compute_fbank
 from asr_core.model.loader import LoadedModel, load_wenet_model
-from asr_core.training import channel
-from asr_core.training.data import read_wav
+from asr_core.tokens import tokens_to_text
+from rtp.resample import upsample_recording
 
 CHUNK_MODES = {"160ms": 4, "320ms": 8, "640ms": 16, "full": -1}
-
-
-def edit_distance(ref: str, hyp: str) -> int:
-    """Levenshtein distance between two strings (characters)."""
-    previous = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, start=1):
-        current = [i]
-        for j, h in enumerate(hyp, start=1):
-            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (r != h)))
-        previous = current
-    return previous[-1]
 
 
 def read_audio(testset: Path) -> list[tuple[str, str, np.ndarray]]:
@@ -63,12 +60,12 @@ def read_audio(testset: Path) -> list[tuple[str, str, np.ndarray]]:
         if not line.strip():
             continue
         utt_id, _, transcript = line.partition(" ")
-        samples, rate = read_wav(testset / f"{utt_id}.wav")
+        samples, rate = read_pcm16(testset / f"{utt_id}.wav")
         audio = samples.astype(np.float32)
-        if rate == channel.TELEPHONE_RATE:
-            audio = channel.to_model_rate(samples)
-        elif rate != 16000:
-            audio = soxr.resample(audio, rate, 16000).astype(np.float32)
+        if rate == TELEPHONE_RATE:
+            audio = upsample_recording(samples)
+        elif rate != SAMPLE_RATE:
+            audio = soxr.resample(audio, rate, SAMPLE_RATE).astype(np.float32)
         items.append((utt_id, transcript.strip(), audio))
     return items
 
@@ -159,7 +156,7 @@ def decode(
         enc_lens = mask.squeeze(1).sum(1)
         log_probs = model.ctc_log_probs(enc)  # (B, T', V)
         for tokens in ctc_greedy_batch(log_probs, enc_lens, loaded.blank_id):
-            out["greedy"].append(_text(loaded, tokens))
+            out["greedy"].append(tokens_to_text(tokens, loaded.units))
         if rescore is not None:
             nbests = [
                 ctc_prefix_beam_search(log_probs[i, : enc_lens[i]], beam, loaded.blank_id) for i in range(len(part))
@@ -174,7 +171,7 @@ def decode(
             )
             texts = ["" for _ in part]
             for i, result in zip(keep, results, strict=True):
-                texts[i] = _text(loaded, list(result.tokens))
+                texts[i] = tokens_to_text(result.tokens, loaded.units)
             out["rescore"].extend(texts)
         if joint is not None:
             requests = [
@@ -182,7 +179,7 @@ def decode(
                 for i in range(len(part))
             ]
             for result in joint.run(requests):
-                out["joint"].append(_text(loaded, list(result.rescored.tokens)) if result.rescored else "")
+                out["joint"].append(tokens_to_text(result.rescored.tokens, loaded.units) if result.rescored else "")
     return out
 
 
@@ -191,10 +188,6 @@ def _joint_search(loaded: LoadedModel, beam: int, attention_beam: int) -> FinalS
         loaded, beam=beam, ctc_weight=0.5, reverse_weight=0.3, attention_beam=attention_beam
     )
     return FinalSearch(loaded.model.decoder, settings)
-
-
-def _text(loaded: LoadedModel, tokens: list[int]) -> str:
-    return "".join(loaded.units[t] for t in tokens if loaded.units[t] not in ("<blank>", "<unk>", "<sos/eos>"))
 
 
 def evaluate(
@@ -206,7 +199,7 @@ def evaluate(
     refs = [t for _, t, _ in items]
     audio = [a for _, _, a in items]
     feats = [compute_fbank(a) for a in audio] if backend is None else []
-    ref_chars = sum(len(r) for r in refs)
+    ref_chars = sum(len(scoring_text(r)) for r in refs)
     result: dict[str, Any] = {
         "model": str(model_dir),
         "testset": str(testset),
@@ -227,10 +220,7 @@ def evaluate(
             hyps = decode_streaming(
                 loaded, audio, int(mode.removesuffix("ms")), backend, left_chunks, dtype, attention_beam
             )
-        result["cer"][mode] = {
-            method: round(sum(edit_distance(r, h) for r, h in zip(refs, texts, strict=True)) / max(ref_chars, 1), 4)
-            for method, texts in hyps.items()
-        }
+        result["cer"][mode] = {method: round(corpus_cer(texts, refs), 4) for method, texts in hyps.items()}
         result["cer"][mode]["seconds"] = round(time.monotonic() - started, 1)
         result["examples"][mode] = [{"ref": r, "hyp": h} for r, h in list(zip(refs, hyps["greedy"], strict=True))[:3]]
     return result

@@ -1,9 +1,10 @@
-"""``SampleRing``: the most recent N measurements (latencies, batch sizes) in constant memory.
+"""``MeasurementRing``: the most recent N measurements (latencies, batch sizes) in constant memory.
 
-A leaf utility like ``yamlconf``: the engine and the publisher keep their recent samples here
-for metrics and benchmarks. The buffer is allocated and touched up front, so a service's
-resident memory does not creep up while it fills (a ``deque(maxlen=N)`` of Python floats grows
-by ~32 bytes a sample until full, which a soak cannot tell from a leak).
+The engine (batch sizes, forward and partial latencies) and the publisher (acknowledgement
+latencies) keep their recent measurements here for metrics and benchmarks. The buffer is
+allocated and touched up front, so a service's resident memory does not creep up while it
+fills (a ``deque(maxlen=N)`` of Python floats grows by ~32 bytes a measurement until full,
+which a soak cannot tell from a leak).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Iterator
 import numpy as np
 
 
-class SampleRing:
+class MeasurementRing:
     """Append from one thread, read from any: a reader may see a sample or two mid-update,
     which percentiles do not mind."""
 

@@ -1,6 +1,6 @@
 """The whole demo-model recipe: text -> speech -> telephone channel -> fbank -> train -> export.
 
-    python -m asr_core.training.recipe --out asr_core/demo_model --hours 8 --minutes-budget 60 \
+    python -m recipes.recipe --out asr_core/demo_model --hours 8 --minutes-budget 60 \
         --finetune-minutes 60 --serving-minutes 60     # what `make demo-model` runs
 
 Data: ``train`` (``--hours`` of hotline and everyday sentences), ``train_rare`` (``--rare-hours``
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from asr_core.model.loader import load_units
-from asr_core.training import data, textgen
+from recipes import data, textgen
 
 AVERAGE_UTTERANCE_SECONDS = 3.7
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "conf" / "demo.yaml"
@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> None:
 def _train(
     config: Path, data_dirs: list[Path], exp: Path, out: Path, minutes: float, seed: int, init_from: Path | None
 ) -> None:
-    from asr_core.training import train
+    from recipes import train
 
     train.main(
         [

@@ -22,7 +22,7 @@ import yaml
 from asr_core.model.asr_model import ASRModel
 from asr_core.model.cmvn import GlobalCMVN, load_cmvn
 from asr_core.model.config import load_model_config
-from asr_core.training.data import FeatureSet
+from recipes.data import FeatureSet
 
 MAX_MODEL_BYTES = 20 * 1024 * 1024
 SPECIAL_UNITS = ("<blank>", "<unk>")

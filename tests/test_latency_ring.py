@@ -1,15 +1,15 @@
-"""SampleRing keeps the newest samples, oldest first, in memory fixed at creation."""
+"""MeasurementRing keeps the newest measurements, oldest first, in memory fixed at creation."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from asr_gateway.samples import SampleRing
+from asr_common.latency import MeasurementRing
 
 
 def test_keeps_the_newest_samples_in_order() -> None:
-    ring = SampleRing(4)
+    ring = MeasurementRing(4)
     assert len(ring) == 0 and list(ring) == [] and not ring
     for value in range(3):
         ring.append(value)
@@ -23,7 +23,7 @@ def test_keeps_the_newest_samples_in_order() -> None:
 
 
 def test_memory_is_fixed_at_creation() -> None:
-    ring = SampleRing(1000)
+    ring = MeasurementRing(1000)
     before = ring._data.__array_interface__["data"][0]
     for value in range(5000):
         ring.append(float(value))
@@ -32,4 +32,4 @@ def test_memory_is_fixed_at_creation() -> None:
 
 def test_rejects_an_empty_ring() -> None:
     with pytest.raises(ValueError, match="positive"):
-        SampleRing(0)
+        MeasurementRing(0)

@@ -5,7 +5,7 @@ A prepared data directory holds
 * ``feats.npy``: all utterances' fbank frames stacked, float16 (sum of T, 80);
 * ``index.tsv``: ``utt_id <TAB> first frame <TAB> frames <TAB> transcript`` per utterance;
 * with ``write_wavs``: ``<utt_id>.wav`` (8 kHz mono 16-bit, what a call delivers) and ``text``
-  (``<utt_id> <transcript>``), the test-set layout that ``evaluate`` reads.
+  (``<utt_id> <transcript>``), the test-set layout that ``asr-bench accuracy`` reads.
 
 Rendering (synthesis, channel, fbank) runs in a pool of worker processes; each utterance's
 voice and channel come from its own seed, so the data is the same for the same seed.
@@ -22,9 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
+from asr_common.audio import TELEPHONE_RATE
 from asr_core.frontend import NUM_MEL_BINS, compute_fbank
-from asr_core.training import channel, synth
-from asr_core.training.textgen import Sentence
+from deploy.bench.accuracy import read_audio
+from recipes import channel, synth
+from recipes.textgen import Sentence
+from rtp.resample import upsample_recording
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,7 @@ def render(job: Job) -> tuple[np.ndarray, np.ndarray]:
     """One utterance: (8 kHz int16 telephone audio (N,), fbank float32 (T, 80) of its 16 kHz upsampling)."""
     clean, rate = synth.synthesize(job.text, job.voice)
     pcm8k = channel.telephone(clean, rate, job.channel_seed)
-    return pcm8k, compute_fbank(channel.to_model_rate(pcm8k))
+    return pcm8k, compute_fbank(upsample_recording(pcm8k))
 
 
 def make_jobs(sentences: list[Sentence], seed: int, prefix: str, held_out_voices: bool) -> list[Job]:
@@ -50,20 +53,12 @@ def make_jobs(sentences: list[Sentence], seed: int, prefix: str, held_out_voices
     ]
 
 
-def write_wav(path: Path, pcm: np.ndarray, sample_rate: int = channel.TELEPHONE_RATE) -> None:
+def write_wav(path: Path, pcm: np.ndarray, sample_rate: int = TELEPHONE_RATE) -> None:
     with wave.open(str(path), "wb") as f:
         f.setnchannels(1)
         f.setsampwidth(2)
         f.setframerate(sample_rate)
         f.writeframes(pcm.astype("<i2").tobytes())
-
-
-def read_wav(path: Path) -> tuple[np.ndarray, int]:
-    """Mono 16-bit WAV -> (int16 samples (N,), sample rate in Hz)."""
-    with wave.open(str(path), "rb") as f:
-        if f.getsampwidth() != 2 or f.getnchannels() != 1:
-            raise ValueError(f"{path}: need mono 16-bit PCM, got {f.getnchannels()} ch x {8 * f.getsampwidth()} bit")
-        return np.frombuffer(f.readframes(f.getnframes()), dtype="<i2").astype(np.int16), f.getframerate()
 
 
 def prepare(
@@ -95,17 +90,15 @@ def prepare(
 
 
 def prepare_from_testset(testset: Path, out_dir: Path) -> int:
-    """Build a prepared data dir from a test-set dir (WAVs + ``text``); returns fbank frames."""
+    """Build a prepared data dir from a test-set dir (WAVs + ``text``); returns fbank frames.
+    The audio is read as ``asr-bench accuracy`` reads it (8 kHz through the service's upsampler)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     chunks = []
     offset = 0
     with open(out_dir / "index.tsv", "w", encoding="utf-8") as index:
-        for line in (testset / "text").read_text(encoding="utf-8").splitlines():
-            utt_id, _, transcript = line.partition(" ")
-            pcm, rate = read_wav(testset / f"{utt_id}.wav")
-            audio = channel.to_model_rate(pcm) if rate == channel.TELEPHONE_RATE else pcm.astype(np.float32)
+        for utt_id, transcript, audio in read_audio(testset):
             feats = compute_fbank(audio)
-            index.write(f"{utt_id}\t{offset}\t{len(feats)}\t{transcript.strip()}\n")
+            index.write(f"{utt_id}\t{offset}\t{len(feats)}\t{transcript}\n")
             chunks.append(feats.astype(np.float16))
             offset += len(feats)
     np.save(out_dir / "feats.npy", np.concatenate(chunks))
@@ -133,7 +126,7 @@ class FeatureSet:
             index = data_dir / "index.tsv"
             if not index.exists():
                 raise FileNotFoundError(
-                    f"{index} not found: prepare the data first (python -m asr_core.training.recipe)"
+                    f"{index} not found: prepare the data first (python -m recipes.recipe)"
                 )
             rows = (line.split("\t") for line in index.read_text(encoding="utf-8").splitlines())
             self.entries += [Entry(u, int(o), int(n), t, part) for u, o, n, t in rows]

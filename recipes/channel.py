@@ -11,9 +11,10 @@ speech does: after an endpoint the next utterance starts in the caller's pause. 
 only ever heard speech begin at its first frame learns where a sentence's words fall in time
 and fails when the speech starts 0.1 s later (the fifth demo release does).
 
-``to_model_rate`` is the service's own 8 -> 16 kHz path (``rtp.resample.Upsampler``, rounded to
-int16): rounding adds quantization noise across 4-8 kHz, where band-limited upsampling leaves
-nothing, and a model trained without it hears every call as unlike its training audio.
+The features are computed after the service's own 8 -> 16 kHz path
+(``rtp.resample.upsample_recording``, rounded to int16): rounding adds quantization noise across
+4-8 kHz, where band-limited upsampling leaves nothing, and a model trained without it hears every
+call as unlike its training audio.
 """
 
 from __future__ import annotations
@@ -23,11 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 import soxr
 
+from asr_common.audio import TELEPHONE_RATE
 from rtp import g711
-from rtp.resample import Upsampler
 
-TELEPHONE_RATE = 8000
-MODEL_RATE = 16000
 PACKET_SAMPLES = 160  # 20 ms at 8 kHz
 
 
@@ -102,11 +101,3 @@ def telephone(
         for index in np.flatnonzero(lost):
             pcm[index * PACKET_SAMPLES : (index + 1) * PACKET_SAMPLES] = 0
     return pcm
-
-
-def to_model_rate(pcm8k: np.ndarray) -> np.ndarray:
-    """8 kHz int16 (N,) -> 16 kHz float32 (2N,) in int16 scale, as the fbank front end expects,
-    by the service's upsampler (int16 output, so with its rounding)."""
-    upsampler = Upsampler()
-    pieces = [upsampler.process(np.asarray(pcm8k, dtype=np.int16)), upsampler.flush()]
-    return np.concatenate(pieces).astype(np.float32)

@@ -8,7 +8,7 @@ every common character its most frequent word, so that generated text can reach 
 Only needed to refresh ``common_chars.txt`` and ``lexicon.tsv``; the recipe and the tests read
 the committed files and do not need jieba::
 
-    pip install jieba && python -m asr_core.training.lexicon_build
+    pip install jieba && python -m recipes.lexicon_build
 """
 
 from __future__ import annotations

@@ -1,0 +1,6 @@
+"""What several layers share, below all of them: YAML config files with ``file:line`` errors
+(``yamlconf``), rings of recent measurements (``latency``), the audio rates (``audio``), the
+capacity-error family (``errors``) and character error rates (``scoring``).
+
+Imports nothing of the project's other packages, so every package may import it.
+"""
