@@ -310,8 +310,9 @@ class UasCore:
         invite = self._server_tx.get(invite_key)
         if invite is None:
             raise Reject(481)
-        actions = self._respond(tx, request, 200, now)
         call = self._calls.get(invite.owner or "")
+        # RFC 3261 9.2: the 200 to the CANCEL carries the same To tag as the INVITE's 487.
+        actions = self._respond(tx, request, 200, now, to_tag=call.local_tag if call is not None else None)
         if call is not None and call.state is CallState.RINGING and invite.state is TxState.PROCEEDING:
             call.handle(CallEvent.CANCEL)
             actions += self._final_for_invite(call, 487, now)
@@ -476,8 +477,6 @@ class UasCore:
         contact: bool = False,
         call: Call | None = None,
     ) -> list[Action]:
-        if status >= 200 and to_tag is None and request.method != "CANCEL":
-            to_tag = secrets.token_hex(6)
         response = self._make_response(request, status, headers, to_tag)
         if call is not None and (contact or body):
             transport = call.source.transport
@@ -499,5 +498,9 @@ class UasCore:
         extra: HeaderPairs = (),
         to_tag: str | None = None,
     ) -> Response:
+        """Every response but a 100 carries a To tag (RFC 3261 8.2.6.2): ``to_tag`` when the
+        dialog has one, a fresh one otherwise; ``make_response`` keeps a tag the request had."""
         self.counters[f"responses.{status}"] += 1
+        if to_tag is None and status > 100:
+            to_tag = secrets.token_hex(6)
         return make_response(request, status, self.settings.user_agent, extra, to_tag)
