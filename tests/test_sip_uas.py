@@ -179,7 +179,7 @@ def test_answer_delay_then_answer() -> None:
         (invite(method="FOO", body=""), 501),
         (invite(method="REGISTER", body=""), 405),
         (invite(content_type="text/plain"), 415),
-        (invite(body=""), 488),
+        (invite(body="", extra="Require: siprec\r\n"), 488),
         (invite(body=OFFER_PCMU.replace("RTP/AVP 0 8 101", "RTP/AVP 18")), 488),
         (invite(body=OFFER_PCMU.replace("m=audio 40000", "m=audio 0")), 488),
         (invite(extra="Require: 100rel\r\n"), 420),
