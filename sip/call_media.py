@@ -29,6 +29,7 @@ from sip.sdp import (
     StreamPlan,
     build_answer,
     build_offer,
+    offers_srtp,
     plan_answer,
     plan_streams,
 )
@@ -37,6 +38,15 @@ from sip.siprec import RecordingMetadata, Role, assign_roles, split_body
 log = logging.getLogger(__name__)
 
 NO_AUDIO = warning("no PCMU or PCMA audio stream to record", 304)
+
+
+def no_stream(offer: SessionDescription | None, profile: Profile) -> Reject:
+    """The 488 for an offer with nothing we record: an SRTP-only offer says so (Warning 302,
+    incompatible transport protocol) instead of the codec warning."""
+    if offer is not None and offers_srtp(offer):
+        text = f"SRTP (RTP/SAVP) is not taken on this route (srtp: {profile.srtp}); offer plain RTP/AVP"
+        return Reject(488, (warning(text, 302),))
+    return Reject(488, (NO_AUDIO,))
 
 Streams = list[tuple[StreamPlan, Role, str | None]]
 """Accepted streams with the role each is transcribed as and the AOR of the party sending it."""
@@ -197,7 +207,7 @@ class CallMedia:
         plans = plan_streams(body.offer, sendonly_is_hold=not call.info.siprec)
         streams = select_streams(plans, call.info.profile, call.metadata, call.info.siprec, call.remote_party)
         if not streams:
-            raise Reject(488, (NO_AUDIO,))
+            raise no_stream(body.offer, call.info.profile)
         call.offer = body.offer
         actions = self.apply_streams(call, streams)
         call.answer_sdp = self.answer_sdp(call, host)

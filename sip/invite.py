@@ -20,7 +20,7 @@ from sip import session_timer
 from sip.admission import Admission
 from sip.app import CallInfo
 from sip.auth import DigestAuth
-from sip.call_media import NO_AUDIO, read_body, select_streams
+from sip.call_media import no_stream, read_body, select_streams
 from sip.config import SipSettings
 from sip.dialog import Call
 from sip.errors import SipParseError
@@ -82,7 +82,7 @@ class InviteGate:
             plans = [offered_plan(0, None)]
         streams = select_streams(plans, profile, body.metadata, siprec, from_party)
         if not streams:
-            raise Reject(488, (NO_AUDIO,))
+            raise no_stream(body.offer, profile)
         if not self.admission.has_room(active_calls, len(streams)):
             self.counters["invites.no_capacity"] += 1
             raise Reject(503, self.admission.retry_after())

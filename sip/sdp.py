@@ -8,7 +8,8 @@ left the offer is refused with 488.
 
 When the peer sends no offer (a delayed-offer INVITE or re-INVITE, RFC 3261 13.2.1) we make
 one: ``build_offer`` lists the codecs we take (``OUR_PAYLOAD_TYPES``), ``recvonly``, and the
-answer in the ACK is read with ``plan_answer``.
+answer in the ACK is read with ``plan_answer``. Only plain RTP/AVP(F) m-lines are taken
+(``PLAIN_RTP``); ``offers_srtp`` tells a refusal for SRTP apart from one for codecs.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ from sip.errors import SipParseError
 G711 = {"PCMU": 0, "PCMA": 8}
 _STATIC_NAMES = {0: "PCMU", 8: "PCMA"}
 DIRECTIONS = ("sendrecv", "sendonly", "recvonly", "inactive")
+PLAIN_RTP = frozenset({"RTP/AVP", "RTP/AVPF"})
+"""The m-line protocols we receive: unencrypted RTP. SRTP (RTP/SAVP, RTP/SAVPF, DTLS-SRTP) is
+answered with port 0 until SRTP decryption exists: answering it without keys would make us
+decode ciphertext as G.711."""
 OUR_PAYLOAD_TYPES: dict[int, str] = {0: "PCMU", 8: "PCMA", 101: "telephone-event"}
 """What our own offers list: both G.711 laws and RFC 4733 events on the customary 101."""
 
@@ -131,7 +136,7 @@ def plan_streams(offer: SessionDescription, sendonly_is_hold: bool = True) -> li
     """
     plans: list[StreamPlan] = []
     for index, media in enumerate(offer.media):
-        if media.media != "audio" or media.port == 0 or "RTP/" not in media.proto.upper():
+        if media.media != "audio" or media.port == 0 or media.proto.upper() not in PLAIN_RTP:
             continue
         payload_types: dict[int, str] = {}
         codec: str | None = None
@@ -155,6 +160,12 @@ def plan_streams(offer: SessionDescription, sendonly_is_hold: bool = True) -> li
         answer = "inactive" if silent else "recvonly"
         plans.append(StreamPlan(index, media.label, codec, payload_types, answer, on_hold, remote))
     return plans
+
+
+def offers_srtp(offer: SessionDescription) -> bool:
+    """True when the offer has an audio m-line with an SRTP profile (``RTP/SAVP``, ``RTP/SAVPF``,
+    ``UDP/TLS/RTP/SAVP``...), the kind ``plan_streams`` never takes."""
+    return any(m.media == "audio" and m.port != 0 and "SAVP" in m.proto.upper() for m in offer.media)
 
 
 def build_answer(

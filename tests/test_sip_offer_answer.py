@@ -4,6 +4,9 @@ SRTP policy. Sans-IO: the UAS core driven by a fake clock."""
 
 from __future__ import annotations
 
+import pytest
+from pydantic import ValidationError
+
 from sip.actions import Action, CallEnded, LegUpdated, StartMedia, UpdateMedia
 from sip.app import CountingCallHandler
 from sip.config import SipSettings
@@ -149,3 +152,46 @@ def test_update_before_the_invite_is_answered_gets_500_with_retry_after() -> Non
     tag = NameAddr.parse(ringing.headers.get("To") or "").tag or ""
     (refused,) = responses(core.receive(invite(method="UPDATE", to_tag=tag, cseq=2, branch="z9hG4bK-u"), SOURCE, 0.5))
     assert refused.status == 500 and refused.headers.get("Retry-After") == "1"
+
+
+CRYPTO = "a=crypto:1 AES_CM_128_HMAC_SHA1_80 inline:WVNfX19zZW1jdGwgKCkgewkyMjA7fQp9CnVubGVz|2^20|1:4\r\n"
+SAVP_ONLY = OFFER_PCMU.replace("RTP/AVP", "RTP/SAVP") + CRYPTO
+AVP_AND_SAVP = SAVP_ONLY + "m=audio 40002 RTP/AVP 0 101\r\na=rtpmap:101 telephone-event/8000\r\na=sendrecv\r\n"
+
+
+def test_savp_only_offer_is_refused_488_with_a_warning_never_answered_without_keys() -> None:
+    core = make_core()
+    (refused,) = responses(core.receive(invite(body=SAVP_ONLY), SOURCE, 0.0))[-1:]
+    assert refused.status == 488
+    assert (refused.headers.get("Warning") or "").startswith('302 hotline-asr "SRTP (RTP/SAVP) is not taken')
+    assert "srtp: off" in (refused.headers.get("Warning") or "")
+    for proto in ("RTP/SAVPF", "UDP/TLS/RTP/SAVP"):
+        body = OFFER_PCMU.replace("RTP/AVP", proto)
+        assert statuses(make_core().receive(invite(body=body), SOURCE, 0.0))[-1] == 488, proto
+
+
+def test_offer_with_avp_and_savp_alternatives_takes_avp() -> None:
+    for policy in ("off", "optional"):
+        routes = RoutesFile(profiles={"default": Profile(srtp=policy)})  # type: ignore[arg-type]
+        core = UasCore(SipSettings(), CountingCallHandler(), FakePorts(), Router(routes))
+        actions = core.receive(invite(body=AVP_AND_SAVP), SOURCE, 0.0)
+        ok = responses(actions)[-1]
+        assert ok.status == 200
+        savp, avp = SessionDescription.parse(ok.body).media
+        assert (savp.port, savp.proto) == (0, "RTP/SAVP") and b"a=crypto" not in ok.body
+        assert avp.proto == "RTP/AVP" and avp.port != 0
+        (start,) = [a for a in actions if isinstance(a, StartMedia)]
+        assert start.remote == ("10.0.0.5", 40002)
+
+
+def test_reinvite_to_savp_only_is_refused_and_the_call_keeps_its_leg() -> None:
+    core, tag, start = confirmed_call()
+    actions = core.receive(invite(to_tag=tag, cseq=2, branch="z9hG4bK-re", body=SAVP_ONLY), SOURCE, 1.0)
+    assert statuses(actions) == [488]
+    call = core.call(start.call.call_id)
+    assert call is not None and list(call.legs) == [0]
+
+
+def test_srtp_required_is_a_config_error_until_decryption_exists() -> None:
+    with pytest.raises(ValidationError, match="srtp: required needs SRTP decryption"):
+        Profile(srtp="required")

@@ -347,3 +347,30 @@ def test_update_with_sdp_holds_and_resumes(tmp_path: Path) -> None:
             assert sink.samples >= 1.5 * 0.6 * 16000, sink.samples
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("transport", ["u1", "t1"])
+def test_srtp_only_offer_is_refused_with_a_warning(tmp_path: Path, transport: str) -> None:
+    async def scenario() -> None:
+        async with Harness(tmp_path) as h:
+            await h.sipp("uac_savp_refused.xml", transport)
+            assert h.server.counters["responses.488"] == 1
+            assert h.handler.legs == {}
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("srtp", ["off", "optional"])
+def test_avp_and_savp_alternatives_take_avp(tmp_path: Path, srtp: str) -> None:
+    write_rtp_pcap(tmp_path / "audio.pcap", 0)
+    router = Router(RoutesFile(profiles={"default": Profile(srtp=srtp)}))  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        async with Harness(tmp_path, router=router) as h:
+            await h.sipp("uac_savp_alternatives.xml", codec="0", codec_name="PCMU")
+            await h.settle()
+            assert list(h.handler.ended.values()) == ["bye"]
+            (leg,) = h.handler.legs.values()
+            assert h.handler.sinks[leg.leg_id].samples >= 0.8 * 16000
+
+    asyncio.run(scenario())
