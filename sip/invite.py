@@ -79,6 +79,7 @@ class InviteGate:
         if body.offer is not None:
             plans = plan_streams(body.offer, sendonly_is_hold=not siprec)
         else:
+            self.counters["invites.offerless"] += 1
             plans = [offered_plan(0, None)]
         streams = select_streams(plans, profile, body.metadata, siprec, from_party)
         if not streams:
