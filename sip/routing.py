@@ -67,6 +67,12 @@ class Profile(BaseModel):
     streams and refuse an offer with only SRTP streams (488 with a Warning); ``required`` is
     refused here until SRTP decryption exists."""
 
+    @field_validator("srtp", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: object) -> object:
+        """YAML 1.1 reads a bare ``off`` as false; take it as the word the admin wrote."""
+        return "off" if value is False else value
+
     @field_validator("srtp")
     @classmethod
     def _srtp_available(cls, value: str) -> str:

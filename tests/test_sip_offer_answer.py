@@ -195,3 +195,9 @@ def test_reinvite_to_savp_only_is_refused_and_the_call_keeps_its_leg() -> None:
 def test_srtp_required_is_a_config_error_until_decryption_exists() -> None:
     with pytest.raises(ValidationError, match="srtp: required needs SRTP decryption"):
         Profile(srtp="required")
+
+
+def test_bare_yaml_off_is_the_off_policy() -> None:
+    assert Profile.model_validate({"srtp": False}).srtp == "off"
+    with pytest.raises(ValidationError):
+        Profile.model_validate({"srtp": True})
