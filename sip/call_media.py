@@ -1,5 +1,6 @@
 """A call's media as the UAS negotiates it: the offer in the body, which streams are recorded
-(roles from SIPREC metadata and the route's profile), the RTP legs they open and our SDP answer.
+(roles from SIPREC metadata and the route's profile), the RTP legs they open and our SDP answer,
+or, for an offerless INVITE or re-INVITE, our SDP offer and the answer the ACK brings.
 
 No sockets: opening a leg means an allocated port and a sink from the application, returned
 as ``StartMedia`` actions for the transport. A full node (``admission.CAPACITY_ERRORS``) is a
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from sip.actions import Action, LegUpdated, StartMedia, StopMedia, UpdateMedia
@@ -22,12 +23,30 @@ from sip.errors import ProtocolError, SipParseError
 from sip.message import NameAddr, Request
 from sip.responses import HeaderPairs, Reject, warning
 from sip.routing import Profile
-from sip.sdp import SessionDescription, StreamPlan, build_answer, plan_streams
+from sip.sdp import (
+    MediaDescription,
+    SessionDescription,
+    StreamPlan,
+    build_answer,
+    build_offer,
+    offers_srtp,
+    plan_answer,
+    plan_streams,
+)
 from sip.siprec import RecordingMetadata, Role, assign_roles, split_body
 
 log = logging.getLogger(__name__)
 
 NO_AUDIO = warning("no PCMU or PCMA audio stream to record", 304)
+
+
+def no_stream(offer: SessionDescription | None, profile: Profile) -> Reject:
+    """The 488 for an offer with nothing we record: an SRTP-only offer says so (Warning 302,
+    incompatible transport protocol) instead of the codec warning."""
+    if offer is not None and offers_srtp(offer):
+        text = f"SRTP (RTP/SAVP) is not taken on this route (srtp: {profile.srtp}); offer plain RTP/AVP"
+        return Reject(488, (warning(text, 302),))
+    return Reject(488, (NO_AUDIO,))
 
 Streams = list[tuple[StreamPlan, Role, str | None]]
 """Accepted streams with the role each is transcribed as and the AOR of the party sending it."""
@@ -188,7 +207,7 @@ class CallMedia:
         plans = plan_streams(body.offer, sendonly_is_hold=not call.info.siprec)
         streams = select_streams(plans, call.info.profile, call.metadata, call.info.siprec, call.remote_party)
         if not streams:
-            raise Reject(488, (NO_AUDIO,))
+            raise no_stream(body.offer, call.info.profile)
         call.offer = body.offer
         actions = self.apply_streams(call, streams)
         call.answer_sdp = self.answer_sdp(call, host)
@@ -202,3 +221,39 @@ class CallMedia:
         ports = {index: leg.port for index, leg in call.legs.items()}
         call.sdp_version += 1
         return build_answer(call.offer, plans, ports, host, call.sdp_session_id, call.sdp_version)
+
+    @staticmethod
+    def offer_sdp(call: Call, host: str) -> bytes:
+        """Our SDP offer for an offerless INVITE or re-INVITE (a new version each time): the
+        session's m-lines so far (one audio line for a new call), our legs ``recvonly``."""
+        layout = call.offer.media if call.offer is not None else [MediaDescription("audio", 0, "RTP/AVP", ["0"])]
+        plans = [leg.plan for leg in call.legs.values()]
+        ports = {index: leg.port for index, leg in call.legs.items()}
+        call.sdp_version += 1
+        return build_offer(layout, plans, ports, host, call.sdp_session_id, call.sdp_version)
+
+    def take_answer(self, call: Call, body: Body) -> list[Action]:
+        """The ACK's answer to our offer: the legs take its codecs, direction and address.
+
+        Raises ``Reject(488)`` naming what was wrong when there is no answer, its m-lines do not
+        match our offer's (RFC 3264 6), or it accepts no stream we can record; the legs are
+        then left as they were and the caller ends the call.
+        """
+        answer = body.offer
+        if answer is None:
+            raise Reject(488, (warning("the ACK carried no SDP answer to our offer in the 200", 304),))
+        offered = len(call.offer.media) if call.offer is not None else 1
+        if len(answer.media) != offered:
+            text = f"the SDP answer has {len(answer.media)} m-lines, our offer had {offered}"
+            raise Reject(488, (warning(text, 304),))
+        plans = [
+            replace(plan, label=plan.label or call.legs[plan.index].plan.label)
+            for plan in plan_answer(answer)
+            if plan.index in call.legs
+        ]
+        streams = select_streams(plans, call.info.profile, call.metadata, call.info.siprec, call.remote_party)
+        if not streams:
+            raise Reject(488, (warning("the SDP answer accepts no PCMU or PCMA stream we offered", 304),))
+        call.offer = answer
+        call.awaiting_answer = False
+        return self.apply_streams(call, streams)

@@ -2,7 +2,9 @@
 
 ``Call`` holds what identifies the dialog (Call-ID, tags), the sequence numbers, where to
 send in-dialog requests, the legs we receive and the SDP session version. Its state moves
-only along ``CALL_TABLE``.
+only along ``CALL_TABLE``. ``offer`` is the peer's latest session description (its offer, or
+its answer to ours); ``answer_sdp`` is our latest one (an answer, or an offer while
+``awaiting_answer``: a 2xx to an offerless INVITE whose ACK must carry the answer).
 """
 
 from __future__ import annotations
@@ -94,6 +96,7 @@ class Call:
     session_expires: int | None = None
     end_reason: str | None = None
     offer: SessionDescription | None = None
+    awaiting_answer: bool = False
     pending_streams: list[tuple[StreamPlan, Role, str | None]] = field(default_factory=list)
 
     def handle(self, event: CallEvent) -> CallState:

@@ -4,6 +4,8 @@ exists, in the order a peer can act on, and the ``Call`` record it creates.
 Order: draining (503), ``Require`` options (420), the source's INVITE rate (503,
 ``Retry-After: 1``), digest auth (401), the body (400/415/488), session interval (422), the
 route (404 or the route's code), a recordable stream (488), room for its legs (503).
+An INVITE without SDP (delayed offer) gets one provisional stream: our offer goes in the 200.
+A SIPREC INVITE without SDP is refused 488: we could not know which stream is whose.
 A refusal is a ``Reject``; the UAS core answers it and owns the transaction and dialog.
 """
 
@@ -18,15 +20,19 @@ from sip import session_timer
 from sip.admission import Admission
 from sip.app import CallInfo
 from sip.auth import DigestAuth
-from sip.call_media import NO_AUDIO, read_body, select_streams
+from sip.call_media import no_stream, read_body, select_streams
 from sip.config import SipSettings
 from sip.dialog import Call
 from sip.errors import SipParseError
 from sip.message import Address, NameAddr, Request, SipUri, parse_cseq
 from sip.responses import SUPPORTED_OPTIONS, Reject, warning
 from sip.routing import CallFacts, Router
-from sip.sdp import plan_streams
+from sip.sdp import offered_plan, plan_streams
 from sip.siprec import is_siprec
+
+NO_SIPREC_OFFER = warning(
+    "a SIPREC INVITE needs an SDP offer with a=label per stream; delayed offer is not supported for recordings", 304
+)
 
 
 class InviteGate:
@@ -60,9 +66,9 @@ class InviteGate:
             self.counters["invites.challenged"] += 1
             raise Reject(401, (("WWW-Authenticate", self.auth.challenge(now)),))
         body = read_body(request)
-        if body.offer is None:
-            raise Reject(488, (warning("an SDP offer is required"),))
         siprec = is_siprec(request)
+        if body.offer is None and siprec:
+            raise Reject(488, (NO_SIPREC_OFFER,))
         session_expires = session_timer.session_interval(request, self.settings.min_se_s)
         to = NameAddr.parse(request.headers.get("To") or "")
         from_party = NameAddr.parse(request.headers.get("From") or "")
@@ -70,10 +76,14 @@ class InviteGate:
         if decision.profile is None:
             raise Reject(decision.reject_code or 404)
         profile = decision.profile
-        plans = plan_streams(body.offer, sendonly_is_hold=not siprec)
+        if body.offer is not None:
+            plans = plan_streams(body.offer, sendonly_is_hold=not siprec)
+        else:
+            self.counters["invites.offerless"] += 1
+            plans = [offered_plan(0, None)]
         streams = select_streams(plans, profile, body.metadata, siprec, from_party)
         if not streams:
-            raise Reject(488, (NO_AUDIO,))
+            raise no_stream(body.offer, profile)
         if not self.admission.has_room(active_calls, len(streams)):
             self.counters["invites.no_capacity"] += 1
             raise Reject(503, self.admission.retry_after())

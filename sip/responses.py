@@ -51,15 +51,22 @@ class Reject(Exception):
         self.headers = headers
 
 
-def warning(text: str, code: int = 399) -> tuple[str, str]:
-    """A ``Warning`` header (RFC 3261 20.43) telling the peer what was wrong, in one line.
-
-    The text becomes a quoted-string: control characters turn into spaces, quotes and
-    backslashes are escaped, and it is cut to 200 characters.
-    """
+def _quoted(text: str) -> str:
+    """``text`` as a quoted-string: control characters become spaces, quotes and backslashes
+    are escaped, and it is cut to 200 characters."""
     clean = "".join(" " if ord(c) < 0x20 or ord(c) == 0x7F else c for c in text[:_WARNING_TEXT_CHARS])
     escaped = clean.replace("\\", "\\\\").replace('"', '\\"')
-    return ("Warning", f'{code} {WARNING_AGENT} "{escaped}"')
+    return f'"{escaped}"'
+
+
+def warning(text: str, code: int = 399) -> tuple[str, str]:
+    """A ``Warning`` header (RFC 3261 20.43) telling the peer what was wrong, in one line."""
+    return ("Warning", f"{code} {WARNING_AGENT} {_quoted(text)}")
+
+
+def reason_header(cause: int, text: str) -> tuple[str, str]:
+    """A ``Reason`` header (RFC 3326) for our BYE: the SIP status that best names why, and text."""
+    return ("Reason", f"SIP;cause={cause};text={_quoted(text)}")
 
 
 def contact_header(transport: str, host_port: str, siprec: bool) -> tuple[str, str]:

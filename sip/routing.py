@@ -62,6 +62,23 @@ class Profile(BaseModel):
     redaction: Literal["mask", "keep", "hash"] = "mask"
     key_prefix: str = "asr"
     roles: RoleRuleModel = Field(default_factory=RoleRuleModel)
+    srtp: Literal["off", "optional", "required"] = "off"
+    """SRTP policy of the routes using this profile. ``off`` and ``optional`` take plain RTP/AVP
+    streams and refuse an offer with only SRTP streams (488 with a Warning); ``required`` is
+    refused here until SRTP decryption exists."""
+
+    @field_validator("srtp", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: object) -> object:
+        """YAML 1.1 reads a bare ``off`` as false; take it as the word the admin wrote."""
+        return "off" if value is False else value
+
+    @field_validator("srtp")
+    @classmethod
+    def _srtp_available(cls, value: str) -> str:
+        if value == "required":
+            raise ValueError("srtp: required needs SRTP decryption, which this version lacks; use off or optional")
+        return value
 
 
 class Match(BaseModel):

@@ -5,6 +5,11 @@ SIPREC uses to tie streams to participants. Each audio m-line is answered ``recv
 the first G.711 codec it offers (PCMU or PCMA); ``telephone-event`` is accepted and ignored.
 A stream offered with port 0, or without G.711, is answered with port 0; when no stream is
 left the offer is refused with 488.
+
+When the peer sends no offer (a delayed-offer INVITE or re-INVITE, RFC 3261 13.2.1) we make
+one: ``build_offer`` lists the codecs we take (``OUR_PAYLOAD_TYPES``), ``recvonly``, and the
+answer in the ACK is read with ``plan_answer``. Only plain RTP/AVP(F) m-lines are taken
+(``PLAIN_RTP``); ``offers_srtp`` tells a refusal for SRTP apart from one for codecs.
 """
 
 from __future__ import annotations
@@ -16,6 +21,12 @@ from sip.errors import SipParseError
 G711 = {"PCMU": 0, "PCMA": 8}
 _STATIC_NAMES = {0: "PCMU", 8: "PCMA"}
 DIRECTIONS = ("sendrecv", "sendonly", "recvonly", "inactive")
+PLAIN_RTP = frozenset({"RTP/AVP", "RTP/AVPF"})
+"""The m-line protocols we receive: unencrypted RTP. SRTP (RTP/SAVP, RTP/SAVPF, DTLS-SRTP) is
+answered with port 0 until SRTP decryption exists: answering it without keys would make us
+decode ciphertext as G.711."""
+OUR_PAYLOAD_TYPES: dict[int, str] = {0: "PCMU", 8: "PCMA", 101: "telephone-event"}
+"""What our own offers list: both G.711 laws and RFC 4733 events on the customary 101."""
 
 
 @dataclass
@@ -125,7 +136,7 @@ def plan_streams(offer: SessionDescription, sendonly_is_hold: bool = True) -> li
     """
     plans: list[StreamPlan] = []
     for index, media in enumerate(offer.media):
-        if media.media != "audio" or media.port == 0 or "RTP/" not in media.proto.upper():
+        if media.media != "audio" or media.port == 0 or media.proto.upper() not in PLAIN_RTP:
             continue
         payload_types: dict[int, str] = {}
         codec: str | None = None
@@ -151,6 +162,12 @@ def plan_streams(offer: SessionDescription, sendonly_is_hold: bool = True) -> li
     return plans
 
 
+def offers_srtp(offer: SessionDescription) -> bool:
+    """True when the offer has an audio m-line with an SRTP profile (``RTP/SAVP``, ``RTP/SAVPF``,
+    ``UDP/TLS/RTP/SAVP``...), the kind ``plan_streams`` never takes."""
+    return any(m.media == "audio" and m.port != 0 and "SAVP" in m.proto.upper() for m in offer.media)
+
+
 def build_answer(
     offer: SessionDescription,
     plans: list[StreamPlan],
@@ -161,27 +178,70 @@ def build_answer(
 ) -> bytes:
     """Our answer: one m-line per offered m-line, ``recvonly`` (``inactive`` on hold) or port 0."""
     family = "IP6" if ":" in host else "IP4"
-    lines = [
-        "v=0",
-        f"o=hotline-asr {session_id} {version} IN {family} {host}",
-        "s=hotline-asr",
-        f"c=IN {family} {host}",
-        "t=0 0",
-    ]
+    lines = _session_lines(host, family, session_id, version)
     by_index = {plan.index: plan for plan in plans}
     for index, media in enumerate(offer.media):
         plan = by_index.get(index)
         if plan is None or index not in ports:
             lines.append(f"m={media.media} 0 {media.proto} {' '.join(media.formats)}")
             continue
-        formats = " ".join(str(pt) for pt in plan.payload_types)
-        lines.append(f"m=audio {ports[index]} {media.proto} {formats}")
-        for pt, name in plan.payload_types.items():
-            lines.append(f"a=rtpmap:{pt} {name}/8000")
-            if name == "telephone-event":
-                lines.append(f"a=fmtp:{pt} 0-15")
-        if plan.label is not None:
-            lines.append(f"a=label:{plan.label}")
-        lines.append(f"a={plan.direction}")
-        lines.append("a=rtcp:" + str(ports[index] + 1))
+        lines += _audio_lines(ports[index], media.proto, plan.payload_types, plan.label, plan.direction)
     return ("\r\n".join(lines) + "\r\n").encode("utf-8")
+
+
+def offered_plan(index: int, label: str | None) -> StreamPlan:
+    """The stream we offer on m-line ``index`` before the answer says anything: every codec we
+    take, and on hold (no RTP inactivity timeout) until the answer says the peer will send."""
+    return StreamPlan(index, label, "PCMU", dict(OUR_PAYLOAD_TYPES), "recvonly", True, None)
+
+
+def plan_answer(answer: SessionDescription) -> list[StreamPlan]:
+    """The streams an answer to our ``recvonly`` offer gives us. ``sendonly`` (or ``sendrecv``)
+    means the peer will send; ``inactive`` or ``recvonly`` that it will not (on hold)."""
+    return plan_streams(answer, sendonly_is_hold=False)
+
+
+def build_offer(
+    layout: list[MediaDescription],
+    plans: list[StreamPlan],
+    ports: dict[int, int],
+    host: str,
+    session_id: int,
+    version: int,
+) -> bytes:
+    """Our offer: one m-line per entry of ``layout`` (the session's m-lines so far; RFC 3264 8
+    forbids dropping any). A line with a planned stream and a port offers ``OUR_PAYLOAD_TYPES``
+    ``recvonly``; any other keeps its media and protocol with port 0."""
+    family = "IP6" if ":" in host else "IP4"
+    lines = _session_lines(host, family, session_id, version)
+    by_index = {plan.index: plan for plan in plans}
+    for index, media in enumerate(layout):
+        plan = by_index.get(index)
+        if plan is None or index not in ports:
+            lines.append(f"m={media.media} 0 {media.proto} {' '.join(media.formats)}")
+            continue
+        lines += _audio_lines(ports[index], "RTP/AVP", OUR_PAYLOAD_TYPES, plan.label, "recvonly")
+    return ("\r\n".join(lines) + "\r\n").encode("utf-8")
+
+
+def _session_lines(host: str, family: str, session_id: int, version: int) -> list[str]:
+    return [
+        "v=0",
+        f"o=hotline-asr {session_id} {version} IN {family} {host}",
+        "s=hotline-asr",
+        f"c=IN {family} {host}",
+        "t=0 0",
+    ]
+
+
+def _audio_lines(port: int, proto: str, payload_types: dict[int, str], label: str | None, direction: str) -> list[str]:
+    lines = [f"m=audio {port} {proto} {' '.join(str(pt) for pt in payload_types)}"]
+    for pt, name in payload_types.items():
+        lines.append(f"a=rtpmap:{pt} {name}/8000")
+        if name == "telephone-event":
+            lines.append(f"a=fmtp:{pt} 0-15")
+    if label is not None:
+        lines.append(f"a=label:{label}")
+    lines.append(f"a={direction}")
+    lines.append(f"a=rtcp:{port + 1}")
+    return lines

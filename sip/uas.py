@@ -33,7 +33,17 @@ from sip.dialog import Call, CallEvent, CallState
 from sip.errors import ProtocolError, SipParseError
 from sip.invite import InviteGate
 from sip.message import Address, Message, NameAddr, Request, Response, Via, parse, parse_cseq
-from sip.responses import ACCEPT, ALLOW, SUPPORTED, HeaderPairs, Reject, contact_header, make_response, warning
+from sip.responses import (
+    ACCEPT,
+    ALLOW,
+    SUPPORTED,
+    HeaderPairs,
+    Reject,
+    contact_header,
+    make_response,
+    reason_header,
+    warning,
+)
 from sip.routing import Router
 from sip.transaction import ClientTransaction, ServerTransaction, TimerConfig, TimerQueue, TxState, server_key
 
@@ -120,8 +130,9 @@ class UasCore:
                 actions += self._call_timer(key, now)
         return actions
 
-    def hangup(self, call_id: str, reason: str, now: float) -> list[Action]:
-        """End a call from our side: BYE when answered, 480 while still ringing."""
+    def hangup(self, call_id: str, reason: str, now: float, header: tuple[str, str] | None = None) -> list[Action]:
+        """End a call from our side: BYE when answered, 480 while still ringing. The BYE's
+        ``Reason`` is ``header``, or by default cause 200 with ``reason`` as its text."""
         call = self._calls.get(call_id)
         if call is None or call.state in (CallState.ENDING, CallState.ENDED):
             return []
@@ -130,8 +141,8 @@ class UasCore:
             actions = self._final_for_invite(call, 503 if self.draining else 480, now)
             return actions + self._end_call(call, reason)
         call.handle(CallEvent.HANGUP)
-        reason_header = (("Reason", f'SIP;cause=200;text="{reason}"'),)
-        return self._end_call(call, reason) + self._send_request(call, "BYE", now, reason_header)
+        bye_reason = header or reason_header(200, reason)
+        return self._end_call(call, reason) + self._send_request(call, "BYE", now, (bye_reason,))
 
     def hangup_all(self, reason: str, now: float) -> list[Action]:
         actions: list[Action] = []
@@ -242,7 +253,11 @@ class UasCore:
             return self._respond(tx, call.request, reject.status, now, headers=reject.headers, to_tag=call.local_tag)
         call.pending_streams = []
         call.handle(CallEvent.ANSWER)
-        call.answer_sdp = self.media.answer_sdp(call, self.settings.public_host())
+        if call.offer is None:
+            call.answer_sdp = self.media.offer_sdp(call, self.settings.public_host())
+            call.awaiting_answer = True
+        else:
+            call.answer_sdp = self.media.answer_sdp(call, self.settings.public_host())
         headers = self._arm_session_timer(call, call.request, now)
         return media + self._respond(
             tx, call.request, 200, now, headers=headers, body=call.answer_sdp, to_tag=call.local_tag, call=call
@@ -265,6 +280,9 @@ class UasCore:
     def _modify(self, tx: ServerTransaction, request: Request, now: float) -> list[Action]:
         """re-INVITE or UPDATE: hold/resume, codec change, new streams, metadata, session refresh."""
         call = self._find_call(request)
+        if call is not None and call.state is CallState.RINGING and request.method == "UPDATE":
+            # RFC 3311 5.2: the INVITE's offer (or our offer) is not answered yet.
+            raise Reject(500, (("Retry-After", "1"), warning("the INVITE is not answered yet")))
         if call is None or call.state not in (CallState.ANSWERING, CallState.CONFIRMED):
             raise Reject(481)
         cseq = parse_cseq(request.headers.get("CSeq"))[0]
@@ -273,8 +291,11 @@ class UasCore:
         pending = self._server_tx.get(call.invite_tx)  # type: ignore[call-overload]
         if request.method == "INVITE" and pending is not None and pending.state is TxState.ACCEPTED:
             raise Reject(491, (("Retry-After", "1"),))
-        call.remote_cseq = cseq
         body = read_body(request)
+        if body.offer is not None and call.awaiting_answer:
+            # RFC 3311 5.2 / RFC 3261 14.2: our offer in the 2xx awaits its answer in the ACK.
+            raise Reject(491, (("Retry-After", "1"),))
+        call.remote_cseq = cseq
         if body.metadata is not None:
             call.metadata = body.metadata
         session_expires = session_timer.session_interval(request, self.settings.min_se_s)
@@ -285,6 +306,10 @@ class UasCore:
             call.invite_tx = tx.key
         call.session_expires = session_expires
         headers = self._arm_session_timer(call, request, now)
+        if request.method == "INVITE" and body.offer is None:
+            # An offerless re-INVITE (RFC 3261 14.2): our offer in the 200, the answer in the ACK.
+            call.answer_sdp = self.media.offer_sdp(call, self.settings.public_host())
+            call.awaiting_answer = True
         sdp_body = call.answer_sdp if body.offer is not None or request.method == "INVITE" else b""
         return actions + self._respond(tx, request, 200, now, headers=headers, body=sdp_body)
 
@@ -310,8 +335,9 @@ class UasCore:
         invite = self._server_tx.get(invite_key)
         if invite is None:
             raise Reject(481)
-        actions = self._respond(tx, request, 200, now)
         call = self._calls.get(invite.owner or "")
+        # RFC 3261 9.2: the 200 to the CANCEL carries the same To tag as the INVITE's 487.
+        actions = self._respond(tx, request, 200, now, to_tag=call.local_tag if call is not None else None)
         if call is not None and call.state is CallState.RINGING and invite.state is TxState.PROCEEDING:
             call.handle(CallEvent.CANCEL)
             actions += self._final_for_invite(call, 487, now)
@@ -335,7 +361,22 @@ class UasCore:
             self._queue.schedule(("tx", invite.key), invite.next_deadline())
         if call.state is CallState.ANSWERING:
             call.handle(CallEvent.ACK)
+        if call.awaiting_answer and parse_cseq(request.headers.get("CSeq"))[0] == call.remote_cseq:
+            return self._take_answer(call, request, now)
         return []
+
+    def _take_answer(self, call: Call, ack: Request, now: float) -> list[Action]:
+        """The ACK of a 2xx that carried our offer: apply its answer, or end the dialog with a
+        BYE whose Reason says why (RFC 3261 13.2.1 leaves no other way to refuse an answer)."""
+        try:
+            return self.media.take_answer(call, read_body(ack))
+        except Reject as reject:
+            text = next((value for name, value in reject.headers if name == "Warning"), "no acceptable SDP answer")
+        except ProtocolError as exc:
+            text = f"unreadable SDP answer: {exc}"
+        self.counters["calls.answer_refused"] += 1
+        log.info("call %s: no acceptable answer in the ACK (%s); sending BYE", call.info.call_id, text)
+        return self.hangup(call.info.call_id, "no-acceptable-answer", now, reason_header(488, _warning_text(text)))
 
     # ---- responses to our requests -----------------------------------------------------
 
@@ -476,8 +517,6 @@ class UasCore:
         contact: bool = False,
         call: Call | None = None,
     ) -> list[Action]:
-        if status >= 200 and to_tag is None and request.method != "CANCEL":
-            to_tag = secrets.token_hex(6)
         response = self._make_response(request, status, headers, to_tag)
         if call is not None and (contact or body):
             transport = call.source.transport
@@ -499,5 +538,15 @@ class UasCore:
         extra: HeaderPairs = (),
         to_tag: str | None = None,
     ) -> Response:
+        """Every response but a 100 carries a To tag (RFC 3261 8.2.6.2): ``to_tag`` when the
+        dialog has one, a fresh one otherwise; ``make_response`` keeps a tag the request had."""
         self.counters[f"responses.{status}"] += 1
+        if to_tag is None and status > 100:
+            to_tag = secrets.token_hex(6)
         return make_response(request, status, self.settings.user_agent, extra, to_tag)
+
+
+def _warning_text(value: str) -> str:
+    """The quoted text of a ``Warning`` header value (``304 agent "text"``), or the value itself."""
+    first, quote, rest = value.partition('"')
+    return rest.rsplit('"', 1)[0].replace('\\"', '"').replace("\\\\", "\\") if quote else first

@@ -194,6 +194,8 @@ def run_calls(endpoint: pj.Endpoint, account: pj.Account, results: list[CallResu
             params = pj.CallOpParam(True)
             params.opt.audioCount = 1
             params.opt.videoCount = 0
+            if args.delayed_offer:
+                params.opt.flag |= pj.PJSUA_CALL_NO_SDP_OFFER
             call.makeCall(args.target, params)
             calls.append(call)
         deadline = time.monotonic() + args.timeout_s
@@ -255,6 +257,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rtp-port", type=int, default=0, help="first local RTP port (0: pjsua's default)")
     parser.add_argument("--tail-ms", type=int, default=300, help="time to keep the call up after the WAV ends")
     parser.add_argument("--timeout-s", type=float, default=30.0, help="give up when calls are still up by then")
+    parser.add_argument(
+        "--delayed-offer", action="store_true", help="INVITE without SDP: the callee offers, we answer in the ACK"
+    )
     parser.add_argument("--log-level", type=int, default=1, help="pjsua2 log level for console (0..6)")
     args = parser.parse_args(argv)
     if not 1 <= args.calls <= MAX_CALLS:

@@ -34,6 +34,12 @@ SIPREC_BODY = build_multipart(
     "fz",
 ).decode()
 
+CRYPTO = "a=crypto:1 AES_CM_128_HMAC_SHA1_32 inline:NzB4d1BINUAvLEw6UzF3WSJ+PSdFcGdUJShpX1Zj|2^20|1:32\r\n"
+SAVP_OFFER = OFFER_PCMU.replace("RTP/AVP", "RTP/SAVP") + CRYPTO
+ANSWER_PCMA = (
+    "v=0\r\no=- 2 1 IN IP4 10.0.0.5\r\ns=-\r\nc=IN IP4 10.0.0.5\r\nt=0 0\r\nm=audio 40000 RTP/AVP 8\r\na=sendonly\r\n"
+)
+
 
 def corpus() -> list[bytes]:
     return [
@@ -52,6 +58,12 @@ def corpus() -> list[bytes]:
         b"SIP/2.0 200 OK\r\nVia: SIP/2.0/UDP 127.0.0.1:5060;branch=z9hG4bKabc\r\nCSeq: 2 BYE\r\nl: 0\r\n\r\n",
         b"INVITE sip:x@y SIP/2.0\r\nv: SIP/2.0/TCP h;branch=z9hG4bK1\r\nf: <sip:a@b>;tag=1\r\nt: sip:c@d\r\n"
         b'i: q\r\nCSeq: 1 INVITE\r\nm: "A, B" <sip:a@b;lr>;+sip.src\r\nc: application/sdp\r\nl: 6\r\n\r\nv=0\r\n',
+        invite(body=""),
+        invite(method="ACK", to_tag="t1", branch="z9hG4bK-ack1", body=ANSWER_PCMA),
+        invite(to_tag="t1", cseq=5, body=""),
+        invite(method="UPDATE", to_tag="t1", cseq=6, body=OFFER_PCMU.replace("sendrecv", "inactive")),
+        invite(body=SAVP_OFFER),
+        invite(body=SAVP_OFFER + OFFER_PCMU.split("t=0 0\r\n", 1)[1]),
     ]
 
 
@@ -78,6 +90,9 @@ TOKENS = [
     b"SIP/2.0",
     b"m=audio 0 RTP/AVP 0",
     b"a=label:",
+    b"RTP/SAVP",
+    b"a=crypto:1 AES_CM_128_HMAC_SHA1_80 inline:",
+    b"Content-Length: 0",
     b"--fz",
     b"<!DOCTYPE",
     b"To: <sip:x@y>;tag=t1",

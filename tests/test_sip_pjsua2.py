@@ -148,9 +148,12 @@ async def sip_server(handler: CountingCallHandler) -> AsyncIterator[SipServer]:
         await server.stop(grace_s=2.0)
 
 
-async def call_with_pjsua2(server: SipServer, codec: str, wavs: list[Path], timeout_s: float = 25.0) -> dict[str, Any]:
+async def call_with_pjsua2(
+    server: SipServer, codec: str, wavs: list[Path], timeout_s: float = 25.0, delayed_offer: bool = False
+) -> dict[str, Any]:
     """Run the caller to completion; returns its JSON report (asserting it succeeded)."""
     args = [sys.executable, str(CALLER), "--target", f"sip:asr@127.0.0.1:{server.port('udp')}"]
+    args += ["--delayed-offer"] if delayed_offer else []
     args += ["--codec", codec, "--calls", str(len(wavs)), "--sip-port", str(free_port())]
     args += ["--rtp-port", str(free_port(pair=True)), "--timeout-s", str(timeout_s), *map(str, wavs)]
     process = await asyncio.create_subprocess_exec(
@@ -238,5 +241,24 @@ def test_bye_from_pjsua2_ends_call_and_leg(tmp_path: Path) -> None:
             assert sink.finished == 1
             assert server.counters["bye.sent"] == 0
             assert server.counters["calls.ended.bye"] == 1
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("codec", ["PCMU", "PCMA"])
+def test_delayed_offer_from_pjsua2_reaches_sink_sample_accurate(tmp_path: Path, codec: str) -> None:
+    """pjsua2 as a second, independent delayed-offer UAC: it answers our offer in the ACK."""
+    sent = chirp(2.0, 200, 3400)
+    wav = write_wav(tmp_path / "chirp.wav", sent)
+
+    async def scenario() -> None:
+        handler = PcmKeepingHandler()
+        async with sip_server(handler) as server:
+            await call_with_pjsua2(server, codec, [wav], delayed_offer=True)
+            await settle(server, handler, 1)
+            assert server.counters["invites.offerless"] == 1
+            assert server.counters["calls.answer_refused"] == 0
+            (leg,) = handler.legs.values()
+            assert_delivered(codec, handler.sinks[leg.leg_id], sent)
 
     asyncio.run(scenario())

@@ -303,3 +303,74 @@ def test_options(tmp_path: Path, capacity: int, scenario_file: str) -> None:
             await h.sipp(scenario_file)
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("transport", ["u1", "t1"])
+def test_delayed_offer_with_answer_in_the_ack(tmp_path: Path, transport: str) -> None:
+    write_rtp_pcap(tmp_path / "audio.pcap", 8)
+
+    async def scenario() -> None:
+        async with Harness(tmp_path) as h:
+            await h.sipp("uac_delayed_offer.xml", transport, codec="8", codec_name="PCMA")
+            await h.settle()
+            assert list(h.handler.ended.values()) == ["bye"]
+            (leg,) = h.handler.legs.values()
+            assert leg.codec == "PCMA"
+            assert h.handler.sinks[leg.leg_id].samples >= 0.8 * 16000
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("transport", ["u1", "t1"])
+def test_delayed_offer_without_answer_in_the_ack_gets_bye(tmp_path: Path, transport: str) -> None:
+    async def scenario() -> None:
+        async with Harness(tmp_path) as h:
+            await h.sipp("uac_delayed_offer_no_answer.xml", transport)
+            await h.settle()
+            assert list(h.handler.ended.values()) == ["no-acceptable-answer"]
+            assert h.server.counters["calls.answer_refused"] == 1
+            assert h.server.active_calls == 0
+
+    asyncio.run(scenario())
+
+
+def test_update_with_sdp_holds_and_resumes(tmp_path: Path) -> None:
+    write_rtp_pcap(tmp_path / "audio.pcap", 0, seconds=0.6)
+    write_rtp_pcap(tmp_path / "audio2.pcap", 0, seconds=0.6, first_seq=1000)
+
+    async def scenario() -> None:
+        async with Harness(tmp_path) as h:
+            await h.sipp("uac_update.xml", codec="0", codec_name="PCMU")
+            await h.settle()
+            assert list(h.handler.ended.values()) == ["bye"]
+            (sink,) = h.handler.sinks.values()
+            assert sink.samples >= 1.5 * 0.6 * 16000, sink.samples
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("transport", ["u1", "t1"])
+def test_srtp_only_offer_is_refused_with_a_warning(tmp_path: Path, transport: str) -> None:
+    async def scenario() -> None:
+        async with Harness(tmp_path) as h:
+            await h.sipp("uac_savp_refused.xml", transport)
+            assert h.server.counters["responses.488"] == 1
+            assert h.handler.legs == {}
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("srtp", ["off", "optional"])
+def test_avp_and_savp_alternatives_take_avp(tmp_path: Path, srtp: str) -> None:
+    write_rtp_pcap(tmp_path / "audio.pcap", 0)
+    router = Router(RoutesFile(profiles={"default": Profile(srtp=srtp)}))  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        async with Harness(tmp_path, router=router) as h:
+            await h.sipp("uac_savp_alternatives.xml", codec="0", codec_name="PCMU")
+            await h.settle()
+            assert list(h.handler.ended.values()) == ["bye"]
+            (leg,) = h.handler.legs.values()
+            assert h.handler.sinks[leg.leg_id].samples >= 0.8 * 16000
+
+    asyncio.run(scenario())

@@ -130,6 +130,41 @@ def test_cancel_while_ringing() -> None:
     assert statuses(core.receive(invite(method="CANCEL", body="", branch="z9hG4bK-x"), SOURCE, 1)) == [481]
 
 
+def to_tag_of(response: Response) -> str | None:
+    return NameAddr.parse(response.headers.get("To") or "").tag
+
+
+def test_cancel_200_and_487_carry_the_same_to_tag_as_the_180() -> None:
+    core = make_core(answer_delay_ms=2000)
+    ringing = responses(core.receive(invite(), SOURCE, 0.0))[-1]
+    ok, terminated = responses(core.receive(invite(method="CANCEL", body=""), SOURCE, 0.5))
+    assert to_tag_of(ringing) and to_tag_of(ok) == to_tag_of(terminated) == to_tag_of(ringing)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        invite(method="CANCEL", body="", branch="z9hG4bK-none"),
+        invite(method="BYE", body="", branch="z9hG4bK-bye"),
+        invite(method="REGISTER", body=""),
+        invite(method="FOO", body=""),
+        invite(extra="Require: 100rel\r\n"),
+        invite(body="", extra="Session-Expires: 10\r\n"),
+        invite(body="v=0\r\nm=video 1 RTP/AVP 31\r\n"),
+    ],
+)
+def test_every_final_response_carries_a_to_tag(data: bytes) -> None:
+    core = make_core()
+    for response in responses(core.receive(data, SOURCE, 0.0)):
+        assert (to_tag_of(response) is None) == (response.status == 100), response
+
+
+def test_acl_refusal_carries_a_to_tag() -> None:
+    core = make_core(acl_cidrs=["192.0.2.0/24"])
+    (refused,) = responses(core.receive(invite(), SOURCE, 0.0))
+    assert refused.status == 403 and to_tag_of(refused)
+
+
 def test_answer_delay_then_answer() -> None:
     core = make_core(answer_delay_ms=200)
     core.receive(invite(), SOURCE, 0.0)
@@ -144,7 +179,7 @@ def test_answer_delay_then_answer() -> None:
         (invite(method="FOO", body=""), 501),
         (invite(method="REGISTER", body=""), 405),
         (invite(content_type="text/plain"), 415),
-        (invite(body=""), 488),
+        (invite(body="", extra="Require: siprec\r\n"), 488),
         (invite(body=OFFER_PCMU.replace("RTP/AVP 0 8 101", "RTP/AVP 18")), 488),
         (invite(body=OFFER_PCMU.replace("m=audio 40000", "m=audio 0")), 488),
         (invite(extra="Require: 100rel\r\n"), 420),
