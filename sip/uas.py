@@ -53,7 +53,8 @@ class UasCore:
         self.timers = TimerConfig(settings.t1_ms / 1000, settings.t2_ms / 1000)
         self.local_ports = {"udp": settings.port, "tcp": settings.port, "tls": settings.tls_port}
         self.counters: Counter[str] = Counter()
-        self.admission = Admission(settings, handler)
+        trunks = [network for networks in self.router.routes.trunks.values() for network in networks]
+        self.admission = Admission(settings, handler, trunks)
         self.auth = DigestAuth(settings.auth) if settings.auth is not None else None
         self.media = CallMedia(handler, ports, self.counters, self.admission.retry_after())
         self.invites = InviteGate(settings, self.admission, self.auth, self.router, self.counters)
@@ -61,6 +62,7 @@ class UasCore:
         self._calls: dict[str, Call] = {}
         self._dialogs: dict[tuple[str, str], str] = {}
         self._server_tx: dict[tuple[str, str, str], ServerTransaction] = {}
+        self._tx_by_source: Counter[str] = Counter()  # source IP -> server transactions it holds
         self._client_tx: dict[str, ClientTransaction] = {}
         self._queue = TimerQueue()
 
@@ -97,14 +99,28 @@ class UasCore:
         return self.receive_message(message, source, now)
 
     def receive_message(self, message: Message, source: Address, now: float) -> list[Action]:
+        """Every request but an ACK gets a final answer or a counted, deliberate drop."""
+        headers: HeaderPairs
         try:
             if isinstance(message, Response):
                 return self._on_response(message, now)
             return self._on_request(message, source, now)
         except ProtocolError as exc:
             self.counters["errors.remote"] += 1
-            if isinstance(message, Request) and message.method != "ACK":
-                return [SendMessage(self._make_response(message, exc.status_hint, (warning(str(exc)),)), source)]
+            status, headers = exc.status_hint, (warning(str(exc)),)
+        except Exception:
+            self.counters["errors.internal"] += 1
+            log.exception("a message from %s:%s failed; answering 500", source.host, source.port)
+            status, headers = 500, ()
+            if isinstance(message, Request):
+                self._free_unanswered(message)
+        if not isinstance(message, Request) or message.method == "ACK":
+            return []
+        try:
+            return [SendMessage(self._make_response(message, status, headers), source)]
+        except Exception:  # headers too broken to echo back: nothing can be addressed
+            self.counters["dropped.unanswerable"] += 1
+            log.exception("cannot build a %s answer for a message from %s:%s", status, source.host, source.port)
             return []
 
     def on_timer(self, now: float) -> list[Action]:
@@ -152,6 +168,9 @@ class UasCore:
             if self.settings.acl_action == "drop" or request.method == "ACK":
                 return []
             return [SendMessage(self._make_response(request, 403), source)]
+        if not self.admission.request_rate_ok(source.host, now):
+            self.counters["flood.rate_dropped"] += 1
+            return []
         if request.method == "ACK":
             return self._on_ack(request, key, now)
         tx = self._server_tx.get(key)
@@ -159,12 +178,16 @@ class UasCore:
             cached = tx.retransmitted_request()
             self.counters["retransmissions.absorbed"] += 1
             return [SendMessage(cached, source)] if cached is not None else []
-        if len(self._server_tx) >= self.max_transactions:
+        if not self.admission.transactions_ok(source.host, self._tx_by_source[source.host]):
+            self.counters["flood.source_transactions"] += 1
+            return [SendMessage(self._make_response(request, 503, self.admission.retry_after()), source)]
+        if len(self._server_tx) >= self.max_transactions and not self.admission.trusted(source.host):
             self.counters["dropped.tx_table_full"] += 1
             return [SendMessage(self._make_response(request, 503, self.admission.retry_after()), source)]
         tx = ServerTransaction.create(key, request, source.transport != "udp", self.timers)
         tx.peer = source
         self._server_tx[key] = tx
+        self._tx_by_source[source.host] += 1
         handlers = {
             "INVITE": self._on_invite,
             "BYE": self._on_bye,
@@ -190,6 +213,23 @@ class UasCore:
             self.counters["errors.internal"] += 1
             log.exception("%s from %s:%s failed; answering 500", request.method, source.host, source.port)
             return self._abandon(tx, request, now)
+
+    def _free_unanswered(self, request: Request) -> None:
+        """After a failure that escaped the transaction: forget the transaction (and the call it
+        was setting up) if it had no final answer yet, so nothing is left waiting forever."""
+        try:
+            key = server_key(request)
+        except ProtocolError:
+            return
+        tx = self._server_tx.get(key)
+        if tx is None or tx.state not in (TxState.TRYING, TxState.PROCEEDING):
+            return
+        del self._server_tx[key]
+        self._queue.schedule(("tx", key), None)
+        self._release_source(tx)
+        call = self._calls.get(tx.owner or "")
+        if call is not None and call.invite_tx == key and call.state is CallState.RINGING:
+            self._forget(call)
 
     def _abandon(self, tx: ServerTransaction, request: Request, now: float) -> list[Action]:
         """After a handler failed: end a call it set up but did not answer, then answer 500."""
@@ -389,9 +429,18 @@ class UasCore:
                 actions += self.hangup(call.info.call_id, "ack-timeout", now)
         if tx.state is TxState.TERMINATED:
             del self._server_tx[key]  # type: ignore[arg-type]
+            self._release_source(tx)
         else:
             self._queue.schedule(("tx", key), tx.next_deadline())
         return actions
+
+    def _release_source(self, tx: ServerTransaction) -> None:
+        """Give back the transaction's place in its source's budget."""
+        if tx.peer is None:
+            return
+        self._tx_by_source[tx.peer.host] -= 1
+        if self._tx_by_source[tx.peer.host] <= 0:
+            del self._tx_by_source[tx.peer.host]
 
     def _client_tx_timer(self, key: object, now: float) -> list[Action]:
         tx = self._client_tx.get(str(key))
