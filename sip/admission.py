@@ -57,9 +57,14 @@ class Admission:
         self.handler = handler
         self.draining = False
         self._acl = settings.effective_acl()
-        self._trusted = (*settings.trusted_cidrs, *trusted)
+        self._trusted: tuple[Network, ...] = ()
+        self.set_trusted_trunks(trusted)
         self._invites = TokenBuckets(settings.invite_rate_per_s, settings.invite_burst)
         self._requests = TokenBuckets(settings.source_rate_per_s, settings.source_burst)
+
+    def set_trusted_trunks(self, trunks: Iterable[Network]) -> None:
+        """Trusted sources: ``trusted_cidrs`` plus the routes file's ``trunks`` (again after a reload)."""
+        self._trusted = (*self.settings.trusted_cidrs, *trunks)
 
     def allowed(self, host: str) -> bool:
         """Whether ``host`` (an IP address) is inside the ACL (``SipSettings.effective_acl``)."""

@@ -29,6 +29,23 @@ LOCAL_NETWORKS: tuple[Network, ...] = tuple(
 """What an empty ``acl_cidrs`` admits: loopback, RFC 1918, link-local and IPv6 unique-local."""
 
 
+def is_local_network(network: Network) -> bool:
+    """Whether every address of ``network`` is loopback or private (inside ``LOCAL_NETWORKS``)."""
+    return any(
+        network.version == local.version and network.subnet_of(local)  # type: ignore[arg-type]
+        for local in LOCAL_NETWORKS
+    )
+
+
+def _is_local_host(host: str) -> bool:
+    """Whether a listener bound to ``host`` is reachable only from loopback/private addresses."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host == "localhost"
+    return not address.is_unspecified and is_local_network(ipaddress.ip_network(address))
+
+
 class AuthSettings(BaseModel):
     """Digest authentication (RFC 2617/7616, MD5) of INVITEs; ``users`` maps user name to password."""
 
@@ -98,6 +115,24 @@ class SipSettings(BaseModel):
     def effective_acl(self) -> tuple[Network, ...]:
         """The sources admitted: ``acl_cidrs``, or ``LOCAL_NETWORKS`` when it is empty."""
         return tuple(self.acl_cidrs) or LOCAL_NETWORKS
+
+    def acl_summary(self) -> str:
+        """The start-up line that says who may send."""
+        if not self.acl_cidrs:
+            return "sip.acl_cidrs is empty: admitting loopback and private sources only (" + ", ".join(
+                map(str, LOCAL_NETWORKS)
+            ) + "); list the PBX/SBC addresses, or [0.0.0.0/0, ::/0] for any"
+        return "sip.acl_cidrs admits " + ", ".join(map(str, self.acl_cidrs))
+
+    def open_settings(self) -> list[str]:
+        """Warnings naming each setting that lets the public Internet reach the SIP side."""
+        public = [str(net) for net in self.effective_acl() if not is_local_network(net)]
+        if not public:
+            return []
+        warnings = [f"sip.acl_cidrs admits public sources ({', '.join(public)})"]
+        if self.auth is None and not _is_local_host(self.host):
+            warnings.append(f"no digest auth (sip.auth) while sip.host {self.host} accepts public sources")
+        return warnings
 
     def public_host(self) -> str:
         if self.advertised_host:

@@ -136,6 +136,9 @@ class SipServer:
             self._servers.append(server)
             self.core.local_ports["tls"] = server.sockets[0].getsockname()[1]
         self._worker = asyncio.create_task(self._work())
+        log.info("%s", settings.acl_summary())
+        for warning in settings.open_settings():
+            log.warning("open setting: %s", warning)
 
     def set_draining(self) -> None:
         self.core.set_draining()

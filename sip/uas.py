@@ -28,7 +28,7 @@ from sip.admission import Admission
 from sip.app import CallHandler
 from sip.auth import DigestAuth
 from sip.call_media import CallMedia, PortSource, read_body
-from sip.config import SipSettings
+from sip.config import Network, SipSettings
 from sip.dialog import Call, CallEvent, CallState
 from sip.errors import ProtocolError, SipParseError
 from sip.invite import InviteGate
@@ -49,15 +49,14 @@ class UasCore:
         self.settings = settings
         self.handler = handler
         self.ports = ports
-        self.router = router or Router()
+        self._router = router or Router()
         self.timers = TimerConfig(settings.t1_ms / 1000, settings.t2_ms / 1000)
         self.local_ports = {"udp": settings.port, "tcp": settings.port, "tls": settings.tls_port}
         self.counters: Counter[str] = Counter()
-        trunks = [network for networks in self.router.routes.trunks.values() for network in networks]
-        self.admission = Admission(settings, handler, trunks)
+        self.admission = Admission(settings, handler, _trunk_networks(self._router))
         self.auth = DigestAuth(settings.auth) if settings.auth is not None else None
         self.media = CallMedia(handler, ports, self.counters, self.admission.retry_after())
-        self.invites = InviteGate(settings, self.admission, self.auth, self.router, self.counters)
+        self.invites = InviteGate(settings, self.admission, self.auth, self._router, self.counters)
         self.max_transactions = settings.max_calls * 8 + 256
         self._calls: dict[str, Call] = {}
         self._dialogs: dict[tuple[str, str], str] = {}
@@ -67,6 +66,17 @@ class UasCore:
         self._queue = TimerQueue()
 
     # ---- public API --------------------------------------------------------------------
+
+    @property
+    def router(self) -> Router:
+        return self._router
+
+    @router.setter
+    def router(self, router: Router) -> None:
+        """A reloaded routes file: new calls are routed by it and its trunks become trusted."""
+        self._router = router
+        self.invites.router = router
+        self.admission.set_trusted_trunks(_trunk_networks(router))
 
     @property
     def active_calls(self) -> int:
@@ -550,3 +560,7 @@ class UasCore:
     ) -> Response:
         self.counters[f"responses.{status}"] += 1
         return make_response(request, status, self.settings.user_agent, extra, to_tag)
+
+
+def _trunk_networks(router: Router) -> list[Network]:
+    return [network for networks in router.routes.trunks.values() for network in networks]
