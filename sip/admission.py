@@ -57,6 +57,11 @@ class Admission:
         self.handler = handler
         self.draining = False
         self._acl = settings.effective_acl()
+        # Node-wide caps that bound memory; one untrusted source may hold at most half of each.
+        self.max_transactions = settings.max_calls * 8 + 256
+        self.max_connections = settings.max_calls * 2 + 64
+        self._source_transactions = min(settings.source_max_transactions, self.max_transactions // 2)
+        self._source_connections = min(settings.source_max_connections, self.max_connections // 2)
         self._trusted: tuple[Network, ...] = ()
         self.set_trusted_trunks(trusted)
         self._invites = TokenBuckets(settings.invite_rate_per_s, settings.invite_burst)
@@ -87,11 +92,11 @@ class Admission:
 
     def transactions_ok(self, host: str, held: int) -> bool:
         """Whether ``host``, holding ``held`` server transactions, may open another."""
-        return held < self.settings.source_max_transactions * self.budget_factor(host)
+        return held < self._source_transactions * self.budget_factor(host)
 
     def connections_ok(self, host: str, held: int) -> bool:
         """Whether ``host``, holding ``held`` TCP/TLS connections, may open another."""
-        return held < self.settings.source_max_connections * self.budget_factor(host)
+        return held < self._source_connections * self.budget_factor(host)
 
     def has_room(self, active_calls: int, legs: int) -> bool:
         """Room for a call of ``legs`` legs beside ``active_calls``: our call limit and the application's."""

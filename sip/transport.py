@@ -101,8 +101,6 @@ class SipServer:
         self._calls_gone = asyncio.Event()
         self._rtcp_bye_hangups: dict[str, asyncio.TimerHandle] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        # Connections from untrusted sources together; trusted ones count only against their own budget.
-        self.max_connections = settings.max_calls * 2 + 64
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -235,7 +233,7 @@ class SipServer:
             return "acl.denied_connections"
         if not admission.connections_ok(host, self._streams_by_host[host]):
             return "flood.source_connections"
-        if len(self._streams) >= self.max_connections and not admission.trusted(host):
+        if len(self._streams) >= admission.max_connections and not admission.trusted(host):
             return "dropped.connections"
         return None
 

@@ -57,7 +57,6 @@ class UasCore:
         self.auth = DigestAuth(settings.auth) if settings.auth is not None else None
         self.media = CallMedia(handler, ports, self.counters, self.admission.retry_after())
         self.invites = InviteGate(settings, self.admission, self.auth, self._router, self.counters)
-        self.max_transactions = settings.max_calls * 8 + 256
         self._calls: dict[str, Call] = {}
         self._dialogs: dict[tuple[str, str], str] = {}
         self._server_tx: dict[tuple[str, str, str], ServerTransaction] = {}
@@ -191,7 +190,7 @@ class UasCore:
         if not self.admission.transactions_ok(source.host, self._tx_by_source[source.host]):
             self.counters["flood.source_transactions"] += 1
             return [SendMessage(self._make_response(request, 503, self.admission.retry_after()), source)]
-        if len(self._server_tx) >= self.max_transactions and not self.admission.trusted(source.host):
+        if len(self._server_tx) >= self.admission.max_transactions and not self.admission.trusted(source.host):
             self.counters["dropped.tx_table_full"] += 1
             return [SendMessage(self._make_response(request, 503, self.admission.retry_after()), source)]
         tx = ServerTransaction.create(key, request, source.transport != "udp", self.timers)
