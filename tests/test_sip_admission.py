@@ -140,3 +140,27 @@ def test_local_network_check() -> None:
     assert is_local_network(ipaddress.ip_network("10.1.0.0/16"))
     assert not is_local_network(ipaddress.ip_network("0.0.0.0/0"))
     assert not is_local_network(ipaddress.ip_network("::/0"))
+
+
+def test_siprec_metadata_in_an_unknown_encoding_gets_400_with_a_warning() -> None:
+    from sip.multipart import BodyPart, build_multipart
+    from tests.test_sip_fuzz import METADATA
+    from tests.test_sip_support import OFFER_PCMU
+
+    metadata = '<?xml version="1.0" encoding="x-no-such-encoding"?>' + METADATA
+    sdp = OFFER_PCMU.replace("a=sendrecv", "a=label:1\r\na=sendonly")
+    parts = [BodyPart("application/sdp", sdp.encode()), BodyPart("application/rs-metadata+xml", metadata.encode())]
+    request = invite(
+        extra="Require: siprec\r\n",
+        body=build_multipart(parts, "b1").decode(),
+        content_type="multipart/mixed;boundary=b1",
+    )
+    core = core_for()
+    actions = core.receive(request, PBX, 0.0)
+    assert statuses(actions) == [400]
+    sent = actions[0]
+    assert isinstance(sent, SendMessage)
+    response = sent.message
+    assert "unknown encoding" in (response.headers.get("Warning") or "")
+    core.on_timer(100.0)
+    assert len(core._server_tx) == 0
