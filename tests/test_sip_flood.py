@@ -207,7 +207,7 @@ def test_idle_tcp_connection_flood_and_slowloris_leave_other_callers_answered() 
     async def scenario() -> None:
         # max_calls 16: the node-wide cap is 16 * 2 + 64 = 96 connections, one source may hold 32.
         server = server_for(
-            transports=["tcp"], max_calls=16, stream_idle_timeout_s=1.5, stream_message_timeout_s=0.5
+            transports=["tcp"], max_calls=16, stream_idle_timeout_s=3.0, stream_message_timeout_s=0.5
         )
         await server.start()
         port = server.port("tcp")
@@ -223,7 +223,7 @@ def test_idle_tcp_connection_flood_and_slowloris_leave_other_callers_answered() 
             for i in range(CALLS):
                 statuses += await tcp_call_over(reader, writer, i)
             slow_closed = await is_closed(slow_reader, 2.0)
-            idle_closed = sum(await asyncio.gather(*(is_closed(r, 3.0) for r, _ in flood)))
+            idle_closed = sum(await asyncio.gather(*(is_closed(r, 6.0) for r, _ in flood)))
             counters = server.counters
             print(
                 json.dumps(
@@ -250,3 +250,19 @@ def test_idle_tcp_connection_flood_and_slowloris_leave_other_callers_answered() 
             await server.stop(0.1)
 
     asyncio.run(scenario())
+
+
+def test_start_says_who_may_send(caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario(**settings: object) -> None:
+        server = server_for(transports=["udp"], **settings)
+        await server.start()
+        await server.stop(0.1)
+
+    with caplog.at_level("INFO", logger="sip.transport"):
+        asyncio.run(scenario())
+    assert "admitting loopback and private sources only" in caplog.text
+    assert "open setting" not in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="sip.transport"):
+        asyncio.run(scenario(acl_cidrs=["0.0.0.0/0"]))
+    assert "open setting: sip.acl_cidrs admits public sources (0.0.0.0/0)" in caplog.text
