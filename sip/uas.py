@@ -172,14 +172,15 @@ class UasCore:
 
     def _on_request(self, request: Request, source: Address, now: float) -> list[Action]:
         key = server_key(request)
+        # Before the ACL: a denied source must not get a 403 for every request it floods.
+        if not self.admission.request_rate_ok(source.host, now):
+            self.counters["flood.rate_dropped"] += 1
+            return []
         if not self.admission.allowed(source.host):
             self.counters["acl.denied"] += 1
             if self.settings.acl_action == "drop" or request.method == "ACK":
                 return []
             return [SendMessage(self._make_response(request, 403), source)]
-        if not self.admission.request_rate_ok(source.host, now):
-            self.counters["flood.rate_dropped"] += 1
-            return []
         if request.method == "ACK":
             return self._on_ack(request, key, now)
         tx = self._server_tx.get(key)
