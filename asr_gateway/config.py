@@ -9,6 +9,7 @@ scalars, so ``ASR_SIP_TRANSPORTS='[udp, tcp]'`` gives a list.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -174,9 +175,19 @@ class LoggingSettings(_Section):
 
 
 class MetricsSettings(_Section):
-    host: str = "127.0.0.1"
+    host: str = Field("127.0.0.1", description="address of /metrics; it has no auth, so keep it on loopback")
     enabled: bool = True
     port: int = Field(9108, ge=0, le=65535, description="Prometheus /metrics and /health; 0 picks a free port")
+
+    def open_settings(self) -> list[str]:
+        """A warning when /metrics (no auth) listens beyond loopback."""
+        if not self.enabled or self.host == "localhost":
+            return []
+        try:
+            loopback = ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            loopback = False
+        return [] if loopback else [f"metrics.host {self.host} serves /metrics without auth beyond loopback"]
 
 
 class ServiceConfig(_Section):

@@ -99,6 +99,7 @@ def demo_config(
                 "rtp_inactivity_timeout_s": 20,
                 "invite_burst": 1000,
                 "invite_rate_per_s": 1000,
+                "trusted_cidrs": ["127.0.0.0/8"],  # the demo's callers: one address, many calls
             },
             "rtp": {"host": "127.0.0.1", "port_min": rtp_base, "port_max": rtp_base + 999},
             "engine": {"model_dir": model_dir, "max_streams": max_streams, "max_batch": max_streams, **engine},

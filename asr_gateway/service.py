@@ -250,6 +250,8 @@ class Service:
         self.engine.start()
         await self.sip.start()
         metrics_port = self.metrics.start() if self.config.metrics.enabled else None
+        for warning in self.config.metrics.open_settings():
+            log.warning("open setting: %s", warning)
         self._reload_task = asyncio.create_task(self._watch_files(), name="config-reload")
         transports = self.config.sip.transports
         ports = Ports(

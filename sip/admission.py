@@ -1,5 +1,10 @@
-"""Admission control at the SIP edge: who may send (ACL), how fast (per-source INVITE rate)
-and whether there is room for another call (503 with Retry-After when full or draining).
+"""Admission control at the SIP edge: who may send (ACL), how fast (per-source request and
+INVITE rates), how much of the node one source may hold (transactions, connections) and
+whether there is room for another call (503 with Retry-After when full or draining).
+
+Budgets are per source IP so that one sender cannot shut out the others; trusted sources
+(``trusted_cidrs`` and the routes file's trunks) get ``trusted_budget_factor`` times as much
+and are exempt from the node-wide caps, which exist to bound memory against everyone else.
 
 Sans-IO like the rest of ``sip/``: the caller passes ``now`` (seconds) and acts on the answers.
 Only real capacity errors count as "full": ``CAPACITY_ERRORS`` names them, so a bug in the
@@ -9,49 +14,89 @@ application is never mistaken for a busy node.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Iterable
 
 from rtp.ports import PortsExhausted
 from sip.app import CallHandler, CapacityError
-from sip.config import SipSettings
+from sip.config import Network, SipSettings
 from sip.responses import HeaderPairs
 
 MAX_RATE_SOURCES = 4096
-"""Sources whose INVITE token bucket is remembered; the least recent is forgotten beyond this."""
+"""Sources whose token buckets are remembered; the least recent is forgotten beyond this."""
 
 CAPACITY_ERRORS: tuple[type[Exception], ...] = (CapacityError, PortsExhausted)
 """What opening a leg raises when the node is full (no engine slot, no RTP port): 503, not 500."""
 
 
-class Admission:
-    """The ACL, the per-source INVITE token buckets and the capacity checks of one UAS."""
+class TokenBuckets:
+    """One token bucket per source IP (``rate_per_s`` tokens a second, ``burst`` deep); the
+    table keeps the most recent ``MAX_RATE_SOURCES`` sources only."""
 
-    def __init__(self, settings: SipSettings, handler: CallHandler) -> None:
-        self.settings = settings
-        self.handler = handler
-        self.draining = False
-        self._acl = list(settings.acl_cidrs)
+    def __init__(self, rate_per_s: float, burst: int) -> None:
+        self.rate_per_s = rate_per_s
+        self.burst = float(burst)
         self._buckets: dict[str, tuple[float, float]] = {}  # host -> (tokens, last refill s)
 
-    def allowed(self, host: str) -> bool:
-        """Whether ``host`` (an IP address) is inside the ACL; an empty ACL allows everyone."""
-        if not self._acl:
-            return True
-        try:
-            address = ipaddress.ip_address(host)
-        except ValueError:
-            return False
-        return any(address in network for network in self._acl)
-
-    def rate_ok(self, host: str, now: float) -> bool:
-        """Token bucket per source IP; the table keeps the most recent sources only."""
-        burst = float(self.settings.invite_burst)
+    def take(self, host: str, now: float, scale: int = 1) -> bool:
+        """Spend one token of ``host``'s bucket (rate and depth times ``scale``); False when empty."""
+        burst = self.burst * scale
         tokens, last = self._buckets.pop(host, (burst, now))
-        tokens = min(burst, tokens + max(0.0, now - last) * self.settings.invite_rate_per_s)
+        tokens = min(burst, tokens + max(0.0, now - last) * self.rate_per_s * scale)
         allowed = tokens >= 1.0
         self._buckets[host] = (tokens - 1.0 if allowed else tokens, now)
         if len(self._buckets) > MAX_RATE_SOURCES:
             del self._buckets[next(iter(self._buckets))]
         return allowed
+
+
+class Admission:
+    """The ACL, the per-source budgets and the capacity checks of one UAS."""
+
+    def __init__(self, settings: SipSettings, handler: CallHandler, trusted: Iterable[Network] = ()) -> None:
+        self.settings = settings
+        self.handler = handler
+        self.draining = False
+        self._acl = settings.effective_acl()
+        # Node-wide caps that bound memory; one untrusted source may hold at most half of each.
+        self.max_transactions = settings.max_calls * 8 + 256
+        self.max_connections = settings.max_calls * 2 + 64
+        self._source_transactions = min(settings.source_max_transactions, self.max_transactions // 2)
+        self._source_connections = min(settings.source_max_connections, self.max_connections // 2)
+        self._trusted: tuple[Network, ...] = ()
+        self.set_trusted_trunks(trusted)
+        self._invites = TokenBuckets(settings.invite_rate_per_s, settings.invite_burst)
+        self._requests = TokenBuckets(settings.source_rate_per_s, settings.source_burst)
+
+    def set_trusted_trunks(self, trunks: Iterable[Network]) -> None:
+        """Trusted sources: ``trusted_cidrs`` plus the routes file's ``trunks`` (again after a reload)."""
+        self._trusted = (*self.settings.trusted_cidrs, *trunks)
+
+    def allowed(self, host: str) -> bool:
+        """Whether ``host`` (an IP address) is inside the ACL (``SipSettings.effective_acl``)."""
+        return _inside(host, self._acl)
+
+    def trusted(self, host: str) -> bool:
+        """Whether ``host`` is a trusted proxy or a routing trunk."""
+        return bool(self._trusted) and _inside(host, self._trusted)
+
+    def budget_factor(self, host: str) -> int:
+        return self.settings.trusted_budget_factor if self.trusted(host) else 1
+
+    def rate_ok(self, host: str, now: float) -> bool:
+        """The per-source INVITE rate (new calls)."""
+        return self._invites.take(host, now, self.budget_factor(host))
+
+    def request_rate_ok(self, host: str, now: float) -> bool:
+        """The per-source rate of all requests, retransmissions and ACKs included."""
+        return self._requests.take(host, now, self.budget_factor(host))
+
+    def transactions_ok(self, host: str, held: int) -> bool:
+        """Whether ``host``, holding ``held`` server transactions, may open another."""
+        return held < self._source_transactions * self.budget_factor(host)
+
+    def connections_ok(self, host: str, held: int) -> bool:
+        """Whether ``host``, holding ``held`` TCP/TLS connections, may open another."""
+        return held < self._source_connections * self.budget_factor(host)
 
     def has_room(self, active_calls: int, legs: int) -> bool:
         """Room for a call of ``legs`` legs beside ``active_calls``: our call limit and the application's."""
@@ -64,3 +109,13 @@ class Admission:
     def retry_after(self) -> HeaderPairs:
         """The ``Retry-After`` header of a 503 for "full" or "draining"."""
         return (("Retry-After", str(self.settings.retry_after_s)),)
+
+
+def _inside(host: str, networks: Iterable[Network]) -> bool:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # a dual-stack socket's view of an IPv4 peer
+    return any(address in network for network in networks)

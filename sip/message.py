@@ -252,10 +252,16 @@ class StreamFramer:
     counted in ``keepalives`` so the transport can answer a double-CRLF ping with a CRLF pong.
     """
 
-    def __init__(self, max_message_bytes: int = 65536) -> None:
+    def __init__(self, max_message_bytes: int = 65536, max_header_bytes: int | None = None) -> None:
         self._buffer = bytearray()
         self._max = max_message_bytes
+        self._max_header = min(max_message_bytes, max_header_bytes or max_message_bytes)
         self.keepalives = 0
+
+    @property
+    def pending(self) -> bool:
+        """Whether part of a message (not just keep-alive CRLFs) is waiting for the rest."""
+        return bool(self._buffer.strip(b"\r\n"))
 
     def feed(self, data: bytes) -> None:
         self._buffer += data
@@ -270,9 +276,9 @@ class StreamFramer:
         if self._buffer[:1] == b"\r" and len(self._buffer) == 1:
             return None
         end = self._buffer.find(b"\r\n\r\n")
+        if end > self._max_header or (end < 0 and len(self._buffer) > self._max_header):
+            raise SipParseError(f"header block longer than {self._max_header} bytes", 513)
         if end < 0:
-            if len(self._buffer) > self._max:
-                raise SipParseError(f"header block longer than {self._max} bytes", 513)
             return None
         length = _stream_content_length(bytes(self._buffer[:end]))
         total = end + 4 + length

@@ -92,6 +92,7 @@ class SipServer:
         self._udp: asyncio.DatagramTransport | None = None
         self._servers: list[asyncio.Server] = []
         self._streams: dict[Address, asyncio.StreamWriter] = {}
+        self._streams_by_host: Counter[str] = Counter()
         self._queue: asyncio.Queue[list[Action]] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -100,7 +101,6 @@ class SipServer:
         self._calls_gone = asyncio.Event()
         self._rtcp_bye_hangups: dict[str, asyncio.TimerHandle] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.max_connections = settings.max_calls * 2 + 64
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -125,11 +125,18 @@ class SipServer:
             context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             context.load_cert_chain(settings.tls_cert, settings.tls_key)
             server = await asyncio.start_server(
-                self._serve_stream("tls"), settings.host, settings.tls_port, ssl=context
+                self._serve_stream("tls"),
+                settings.host,
+                settings.tls_port,
+                ssl=context,
+                ssl_handshake_timeout=settings.stream_message_timeout_s,
             )
             self._servers.append(server)
             self.core.local_ports["tls"] = server.sockets[0].getsockname()[1]
         self._worker = asyncio.create_task(self._work())
+        log.info("%s", settings.acl_summary())
+        for warning in settings.open_settings():
+            log.warning("open setting: %s", warning)
 
     def set_draining(self) -> None:
         self.core.set_draining()
@@ -196,20 +203,15 @@ class SipServer:
         async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             peer = writer.get_extra_info("peername")
             source = Address(transport, str(peer[0]), int(peer[1]))
-            if len(self._streams) >= self.max_connections:
-                self.core.counters["dropped.connections"] += 1
+            refusal = self._refuse_connection(source.host)
+            if refusal is not None:
+                self.core.counters[refusal] += 1
                 writer.close()
                 return
             self._streams[source] = writer
-            framer = StreamFramer(self.settings.max_message_bytes)
+            self._streams_by_host[source.host] += 1
             try:
-                while data := await reader.read(_READ_BYTES):
-                    framer.feed(data)
-                    for message in framer:
-                        self.feed(message, source)
-                    if framer.keepalives:
-                        framer.keepalives = 0
-                        writer.write(b"\r\n")
+                await self._read_stream(reader, writer, source)
             except SipParseError as exc:
                 log.info("closing %s connection from %s: %s", transport, source.host, exc)
                 self.core.counters["dropped.stream_framing"] += 1
@@ -217,9 +219,53 @@ class SipServer:
                 pass
             finally:
                 self._streams.pop(source, None)
+                self._streams_by_host[source.host] -= 1
+                if self._streams_by_host[source.host] <= 0:
+                    del self._streams_by_host[source.host]
                 writer.close()
 
         return serve
+
+    def _refuse_connection(self, host: str) -> str | None:
+        """Why a new connection from ``host`` is closed at once (the counter to bump), or None."""
+        admission = self.core.admission
+        if not admission.allowed(host) and self.settings.acl_action == "drop":
+            return "acl.denied_connections"
+        if not admission.connections_ok(host, self._streams_by_host[host]):
+            return "flood.source_connections"
+        if len(self._streams) >= admission.max_connections and not admission.trusted(host):
+            return "dropped.connections"
+        return None
+
+    async def _read_stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, source: Address) -> None:
+        """Frame and feed messages until the peer closes, stays silent ``stream_idle_timeout_s``,
+        or leaves a message incomplete ``stream_message_timeout_s`` after its first byte (slowloris)."""
+        settings = self.settings
+        framer = StreamFramer(settings.max_message_bytes, settings.max_header_bytes)
+        message_deadline: float | None = None
+        while True:
+            timeout = settings.stream_idle_timeout_s
+            if message_deadline is not None:
+                timeout = min(timeout, max(0.0, message_deadline - self._now()))
+            try:
+                data = await asyncio.wait_for(reader.read(_READ_BYTES), timeout)
+            except TimeoutError:
+                reason = "idle" if message_deadline is None else "message"
+                self.core.counters[f"dropped.stream_{reason}_timeout"] += 1
+                log.info("closing %s connection from %s: %s timeout", source.transport, source.host, reason)
+                return
+            if not data:
+                return
+            framer.feed(data)
+            for message in framer:
+                self.feed(message, source)
+            if framer.keepalives:
+                framer.keepalives = 0
+                writer.write(b"\r\n")
+            if not framer.pending:
+                message_deadline = None
+            elif message_deadline is None:
+                message_deadline = self._now() + settings.stream_message_timeout_s
 
     # ---- actions -----------------------------------------------------------------------
 

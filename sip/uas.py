@@ -28,7 +28,7 @@ from sip.admission import Admission
 from sip.app import CallHandler
 from sip.auth import DigestAuth
 from sip.call_media import CallMedia, PortSource, read_body
-from sip.config import SipSettings
+from sip.config import Network, SipSettings
 from sip.dialog import Call, CallEvent, CallState
 from sip.errors import ProtocolError, SipParseError
 from sip.invite import InviteGate
@@ -59,22 +59,33 @@ class UasCore:
         self.settings = settings
         self.handler = handler
         self.ports = ports
-        self.router = router or Router()
+        self._router = router or Router()
         self.timers = TimerConfig(settings.t1_ms / 1000, settings.t2_ms / 1000)
         self.local_ports = {"udp": settings.port, "tcp": settings.port, "tls": settings.tls_port}
         self.counters: Counter[str] = Counter()
-        self.admission = Admission(settings, handler)
+        self.admission = Admission(settings, handler, _trunk_networks(self._router))
         self.auth = DigestAuth(settings.auth) if settings.auth is not None else None
         self.media = CallMedia(handler, ports, self.counters, self.admission.retry_after())
-        self.invites = InviteGate(settings, self.admission, self.auth, self.router, self.counters)
-        self.max_transactions = settings.max_calls * 8 + 256
+        self.invites = InviteGate(settings, self.admission, self.auth, self._router, self.counters)
         self._calls: dict[str, Call] = {}
         self._dialogs: dict[tuple[str, str], str] = {}
         self._server_tx: dict[tuple[str, str, str], ServerTransaction] = {}
+        self._tx_by_source: Counter[str] = Counter()  # source IP -> server transactions it holds
         self._client_tx: dict[str, ClientTransaction] = {}
         self._queue = TimerQueue()
 
     # ---- public API --------------------------------------------------------------------
+
+    @property
+    def router(self) -> Router:
+        return self._router
+
+    @router.setter
+    def router(self, router: Router) -> None:
+        """A reloaded routes file: new calls are routed by it and its trunks become trusted."""
+        self._router = router
+        self.invites.router = router
+        self.admission.set_trusted_trunks(_trunk_networks(router))
 
     @property
     def active_calls(self) -> int:
@@ -107,14 +118,28 @@ class UasCore:
         return self.receive_message(message, source, now)
 
     def receive_message(self, message: Message, source: Address, now: float) -> list[Action]:
+        """Every request but an ACK gets a final answer or a counted, deliberate drop."""
+        headers: HeaderPairs
         try:
             if isinstance(message, Response):
                 return self._on_response(message, now)
             return self._on_request(message, source, now)
         except ProtocolError as exc:
             self.counters["errors.remote"] += 1
-            if isinstance(message, Request) and message.method != "ACK":
-                return [SendMessage(self._make_response(message, exc.status_hint, (warning(str(exc)),)), source)]
+            status, headers = exc.status_hint, (warning(str(exc)),)
+        except Exception:
+            self.counters["errors.internal"] += 1
+            log.exception("a message from %s:%s failed; answering 500", source.host, source.port)
+            status, headers = 500, ()
+            if isinstance(message, Request):
+                self._free_unanswered(message)
+        if not isinstance(message, Request) or message.method == "ACK":
+            return []
+        try:
+            return [SendMessage(self._make_response(message, status, headers), source)]
+        except Exception:  # headers too broken to echo back: nothing can be addressed
+            self.counters["dropped.unanswerable"] += 1
+            log.exception("cannot build a %s answer for a message from %s:%s", status, source.host, source.port)
             return []
 
     def on_timer(self, now: float) -> list[Action]:
@@ -158,6 +183,10 @@ class UasCore:
 
     def _on_request(self, request: Request, source: Address, now: float) -> list[Action]:
         key = server_key(request)
+        # Before the ACL: a denied source must not get a 403 for every request it floods.
+        if not self.admission.request_rate_ok(source.host, now):
+            self.counters["flood.rate_dropped"] += 1
+            return []
         if not self.admission.allowed(source.host):
             self.counters["acl.denied"] += 1
             if self.settings.acl_action == "drop" or request.method == "ACK":
@@ -170,12 +199,16 @@ class UasCore:
             cached = tx.retransmitted_request()
             self.counters["retransmissions.absorbed"] += 1
             return [SendMessage(cached, source)] if cached is not None else []
-        if len(self._server_tx) >= self.max_transactions:
+        if not self.admission.transactions_ok(source.host, self._tx_by_source[source.host]):
+            self.counters["flood.source_transactions"] += 1
+            return [SendMessage(self._make_response(request, 503, self.admission.retry_after()), source)]
+        if len(self._server_tx) >= self.admission.max_transactions and not self.admission.trusted(source.host):
             self.counters["dropped.tx_table_full"] += 1
             return [SendMessage(self._make_response(request, 503, self.admission.retry_after()), source)]
         tx = ServerTransaction.create(key, request, source.transport != "udp", self.timers)
         tx.peer = source
         self._server_tx[key] = tx
+        self._tx_by_source[source.host] += 1
         handlers = {
             "INVITE": self._on_invite,
             "BYE": self._on_bye,
@@ -201,6 +234,23 @@ class UasCore:
             self.counters["errors.internal"] += 1
             log.exception("%s from %s:%s failed; answering 500", request.method, source.host, source.port)
             return self._abandon(tx, request, now)
+
+    def _free_unanswered(self, request: Request) -> None:
+        """After a failure that escaped the transaction: forget the transaction (and the call it
+        was setting up) if it had no final answer yet, so nothing is left waiting forever."""
+        try:
+            key = server_key(request)
+        except ProtocolError:
+            return
+        tx = self._server_tx.get(key)
+        if tx is None or tx.state not in (TxState.TRYING, TxState.PROCEEDING):
+            return
+        del self._server_tx[key]
+        self._queue.schedule(("tx", key), None)
+        self._release_source(tx)
+        call = self._calls.get(tx.owner or "")
+        if call is not None and call.invite_tx == key and call.state is CallState.RINGING:
+            self._forget(call)
 
     def _abandon(self, tx: ServerTransaction, request: Request, now: float) -> list[Action]:
         """After a handler failed: end a call it set up but did not answer, then answer 500."""
@@ -430,9 +480,18 @@ class UasCore:
                 actions += self.hangup(call.info.call_id, "ack-timeout", now)
         if tx.state is TxState.TERMINATED:
             del self._server_tx[key]  # type: ignore[arg-type]
+            self._release_source(tx)
         else:
             self._queue.schedule(("tx", key), tx.next_deadline())
         return actions
+
+    def _release_source(self, tx: ServerTransaction) -> None:
+        """Give back the transaction's place in its source's budget."""
+        if tx.peer is None:
+            return
+        self._tx_by_source[tx.peer.host] -= 1
+        if self._tx_by_source[tx.peer.host] <= 0:
+            del self._tx_by_source[tx.peer.host]
 
     def _client_tx_timer(self, key: object, now: float) -> list[Action]:
         tx = self._client_tx.get(str(key))
@@ -550,3 +609,7 @@ def _warning_text(value: str) -> str:
     """The quoted text of a ``Warning`` header value (``304 agent "text"``), or the value itself."""
     first, quote, rest = value.partition('"')
     return rest.rsplit('"', 1)[0].replace('\\"', '"').replace("\\\\", "\\") if quote else first
+
+
+def _trunk_networks(router: Router) -> list[Network]:
+    return [network for networks in router.routes.trunks.values() for network in networks]

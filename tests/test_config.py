@@ -45,6 +45,8 @@ def test_empty_file_is_all_defaults(tmp_path: Path) -> None:
 def test_example_config_is_valid() -> None:
     config = load_config(EXAMPLE, {})
     assert str(config.sip.acl_cidrs[0]) == "10.0.0.0/8"
+    assert config.sip.open_settings() == [] and config.metrics.open_settings() == []
+    assert [str(net) for net in config.sip.trusted_cidrs] == ["10.20.0.0/24"]
 
 
 def test_env_overrides_file_values(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """Fuzzing: 100,000 mutated SIP messages into the parser, the TCP framer and the UAS core.
 
 Only ``SipParseError``/``ValueError`` may escape the parser; nothing may escape the UAS core,
-and its tables must stay bounded. A seeded mutation loop gives the volume (about 20 s on one
+its tables must stay bounded, and every INVITE gets a final response or a drop counted under
+its reason. A seeded mutation loop gives the volume (about 20 s on one
 core); a smaller hypothesis test explores structure. ``SIP_FUZZ_MESSAGES`` scales the loop.
 """
 
@@ -9,13 +10,15 @@ from __future__ import annotations
 
 import os
 import random
+from collections import Counter
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sip.actions import Action, SendMessage
 from sip.app import CountingCallHandler
 from sip.config import SipSettings
-from sip.message import Address, StreamFramer, parse
+from sip.message import Address, Request, Response, StreamFramer, parse
 from sip.multipart import BodyPart, build_multipart
 from sip.uas import UasCore
 from tests.test_sip_support import OFFER_PCMU, FakePorts, ack, invite
@@ -126,6 +129,26 @@ def mutate(rng: random.Random, data: bytes) -> bytes:
     return bytes(buf)
 
 
+def is_invite(data: bytes) -> bool:
+    """Whether ``data`` is an INVITE we sent: its request line says so, or it parses as one."""
+    if data.startswith(b"INVITE "):
+        return True
+    try:
+        message = parse(data)
+    except ValueError:
+        return False
+    return isinstance(message, Request) and message.method == "INVITE"
+
+
+def is_final(action: Action) -> bool:
+    return isinstance(action, SendMessage) and isinstance(action.message, Response) and action.message.status >= 200
+
+
+def deliberate_drops(counters: Counter[str]) -> int:
+    """Messages the core chose not to answer, each counted under a ``dropped.``/``flood.``/``acl.`` reason."""
+    return sum(value for key, value in counters.items() if key.split(".", 1)[0] in ("dropped", "flood", "acl"))
+
+
 def check_parser(data: bytes) -> None:
     try:
         message = parse(data)
@@ -141,11 +164,20 @@ def test_fuzz_parser_framer_and_core() -> None:
     framer = StreamFramer(max_message_bytes=8192)
     sources = [Address("udp", f"10.0.0.{i}", 5060 + i) for i in range(1, 9)]
     now = 0.0
+    invites = answered = dropped = 0
     for i in range(MESSAGES):
         seed = rng.choice(seeds).replace(b"call-1@10.0.0.5", b"c%d" % (i % 300)).replace(b"z9hG4bK-1", b"z9hG4bK%d" % i)
         data = mutate(rng, seed) if i % 10 else seed
         check_parser(data)
-        core.receive(data, rng.choice(sources), now)
+        drops_before = deliberate_drops(core.counters)
+        actions = core.receive(data, rng.choice(sources), now)
+        if is_invite(data):
+            invites += 1
+            if any(is_final(action) for action in actions):
+                answered += 1
+            else:
+                assert deliberate_drops(core.counters) > drops_before, f"INVITE #{i} got no answer: {data!r}"
+                dropped += 1
         try:
             framer.feed(data[: rng.randrange(len(data) + 1)])
             list(framer)
@@ -160,6 +192,8 @@ def test_fuzz_parser_framer_and_core() -> None:
     assert core.active_calls == 0
     assert len(core._server_tx) == 0 and len(core._client_tx) == 0
     assert core.counters["errors.internal"] == 0
+    print(f"fuzz: {invites} INVITEs, {answered} answered with a final response, {dropped} dropped on purpose")
+    assert invites == answered + dropped and answered > 0
 
 
 HEADER_NAMES = st.sampled_from(

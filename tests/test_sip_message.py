@@ -184,3 +184,18 @@ def test_framer_limits() -> None:
     bad.feed(b"INVITE sip:x@y SIP/2.0\r\nl: abc\r\n\r\n")
     with pytest.raises(SipParseError, match="not a number"):
         bad.next_message()
+
+
+def test_framer_header_cap_and_pending() -> None:
+    framer = StreamFramer(max_message_bytes=65536, max_header_bytes=1024)
+    framer.feed(b"\r\n\r\n")
+    assert list(framer) == [] and not framer.pending
+    framer.feed(b"OPTIONS sip:x@y SIP/2.0\r\n")
+    assert list(framer) == [] and framer.pending
+    framer.feed(b"X-Pad: " + b"a" * 1024)
+    with pytest.raises(SipParseError, match="header block longer than 1024"):
+        framer.next_message()
+    complete = StreamFramer(max_message_bytes=65536, max_header_bytes=1024)
+    complete.feed(b"OPTIONS sip:x@y SIP/2.0\r\nX-Pad: " + b"a" * 1024 + b"\r\n\r\n")
+    with pytest.raises(SipParseError, match="header block longer than 1024"):
+        complete.next_message()

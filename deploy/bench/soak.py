@@ -90,7 +90,7 @@ def write_config(path: Path, redis_url: str, model_dir: Path, calls: int, thread
     rtp_base = random.randrange(42_000, 60_000, 1_000)
     config = {
         "sip": {"host": "127.0.0.1", "port": sip_port, "transports": ["udp"], "rtp_inactivity_timeout_s": 10,
-                "invite_rate_per_s": 1000, "invite_burst": 1000},
+                "invite_rate_per_s": 1000, "invite_burst": 1000, "trusted_cidrs": ["127.0.0.0/8"]},
         "rtp": {"host": "127.0.0.1", "port_min": rtp_base, "port_max": rtp_base + 999},
         "engine": {"model_dir": str(model_dir.resolve()), "max_streams": calls + 2, "max_batch": calls + 2,
                    "threads": threads},
