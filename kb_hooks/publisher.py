@@ -143,8 +143,18 @@ class _Item:
     def partial(self) -> bool:
         return ev.is_partial(self.event)
 
+    _payload: str | None = None
+
+    def payload(self) -> str:
+        """The event's JSON, serialized once for the journal and the Redis script both."""
+        if self._payload is None:
+            self._payload = json.dumps(self.event, ensure_ascii=False)
+        return self._payload
+
     def record(self) -> str:
-        return json.dumps({"id": self.stream_id, "prefix": self.prefix, "event": self.event}, ensure_ascii=False)
+        """The journal line: ``{"id", "prefix", "event"}`` (the event's JSON spliced in)."""
+        head = json.dumps({"id": self.stream_id, "prefix": self.prefix}, ensure_ascii=False)
+        return f'{head[:-1]}, "event": {self.payload()}}}'
 
 
 def stream_key(prefix: str, call_id: str) -> str:
@@ -634,7 +644,7 @@ class Publisher:
             fire_key = keys.setdefault(firehose_key(item.prefix), len(keys) + 1)
             ids_key = 0 if item.partial else keys.setdefault(event_ids_key(item.prefix, call_id), len(keys) + 1)
             args += [mode, call_key, fire_key, ids_key, str(item.event["event_id"]), item.stream_id,
-                     json.dumps(item.event, ensure_ascii=False), kind,
+                     item.payload(), kind,
                      s.call_ttl_s if kind == "call.ended" else 0,
                      live_channel(item.prefix, call_id), live_channel(item.prefix), call_id]  # fmt: skip
         results: list[Any] = []
