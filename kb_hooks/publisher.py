@@ -307,6 +307,8 @@ class Publisher:
         self._journal_wake = asyncio.Event()
         self._stopping = False
         s = self.settings
+        if self._spool is not None:
+            self._spool.close()
         self._spool = Spool(s.spool_dir, s.spool_max_bytes, s.spool_fsync == "batch")
         self.spool_torn_records += self._spool.torn_records
         if self._spool.torn_records:
@@ -401,6 +403,7 @@ class Publisher:
         if self._audit is not None:
             self._audit.close()
             self._audit = None
+        self._spool.close()
 
     # ---- event loop side ----------------------------------------------------------------
 

@@ -23,6 +23,7 @@ thread so that an fsync never stalls the event loop.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import threading
 from collections.abc import Iterator
@@ -30,6 +31,11 @@ from pathlib import Path
 
 SPOOL_FILE = "events.jsonl"
 OFFSET_FILE = "events.offset"
+LOCK_FILE = "events.lock"
+
+
+class SpoolInUseError(RuntimeError):
+    """Another live process journals into the same spool directory."""
 COMPACT_BYTES = 4 << 20  # an acknowledged prefix this large is worth a rewrite
 
 
@@ -47,6 +53,16 @@ class Spool:
         self.generation = 0
         self._lock = threading.Lock()
         directory.mkdir(parents=True, exist_ok=True)
+        # One process per journal: the kernel drops the lock when its holder dies, even by SIGKILL.
+        self._lock_file = (directory / LOCK_FILE).open("a")
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock_file.close()
+            raise SpoolInUseError(
+                f"spool directory {directory} is in use by another running process; give each service "
+                "process its own redis.spool_dir"
+            ) from None
         self._size = self._repair()
         self._offset = self._read_offset()
         self._saved_offset = self._offset
@@ -189,6 +205,10 @@ class Spool:
             self._size, self._offset = size, 0
             self.generation += 1
             return len(records) - kept
+
+    def close(self) -> None:
+        """Release the directory for the next process."""
+        self._lock_file.close()
 
     def clear(self) -> None:
         """Remove both files (everything acknowledged and nothing worth a checkpoint)."""

@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 
 from kb_hooks.ledger import NODE_RESTART
 from kb_hooks.publisher import Publisher, event_ids_key, firehose_key, stream_key
-from kb_hooks.spool import SPOOL_FILE
+from kb_hooks.spool import SPOOL_FILE, Spool, SpoolInUseError
 from kb_hooks.types import CallContext
 from tests.redis_server import RedisServer, free_port, redis_server  # noqa: F401
 from tests.test_publisher import CALLER, settings, transcript, wait_until
@@ -200,3 +200,11 @@ def test_replaying_a_journal_twice_adds_nothing(redis_server: RedisServer, tmp_p
 
     asyncio.run(check())
 
+
+
+def test_one_process_per_spool_directory(tmp_path: Path) -> None:
+    first = Spool(tmp_path, 1 << 20)
+    with pytest.raises(SpoolInUseError, match="in use by another running process"):
+        Spool(tmp_path, 1 << 20)
+    first.close()
+    Spool(tmp_path, 1 << 20).close()
