@@ -208,3 +208,22 @@ def test_one_process_per_spool_directory(tmp_path: Path) -> None:
         Spool(tmp_path, 1 << 20)
     first.close()
     Spool(tmp_path, 1 << 20).close()
+
+
+def test_compaction_keeps_pending_records_and_refuses_stale_offsets(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, 1 << 16, compact_bytes=100)
+    ends = spool.append([json.dumps({"n": n}) for n in range(20)])
+    assert spool.read(0, 0, ends[-1], 5) == ([json.dumps({"n": n}) for n in range(5)], ends[4])
+    spool.acknowledge(0, ends[14])
+    assert spool.should_compact(0)  # acknowledged prefix >= 100 bytes and larger than the rest
+    assert spool.compact(['{"checkpoint": {"open_calls": {}}}']) == 0
+    assert spool.generation == 1 and spool.offset == 0
+    spool.acknowledge(0, 5)  # an offset of the old file: ignored
+    assert spool.offset == 0
+    lines, _ = spool.read(1, 0, spool.size, 100)
+    assert lines == ['{"checkpoint": {"open_calls": {}}}'] + [json.dumps({"n": n}) for n in range(15, 20)]
+    assert spool.read(0, 0, spool.size, 100) == ([], 0)  # a reader of the old generation gets nothing
+    spool.close()
+    reopened = Spool(tmp_path, 1 << 16)
+    assert reopened.offset == 0 and reopened.size == spool.size and reopened.torn_records == 0
+    reopened.close()
