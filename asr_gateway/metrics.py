@@ -79,7 +79,13 @@ class ServiceCollector(Collector):
         yield rtp
         yield GaugeMetricFamily("asr_redis_connected", "1 while Redis answers", value=int(publisher.connected))
         yield GaugeMetricFamily("asr_redis_queue_depth", "events waiting for Redis", value=publisher.queued())
-        yield GaugeMetricFamily("asr_redis_spool_bytes", "spooled events", value=publisher.spool_pending_bytes())
+        yield GaugeMetricFamily("asr_redis_spool_bytes", "journal bytes not yet acknowledged by Redis",
+                                value=publisher.spool_pending_bytes())  # fmt: skip
+        journal = CounterMetricFamily("asr_redis_journal", "spool journal and replay counters", labels=["counter"])
+        for name in ("spooled", "replayed", "duplicates_suppressed", "spool_full_dropped", "spool_corrupt_skipped",
+                     "spool_torn_records", "calls_ended_on_restart"):  # fmt: skip
+            journal.add_metric([name], getattr(publisher, name))
+        yield journal
         yield CounterMetricFamily("asr_redis_published", "events published", value=publisher.published)
         yield CounterMetricFamily("asr_redis_errors", "Redis errors", value=publisher.redis_errors)
         yield CounterMetricFamily("asr_partials_dropped", "partials dropped under backpressure",

@@ -32,11 +32,14 @@ class RedisSettings(BaseModel):
     firehose_groups: list[str] = Field(
         default_factory=list, description="consumer groups created on the firehose at start (from its beginning)"
     )
-    queue_size: int = Field(10_000, ge=10, description="events held in memory before spilling to the spool")
+    queue_size: int = Field(10_000, ge=10, description="journaled events also held in memory for sending")
     max_batch: int = Field(500, ge=1, description="events per pipeline round trip")
     spool_dir: Path = Path("spool")
     spool_max_bytes: int = Field(1 << 30, ge=1 << 16)
     spool_fsync: Literal["batch", "never"] = "batch"
+    journal_audit_file: Path | None = Field(
+        None, description="append 'event_id call_id event_type seq' of every journaled event (crash tests, audits)"
+    )
     connect_timeout_s: float = Field(2.0, gt=0)
     op_timeout_s: float = Field(2.0, gt=0)
     retry_initial_s: float = Field(0.05, gt=0)

@@ -1,17 +1,22 @@
-"""Publishes events to Redis without ever blocking the engine; nothing but partials is lost.
+"""Publishes events to Redis without ever blocking the engine; nothing but partials is lost,
+not even when the process is killed.
 
 Path of an event: ``submit()`` (any thread; appends to a small locked inbox and wakes the
-loop) -> ``_intake`` on the event loop (memory backlog, bounded by ``queue_size``; beyond it
-the backlog spills to the spool file) -> the sender task, which sends one pipeline per tick:
-first a batch that failed (retry), then the spool, then the backlog, so per-call order holds.
+loop) -> ``_intake`` on the event loop -> the journal task, which appends every durable event
+(all but pub/sub-only partials) to the spool's journal with one write and one fsync per batch
+(group commit, in a worker thread) -> the memory mirror (bounded by ``queue_size``; beyond it
+events are read back from the journal) -> the sender task, which sends one script call per
+tick: first a batch that failed (retry), then journal records not in memory, then the mirror,
+so per-call order holds. Acknowledged records are trimmed from the journal (``kb_hooks.spool``).
 
-Per event one Lua call (atomic on the server) does ``XADD {prefix}:call:{call_id}`` with an
-explicit ID ``<ms>-<seq>``, ``XADD {prefix}:events``, ``PUBLISH`` to ``{prefix}:live:{call_id}``
-and ``{prefix}:live``, and the call stream's TTL. The explicit, increasing ID makes a retried
-event that Redis already has a no-op (counted in ``duplicates_suppressed``): retries after
-a lost reply add no duplicates as long as the call stream survives. Partials go to pub/sub
-only (unless ``partials_to_stream``) and are dropped, and counted, whenever Redis is down,
-a backlog or spool is being replayed, or the backlog is full.
+Per event one Lua call (atomic on the server) does ``SADD {prefix}:call:{call_id}:ids
+<event_id>``, ``XADD {prefix}:call:{call_id}`` with an explicit ID ``<ms>-<seq>``, ``XADD
+{prefix}:events``, ``PUBLISH`` to ``{prefix}:live:{call_id}`` and ``{prefix}:live``, and the
+TTLs. An event_id already in the set (a retry, or a replay after a crash) is a no-op, counted
+in ``duplicates_suppressed``. Partials go to pub/sub only (unless ``partials_to_stream``, which
+journals them too) and are dropped, and counted, whenever Redis is down, journal records are
+being replayed, or the memory queue is full. After a crash the next start replays the journal
+and publishes ``call.ended`` (reason ``node_restart``) for every call it shows as still open.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -36,6 +41,7 @@ from asr_common.latency import MeasurementRing
 from kb_hooks import events as ev
 from kb_hooks.config import RedisSettings
 from kb_hooks.connection import make_client
+from kb_hooks.ledger import CHECKPOINT_KEY, NODE_RESTART, CallLedger
 from kb_hooks.spool import Spool
 from kb_hooks.types import CallContext, Participant
 
@@ -59,6 +65,9 @@ COUNTERS = (
     "spooled",
     "replayed",
     "spool_full_dropped",
+    "spool_corrupt_skipped",
+    "spool_torn_records",
+    "calls_ended_on_restart",
     "inbox_full_dropped",
     "redis_errors",
     "reconnects",
@@ -66,36 +75,51 @@ COUNTERS = (
 _ENDED_CALLS_REMEMBERED = 10_000
 _LATENCY_SAMPLES = 100_000
 
-# One call publishes a whole batch. KEYS: the call streams and firehoses of the batch.
-# ARGV: call maxlen, firehose maxlen, orphan ttl, then per event 10 fields: mode ('s' stream
-# and pub/sub, 'n' stream only, 'p' pub/sub only), call key index, firehose key index, id, json,
-# type, ttl when ended ('0' = none), call channel, all channel, call_id.
-# Result per event: 1 added, 0 already there (a retry), or the error text.
+# One call publishes a whole batch. KEYS: the call streams, firehoses and event-id sets of the
+# batch. ARGV: call maxlen, firehose maxlen, orphan ttl, then per event 12 fields: mode ('s'
+# stream and pub/sub, 'n' stream only, 'p' pub/sub only), call key index, firehose key index,
+# event-id set key index ('0' = none: partials), event_id, stream id, json, type, ttl when
+# ended ('0' = none), call channel, all channel, call_id.
+# Result per event: 1 added, 0 already there (a retry or a replay), or the error text.
+# The event-id set (SADD, same lifetime as the call stream) makes a replay idempotent even when
+# the stream entry was trimmed; the explicit stream id refuses what predates the set.
 _PUBLISH_LUA = """
 local call_maxlen, fire_maxlen, orphan_ttl = ARGV[1], ARGV[2], ARGV[3]
 local out = {}
-for i = 4, #ARGV, 10 do
+for i = 4, #ARGV, 12 do
   local mode, ck, fk = ARGV[i], KEYS[tonumber(ARGV[i + 1])], KEYS[tonumber(ARGV[i + 2])]
-  local id, payload, kind, ttl = ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6]
+  local ik = ARGV[i + 3] ~= '0' and KEYS[tonumber(ARGV[i + 3])] or nil
+  local id, payload, kind, ttl = ARGV[i + 5], ARGV[i + 6], ARGV[i + 7], ARGV[i + 8]
   local result = 1
   if mode ~= 'p' then
-    local added = redis.pcall('XADD', ck, 'MAXLEN', '~', call_maxlen, id, 'type', kind, 'event', payload)
-    if type(added) == 'table' and added.err then
-      if string.find(added.err, 'equal or smaller', 1, true) then result = 0 else result = added.err end
+    if ik and redis.call('SADD', ik, ARGV[i + 4]) == 0 then
+      result = 0
     else
-      local fire = redis.pcall('XADD', fk, 'MAXLEN', '~', fire_maxlen, '*', 'type', kind,
-                               'call_id', ARGV[i + 9], 'event', payload)
-      if type(fire) == 'table' and fire.err then result = fire.err end
-      if ttl ~= '0' then
-        redis.call('EXPIRE', ck, ttl)
-      elseif redis.call('TTL', ck) == -1 then
-        redis.call('EXPIRE', ck, orphan_ttl)
+      local added = redis.pcall('XADD', ck, 'MAXLEN', '~', call_maxlen, id, 'type', kind, 'event', payload)
+      if type(added) == 'table' and added.err then
+        if string.find(added.err, 'equal or smaller', 1, true) then
+          result = 0
+        else
+          result = added.err
+          if ik then redis.call('SREM', ik, ARGV[i + 4]) end
+        end
+      else
+        local fire = redis.pcall('XADD', fk, 'MAXLEN', '~', fire_maxlen, '*', 'type', kind,
+                                 'call_id', ARGV[i + 11], 'event', payload)
+        if type(fire) == 'table' and fire.err then result = fire.err end
       end
+    end
+    if ttl ~= '0' then
+      redis.call('EXPIRE', ck, ttl)
+      if ik then redis.call('EXPIRE', ik, ttl) end
+    else
+      if redis.call('TTL', ck) == -1 then redis.call('EXPIRE', ck, orphan_ttl) end
+      if ik and redis.call('TTL', ik) == -1 then redis.call('EXPIRE', ik, orphan_ttl) end
     end
   end
   if result == 1 and mode ~= 'n' then
-    redis.call('PUBLISH', ARGV[i + 7], payload)
-    redis.call('PUBLISH', ARGV[i + 8], payload)
+    redis.call('PUBLISH', ARGV[i + 9], payload)
+    redis.call('PUBLISH', ARGV[i + 10], payload)
   end
   out[#out + 1] = result
 end
@@ -110,13 +134,27 @@ class _Item:
     stream_id: str
     submitted: float  # time.monotonic() at submit; for latency accounting
     audio_end: float | None = None
+    best_effort: bool = False  # a partial that only goes to pub/sub: never journaled
+    start: int = -1  # the journal record's byte range [start, end) and journal generation
+    end: int = -1
+    gen: int = -1
 
     @property
     def partial(self) -> bool:
         return ev.is_partial(self.event)
 
+    _payload: str | None = None
+
+    def payload(self) -> str:
+        """The event's JSON, serialized once for the journal and the Redis script both."""
+        if self._payload is None:
+            self._payload = json.dumps(self.event, ensure_ascii=False)
+        return self._payload
+
     def record(self) -> str:
-        return json.dumps({"id": self.stream_id, "prefix": self.prefix, "event": self.event}, ensure_ascii=False)
+        """The journal line: ``{"id", "prefix", "event"}`` (the event's JSON spliced in)."""
+        head = json.dumps({"id": self.stream_id, "prefix": self.prefix}, ensure_ascii=False)
+        return f'{head[:-1]}, "event": {self.payload()}}}'
 
 
 def stream_key(prefix: str, call_id: str) -> str:
@@ -125,6 +163,11 @@ def stream_key(prefix: str, call_id: str) -> str:
 
 def firehose_key(prefix: str) -> str:
     return f"{prefix}:events"
+
+
+def event_ids_key(prefix: str, call_id: str) -> str:
+    """The set of event_ids a call's stream has received (for replay de-duplication)."""
+    return f"{prefix}:call:{call_id}:ids"
 
 
 def live_channel(prefix: str, call_id: str | None = None) -> str:
@@ -152,12 +195,21 @@ class Publisher:
         self._intake_scheduled = False
         self._calls: OrderedDict[str, tuple[int, int, str]] = OrderedDict()  # call_id -> (seq, last ms, prefix)
         self._ended: OrderedDict[str, None] = OrderedDict()
-        self._backlog: deque[_Item] = deque()
+        self._to_journal: list[_Item] = []  # taken in, not yet journaled (partials too, for order)
+        self._mirror: deque[_Item] = deque()  # journaled (or best effort), not yet sent, in order
         self._retry: list[_Item] = []
+        self._retry_ack: tuple[int, int] | None = None
         self._spool: Spool | None = None
+        self._ledger = CallLedger()
+        self._audit: TextIO | None = None
+        # The journal as the event loop sees it: generation and size written, offsets sent and acknowledged.
+        self._journal_gen = self._ack_gen = 0
+        self._journal_size = self._ack_offset = self._send_offset = 0
         self._work = asyncio.Event()
+        self._journal_wake = asyncio.Event()
         self._stopping = False
         self._sender: asyncio.Task[None] | None = None
+        self._journal_task: asyncio.Task[None] | None = None
         self.connected = False
         self.submitted = 0
         self.published = 0
@@ -168,6 +220,9 @@ class Publisher:
         self.spooled = 0
         self.replayed = 0
         self.spool_full_dropped = 0
+        self.spool_corrupt_skipped = 0
+        self.spool_torn_records = 0
+        self.calls_ended_on_restart = 0
         self.inbox_full_dropped = 0
         self.redis_errors = 0
         self.reconnects = 0
@@ -195,7 +250,8 @@ class Publisher:
             ms = max(last_ms, time.time_ns() // 1_000_000)
             self._calls[call_id] = (seq, ms, prefix)
             event["seq"] = seq
-            self._inbox.append(_Item(event, prefix, f"{ms}-{seq}", now, audio_end_monotonic))
+            best_effort = ev.is_partial(event) and not self.settings.partials_to_stream
+            self._inbox.append(_Item(event, prefix, f"{ms}-{seq}", now, audio_end_monotonic, best_effort))
             self.submitted += 1
             if event["event_type"] == "call.ended":
                 self._ended[call_id] = None
@@ -243,27 +299,75 @@ class Publisher:
     # ---- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Open the spool (replaying what a previous run left) and start the sender task."""
+        """Open the spool, recover what a previous run left (replay, ``node_restart`` for its
+        open calls) and start the journal and sender tasks."""
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._work = asyncio.Event()
+        self._journal_wake = asyncio.Event()
         self._stopping = False
         s = self.settings
+        if self._spool is not None:
+            self._spool.close()
         self._spool = Spool(s.spool_dir, s.spool_max_bytes, s.spool_fsync == "batch")
-        if self._spool.has_pending():
-            log.warning("spool holds %d bytes of events from a previous run; replaying", self._spool.pending_bytes)
+        self.spool_torn_records += self._spool.torn_records
+        if self._spool.torn_records:
+            log.warning("spool %s ended in a torn record (a crash mid-write); cut it off", self._spool.path)
+        self._recover()
+        if s.journal_audit_file is not None:
+            s.journal_audit_file.parent.mkdir(parents=True, exist_ok=True)
+            self._audit = s.journal_audit_file.open("a", encoding="utf-8")
         if self._client is None:
             self._client = make_client(s.url, s.connect_timeout_s, s.op_timeout_s)
         self._script = self._client.register_script(_PUBLISH_LUA)
+        self._journal_task = asyncio.create_task(self._journal_loop(), name="kb_hooks.journal")
         self._sender = asyncio.create_task(self._send_loop(), name="kb_hooks.publisher")
         with self._lock:
             self._intake_scheduled = True
         self._intake()
+        self._end_calls_of_previous_run()
+
+    def _recover(self) -> None:
+        """Rebuild the open-call ledger from the journal; position the sender at its offset."""
+        assert self._spool is not None
+        self._ledger = CallLedger()
+        for line, _ in self._spool.scan():
+            try:
+                record = json.loads(line)
+                if CHECKPOINT_KEY in record:
+                    self._ledger.load_checkpoint(record[CHECKPOINT_KEY])
+                else:
+                    self._ledger.note(record["event"], record["prefix"], record["id"])
+            except (ValueError, KeyError, TypeError, AttributeError):
+                self.spool_corrupt_skipped += 1
+                log.error("skipping a corrupt spool record: %.200s", line)
+        self._journal_gen = self._ack_gen = self._spool.generation
+        self._journal_size = self._spool.size
+        self._ack_offset = self._send_offset = self._spool.offset
+        if self._spool.has_pending():
+            log.warning("spool holds %d bytes of events from a previous run; replaying", self._spool.pending_bytes)
+
+    def _end_calls_of_previous_run(self) -> None:
+        """Calls open when the previous run died will get no more events: end them."""
+        for call_id, entry in list(self._ledger.open.items()):
+            with self._lock:
+                if call_id in self._calls:
+                    continue
+                self._calls[call_id] = (entry.seq, entry.ms, entry.prefix)
+            self.calls_ended_on_restart += 1
+            self.call_ended(CallLedger.context(call_id, entry), NODE_RESTART, {})
+        if self.calls_ended_on_restart:
+            log.warning("%d calls were active when the previous run stopped: published call.ended %s",
+                        self.calls_ended_on_restart, NODE_RESTART)  # fmt: skip
 
     async def stop(self, flush_timeout_s: float = 5.0) -> None:
-        """Send what is queued within ``flush_timeout_s``, spool the rest, close the connection."""
+        """Journal what is queued, send what Redis takes within ``flush_timeout_s``, close."""
         self._stopping = True
         self._intake()
+        self._journal_wake.set()
+        if self._journal_task is not None:
+            await self._journal_task  # short: appends what is queued, then returns
+            self._journal_task = None
         self._work.set()
         if self._sender is not None:
             try:
@@ -274,29 +378,47 @@ class Publisher:
                     await self._sender
             self._sender = None
         self._intake()
-        self._persist_unsent()
+        await asyncio.to_thread(self._journal_write, self._take_journal_queue())
+        self._journal_written()
+        await asyncio.to_thread(self._close_journal)
+        self._journal_written()
+        dropped = sum(i.best_effort for i in self._retry) + sum(i.best_effort for i in self._mirror)
+        self._loop_partials_dropped += dropped
+        self._retry, self._mirror = [], deque()
         self._loop = None
         if self._client is not None and self._own_client:
             await self._client.aclose()
             self._client = None
         self.connected = False
 
-    def _persist_unsent(self) -> None:
+    def _close_journal(self) -> None:
+        """Save the acknowledged offset; drop the journal once everything in it is in Redis."""
         assert self._spool is not None
-        retry = [i.record() for i in self._retry if not i.partial]
-        rest = [i.record() for i in self._backlog if not i.partial]
-        self._loop_partials_dropped += sum(i.partial for i in self._retry) + sum(i.partial for i in self._backlog)
-        if retry:
-            self.spool_full_dropped += self._spool.rewrite(retry, rest)
-        elif rest:
-            self.spool_full_dropped += len(rest) - self._spool.append(rest)
-        self.spooled += len(retry) + len(rest)
-        self._retry, self._backlog = [], deque()
+        self._spool.acknowledge(self._ack_gen, self._ack_offset)
+        if not self._spool.has_pending():
+            if self._ledger.open:
+                self._spool.compact([self._ledger.checkpoint()])
+            else:
+                self._spool.clear()
+        if self._audit is not None:
+            self._audit.close()
+            self._audit = None
+        self._spool.close()
 
     # ---- event loop side ----------------------------------------------------------------
 
+    def _replaying(self) -> bool:
+        """Journal records that are not in memory wait to be read back and sent."""
+        if self._ack_gen != self._journal_gen or self._send_offset >= self._journal_size:
+            return False
+        first = self._first_durable()
+        return first is None or first.start != self._send_offset
+
+    def _first_durable(self) -> _Item | None:
+        return next((i for i in self._mirror if not i.best_effort), None)
+
     def _degraded(self) -> bool:
-        return not self.connected or bool(self._retry) or (self._spool is not None and self._spool.has_pending())
+        return not self.connected or bool(self._retry) or self._replaying()
 
     def _intake(self) -> None:
         with self._lock:
@@ -307,30 +429,86 @@ class Publisher:
             return
         degraded = self._degraded()
         for item in items:
-            if item.partial:
-                if degraded or len(self._backlog) >= self.settings.queue_size:
-                    self._loop_partials_dropped += 1
-                    continue
-            elif len(self._backlog) >= self.settings.queue_size:
-                self._spill()
-            self._backlog.append(item)
-        self._work.set()
+            if item.best_effort and (degraded or len(self._mirror) + len(self._to_journal) >= self.settings.queue_size):
+                self._loop_partials_dropped += 1
+                continue
+            self._to_journal.append(item)
+        self._journal_wake.set()
 
-    def _spill(self) -> None:
-        """Move the whole backlog to the spool (it is newer than anything already spooled)."""
+    def _take_journal_queue(self) -> list[_Item]:
+        items, self._to_journal = self._to_journal, []
+        return items
+
+    async def _journal_loop(self) -> None:
+        """Group commit: everything queued since the last write goes into one append + fsync."""
+        while True:
+            if not self._to_journal:
+                if self._stopping:
+                    return
+                self._journal_wake.clear()
+                await self._journal_wake.wait()
+                if not self._to_journal and self._ack_offset != self._spool_saved_offset():
+                    await asyncio.to_thread(self._journal_write, [])
+                continue
+            items = self._take_journal_queue()
+            await asyncio.to_thread(self._journal_write, items)
+            self._journal_written()
+            room = self.settings.queue_size - len(self._mirror)
+            for item in items:
+                if item.best_effort:
+                    if room > 0:
+                        self._mirror.append(item)
+                        room -= 1
+                    else:
+                        self._loop_partials_dropped += 1
+                elif item.end >= 0 and room > 0:
+                    self._mirror.append(item)
+                    room -= 1
+            self._work.set()
+
+    def _spool_saved_offset(self) -> int:
+        return self._spool.offset if self._spool is not None else 0
+
+    def _journal_written(self) -> None:
+        """Event loop, after a journal write: take over the journal's size and generation."""
         assert self._spool is not None
-        records = [i.record() for i in self._backlog if not i.partial]
-        self._loop_partials_dropped += sum(i.partial for i in self._backlog)
-        self._backlog.clear()
-        written = self._spool.append(records)
-        self.spooled += written
-        if written < len(records):
-            self.spool_full_dropped += len(records) - written
-            log.error("spool %s is full (%d bytes): dropped %d events", self._spool.path,
-                      self.settings.spool_max_bytes, len(records) - written)  # fmt: skip
+        if self._spool.generation != self._journal_gen:  # compacted: offsets in memory are stale
+            self._loop_partials_dropped += sum(i.best_effort for i in self._mirror)
+            self._mirror.clear()
+            self._ack_gen, self._ack_offset = self._spool.generation, self._spool.offset
+            self._send_offset = self._ack_offset
+        self._journal_gen, self._journal_size = self._spool.generation, self._spool.size
+
+    def _journal_write(self, items: list[_Item]) -> None:
+        """Worker thread: apply acknowledgements, compact if due, append ``items``' durable
+        records with one fsync, and follow them in the ledger and the audit file."""
+        spool = self._spool
+        assert spool is not None
+        spool.acknowledge(self._ack_gen, self._ack_offset)
+        durable = [i for i in items if not i.best_effort]
+        records = [i.record() for i in durable]
+        incoming = sum(len(r.encode()) + 1 for r in records)
+        if records and spool.should_compact(incoming):
+            self.spool_full_dropped += spool.compact([self._ledger.checkpoint()])
+        start = spool.size
+        ends = spool.append(records) if records else []
+        for item, end in zip(durable, ends, strict=False):
+            item.start, item.end, item.gen = start, end, spool.generation
+            start = end
+            self._ledger.note(item.event, item.prefix, item.stream_id)
+        self.spooled += len(ends)
+        if len(ends) < len(durable):
+            self.spool_full_dropped += len(durable) - len(ends)
+            log.error("spool %s is full (%d bytes): dropped %d events", spool.path,
+                      self.settings.spool_max_bytes, len(durable) - len(ends))  # fmt: skip
+        if self._audit is not None and ends:
+            self._audit.write("".join(f"{i.event['event_id']} {i.event['call_id']} {i.event['event_type']} "
+                                      f"{i.event['seq']}\n" for i in durable[: len(ends)]))  # fmt: skip
+            self._audit.flush()
 
     def _has_work(self) -> bool:
-        return bool(self._retry or self._backlog or (self._spool is not None and self._spool.has_pending()))
+        unsent = self._ack_gen == self._journal_gen and self._send_offset < self._journal_size
+        return bool(self._retry or self._mirror or unsent)
 
     async def _send_loop(self) -> None:
         backoff = self.settings.retry_initial_s
@@ -351,24 +529,33 @@ class Publisher:
                 self._work.clear()
                 await self._work.wait()
                 continue
-            batch, source, offset = self._next_batch()
+            batch, source, ack = await self._next_batch()
             try:
                 await self._send(batch)
             except RETRYABLE as exc:
                 self._lost_connection(exc)
-                if source != "spool":
-                    self._retry = [i for i in batch if not i.partial]
-                    self._loop_partials_dropped += sum(i.partial for i in batch)
+                if source == "spool":
+                    self._send_offset = self._ack_offset  # read those records again
+                else:
+                    self._retry = [i for i in batch if not i.best_effort]
+                    self._retry_ack = ack
+                    self._loop_partials_dropped += sum(i.best_effort for i in batch)
                 continue
             except Exception:  # a server-side script error or a bug: retrying would fail the same way
                 self.rejected += len(batch)
                 log.exception("redis rejected a batch of %d events; dropping it", len(batch))
             if source == "spool":
-                assert self._spool is not None
-                self._spool.commit(offset)
                 self.replayed += len(batch)
             elif source == "retry":
                 self._retry = []
+            self._acknowledge(ack)
+
+    def _acknowledge(self, ack: tuple[int, int] | None) -> None:
+        """Redis has the journal records up to ``ack`` = (generation, offset)."""
+        if ack is not None and ack[0] == self._ack_gen and ack[1] > self._ack_offset:
+            self._ack_offset = ack[1]
+            self._send_offset = max(self._send_offset, ack[1])
+            self._journal_wake.set()  # the journal task saves the offset when it is idle
 
     async def _wait_stopping(self) -> None:
         while not self._stopping:
@@ -396,26 +583,48 @@ class Publisher:
         self.redis_errors += 1
         self.connected = False
         log.warning("redis publish failed (%s: %s); queueing and retrying", type(exc).__name__, exc)
-        kept = deque(i for i in self._backlog if not i.partial)
-        self._loop_partials_dropped += len(self._backlog) - len(kept)
-        self._backlog = kept
+        kept = deque(i for i in self._mirror if not i.best_effort)
+        self._loop_partials_dropped += len(self._mirror) - len(kept)
+        self._mirror = kept
 
-    def _next_batch(self) -> tuple[list[_Item], str, int]:
+    async def _next_batch(self) -> tuple[list[_Item], str, tuple[int, int] | None]:
+        """The retry batch, else journal records that are not in memory, else the memory mirror;
+        with the (generation, offset) that an acknowledgement of the batch reaches."""
         limit = self.settings.max_batch
         if self._retry:
-            return self._retry, "retry", 0
-        if self._spool is not None and self._spool.has_pending():
-            lines, offset = self._spool.read(limit)
-            return [item for line in lines if (item := self._parse_record(line)) is not None], "spool", offset
-        batch = [self._backlog.popleft() for _ in range(min(limit, len(self._backlog)))]
-        return batch, "backlog", 0
+            return self._retry, "retry", self._retry_ack
+        if self._replaying():
+            assert self._spool is not None
+            first, generation = self._first_durable(), self._journal_gen
+            stop = first.start if first is not None else self._journal_size
+            lines, end = await asyncio.to_thread(self._spool.read, generation, self._send_offset, stop, limit)
+            if generation != self._journal_gen or end <= self._send_offset:  # compacted meanwhile
+                return [], "spool", None
+            self._send_offset = end
+            items = [item for line in lines if (item := self._parse_record(line)) is not None]
+            return items, "spool", (generation, end)
+        batch: list[_Item] = []
+        expected, last = self._send_offset, None
+        while self._mirror and len(batch) < limit:
+            item = self._mirror[0]
+            if not item.best_effort:
+                if item.start != expected:  # a gap: records between are read from the journal
+                    break
+                expected, last = item.end, item
+            batch.append(self._mirror.popleft())
+        if last is None:
+            return batch, "mirror", None
+        self._send_offset = last.end
+        return batch, "mirror", (last.gen, last.end)
 
     def _parse_record(self, line: str) -> _Item | None:
         try:
             record = json.loads(line)
-            return _Item(record["event"], record["prefix"], record["id"], time.monotonic())
+            if CHECKPOINT_KEY in record:
+                return None
+            return _Item(record["event"], record["prefix"], record["id"], time.monotonic(), best_effort=False)
         except (ValueError, KeyError, TypeError):
-            self.rejected += 1
+            self.spool_corrupt_skipped += 1
             log.error("skipping a corrupt spool record: %.200s", line)
             return None
 
@@ -436,7 +645,9 @@ class Publisher:
                 continue
             call_key = keys.setdefault(stream_key(item.prefix, call_id), len(keys) + 1)
             fire_key = keys.setdefault(firehose_key(item.prefix), len(keys) + 1)
-            args += [mode, call_key, fire_key, item.stream_id, json.dumps(item.event, ensure_ascii=False), kind,
+            ids_key = 0 if item.partial else keys.setdefault(event_ids_key(item.prefix, call_id), len(keys) + 1)
+            args += [mode, call_key, fire_key, ids_key, str(item.event["event_id"]), item.stream_id,
+                     item.payload(), kind,
                      s.call_ttl_s if kind == "call.ended" else 0,
                      live_channel(item.prefix, call_id), live_channel(item.prefix), call_id]  # fmt: skip
         results: list[Any] = []
@@ -466,10 +677,11 @@ class Publisher:
 
     def queued(self) -> int:
         """Events waiting in memory (inbox, backlog, retry)."""
-        return len(self._inbox) + len(self._backlog) + len(self._retry)
+        return len(self._inbox) + len(self._to_journal) + len(self._mirror) + len(self._retry)
 
     def spool_pending_bytes(self) -> int:
-        return self._spool.pending_bytes if self._spool is not None else 0
+        """Journal bytes not yet acknowledged by Redis."""
+        return self._journal_size - self._ack_offset if self._ack_gen == self._journal_gen else self._journal_size
 
     def metrics(self) -> dict[str, Any]:
         """Counters and latency percentiles (ms) for the service's /metrics and logs."""

@@ -72,7 +72,8 @@ def _events(n: int, calls: int, partial_ratio: float) -> list[dict[str, Any]]:
 
 
 async def _run(args: argparse.Namespace, url: str, spool: Path) -> dict[str, Any]:
-    settings = RedisSettings(url=url, spool_dir=spool, max_batch=args.batch, queue_size=max(10_000, args.events))
+    settings = RedisSettings(url=url, spool_dir=spool, max_batch=args.batch, queue_size=max(10_000, args.events),
+                             spool_fsync=args.spool_fsync)  # fmt: skip
     publisher = Publisher(settings)
     await publisher.start()
     while not publisher.connected:
@@ -110,6 +111,7 @@ async def _run(args: argparse.Namespace, url: str, spool: Path) -> dict[str, Any
         "published": publisher.published,
         "partials_dropped": publisher.partials_dropped,
         "spooled": publisher.spooled,
+        "spool_fsync": args.spool_fsync,
         "duplicates_suppressed": publisher.duplicates_suppressed,
     }
 
@@ -122,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=0.0, help="events/s to submit (0: as fast as possible)")
     parser.add_argument("--batch", type=int, default=500, help="RedisSettings.max_batch")
     parser.add_argument("--redis", help="Redis URL (default: start a throwaway redis-server)")
+    parser.add_argument("--spool-fsync", choices=("batch", "never"), default="batch", help="RedisSettings.spool_fsync")
+    parser.add_argument("--spool-dir", type=Path, help="journal directory (default: in a temp dir; its disk decides "
+                        "the fsync cost)")  # fmt: skip
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="publisher-bench-") as tmp:
         proc = None
@@ -129,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         if url is None:
             proc, url = _start_redis(Path(tmp))
         try:
-            result = asyncio.run(_run(args, url, Path(tmp) / "spool"))
+            result = asyncio.run(_run(args, url, args.spool_dir or Path(tmp) / "spool"))
         finally:
             if proc is not None:
                 proc.terminate()
