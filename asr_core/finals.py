@@ -287,12 +287,28 @@ class ProcessFinalSearch:
             self._stop_child(timeout)
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this child when its parent dies (``PR_SET_PDEATHSIG``).
+
+    Without it a child busy with a batch outlives a SIGKILLed service until its next send fails,
+    holding a core the restarted service needs. Elsewhere (not Linux) the closed socket ends it."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
 def serve(fd: int) -> None:
     """The child's main: build the decoder from the first message, then answer batches until
     told to stop (``None``) or the parent goes away."""
     from asr_core.backends import rescoring_decoder
 
     conn = Connection(fd)
+    _die_with_parent()
     with contextlib.suppress(OSError):
         os.nice(WORKER_NICENESS)
     torch.set_num_threads(1)
