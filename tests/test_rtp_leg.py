@@ -252,13 +252,14 @@ def test_sdp_address_is_accepted_and_strangers_after_it_are_dropped() -> None:
     asyncio.run(scenario())
 
 
-def test_stranger_before_the_sdp_address_is_latched_until_the_peer_sends() -> None:
-    """The NAT case: the peer's packets come from an address its SDP does not name. The first
-    source is latched while nothing has come from the SDP address; the SDP address takes over."""
+def test_latch_first_takes_a_nat_source_until_the_sdp_address_sends() -> None:
+    """`latch: first`, the NAT case: the peer's packets come from an address its SDP does not
+    name. The first source is latched while nothing has come from the SDP address; the SDP
+    address takes over (so a stranger sending first would own the call: the mode's risk)."""
 
     async def scenario() -> None:
         sdp_address, nat_address, stranger = ("192.0.2.10", 4000), ("198.51.100.7", 61000), ("203.0.113.9", 5000)
-        leg, _, _ = await open_leg(expected_remote=sdp_address)
+        leg, _, _ = await open_leg(expected_remote=sdp_address, latch="first")
         packets = tone_packets("PCMU", seconds=0.2)
         leg.handle_rtp(b"\x00garbage", stranger)
         assert leg.remote is None
