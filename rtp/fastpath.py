@@ -60,6 +60,10 @@ class FastPath:
         """Use `receiver` (the poller's `rtp._fastrtp.Receiver`) for the RTP socket `fd`."""
         self._receiver, self._fd = receiver, fd
 
+    def detach(self) -> None:
+        """The socket left the receiver (the leg closed): nothing more to arm or take."""
+        self._receiver, self._fd, self.armed = None, -1, False
+
     def screen(self, allowed: tuple[str, int] | None) -> None:
         """Drop datagrams in C unless from `allowed` (IP, port; port 0 for any), counting them;
         None lets all through to the leg. A host that is not an IP address lets all through."""

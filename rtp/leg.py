@@ -377,6 +377,7 @@ class RtpLeg:
             self._timer = None
         if self._fast.available:
             self._take_fast(disarm=self._fast.armed)
+            self._fast.detach()
         self._deliver(self._buffer.flush())
         self._resample_queued()
         self._upsampler.flush()

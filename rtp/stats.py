@@ -11,7 +11,8 @@ class LegStats:
 
     `lost` counts sequence numbers declared missing (a late arrival afterwards also counts as
     `late`); `jitter_ms` is the RFC 3550 section 6.4.1 interarrival jitter estimate;
-    `foreign_*` count datagrams dropped unread because of their source; `samples_out` counts 16 kHz samples handed to the sink; times are `time.monotonic()`.
+    `foreign_*` count datagrams dropped unread because of their source (`rtp.latch`);
+    `samples_out` counts 16 kHz samples handed to the sink; times are `time.monotonic()`.
     """
 
     packets: int = 0
