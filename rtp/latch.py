@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import enum
 import ipaddress
-from typing import Any
+from typing import Any, Literal
 
 Address = tuple[Any, ...]
+LatchName = Literal["strict", "address", "first"]
+"""A `LatchMode` as written in the config files (validated there)."""
 
 _MAPPED_PREFIX = "::ffff:"
 
