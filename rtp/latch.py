@@ -10,7 +10,8 @@ Modes (``rtp.latch`` in the service config, a routing profile's ``rtp_latch`` ov
 - ``strict``: only the signalled address and port.
 - ``address`` (default): only the signalled IP, from any port: the first packet from it
   latches its port; another port of the same IP takes the latch over only with a new SSRC
-  (the peer restarted its stream), so a second sender on that host cannot interleave.
+  after the latched source has been silent for `RELATCH_SILENCE_S` (the peer restarted its
+  stream elsewhere), so a second sender on that host cannot interleave with the call.
 - ``first``: the old behaviour, for peers behind NAT whose SDP names an address they do not
   send from: the first valid packet from anywhere latches its source, and later only the exact
   signalled address takes the latch over. Risky: a stranger who sends first owns the call's
@@ -35,6 +36,7 @@ LatchName = Literal["strict", "address", "first"]
 """A `LatchMode` as written in the config files (validated there)."""
 
 _MAPPED_PREFIX = "::ffff:"
+RELATCH_SILENCE_S = 0.2  # 10 packets of 20 ms: the latched source has stopped, not paused
 
 
 class LatchMode(enum.StrEnum):
@@ -127,9 +129,10 @@ class SourcePolicy:
         host, port = self.signalled
         return host, port if self.mode is LatchMode.STRICT else 0
 
-    def admit(self, address: Address, ssrc: int, current_ssrc: int | None) -> DropReason | None:
+    def admit(self, address: Address, ssrc: int, current_ssrc: int | None, silent_s: float) -> DropReason | None:
         """For a valid RTP packet from `address` (not the latched source) with `ssrc`, while the
-        leg's stream has `current_ssrc`: latch `address` and return None, or why it is dropped."""
+        leg's stream has `current_ssrc` and its last packet came `silent_s` ago: latch
+        `address` and return None, or say why the packet is dropped."""
         reason = self.screen(address)
         if reason is not None:
             return reason
@@ -138,8 +141,8 @@ class SourcePolicy:
             return None
         if self.enforced:
             # Only `address` gets here with a latch (strict allows one source): another port of
-            # the signalled IP takes over only when the stream restarts with a new SSRC.
-            if ssrc != current_ssrc:
+            # the signalled IP takes over only when the stream restarts there with a new SSRC.
+            if ssrc != current_ssrc and silent_s >= RELATCH_SILENCE_S:
                 self.latched = address
                 return None
             return DropReason.FOREIGN_PORT

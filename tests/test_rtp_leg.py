@@ -425,7 +425,7 @@ def test_stranger_audio_never_reaches_the_sink(nat: bool) -> None:
     asyncio.run(scenario())
 
 
-def test_strict_drops_another_port_and_address_relatches_only_on_a_new_ssrc() -> None:
+def test_strict_drops_another_port_and_address_relatches_only_on_a_restarted_stream() -> None:
     async def scenario() -> None:
         sdp_address, other_port = ("192.0.2.10", 4000), ("192.0.2.10", 4100)
         strict, _, _ = await open_leg(expected_remote=sdp_address, latch="strict", fast_path=False)
@@ -440,11 +440,14 @@ def test_strict_drops_another_port_and_address_relatches_only_on_a_new_ssrc() ->
         assert loose.remote == other_port
         loose.handle_rtp(loud_packet(1), sdp_address)  # same SSRC from a third port: refused
         assert (loose.remote, loose.stats.foreign_port) == (other_port, 1)
-        loose.handle_rtp(silent_packet(100, ssrc=0xD00D), sdp_address)  # the peer restarted
+        loose.handle_rtp(silent_packet(100, ssrc=0xD00D), sdp_address)  # a new SSRC, latched one talking
+        assert (loose.remote, loose.stats.foreign_port) == (other_port, 2)
+        await asyncio.sleep(0.25)
+        loose.handle_rtp(silent_packet(100, ssrc=0xD00D), sdp_address)  # the peer restarted its stream
         assert loose.remote == sdp_address
         loose.handle_rtp(loud_packet(101, ssrc=0xD00D), other_port)  # the new SSRC elsewhere: refused
         stats = await loose.close()
-        assert (stats.packets, stats.foreign_port, stats.ssrc_changes) == (2, 2, 1)
+        assert (stats.packets, stats.foreign_port, stats.ssrc_changes) == (2, 3, 1)
         assert not sink.pcm.any()
 
     asyncio.run(scenario())
