@@ -9,9 +9,11 @@ Modes (``rtp.latch`` in the service config, a routing profile's ``rtp_latch`` ov
 
 - ``strict``: only the signalled address and port.
 - ``address`` (default): only the signalled IP, from any port: the first packet from it
-  latches its port; another port of the same IP takes the latch over only with a new SSRC
-  after the latched source has been silent for `RELATCH_SILENCE_S` (the peer restarted its
-  stream elsewhere), so a second sender on that host cannot interleave with the call.
+  latches its port; another port of the same IP takes the latch over only with a new SSRC,
+  once the latched source has been silent for `RELATCH_SILENCE_S` and the new stream has sent
+  `RELATCH_PACKETS` consecutive packets (the peer restarted its stream elsewhere; those
+  packets are dropped), so neither a second sender on that host nor junk with random headers
+  takes a call over, not even after its media stopped.
 - ``first``: the old behaviour, for peers behind NAT whose SDP names an address they do not
   send from: the first valid packet from anywhere latches its source, and later only the exact
   signalled address takes the latch over. Risky: a stranger who sends first owns the call's
@@ -37,6 +39,7 @@ LatchName = Literal["strict", "address", "first"]
 
 _MAPPED_PREFIX = "::ffff:"
 RELATCH_SILENCE_S = 0.2  # 10 packets of 20 ms: the latched source has stopped, not paused
+RELATCH_PACKETS = 3  # consecutive sequence numbers of one new SSRC from one new port
 
 
 class LatchMode(enum.StrEnum):
@@ -69,6 +72,11 @@ class SourcePolicy:
         self.signalled: tuple[str, int] | None = None
         self._signalled_ip = False  # the signalled host is an IP address (comparable)
         self.latched: Address | None = None
+        # A stream that may take the latch over in `address` mode: (source, SSRC), the sequence
+        # number it sends next, and how many consecutive packets it has sent.
+        self._candidate: tuple[Address, int] | None = None
+        self._candidate_next = 0
+        self._candidate_packets = 0
 
     def set_mode(self, mode: LatchMode | str) -> None:
         """A new mode (a profile's override); a latch it does not allow is released."""
@@ -129,10 +137,12 @@ class SourcePolicy:
         host, port = self.signalled
         return host, port if self.mode is LatchMode.STRICT else 0
 
-    def admit(self, address: Address, ssrc: int, current_ssrc: int | None, silent_s: float) -> DropReason | None:
-        """For a valid RTP packet from `address` (not the latched source) with `ssrc`, while the
-        leg's stream has `current_ssrc` and its last packet came `silent_s` ago: latch
-        `address` and return None, or say why the packet is dropped."""
+    def admit(
+        self, address: Address, ssrc: int, sequence_number: int, current_ssrc: int | None, silent_s: float
+    ) -> DropReason | None:
+        """For a valid RTP packet from `address` (not the latched source) with `ssrc` and
+        `sequence_number`, while the leg's stream has `current_ssrc` and its last packet came
+        `silent_s` ago: latch `address` and return None, or say why the packet is dropped."""
         reason = self.screen(address)
         if reason is not None:
             return reason
@@ -142,7 +152,8 @@ class SourcePolicy:
         if self.enforced:
             # Only `address` gets here with a latch (strict allows one source): another port of
             # the signalled IP takes over only when the stream restarts there with a new SSRC.
-            if ssrc != current_ssrc and silent_s >= RELATCH_SILENCE_S:
+            stopped = ssrc != current_ssrc and silent_s >= RELATCH_SILENCE_S
+            if stopped and self._restarted(address, ssrc, sequence_number):
                 self.latched = address
                 return None
             return DropReason.FOREIGN_PORT
@@ -161,6 +172,18 @@ class SourcePolicy:
         latched, signalled = self.latched, self.signalled
         host = _host(address)
         return latched is None or host == _host(latched) or (signalled is not None and host == signalled[0])
+
+    def _restarted(self, address: Address, ssrc: int, sequence_number: int) -> bool:
+        """Count a packet of a would-be new stream; True at its `RELATCH_PACKETS`th in a row."""
+        if self._candidate == (address, ssrc) and sequence_number == self._candidate_next:
+            self._candidate_packets += 1
+        else:
+            self._candidate, self._candidate_packets = (address, ssrc), 1
+        self._candidate_next = (sequence_number + 1) & 0xFFFF
+        if self._candidate_packets < RELATCH_PACKETS:
+            return False
+        self._candidate = None
+        return True
 
     def _release_disallowed(self) -> None:
         if self.latched is not None and self.screen(self.latched) is not None:

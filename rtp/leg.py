@@ -108,8 +108,8 @@ class RtpLeg:
 
     Source rule (`rtp.latch`): `expected_remote` is the (address, port) the peer signalled in
     its SDP, `latch` the mode: "strict" (that address and port), "address" (default: that IP,
-    any port; another port of it takes the latch over only with a new SSRC after 200 ms of
-    silence from the latched one) or "first" (the
+    any port; another port of it takes the latch over only with a new SSRC, after 200 ms of
+    silence from the latched one and 3 packets in a row) or "first" (the
     first valid source latches; risky, for peers behind NAT whose SDP address is wrong).
     Datagrams from other sources are counted in `stats.foreign_address` / `foreign_port` (and
     in total in `foreign_packets`) and dropped before they are parsed or decoded, in Python
@@ -301,7 +301,8 @@ class RtpLeg:
             payload_type, sequence_number = packet.payload_type, packet.sequence_number
             timestamp, ssrc, payload = packet.timestamp, packet.ssrc, packet.payload
         if addr != policy.latched:
-            reason = policy.admit(addr, ssrc, self._buffer.ssrc, time.monotonic() - self._last_seen)
+            silent_s = time.monotonic() - self._last_seen
+            reason = policy.admit(addr, ssrc, sequence_number, self._buffer.ssrc, silent_s)
             if reason is not None:
                 self._drop(reason)
                 return
