@@ -109,8 +109,8 @@ class RtpLeg:
     Source rule (`rtp.latch`): `expected_remote` is the (address, port) the peer signalled in
     its SDP, `latch` the mode: "strict" (that address and port), "address" (default: that IP,
     any port; another port of it takes the latch over only with a new SSRC, after 200 ms of
-    silence from the latched one and 3 packets in a row) or "first" (the
-    first valid source latches; risky, for peers behind NAT whose SDP address is wrong).
+    silence from the latched one and 3 packets in a row) or "first" (the first valid source
+    latches; risky, for peers behind NAT whose SDP address is wrong).
     Datagrams from other sources are counted in `stats.foreign_address` / `foreign_port` (and
     in total in `foreign_packets`) and dropped before they are parsed or decoded, in Python
     and in the C receive path alike. Until the address is known every mode acts like "first";
