@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from asr_common.yamlconf import ConfigError, read_yaml, validate_data
 from kb_hooks.config import KbHooksSettings, RedisSettings
+from rtp.latch import LatchName
 from sip.config import SipSettings
 
 CHUNK_SIZES_MS = (160, 240, 320, 640)
@@ -57,6 +58,12 @@ class RtpSettings(_Section):
         True,
         description="read RTP with the C extension rtp._fastrtp where it was built (about half the CPU per packet); "
         "false: always in Python",
+    )
+    latch: LatchName = Field(
+        "address",
+        description="which sources a call's RTP is taken from: strict = the SDP's address and port; address = "
+        "its IP, any port (a new port only with a new SSRC); first = the first source to send (risky: for peers "
+        "behind NAT whose SDP address is wrong); a routing profile's rtp_latch overrides it",
     )
     poll_interval_ms: float = Field(
         20.0, ge=0, le=100,

@@ -149,7 +149,7 @@ def _files_signature(paths: list[Path]) -> str:
 
 
 RTP_COUNTERS = ("packets", "lost", "late", "duplicate", "reordered", "bad_packets", "foreign_packets",
-                "unknown_payload_packets", "concealed_samples")  # fmt: skip
+                "foreign_address", "foreign_port", "unknown_payload_packets", "concealed_samples")  # fmt: skip
 
 
 class RtpTotals:
@@ -236,6 +236,7 @@ class Service:
             poll_interval_ms=self.config.rtp.poll_interval_ms,
             resampler=self.config.rtp.resampler,
             fast_path=self.config.rtp.c_receive_path,
+            latch=self.config.rtp.latch,
         )
 
     # -- lifecycle --------------------------------------------------------------------

@@ -144,8 +144,10 @@ def _message(method: str, cseq: int, body: str = "", content_type: str = "", ext
 
 
 def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False, to_user: str = "12345",
-                 from_user: str = "citizen", agent: str = "1001", hangup: bool = True) -> str:  # fmt: skip
-    """A sipp UAC scenario: INVITE, ACK, play ``audio.pcap`` for ``seconds`` (+1 s), BYE.
+                 from_user: str = "citizen", agent: str = "1001", hangup: bool = True,
+                 media_delay_ms: int = 0) -> str:  # fmt: skip
+    """A sipp UAC scenario: INVITE, ACK, (wait ``media_delay_ms``,) play ``audio.pcap`` for
+    ``seconds`` (+1 s), BYE.
 
     ``siprec``: logs ``SECOND_LEG_PORT <port>`` (the answer's second m-line) to sipp's log file.
     ``hangup=False``: the caller vanishes after the audio, without a BYE.
@@ -183,6 +185,7 @@ def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False,
 {answered}
 <send><![CDATA[
 {ack}]]></send>
+{f'<pause milliseconds="{media_delay_ms}"/>' if media_delay_ms > 0 else ""}
 <nop><action><exec play_pcap_audio="audio.pcap"/></action></nop>
 {ending}
 </scenario>
@@ -205,17 +208,19 @@ def sipp_path() -> str:
 async def place_call(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate: int, *,
                      payload_type: int = PCMU, siprec: bool = False, second_pcm: np.ndarray | None = None,
                      hangup: bool = True, host: str = "127.0.0.1", timeout_s: float | None = None,
-                     call_tag: str | None = None, **names: str) -> CallResult:  # fmt: skip
+                     call_tag: str | None = None, media_delay_ms: int = 0, **names: str) -> CallResult:  # fmt: skip
     """One sipp call that streams ``pcm`` over RTP to our service, then hangs up.
 
     A SIPREC call streams ``second_pcm`` (default: ``pcm``) on its second leg;
     ``hangup=False`` leaves without a BYE; ``call_tag`` starts the SIP Call-ID (``TAG-...``),
-    so the call's events can be found by their ``sip_call_id``.
+    so the call's events can be found by their ``sip_call_id``; ``media_delay_ms`` holds the
+    RTP back after the ACK (the leg is open, nothing has latched it yet).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     seconds = write_rtp_pcap(workdir / "audio.pcap", pcm, sample_rate, payload_type)
     scenario = workdir / "scenario.xml"
-    scenario.write_text(scenario_xml(seconds, payload_type, siprec, hangup=hangup, **names), encoding="latin-1")
+    xml = scenario_xml(seconds, payload_type, siprec, hangup=hangup, media_delay_ms=media_delay_ms, **names)
+    scenario.write_text(xml, encoding="latin-1")
     log_file = workdir / "sipp.log"
     log_file.unlink(missing_ok=True)
     media_base = _free_udp_ports(4)

@@ -7,6 +7,9 @@
  * headers) disarm the leg and are returned with their address, to go through
  * `RtpLeg.handle_rtp` after the leg has taken over the state kept here; sockets the receiver
  * does not know (RTCP) are returned as ready file descriptors for Python to read.
+ * Before all that, each leg's source screen (`rtp.latch`, set by `screen()`) drops datagrams
+ * from addresses the leg's policy refuses, armed or not, counting them: a stranger's packets
+ * never reach Python, never disarm the leg.
  *
  * One `poll()` call is one epoll pass: each ready socket is read once, as the Python poller
  * does (the set is level-triggered; a socket with more data is reported again next pass).
@@ -56,6 +59,14 @@ typedef struct {
     double jitter_ticks;
     double jitter_arrival;
     uint32_t jitter_timestamp;
+    /* source screen: when `screening`, only datagrams from screen_address (and screen_port
+     * unless 0) are read further; others are counted by reason and dropped */
+    int screening;
+    int screen_family;
+    unsigned char screen_address[16];
+    uint16_t screen_port;
+    unsigned long long foreign_address; /* since the last take */
+    unsigned long long foreign_port;
     unsigned char last_payload[MAX_FAST_PAYLOAD];
 } Leg;
 
@@ -239,11 +250,41 @@ static PyObject *Receiver_arm(Receiver *self, PyObject *args) {
     Py_RETURN_TRUE;
 }
 
+/* screen(fd, address or None, port): drop datagrams unless from `address` (packed, 4 or 16
+ * bytes) and, unless `port` is 0, that port; None drops none. */
+static PyObject *Receiver_screen(Receiver *self, PyObject *args) {
+    int fd, port;
+    const char *address;
+    Py_ssize_t address_len;
+    if (!PyArg_ParseTuple(args, "iz#i", &fd, &address, &address_len, &port)) {
+        return NULL;
+    }
+    Leg *leg = leg_or_error(self, fd);
+    if (leg == NULL) {
+        return NULL;
+    }
+    if (address == NULL) {
+        leg->screening = 0;
+        Py_RETURN_NONE;
+    }
+    if ((address_len != 4 && address_len != 16) || port < 0 || port > 65535) {
+        PyErr_SetString(PyExc_ValueError, "need a packed IPv4 or IPv6 address and a port in 0-65535");
+        return NULL;
+    }
+    leg->screen_family = address_len == 4 ? AF_INET : AF_INET6;
+    memcpy(leg->screen_address, address, (size_t)address_len);
+    leg->screen_port = (uint16_t)port;
+    leg->screening = 1;
+    Py_RETURN_NONE;
+}
+
 /* take(fd, disarm): (packets, bytes, last_arrival, jitter_ticks, jitter_arrival,
- * jitter_timestamp, since_arm, next_timestamp, last_payload or None, pending batch bytes):
+ * jitter_timestamp, since_arm, next_timestamp, last_payload or None, pending batch bytes,
+ * foreign_address, foreign_port):
  * packets and bytes since the last take (they restart at 0), packets since the last arm, the
  * payload of the last of those, and with disarm the batch not yet handed out (the leg then
- * stops taking packets; without disarm `pending` is empty). */
+ * stops taking packets; without disarm `pending` is empty); the datagrams the screen dropped
+ * since the last take, by reason. */
 static PyObject *Receiver_take(Receiver *self, PyObject *args) {
     int fd, disarm;
     if (!PyArg_ParseTuple(args, "ip", &fd, &disarm)) {
@@ -266,15 +307,17 @@ static PyObject *Receiver_take(Receiver *self, PyObject *args) {
         Py_XDECREF(pending);
         return NULL;
     }
-    PyObject *result = Py_BuildValue("KKdddkKkNN", leg->packets, leg->bytes, leg->last_arrival,
+    PyObject *result = Py_BuildValue("KKdddkKkNNKK", leg->packets, leg->bytes, leg->last_arrival,
                                      leg->jitter_ticks, leg->jitter_arrival, (unsigned long)leg->jitter_timestamp,
                                      leg->since_arm, (unsigned long)leg->next_timestamp,
-                                     last_payload, pending);
+                                     last_payload, pending, leg->foreign_address, leg->foreign_port);
     if (result == NULL) {
         return NULL;
     }
     leg->packets = 0;
     leg->bytes = 0;
+    leg->foreign_address = 0;
+    leg->foreign_port = 0;
     if (disarm) {
         leg->armed = 0;
         leg->batch_len = 0;
@@ -292,6 +335,39 @@ static int source_matches(const Leg *leg, const struct sockaddr_storage *source)
         return ntohs(in6->sin6_port) == leg->port && memcmp(&in6->sin6_addr, leg->address, 16) == 0;
     }
     return 0;
+}
+
+/* Whether the leg's source screen lets a datagram from `source` through; counts it if not. An
+ * IPv4-mapped IPv6 source is compared as the IPv4 address it carries. */
+static int screen_allows(Leg *leg, const struct sockaddr_storage *source) {
+    if (!leg->screening) {
+        return 1;
+    }
+    const unsigned char *address = NULL;
+    uint16_t port = 0;
+    if (source->ss_family == AF_INET && leg->screen_family == AF_INET) {
+        const struct sockaddr_in *in4 = (const struct sockaddr_in *)source;
+        address = (const unsigned char *)&in4->sin_addr;
+        port = ntohs(in4->sin_port);
+    } else if (source->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)source;
+        port = ntohs(in6->sin6_port);
+        if (leg->screen_family == AF_INET6) {
+            address = (const unsigned char *)&in6->sin6_addr;
+        } else if (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr)) {
+            address = (const unsigned char *)&in6->sin6_addr + 12;
+        }
+    }
+    size_t length = leg->screen_family == AF_INET ? 4 : 16;
+    if (address == NULL || memcmp(address, leg->screen_address, length) != 0) {
+        leg->foreign_address += 1;
+        return 0;
+    }
+    if (leg->screen_port != 0 && port != leg->screen_port) {
+        leg->foreign_port += 1;
+        return 0;
+    }
+    return 1;
 }
 
 /* The address tuple Python's socket.recvfrom would give. */
@@ -387,6 +463,9 @@ static PyObject *Receiver_poll(Receiver *self, PyObject *Py_UNUSED(ignored)) {
         if (size < 0) {
             continue; /* EAGAIN, or an ICMP error reported on the socket: nothing to read */
         }
+        if (!screen_allows(leg, &source)) {
+            continue;
+        }
         if (take_in_order(leg, self->datagram, size, &source)) {
             if (leg->batch_start + leg->batch_len >= leg->batch_bytes) {
                 PyObject *batch = PyBytes_FromStringAndSize((const char *)leg->batch, leg->batch_len);
@@ -423,6 +502,7 @@ static PyMethodDef Receiver_methods[] = {
     {"register", (PyCFunction)Receiver_register, METH_VARARGS, "register(fd, owner, batch_bytes)"},
     {"unregister", (PyCFunction)Receiver_unregister, METH_VARARGS, "unregister(fd)"},
     {"arm", (PyCFunction)Receiver_arm, METH_VARARGS, "arm(fd, ...) -> bool"},
+    {"screen", (PyCFunction)Receiver_screen, METH_VARARGS, "screen(fd, address or None, port)"},
     {"take", (PyCFunction)Receiver_take, METH_VARARGS, "take(fd, disarm) -> tuple"},
     {"poll", (PyCFunction)Receiver_poll, METH_NOARGS, "poll() -> (batches, slow, others, events)"},
     {NULL, NULL, 0, NULL},

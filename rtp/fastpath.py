@@ -7,6 +7,10 @@ collects their payloads into the leg's batches. Any other datagram reaches the l
 handler, which first *takes* the C state back (`FastPath.take`): counters, jitter, how far
 the stream advanced, the payload bytes of an unfinished batch. Only the handover lives
 here; the leg applies what comes back to its own reorder buffer and counters.
+
+The receiver also applies the leg's source policy (`rtp.latch`) to every datagram, armed or
+not: one from an address the policy refuses is counted and dropped in C, without a Python
+object and without disarming the leg (`FastPath.screen`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ class FastTake:
     last_payload: bytes  # payload of the last in-order packet
     pending: bytes  # payloads of a batch not yet handed over, with `disarm` only
     payload_type: int  # the payload type the leg was armed with
+    foreign_address: int  # datagrams dropped as from an IP not signalled
+    foreign_port: int  # datagrams dropped as from the signalled IP's refused port
 
 
 class FastPath:
@@ -53,6 +59,25 @@ class FastPath:
     def attach(self, receiver: Any, fd: int) -> None:
         """Use `receiver` (the poller's `rtp._fastrtp.Receiver`) for the RTP socket `fd`."""
         self._receiver, self._fd = receiver, fd
+
+    def detach(self) -> None:
+        """The socket left the receiver (the leg closed): nothing more to arm or take."""
+        self._receiver, self._fd, self.armed = None, -1, False
+
+    def screen(self, allowed: tuple[str, int] | None) -> None:
+        """Drop datagrams in C unless from `allowed` (IP, port; port 0 for any), counting them;
+        None lets all through to the leg. A host that is not an IP address lets all through."""
+        if self._receiver is None:
+            return
+        packed: bytes | None = None
+        port = 0
+        if allowed is not None:
+            host, port = allowed
+            try:
+                packed = socket.inet_pton(socket.AF_INET6 if ":" in host else socket.AF_INET, host)
+            except OSError:
+                packed = None
+        self._receiver.screen(self._fd, packed, port)
 
     def arm(
         self,
@@ -85,10 +110,10 @@ class FastPath:
         packets the C receiver took; with `disarm` it stops taking them."""
         taken = self._receiver.take(self._fd, disarm)
         packets, size, arrival, jitter_ticks, jitter_arrival, jitter_timestamp = taken[:6]
-        since_arm, next_timestamp, last, pending = taken[6:]
+        since_arm, next_timestamp, last, pending, foreign_address, foreign_port = taken[6:]
         if disarm:
             self.armed = False
         return FastTake(
             packets, size, arrival, jitter_ticks, jitter_arrival, jitter_timestamp,
-            since_arm, next_timestamp, last, pending, self._payload_type,
+            since_arm, next_timestamp, last, pending, self._payload_type, foreign_address, foreign_port,
         )  # fmt: skip

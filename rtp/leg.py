@@ -12,7 +12,6 @@ raise out of the datagram handlers.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import socket
 import struct
 import time
@@ -24,6 +23,7 @@ import numpy as np
 from rtp.fastpath import FastPath
 from rtp.g711 import DECODE_TABLES
 from rtp.jitter import Frame, FrameKind, LossFill, PacketKind, ReorderBuffer
+from rtp.latch import DropReason, LatchMode, SourcePolicy
 from rtp.packet import RTP_HEADER_LENGTH, RtpPacket, is_rtcp, parse_rtcp
 from rtp.poller import DatagramPoller
 from rtp.resample import SharedUpsampler, SoxrStream, UpsamplerStream
@@ -106,15 +106,16 @@ class RtpLeg:
     on_end(reason) is called at most once: "rtp-timeout" after `inactivity_timeout_s` without
     packets (not counted while on hold), or "rtcp-bye". The owner still calls `close()`.
 
-    Source rule: `expected_remote` is the (address, port) the peer offered in its SDP. Valid
-    packets from it are always accepted, and latch it. Until the leg has latched a source, a
-    valid packet from any other address is accepted too and latches that address: a peer
-    behind NAT sends from an address its SDP does not know (symmetric RTP, RFC 4961). Once a
-    source is latched, packets from other addresses are dropped and counted in
-    `stats.foreign_packets`, except the SDP address, which takes the latch over. Without an
-    expected address the first valid source is latched. RTCP is accepted from the latched or
-    the SDP host. A re-INVITE that changes the SDP address (`set_expected_remote`) releases
-    the latch, so the next valid packet latches again by the same rule.
+    Source rule (`rtp.latch`): `expected_remote` is the (address, port) the peer signalled in
+    its SDP, `latch` the mode: "strict" (that address and port), "address" (default: that IP,
+    any port; another port of it takes the latch over only with a new SSRC, after 200 ms of
+    silence from the latched one and 3 packets in a row) or "first" (the first valid source
+    latches; risky, for peers behind NAT whose SDP address is wrong).
+    Datagrams from other sources are counted in `stats.foreign_address` / `foreign_port` (and
+    in total in `foreign_packets`) and dropped before they are parsed or decoded, in Python
+    and in the C receive path alike. Until the address is known every mode acts like "first";
+    a re-INVITE that changes it (`set_expected_remote`) releases the latch. RTCP is taken from
+    the signalled IP, or in "first"-like operation from the latched or signalled host.
     """
 
     def __init__(
@@ -132,6 +133,7 @@ class RtpLeg:
         resampler: str = "halfband",
         fast_path: bool = True,
         expected_remote: tuple[str, int] | None = None,
+        latch: LatchMode | str = LatchMode.ADDRESS,
     ) -> None:
         self._stats = LegStats()
         # The C receive path (`rtp._fastrtp`, through the poller) when built and `fast_path`;
@@ -160,9 +162,8 @@ class RtpLeg:
         self._tables: dict[int, np.ndarray] = {}
         self._telephone_events: set[int] = set()
         self.set_payload_types(payload_types)
-        self._remote: Address | None = None
-        self._expected: tuple[str, int] | None = None
-        self.set_expected_remote(expected_remote)
+        self._policy = SourcePolicy(latch)
+        self._policy.set_signalled(expected_remote)
         self._poll_interval_s = poll_interval_ms / 1000
         self._poller: DatagramPoller | None = None
         self._sockets: tuple[socket.socket, ...] = ()
@@ -179,7 +180,7 @@ class RtpLeg:
     @property
     def stats(self) -> LegStats:
         """The leg's counters, including the packets the C receive path has taken so far."""
-        if self._fast.armed:
+        if self._fast.available:
             self._take_fast(disarm=False)
         return self._stats
 
@@ -193,12 +194,17 @@ class RtpLeg:
     @property
     def remote(self) -> Address | None:
         """The latched RTP source address, None until the first accepted packet."""
-        return self._remote
+        return self._policy.latched
 
     @property
     def expected_remote(self) -> tuple[str, int] | None:
         """The peer's RTP address from its SDP, None when not known."""
-        return self._expected
+        return self._policy.signalled
+
+    @property
+    def latch(self) -> LatchMode:
+        """The source policy's mode (see the class doc)."""
+        return self._policy.mode
 
     async def open(self, host: str, port: int) -> None:
         """Bind RTP on (host, port) and RTCP on port + 1; OSError if either is taken."""
@@ -213,6 +219,7 @@ class RtpLeg:
         batch_bytes = self._batch_samples  # G.711: one byte per sample
         if self._poller.add(rtp, self.handle_rtp, owner=self if self._use_fast else None, batch_bytes=batch_bytes):
             self._fast.attach(self._poller.fast, rtp.fileno())
+            self._fast.screen(self._policy.screen_filter())
         self._poller.add(rtcp, self.handle_rtcp)
         self._sockets = (rtp, rtcp)
         self._last_seen = time.monotonic()
@@ -237,31 +244,21 @@ class RtpLeg:
         self._kinds, self._tables, self._telephone_events = kinds, tables, events
 
     def set_expected_remote(self, address: tuple[str, int] | None) -> None:
-        """The peer's SDP connection address and port (offer or re-INVITE); see the class doc.
-
-        None, port 0 or an unspecified address (0.0.0.0, ::, the old way to put a call on hold)
-        tell nothing new and keep the current expectation. A host name cannot match a packet's
-        source, so it leaves only the NAT rule. ValueError for a port outside 0-65535.
-        """
+        """The peer's SDP connection address and port (offer, answer or re-INVITE); see the
+        class doc and `rtp.latch.SourcePolicy.set_signalled`."""
         if address is None:
             return
         if self._fast.armed:
             self._take_fast(disarm=True)
-        host, port = address
-        if not 0 <= port <= 65535:
-            raise ValueError(f"expected RTP port {port} is outside 0-65535")
-        try:
-            ip = ipaddress.ip_address(host)
-        except ValueError:
-            normalized = (host, port)
-        else:
-            if ip.is_unspecified:
-                return
-            normalized = (ip.compressed, port)
-        if port == 0 or normalized == self._expected:
-            return
-        self._expected = normalized
-        self._remote = None
+        if self._policy.set_signalled(address):
+            self._fast.screen(self._policy.screen_filter())
+
+    def set_latch(self, mode: LatchMode | str) -> None:
+        """Use another source policy mode (a routing profile's); ValueError for an unknown one."""
+        if self._fast.armed:
+            self._take_fast(disarm=True)
+        self._policy.set_mode(mode)
+        self._fast.screen(self._policy.screen_filter())
 
     def set_hold(self, on_hold: bool) -> None:
         """inactive/sendonly media suspends the inactivity timeout; resuming restarts it."""
@@ -277,6 +274,12 @@ class RtpLeg:
         """
         if self._closed:
             return
+        policy = self._policy
+        if addr != policy.latched:
+            reason = policy.screen(addr)
+            if reason is not None:
+                self._drop(reason)
+                return
         if self._fast.armed:  # a packet that bypassed the C path: take over its state first
             self._take_fast(disarm=True)
         if len(data) >= RTP_HEADER_LENGTH and data[0] == _PLAIN_RTP_FIRST_BYTE:
@@ -297,8 +300,12 @@ class RtpLeg:
                 return
             payload_type, sequence_number = packet.payload_type, packet.sequence_number
             timestamp, ssrc, payload = packet.timestamp, packet.ssrc, packet.payload
-        if addr != self._remote and not self._admit(addr):
-            return
+        if addr != policy.latched:
+            silent_s = time.monotonic() - self._last_seen
+            reason = policy.admit(addr, ssrc, sequence_number, self._buffer.ssrc, silent_s)
+            if reason is not None:
+                self._drop(reason)
+                return
         now = time.monotonic()
         stats = self._stats
         stats.packets += 1
@@ -346,8 +353,7 @@ class RtpLeg:
         """Datagram handler of the RTCP socket: counts packets and ends the leg on BYE."""
         if self._closed:
             return
-        remote, expected = self._remote, self._expected
-        if remote is not None and addr[0] != remote[0] and (expected is None or addr[0] != expected[0]):
+        if not self._policy.admit_rtcp(addr):
             self._stats.foreign_packets += 1
             return
         try:
@@ -371,8 +377,9 @@ class RtpLeg:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._fast.armed:
-            self._take_fast(disarm=True)
+        if self._fast.available:
+            self._take_fast(disarm=self._fast.armed)
+            self._fast.detach()
         self._deliver(self._buffer.flush())
         self._resample_queued()
         self._upsampler.flush()
@@ -405,6 +412,11 @@ class RtpLeg:
     def _take_fast(self, *, disarm: bool) -> None:
         """Bring what the C path took into this leg (see `rtp.fastpath.FastPath.take`)."""
         taken = self._fast.take(disarm=disarm)
+        if taken.foreign_address or taken.foreign_port:
+            stats = self._stats
+            stats.foreign_address += taken.foreign_address
+            stats.foreign_port += taken.foreign_port
+            stats.foreign_packets += taken.foreign_address + taken.foreign_port
         if taken.packets:
             stats = self._stats
             stats.packets += taken.packets
@@ -422,14 +434,14 @@ class RtpLeg:
             self._raw.append(taken.pending)
             self._queued_samples += len(taken.pending)
 
-    def _admit(self, addr: Address) -> bool:
-        """The source rule of the class doc, for a valid packet from an address not latched."""
-        expected = self._expected
-        if self._remote is None or (expected is not None and addr[0] == expected[0] and addr[1] == expected[1]):
-            self._remote = addr
-            return True
-        self._stats.foreign_packets += 1
-        return False
+    def _drop(self, reason: DropReason) -> None:
+        """Count a datagram the source policy refused (`LegStats.foreign_*`)."""
+        stats = self._stats
+        stats.foreign_packets += 1
+        if reason is DropReason.FOREIGN_ADDRESS:
+            stats.foreign_address += 1
+        else:
+            stats.foreign_port += 1
 
     def _deliver(self, frames: list[Frame]) -> None:
         """Queue the frames' audio (G.711 bytes, or silence for SILENCE frames and payload types

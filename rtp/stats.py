@@ -11,6 +11,7 @@ class LegStats:
 
     `lost` counts sequence numbers declared missing (a late arrival afterwards also counts as
     `late`); `jitter_ms` is the RFC 3550 section 6.4.1 interarrival jitter estimate;
+    `foreign_*` count datagrams dropped unread because of their source (`rtp.latch`);
     `samples_out` counts 16 kHz samples handed to the sink; times are `time.monotonic()`.
     """
 
@@ -26,7 +27,9 @@ class LegStats:
     samples_out: int = 0
     first_packet_time: float | None = None
     last_packet_time: float | None = None
-    foreign_packets: int = 0
+    foreign_packets: int = 0  # RTP and RTCP datagrams dropped by the source policy (`rtp.latch`)
+    foreign_address: int = 0  # of them RTP from an IP the SDP did not signal
+    foreign_port: int = 0  # of them RTP from the signalled IP but a port the policy refused
     sequence_resets: int = 0
     comfort_noise_packets: int = 0
     telephone_event_packets: int = 0

@@ -18,6 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from asr_common.yamlconf import ConfigError, read_yaml, validate_data
+from rtp.latch import LatchName
 from sip.siprec import Role, RoleRule
 
 _DEFAULT_ORDER: tuple[Role, ...] = ("caller", "agent")
@@ -66,6 +67,9 @@ class Profile(BaseModel):
     """SRTP policy of the routes using this profile. ``off`` and ``optional`` take plain RTP/AVP
     streams and refuse an offer with only SRTP streams (488 with a Warning); ``required`` is
     refused here until SRTP decryption exists."""
+    rtp_latch: LatchName | None = None
+    """RTP source policy of the routes using this profile, instead of the service's ``rtp.latch``
+    (``rtp.latch`` module): ``first`` for peers behind NAT whose SDP names the wrong address."""
 
     @field_validator("srtp", mode="before")
     @classmethod

@@ -53,6 +53,8 @@ class AddressedMediaLeg(MediaLeg, Protocol):
 
     def set_expected_remote(self, address: tuple[str, int] | None) -> None: ...
 
+    def set_latch(self, mode: str) -> None: ...
+
 
 LegFactory = Callable[[PcmSink, dict[int, str], Callable[[str], None]], MediaLeg]
 
@@ -355,6 +357,8 @@ class SipServer:
 
         leg = self._leg_factory(action.sink, action.payload_types, on_end)
         if isinstance(leg, AddressedMediaLeg):
+            if action.call.profile.rtp_latch is not None:
+                leg.set_latch(action.call.profile.rtp_latch)
             leg.set_expected_remote(action.remote)
         try:
             await leg.open(self.media_host, action.port)

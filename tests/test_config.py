@@ -157,3 +157,12 @@ def test_check_config_reports_missing_referenced_files(tmp_path: Path, capsys: p
     path = write(tmp_path, "routes: nowhere.yaml\n")
     assert gateway_main(["check-config", str(path)]) == 1
     assert "nowhere.yaml: file not found" in capsys.readouterr().err
+
+
+def test_rtp_latch_defaults_to_the_signalled_address(tmp_path: Path) -> None:
+    assert load_config(None, {}).rtp.latch == "address"
+    assert load_config(EXAMPLE, {}).rtp.latch == "address"
+    assert load_config(write(tmp_path, "rtp:\n  latch: strict\n"), {}).rtp.latch == "strict"
+    path = write(tmp_path, "rtp:\n  latch: anyone\n")
+    (problem,) = errors_of(path)
+    assert problem.startswith(f"{path}:2 rtp.latch:") and "'strict', 'address' or 'first'" in problem

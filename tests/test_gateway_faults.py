@@ -7,6 +7,7 @@ beyond capacity, a caller that vanishes without BYE, and SIGTERM to ``asr-gatewa
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -31,7 +32,7 @@ from asr_gateway.config import ServiceConfig
 from asr_gateway.demo import DATA_DIR, EventCollector, demo_config
 from asr_gateway.local_redis import free_tcp_port
 from asr_gateway.service import DEMO_MODEL_DIR, Service
-from asr_gateway.sipp_calls import PCMA, CallResult, place_call, sipp_path
+from asr_gateway.sipp_calls import PCMA, CallResult, place_call, rtp_packets, sipp_path
 from tests.redis_server import RedisServer
 
 MODEL = DEMO_MODEL_DIR  # the bundled model must read the bundled recordings: no fallback, no skip
@@ -387,3 +388,71 @@ def wait_for_health(port: int, server: subprocess.Popen[bytes], timeout_s: float
             pass
         time.sleep(0.1)
     raise AssertionError(f"asr-gateway serve was not healthy within {timeout_s} s")
+
+
+STRANGER_HOST = "127.0.0.2"  # another loopback address: a distinct source from the caller's 127.0.0.1
+
+
+async def speak_as_stranger(sock: socket.socket, ports: list[int], packets: list[bytes], stop: asyncio.Event) -> int:
+    """Send a recording as RTP to every port in real time (one stream per port) until `stop`;
+    returns how many datagrams were sent."""
+    sent = 0
+    for data in itertools.cycle(packets):
+        if stop.is_set():
+            return sent
+        for port in ports:
+            sock.sendto(data, ("127.0.0.1", port))
+        sent += len(ports)
+        await asyncio.sleep(0.02)
+    return sent
+
+
+def test_a_strangers_speech_on_the_rtp_ports_never_reaches_a_transcript(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """`rtp.latch: address` (default): speech sent from another host to every RTP port, from
+    before the call opens its leg until the call ends, changes nothing in the transcript."""
+
+    async def scenario() -> tuple[EventCollector, list[CallResult], int, list[dict[str, int]]]:
+        config = config_for(redis_server.url, tmp_path)
+        config = config.model_copy(
+            update={"rtp": config.rtp.model_copy(update={"port_max": config.rtp.port_min + 63})}
+        )
+        service = Service(config)
+        ports = await service.start()
+        assert ports.sip_udp is not None
+        collector = EventCollector(redis_server.url)
+        await collector.start()
+        rtp_ports = list(range(config.rtp.port_min, config.rtp.port_max + 1, 2))
+        speech = rtp_packets(audio("hotline_seed"), 16000, ssrc=0xBAD)
+        try:
+            rtp = [service.rtp_totals.snapshot()]
+            clean = await place_call(tmp_path / "clean", ports.sip_udp, audio("hotline_1"), 16000, call_tag="clean")
+            await collector.wait_for(["clean-"], 10)
+            rtp.append(service.rtp_totals.snapshot())
+            stop = asyncio.Event()
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                sock.bind((STRANGER_HOST, 0))
+                stranger = asyncio.create_task(speak_as_stranger(sock, rtp_ports, speech, stop))
+                await asyncio.sleep(0.2)  # the stranger speaks before the call's leg exists
+                noisy = await place_call(  # and for 0.5 s after the leg opened, before the caller
+                    tmp_path / "noisy", ports.sip_udp, audio("hotline_1"), 16000, call_tag="noisy", media_delay_ms=500
+                )
+                stop.set()
+                sent = await stranger
+            await collector.wait_for(["noisy-"], 10)
+            rtp.append(service.rtp_totals.snapshot())
+        finally:
+            await service.stop(grace_s=5)
+            await collector.stop()
+        return collector, [clean, noisy], sent, rtp
+
+    collector, results, sent, rtp = asyncio.run(scenario())
+    assert sent > 1000
+    assert all(r.returncode == 0 for r in results), [r.errors for r in results]
+    clean_rtp, noisy_rtp = ({key: after[key] - before[key] for key in before} for before, after in pairwise(rtp))
+    assert noisy_rtp["packets"] == clean_rtp["packets"], "every packet of the caller and nothing else was played"
+    assert noisy_rtp["foreign_address"] > 0 and noisy_rtp["foreign_port"] == 0, noisy_rtp
+    clean, noisy = events_of(collector, "clean"), events_of(collector, "noisy")
+    assert finals(clean), "the clean call produced finals"
+    assert finals(noisy) == finals(clean)

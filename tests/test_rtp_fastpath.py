@@ -25,7 +25,15 @@ from rtp.poller import FastReceiver
 from rtp.sink import CountingSink
 from rtp.stats import LegStats
 from tests.test_rtp_fuzz import mutate
-from tests.test_rtp_leg import HOST, PAYLOAD_TYPES, open_leg, wait_for
+from tests.test_rtp_leg import (
+    HOST,
+    PAYLOAD_TYPES,
+    loud_packet,
+    open_leg,
+    silent_packet,
+    stranger_before_and_during_the_call,
+    wait_for,
+)
 
 pytestmark = pytest.mark.skipif(FastReceiver is None, reason="rtp._fastrtp (the C receive path) is not built")
 
@@ -278,3 +286,40 @@ def test_fuzzed_traffic_through_the_c_path_matches_the_python_path() -> None:
     assert c_stats.packets + c_stats.bad_packets + c_stats.rtcp_packets == FUZZ_DATAGRAMS
     assert c_stats.bad_packets > 0 and c_stats.duplicate + c_stats.late > 0
     np.testing.assert_array_equal(c_sink.pcm, py_sink.pcm)
+
+
+@pytest.mark.parametrize("nat", [False, True], ids=["sdp-port", "nat-port"])
+def test_c_path_drops_a_strangers_audio(nat: bool) -> None:
+    """The C receiver screens sources like `RtpLeg.handle_rtp`: the stranger's datagrams are
+    counted and dropped in C, and the leg keeps taking the peer's packets there."""
+
+    async def scenario() -> None:
+        leg, sink, sent = await stranger_before_and_during_the_call(fast=True, nat=nat)
+        stats = leg.stats
+        assert (stats.foreign_address, stats.foreign_port, stats.bad_packets) == (sent, 0, 0)
+        assert stats.samples_out == len(sink.pcm) == 50 * 320
+        assert not sink.pcm.any()
+
+    asyncio.run(scenario())
+
+
+def test_c_screen_by_port_in_strict_mode() -> None:
+    async def scenario() -> None:
+        with (
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer,
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as other,
+        ):
+            peer.bind((HOST, 0))
+            other.bind((HOST, 0))
+            leg, sink, port = await open_leg(expected_remote=peer.getsockname(), latch="strict", poll_interval_ms=0)
+            for seq in range(20):
+                peer.sendto(silent_packet(seq), (HOST, port))
+                other.sendto(loud_packet(seq + 1), (HOST, port))
+                await asyncio.sleep(0.001)
+            await wait_for(lambda: leg.stats.packets == 20 and leg.stats.foreign_port == 20)
+            assert leg._fast.armed
+        stats = await leg.close()
+        assert stats.foreign_address == 0 and stats.foreign_packets == 20
+        assert not sink.pcm.any()
+
+    asyncio.run(scenario())

@@ -252,13 +252,14 @@ def test_sdp_address_is_accepted_and_strangers_after_it_are_dropped() -> None:
     asyncio.run(scenario())
 
 
-def test_stranger_before_the_sdp_address_is_latched_until_the_peer_sends() -> None:
-    """The NAT case: the peer's packets come from an address its SDP does not name. The first
-    source is latched while nothing has come from the SDP address; the SDP address takes over."""
+def test_latch_first_takes_a_nat_source_until_the_sdp_address_sends() -> None:
+    """`latch: first`, the NAT case: the peer's packets come from an address its SDP does not
+    name. The first source is latched while nothing has come from the SDP address; the SDP
+    address takes over (so a stranger sending first would own the call: the mode's risk)."""
 
     async def scenario() -> None:
         sdp_address, nat_address, stranger = ("192.0.2.10", 4000), ("198.51.100.7", 61000), ("203.0.113.9", 5000)
-        leg, _, _ = await open_leg(expected_remote=sdp_address)
+        leg, _, _ = await open_leg(expected_remote=sdp_address, latch="first")
         packets = tone_packets("PCMU", seconds=0.2)
         leg.handle_rtp(b"\x00garbage", stranger)
         assert leg.remote is None
@@ -355,5 +356,122 @@ def test_in_order_fast_path_plays_what_the_frame_path_plays() -> None:
         assert [len(piece) for piece in fast_pieces] == [len(piece) for piece in slow_pieces]
         np.testing.assert_array_equal(np.concatenate(fast_pieces), np.concatenate(slow_pieces))
         assert len(np.concatenate(fast_pieces)) == 50 * 160 + 800
+
+    asyncio.run(scenario())
+
+
+# The source policy (`rtp.latch`) over real sockets: the peer on HOST, a stranger on another
+# loopback address (Linux routes all of 127.0.0.0/8 to lo).
+STRANGER_HOST = "127.0.0.2"
+SILENCE_PCMU = b"\xff" * 160  # decodes to 0
+
+
+def silent_packet(seq: int, ssrc: int = 0x5EED) -> bytes:
+    return bytes(RtpPacket(payload_type=0, sequence_number=seq, timestamp=160 * seq, ssrc=ssrc, payload=SILENCE_PCMU))
+
+
+def loud_packet(seq: int, ssrc: int = 0x5EED) -> bytes:
+    """A packet of full-scale tone: any of it in the output shows."""
+    samples = (np.sin(np.arange(160) * 0.3) * 20000).astype(np.int16)
+    payload = g711.encode("PCMU", samples)
+    return bytes(RtpPacket(payload_type=0, sequence_number=seq, timestamp=160 * seq, ssrc=ssrc, payload=payload))
+
+
+async def stranger_before_and_during_the_call(*, fast: bool, nat: bool) -> tuple[RtpLeg, CountingSink, int]:
+    """A stranger sends speech before the peer's first packet and then, spoofing the peer's
+    sequence numbers and SSRC, between its packets; the peer sends silence. With `nat` the peer
+    sends from another port than its SDP names. Returns the closed leg, its sink and how many
+    datagrams the stranger sent."""
+    with (
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer,
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as stranger,
+    ):
+        peer.bind((HOST, 0))
+        stranger.bind((STRANGER_HOST, 0))
+        peer_port = peer.getsockname()[1]
+        sdp_port = peer_port + 2 if nat else peer_port
+        leg, sink, port = await open_leg(expected_remote=(HOST, sdp_port), fast_path=fast, poll_interval_ms=0)
+        sent_by_stranger = 0
+        for seq in range(10):
+            stranger.sendto(loud_packet(seq, ssrc=0xBAD), (HOST, port))
+            sent_by_stranger += 1
+        await asyncio.sleep(0.02)
+        for seq in range(50):
+            peer.sendto(silent_packet(seq), (HOST, port))
+            if seq % 5 == 0:
+                stranger.sendto(loud_packet(seq + 1), (HOST, port))
+                sent_by_stranger += 1
+            await asyncio.sleep(0.001)
+        await wait_for(lambda: leg.stats.packets == 50 and leg.stats.foreign_packets == sent_by_stranger)
+        assert leg.remote == (HOST, peer_port)
+        if fast:
+            assert leg._fast.armed  # the stranger's datagrams were dropped in C, without disarming
+    await leg.close()
+    return leg, sink, sent_by_stranger
+
+
+@pytest.mark.parametrize("nat", [False, True], ids=["sdp-port", "nat-port"])
+def test_stranger_audio_never_reaches_the_sink(nat: bool) -> None:
+    """`latch: address` (default), Python receive path; `tests/test_rtp_fastpath.py` runs the
+    same with the C path."""
+
+    async def scenario() -> None:
+        leg, sink, sent = await stranger_before_and_during_the_call(fast=False, nat=nat)
+        stats = leg.stats
+        assert (stats.foreign_address, stats.foreign_port, stats.bad_packets) == (sent, 0, 0)
+        assert stats.samples_out == len(sink.pcm) == 50 * 320
+        assert not sink.pcm.any()
+
+    asyncio.run(scenario())
+
+
+def test_strict_drops_another_port_and_address_relatches_only_on_a_restarted_stream() -> None:
+    async def scenario() -> None:
+        sdp_address, other_port = ("192.0.2.10", 4000), ("192.0.2.10", 4100)
+        strict, _, _ = await open_leg(expected_remote=sdp_address, latch="strict", fast_path=False)
+        strict.handle_rtp(silent_packet(0), other_port)
+        strict.handle_rtp(silent_packet(1), ("198.51.100.7", 4000))
+        strict.handle_rtp(silent_packet(2), sdp_address)
+        stats = await strict.close()
+        assert (stats.packets, stats.foreign_port, stats.foreign_address, strict.remote) == (1, 1, 1, sdp_address)
+
+        loose, sink, _ = await open_leg(expected_remote=sdp_address, fast_path=False)
+        loose.handle_rtp(silent_packet(0), other_port)  # NAT: the signalled IP, another port
+        assert loose.remote == other_port
+        loose.handle_rtp(loud_packet(1), sdp_address)  # same SSRC from a third port: refused
+        assert (loose.remote, loose.stats.foreign_port) == (other_port, 1)
+        loose.handle_rtp(silent_packet(100, ssrc=0xD00D), sdp_address)  # a new SSRC, latched one talking
+        assert (loose.remote, loose.stats.foreign_port) == (other_port, 2)
+        await asyncio.sleep(0.25)
+        for seq in (100, 101, 102):  # the peer restarted its stream: the third packet re-latches
+            loose.handle_rtp(silent_packet(seq, ssrc=0xD00D), sdp_address)
+        assert loose.remote == sdp_address
+        loose.handle_rtp(loud_packet(101, ssrc=0xD00D), other_port)  # the new SSRC elsewhere: refused
+        stats = await loose.close()
+        assert (stats.packets, stats.foreign_port, stats.ssrc_changes) == (2, 5, 1)
+        assert not sink.pcm.any()
+
+    asyncio.run(scenario())
+
+
+def test_latch_before_the_answer_is_released_when_the_address_arrives() -> None:
+    """Delayed offer: the leg opens before the peer's address is known and acts like `first`;
+    the answer's address releases a latch the policy refuses."""
+
+    async def scenario() -> None:
+        leg, _, _ = await open_leg(fast_path=False)
+        stranger, peer = ("203.0.113.9", 5000), ("192.0.2.10", 4000)
+        leg.handle_rtp(loud_packet(0, ssrc=0xBAD), stranger)
+        assert leg.remote == stranger
+        leg.set_expected_remote(peer)
+        assert leg.remote is None
+        leg.handle_rtp(loud_packet(1, ssrc=0xBAD), stranger)
+        leg.handle_rtp(silent_packet(0), peer)
+        assert (leg.remote, leg.stats.foreign_address, leg.stats.packets) == (peer, 1, 2)
+        leg.set_latch("strict")
+        assert leg.latch == "strict" and leg.remote == peer
+        with pytest.raises(ValueError, match="sometimes"):
+            leg.set_latch("sometimes")
+        await leg.close()
 
     asyncio.run(scenario())

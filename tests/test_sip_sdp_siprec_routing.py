@@ -221,3 +221,15 @@ def test_routes_errors_name_file_line_and_key(tmp_path: Path) -> None:
 def test_router_defaults() -> None:
     decision = Router().decide(facts())
     assert decision.profile is not None and decision.profile.chunk_ms == 320
+
+
+def test_profile_rtp_latch_overrides_only_when_set(tmp_path: Path) -> None:
+    path = tmp_path / "routes.yaml"
+    path.write_text("profiles:\n  default: {}\n  nat: {rtp_latch: first}\ndefault_profile: nat\n")
+    routes = load_routes(path)
+    assert routes.decide(facts()).profile.rtp_latch == "first"  # type: ignore[union-attr]
+    assert load_routes(EXAMPLE_ROUTES).decide(facts()).profile.rtp_latch is None  # type: ignore[union-attr]
+    path.write_text("profiles:\n  default:\n    rtp_latch: sometimes\n")
+    with pytest.raises(ConfigError) as info:
+        load_routes(path)
+    assert info.value.errors[0].startswith(f"{path}:3 profiles.default.rtp_latch:")

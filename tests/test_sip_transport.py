@@ -15,6 +15,7 @@ import pytest
 from sip.app import CountingCallHandler, PcmSink
 from sip.config import SipSettings
 from sip.message import Message, NameAddr, Request, Response, parse
+from sip.routing import Profile, Router, RoutesFile
 from sip.transport import SipServer
 from tests.test_sip_support import FakePorts, ack, invite
 
@@ -159,5 +160,56 @@ def test_stop_drains_with_bye_and_refuses_new_work() -> None:
         assert list(handler.ended.values()) == ["shutdown"]
         assert legs[0].closed and legs[0].sink.finished == 1  # type: ignore[attr-defined]
         peer.close()
+
+    asyncio.run(scenario())
+
+
+class AddressedFakeLeg(FakeLeg):
+    """Records what the server tells a leg about its RTP source policy."""
+
+    def __init__(self, sink: PcmSink) -> None:
+        super().__init__(sink)
+        self.calls: list[tuple[str, object]] = []
+
+    def set_expected_remote(self, address: tuple[str, int] | None) -> None:
+        self.calls.append(("expected_remote", address))
+
+    def set_latch(self, mode: str) -> None:
+        self.calls.append(("latch", mode))
+
+
+@pytest.mark.parametrize("profile_latch", [None, "strict"])
+def test_leg_gets_the_sdp_address_and_the_profiles_latch(profile_latch: str | None) -> None:
+    """The offer's c=/m= address reaches the leg before it opens; a profile's ``rtp_latch``
+    overrides the leg's own (the service's ``rtp.latch``) only when set."""
+
+    async def scenario() -> None:
+        legs: list[AddressedFakeLeg] = []
+
+        def factory(sink: PcmSink, payload_types: dict[int, str], on_end: Callable[[str], None]) -> AddressedFakeLeg:
+            legs.append(AddressedFakeLeg(sink))
+            return legs[-1]
+
+        routes = RoutesFile(profiles={"default": Profile(rtp_latch=profile_latch)})  # type: ignore[arg-type]
+        server = SipServer(
+            SipSettings(host="127.0.0.1", port=0, transports=["udp"]),
+            CountingCallHandler(),
+            FakePorts(),
+            Router(routes),
+            leg_factory=factory,
+        )
+        await server.start()
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+            peer.bind(("127.0.0.1", 0))
+            peer.setblocking(False)
+            loop = asyncio.get_running_loop()
+            target = ("127.0.0.1", server.port("udp"))
+            port = peer.getsockname()[1]
+            await loop.sock_sendto(peer, invite().replace(b"10.0.0.5:5062", b"127.0.0.1:%d" % port), target)
+            for _ in range(2):
+                parse(await asyncio.wait_for(loop.sock_recv(peer, 65536), 5))
+            latch = [("latch", profile_latch)] if profile_latch else []
+            assert legs[0].calls == [*latch, ("expected_remote", ("10.0.0.5", 40000))]
+        await server.stop(0.1)
 
     asyncio.run(scenario())
