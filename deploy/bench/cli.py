@@ -31,7 +31,7 @@ PASSTHROUGH: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "publisher": (_module_main("publisher_bench"), "events/s and publish latency to a local Redis"),
     "sherpa-peer": (_module_main("sherpa_peer"), "sherpa-onnx vs our engine on the same exported model"),
     "soak": (_module_main("soak"), "N calls for M minutes: RSS, FDs and threads over time"),
-    "accuracy": (_accuracy, "CER per chunk size, greedy and rescore, on a test set (WAVs + text)"),
+    "accuracy": (_accuracy, "CER per chunk size on a test set (WAVs + text); --backend: through the engine"),
 }
 
 
