@@ -4,6 +4,8 @@ training resumes from its checkpoint, and the exported directory loads as a WeNe
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -292,16 +294,20 @@ def test_the_hand_written_test_set_keeps_to_the_demo_models_units() -> None:
 
 
 def test_stage_more_renders_a_sentence_file_alone(tmp_path: Path) -> None:
-    """`--stage more --sentences FILE`: held-out WAVs + text under --work/<stem>, nothing else rendered."""
-    from asr_core.training import recipe, synth
+    """`--stage more --sentences FILE`: held-out WAVs + text under --work/<stem>, nothing else rendered.
+
+    The recipe runs in its own process, as from the command line: its render pool forks, and a
+    fork of this process, where torch's thread pools already ran, can deadlock."""
+    from asr_core.training import synth
 
     if not synth.espeak_available():
         pytest.skip("espeak-ng is not installed")
     sentences = tmp_path / "hand.txt"
     sentences.write_text("楼下的路灯坏了，晚上太黑\n\n我想问一下公交车几点有\n", encoding="utf-8")
     work = tmp_path / "work"
-    recipe.main(["--stage", "more", "--out", str(DEMO_MODEL), "--work", str(work), "--sentences", str(sentences),
-                 "--processes", "1"])  # fmt: skip
+    command = [sys.executable, "-m", "asr_core.training.recipe", "--stage", "more", "--out", str(DEMO_MODEL),
+               "--work", str(work), "--sentences", str(sentences), "--processes", "1"]  # fmt: skip
+    subprocess.run(command, check=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
     assert [p.name for p in work.iterdir()] == ["hand"]
     text = (work / "hand" / "text").read_text(encoding="utf-8").splitlines()
     assert text == ["hand_000000 楼下的路灯坏了晚上太黑", "hand_000001 我想问一下公交车几点有"]
