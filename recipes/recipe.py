@@ -81,7 +81,14 @@ MORE_SETS = {
 
 # Held-out sets ``--stage more`` can render alone (WAVs, held-out voices): name -> (seed, prefix).
 # ``test_sentences`` is rendered exactly as the data stage renders it, without its 7.8 h of training speech.
-HELD_OUT_SETS = {"tune": (999, "dev_"), "test_sentences": (100, "test_sentences_")}
+# ``test_templates`` likewise, with the data stage's seed for it.
+HELD_OUT_SETS = {
+    "tune": (999, "dev_"),
+    "test_sentences": (100, "test_sentences_"),
+    "test_templates": (200, "test_templates_"),
+}
+SENTENCE_FILE_SEED = 300
+"""Render seed of a hand-written test set (``--sentences FILE``): held-out voices, never a training seed."""
 
 
 # The fine-tuning rounds after the fifth release (``--stage rounds``), in order, each starting
@@ -143,13 +150,27 @@ def prepare_more(work: Path, model: Path, processes: int, names: Sequence[str] =
         raise ValueError(f"unknown set(s) {sorted(unknown)}; --stage more renders {[*MORE_SETS, *HELD_OUT_SETS]}")
     units = set(load_units(model / "units.txt"))
     splits = textgen.make_splits(7784, 250, 0)
-    texts = {**more_sentences(splits, units), "tune": tuning_sentences(splits), "test_sentences": splits.test_sentences}
+    texts = {
+        **more_sentences(splits, units),
+        "tune": tuning_sentences(splits),
+        "test_sentences": splits.test_sentences,
+        "test_templates": splits.test_templates,
+    }
     held_out = {name: name in HELD_OUT_SETS for name in texts}
     return {
         name: _render(work / name, texts[name], seed, prefix, held_out[name], held_out[name], processes)
         for name, (seed, prefix) in {**MORE_SETS, **HELD_OUT_SETS}.items()
         if not names or name in names
     }
+
+
+def render_sentence_file(work: Path, path: Path, processes: int) -> int:
+    """Render a test set written by hand (one sentence per line, numbers in characters) into
+    ``work/<file stem>`` the way the held-out sets are: held-out voices, the current channel,
+    WAVs + ``text``; returns its fbank frames."""
+    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    sentences = [textgen.Sentence(line, f"file.{path.stem}") for line in lines]
+    return _render(work / path.stem, sentences, SENTENCE_FILE_SEED, f"{path.stem}_", True, True, processes)
 
 
 def train_rounds(
@@ -242,13 +263,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--init-from", type=Path, help="start training from this model dir's weights")
     parser.add_argument(
         "--stage", choices=("all", "data", "train", "bundle", "more", "rounds"), default="all",
-        help="more: render the sixth to ninth releases' fine-tuning sets, the tuning set and test_sentences "
+        help="more: render the sixth to ninth releases' fine-tuning sets, the tuning set and the two test sets "
         "into --work (units of --init-from, default --out); rounds: the fine-tuning rounds that made the "
         "sixth to ninth releases, from --init-from (default --out), rendering the sets they need",
     )  # fmt: skip
     parser.add_argument(
         "--sets", nargs="+", default=(), metavar="NAME",
         help=f"--stage more renders only these ({', '.join([*MORE_SETS, *HELD_OUT_SETS])}); default all",
+    )  # fmt: skip
+    parser.add_argument(
+        "--sentences", nargs="+", type=Path, default=(), metavar="FILE",
+        help="--stage more renders these hand-written test sets (one sentence per line) into --work/<stem>, "
+        "and only them unless --sets is given",
     )  # fmt: skip
     parser.add_argument(
         "--rounds", nargs="+", default=(), metavar="RELEASE",
@@ -263,7 +289,10 @@ def main(argv: list[str] | None = None) -> None:
         make_test_bundle(args.bundle)
         return
     if args.stage == "more":
-        print(json.dumps(prepare_more(args.work, args.init_from or args.out, args.processes, args.sets)))
+        frames = {path.stem: render_sentence_file(args.work, path, args.processes) for path in args.sentences}
+        if args.sets or not args.sentences:
+            frames.update(prepare_more(args.work, args.init_from or args.out, args.processes, args.sets))
+        print(json.dumps(frames))
         return
     if args.stage == "rounds":
         init = args.init_from or args.out

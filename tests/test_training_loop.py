@@ -4,6 +4,8 @@ training resumes from its checkpoint, and the exported directory loads as a WeNe
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -276,3 +278,44 @@ def test_stage_more_rejects_an_unknown_set_name_before_rendering(tmp_path: Path)
     with pytest.raises(ValueError, match=r"unknown set.*train_v10.*renders"):
         recipe.prepare_more(tmp_path, DEMO_MODEL, 1, ["train_v9", "train_v10"])
     assert list(tmp_path.iterdir()) == []
+
+
+FREE_HOTLINE = Path(__file__).resolve().parents[1] / "recipes" / "testsets" / "free_hotline.txt"
+
+
+def test_the_hand_written_test_set_keeps_to_the_demo_models_units() -> None:
+    """Characters the demo model cannot output would count as errors of the recording, not of the model."""
+    from recipes import textgen
+
+    lines = [line for line in FREE_HOTLINE.read_text(encoding="utf-8").splitlines() if line.strip()]
+    units = set(load_units(DEMO_MODEL / "units.txt"))
+    assert len(lines) >= 100 and len(set(lines)) == len(lines)
+    assert {ch for line in lines for ch in textgen.strip_punctuation(line)} <= units
+
+
+def test_stage_more_renders_a_sentence_file_alone(tmp_path: Path) -> None:
+    """`--stage more --sentences FILE`: held-out WAVs + text under --work/<stem>, nothing else rendered.
+
+    The recipe runs in its own process, as from the command line: its render pool forks, and a
+    fork of this process, where torch's thread pools already ran, can deadlock."""
+    from recipes import synth
+
+    if not synth.espeak_available():
+        pytest.skip("espeak-ng is not installed")
+    sentences = tmp_path / "hand.txt"
+    sentences.write_text("楼下的路灯坏了，晚上太黑\n\n我想问一下公交车几点有\n", encoding="utf-8")
+    work = tmp_path / "work"
+    command = [sys.executable, "-m", "recipes.recipe", "--stage", "more", "--out", str(DEMO_MODEL),
+               "--work", str(work), "--sentences", str(sentences), "--processes", "1"]  # fmt: skip
+    subprocess.run(command, check=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
+    assert [p.name for p in work.iterdir()] == ["hand"]
+    text = (work / "hand" / "text").read_text(encoding="utf-8").splitlines()
+    assert text == ["hand_000000 楼下的路灯坏了晚上太黑", "hand_000001 我想问一下公交车几点有"]
+    assert len(list((work / "hand").glob("hand_*.wav"))) == 2
+
+
+def test_engine_evaluation_with_the_services_default_backend() -> None:
+    """`asr-bench accuracy --backend auto` runs what the service runs on a CPU; --chunk-ms keeps one size."""
+    report = evaluate.evaluate(DEMO_MODEL, BUNDLE, limit=1, backend="auto", chunk_ms=(160,))
+    assert report["backend"] == evaluate.CPU_AUTO_BACKEND == "torch-int8"
+    assert list(report["cer"]) == ["160ms"] and {"greedy", "joint"} <= set(report["cer"]["160ms"])

@@ -12,13 +12,14 @@ and "joint": the serving engine's finals search, which adds ``--attention-beam``
 the attention decoder's own beam search to the n-best before rescoring (0 leaves it out).
 Prints one JSON object.
 
-``--backend NAME`` (e.g. ``torch-int8``, ``onnxruntime-int8``) instead decodes every utterance
-through the shared streaming ``Engine`` with that chunk runner, exactly as calls are served:
-160/320/640 ms chunks with the engine's windowed cache (``--left-chunks``, default 8), the
-whole test set's streams batched together; "greedy" is the last CTC partial of each utterance,
-"joint" its final ("rescore" with ``--attention-beam 0``). There is no full-context row in
-this mode. Running it for ``torch`` and an INT8 backend on the same test set gives the CER
-change of INT8 under serving conditions.
+``--backend NAME`` (e.g. ``auto``, ``torch-int8``, ``onnxruntime-int8``) instead decodes every
+utterance through the shared streaming ``Engine`` with that chunk runner, exactly as calls are
+served: 160/320/640 ms chunks (``--chunk-ms`` picks some) with the engine's windowed cache
+(``--left-chunks``, default 8), the whole test set's streams batched together; "greedy" is the
+last CTC partial of each utterance (what the live partials showed), "joint" its final (what
+the service publishes; "rescore" with ``--attention-beam 0``). ``auto`` is the service's default
+on a CPU, ``torch-int8``. There is no full-context row in this mode. Running it for ``torch``
+and an INT8 backend on the same test set gives the CER change of INT8 under serving conditions.
 
 Texts are scored by ``asr_common.scoring`` (punctuation and spaces not counted, as WeNet's
 ``compute-cer.py``). The demo-model recipe (``recipes``) reads its test sets through
@@ -48,6 +49,8 @@ from asr_core.tokens import tokens_to_text
 from rtp.resample import upsample_recording
 
 CHUNK_MODES = {"160ms": 4, "320ms": 8, "640ms": 16, "full": -1}
+CPU_AUTO_BACKEND = "torch-int8"
+"""What the service's ``engine.backend: auto`` runs on a CPU (``asr_gateway.config.EngineSettings``)."""
 
 
 def read_audio(testset: Path) -> list[tuple[str, str, np.ndarray]]:
@@ -192,8 +195,11 @@ def _joint_search(loaded: LoadedModel, beam: int, attention_beam: int) -> FinalS
 
 def evaluate(
     model_dir: Path, testset: Path, beam: int = 10, limit: int | None = None, backend: str | None = None,
-    left_chunks: int = 8, dtype: str = "float32", attention_beam: int = 4,
+    left_chunks: int = 8, dtype: str = "float32", attention_beam: int = 4, chunk_ms: tuple[int, ...] = (),
 ) -> dict[str, Any]:  # fmt: skip
+    """CER per chunk mode and decoding method; ``chunk_ms`` keeps only those chunk sizes (all when empty)."""
+    if backend == "auto":
+        backend = CPU_AUTO_BACKEND
     loaded = load_wenet_model(model_dir)
     items = read_audio(testset)[:limit]
     refs = [t for _, t, _ in items]
@@ -211,7 +217,8 @@ def evaluate(
     if backend is not None:
         result.update(backend=backend, left_chunks=left_chunks, dtype=dtype)
     for mode, chunk in CHUNK_MODES.items():
-        if backend is not None and chunk < 0:
+        no_full_context = backend is not None and chunk < 0
+        if no_full_context or (chunk_ms and mode not in {f"{ms}ms" for ms in chunk_ms}):
             continue
         started = time.monotonic()
         if backend is None:
@@ -233,7 +240,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--beam", type=int, default=10, help="n-best size for rescoring; 0 = greedy only")
     parser.add_argument("--limit", type=int, help="only the first N utterances")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--backend", help="decode through the streaming engine with this chunk runner")
+    parser.add_argument(
+        "--backend", help="decode through the streaming engine with this chunk runner (auto: the service's default)"
+    )
+    parser.add_argument(
+        "--chunk-ms", type=int, nargs="+", default=(), choices=(160, 320, 640), help="only these chunk sizes"
+    )
     parser.add_argument("--left-chunks", type=int, default=8, help="with --backend: the cache window in chunks")
     parser.add_argument("--dtype", default="float32", help="with --backend: float32, or bfloat16 where supported")
     parser.add_argument(
@@ -244,8 +256,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--attention-beam must be 0 or more")
     torch.set_num_threads(args.threads)
     result = evaluate(
-        args.model, args.testset, args.beam, args.limit, args.backend, args.left_chunks, args.dtype, args.attention_beam
-    )
+        args.model, args.testset, args.beam, args.limit, args.backend, args.left_chunks, args.dtype,
+        args.attention_beam, tuple(args.chunk_ms),
+    )  # fmt: skip
     print(json.dumps(result, ensure_ascii=False))
 
 

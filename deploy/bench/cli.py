@@ -38,7 +38,7 @@ PASSTHROUGH: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "crashloop": (_module_main("crash_loop"), "SIGKILL the service N times (Redis up and down): no durable event lost"),
     "accuracy": (
         _accuracy,
-        "CER per chunk size, greedy and rescore, on a test set (WAVs + text); --int8-change: INT8 vs fp32 per backend",
+        "CER per chunk size on a test set (WAVs + text); --backend: through the engine; --int8-change: INT8 vs fp32",
     ),
 }
 
