@@ -46,11 +46,10 @@ from asr_core.finals import FinalRequest, FinalSearch, FinalSettings
 from asr_core.frontend import compute_fbank
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_core.tokens import tokens_to_text
+from asr_gateway.config import EngineSettings
 from rtp.resample import upsample_recording
 
 CHUNK_MODES = {"160ms": 4, "320ms": 8, "640ms": 16, "full": -1}
-CPU_AUTO_BACKEND = "torch-int8"
-"""What the service's ``engine.backend: auto`` runs on a CPU (``asr_gateway.config.EngineSettings``)."""
 
 
 def read_audio(testset: Path) -> list[tuple[str, str, np.ndarray]]:
@@ -199,7 +198,7 @@ def evaluate(
 ) -> dict[str, Any]:  # fmt: skip
     """CER per chunk mode and decoding method; ``chunk_ms`` keeps only those chunk sizes (all when empty)."""
     if backend == "auto":
-        backend = CPU_AUTO_BACKEND
+        backend = EngineSettings(backend="auto", device="cpu").resolved_backend
     loaded = load_wenet_model(model_dir)
     items = read_audio(testset)[:limit]
     refs = [t for _, t, _ in items]
