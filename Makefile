@@ -36,6 +36,7 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy asr_common asr_gateway kv_ring sip rtp kb_hooks asr_core rescoring recipes deploy
 	$(VENV)/bin/lint-imports
 
