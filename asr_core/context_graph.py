@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-DEFAULT_BONUS = 1.5  # log-domain bonus per matched token, as WeNet's context_score default is 3.0 per char
+DEFAULT_BONUS = 1.5  # log-domain bonus per matched token where a phrase line names none
 ROOT = 0
 
 
