@@ -29,12 +29,13 @@ import numpy as np
 import torch
 
 from asr_core.audio_io import AudioError, read_wav
+from asr_core.context_graph import DEFAULT_BONUS, ContextGraph, HotwordsError, load_phrases
 from asr_core.ctc_search import ctc_greedy_batch, ctc_prefix_beam_search, ctc_topk
 from asr_core.finals import FinalRequest, FinalSearch, FinalSettings
 from asr_core.frontend import compute_fbank
 from asr_core.model.loader import LoadedModel, ModelLoadError, load_wenet_model
 from asr_core.offline import encode_full, encode_streaming
-from asr_core.tokens import tokens_to_text
+from asr_core.tokens import text_to_tokens, tokens_to_text
 from rescoring.attention import attention_rescore
 
 CHUNK_MS_CHOICES = ("160", "240", "320", "640", "full")
@@ -111,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     parser.add_argument("--json", action="store_true", help="one JSON object per file per line")
+    parser.add_argument(
+        "--hotwords", metavar="FILE",
+        help="phrase list to bias the CTC search towards: one phrase per line, optional ' :BOOST' "
+        f"(log-domain bonus per token, default {DEFAULT_BONUS}); modes prefix_beam, rescore, joint",
+    )  # fmt: skip
     parser.add_argument("--dump-npz", metavar="PATH", help="write intermediate arrays under the fixture's names")
     parser.add_argument("--debug", action="store_true", help="print tracebacks")
     return parser
@@ -143,6 +149,15 @@ def chunk_frames_for(chunk_ms: str, subsampling: int) -> int | None:
     return frames
 
 
+def hotwords_graph(path: str, units: Sequence[str], bonus: float = DEFAULT_BONUS) -> ContextGraph:
+    """The context graph of a phrase file; a phrase the model's units cannot spell is an error."""
+    phrases = load_phrases(path)
+    for phrase in phrases:
+        if text_to_tokens(phrase.text, units) is None:
+            raise HotwordsError(f"{path}:{phrase.line}: {phrase.text!r} has characters the model has no unit for")
+    return ContextGraph.from_phrases(phrases, lambda text: text_to_tokens(text, units), bonus)
+
+
 class Transcriber:
     """Runs fbank -> encoder -> CTC search (-> rescoring) on one file at a time."""
 
@@ -151,6 +166,9 @@ class Transcriber:
         self.args = args
         self.chunk_frames = chunk_frames_for(args.chunk_ms, loaded.subsampling)
         self.setting = setting_name(self.chunk_frames, args.left_chunks)
+        self.context: ContextGraph | None = None
+        if args.hotwords:
+            self.context = hotwords_graph(args.hotwords, loaded.units)
 
     def transcribe(self, path: str) -> Transcript:
         args, loaded = self.args, self.loaded
@@ -194,7 +212,7 @@ class Transcriber:
             return [self._entry(tokens, best_path)]
         if args.mode == "joint":
             return self._joint(enc, lp)
-        hyps = ctc_prefix_beam_search(lp, beam=args.beam, blank=loaded.blank_id)
+        hyps = ctc_prefix_beam_search(lp, beam=args.beam, blank=loaded.blank_id, context=self.context)
         if args.mode == "prefix_beam":
             return [self._entry(h.tokens, h.score) for h in hyps]
         captured: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -219,6 +237,7 @@ class Transcriber:
             decoder_fn,
             [enc],
             [hyps],
+            bonuses=[[h.context_score for h in hyps]] if self.context is not None else None,
             sos=loaded.sos_id,
             eos=loaded.eos_id,
             ctc_weight=args.ctc_weight,
@@ -241,7 +260,9 @@ class Transcriber:
             attention_beam=args.attention_beam,
         )  # fmt: skip
         values, ids = ctc_topk(log_probs, args.beam)
-        (result,) = FinalSearch(loaded.model.decoder, settings).run([FinalRequest(values, ids, enc.float().cpu())])
+        (result,) = FinalSearch(loaded.model.decoder, settings).run(
+            [FinalRequest(values, ids, enc.float().cpu(), self.context)]
+        )
         if result.rescored is None:  # nothing decoded
             return [self._entry(h.tokens, h.score) for h in result.nbest] or [self._entry((), 0.0)]
         return [
@@ -293,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         loaded = load_wenet_model(resolve_model_dir(args.model), device=args.device)
         transcriber = Transcriber(loaded, args)
-    except (UsageError, ModelLoadError) as exc:
+    except (UsageError, ModelLoadError, HotwordsError) as exc:
         return _fail(exc, args.debug)
     status = 0
     dump: dict[str, np.ndarray] = {}

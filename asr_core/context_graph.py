@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +41,7 @@ class Phrase:
 
     text: str
     boost: float | None = None
+    line: int = field(default=0, compare=False)  # 1-based line in its file, for error messages
 
 
 def parse_phrases(lines: Iterable[str], source: str = "<hotwords>") -> list[Phrase]:
@@ -66,7 +67,7 @@ def parse_phrases(lines: Iterable[str], source: str = "<hotwords>") -> list[Phra
             if not np.isfinite(boost) or boost < 0:
                 raise HotwordsError(f"{source}:{number}: boost {tail!r} must be finite and >= 0")
             line = head.strip()
-        phrases.append(Phrase(line, boost))
+        phrases.append(Phrase(line, boost, number))
     return phrases
 
 
