@@ -29,13 +29,13 @@ import numpy as np
 import torch
 
 from asr_core.audio_io import AudioError, read_wav
-from asr_core.context_graph import DEFAULT_BONUS, ContextGraph, HotwordsError, load_phrases
+from asr_core.context_graph import DEFAULT_BONUS, ContextGraph, HotwordsError, load_graph
 from asr_core.ctc_search import ctc_greedy_batch, ctc_prefix_beam_search, ctc_topk
 from asr_core.finals import FinalRequest, FinalSearch, FinalSettings
 from asr_core.frontend import compute_fbank
 from asr_core.model.loader import LoadedModel, ModelLoadError, load_wenet_model
 from asr_core.offline import encode_full, encode_streaming
-from asr_core.tokens import text_to_tokens, tokens_to_text
+from asr_core.tokens import tokens_to_text
 from rescoring.attention import attention_rescore
 
 CHUNK_MS_CHOICES = ("160", "240", "320", "640", "full")
@@ -149,15 +149,6 @@ def chunk_frames_for(chunk_ms: str, subsampling: int) -> int | None:
     return frames
 
 
-def hotwords_graph(path: str, units: Sequence[str], bonus: float = DEFAULT_BONUS) -> ContextGraph:
-    """The context graph of a phrase file; a phrase the model's units cannot spell is an error."""
-    phrases = load_phrases(path)
-    for phrase in phrases:
-        if text_to_tokens(phrase.text, units) is None:
-            raise HotwordsError(f"{path}:{phrase.line}: {phrase.text!r} has characters the model has no unit for")
-    return ContextGraph.from_phrases(phrases, lambda text: text_to_tokens(text, units), bonus)
-
-
 class Transcriber:
     """Runs fbank -> encoder -> CTC search (-> rescoring) on one file at a time."""
 
@@ -168,7 +159,7 @@ class Transcriber:
         self.setting = setting_name(self.chunk_frames, args.left_chunks)
         self.context: ContextGraph | None = None
         if args.hotwords:
-            self.context = hotwords_graph(args.hotwords, loaded.units)
+            self.context = load_graph(args.hotwords, loaded.units)
 
     def transcribe(self, path: str) -> Transcript:
         args, loaded = self.args, self.loaded

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from asr_core.tokens import text_to_tokens
+
 DEFAULT_BONUS = 1.5  # log-domain bonus per matched token where a phrase line names none
 ROOT = 0
 
@@ -81,6 +83,22 @@ def load_phrases(path: str | Path) -> list[Phrase]:
     except OSError as exc:
         raise HotwordsError(f"{path}: cannot read ({exc.strerror})") from None
     return parse_phrases(text.splitlines(), str(path))
+
+
+def load_graph(path: str | Path, units: Sequence[str], bonus: float = DEFAULT_BONUS) -> ContextGraph:
+    """The context graph of a phrase file spelled in ``units`` (the model's units.txt).
+
+    Raises:
+        HotwordsError: a bad line, or a phrase the units cannot spell, naming ``file:line``.
+    """
+    phrases = load_phrases(path)
+    spelled = {}
+    for phrase in phrases:
+        tokens = text_to_tokens(phrase.text, units)
+        if tokens is None:
+            raise HotwordsError(f"{path}:{phrase.line}: {phrase.text!r} has characters the model has no unit for")
+        spelled[phrase.text] = tokens
+    return ContextGraph.from_phrases(phrases, spelled.get, bonus)
 
 
 class ContextGraph:
