@@ -20,6 +20,7 @@ The graph is also held as flat arrays (:meth:`ContextGraph.arrays`) for the C se
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -199,6 +200,11 @@ class ContextGraph:
             delta, state = self.step(state, int(t))
             total += delta
         return total + self.finalize(state)
+
+    @functools.cached_property
+    def flat(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`arrays`, built once per graph (graphs are not changed after construction)."""
+        return self.arrays()
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Flat CSR form for the C search: (child_start (N+1,), child_token (E,), child_node (E,),

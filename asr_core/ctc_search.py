@@ -133,8 +133,8 @@ def ctc_prefix_beam_search_topk(
         beam: beam size.
         blank: id of the CTC blank.
         context: hotwords graph; each prefix carries its graph state and bonus, and the beam
-            keeps the prefixes best by prefix score + bonus. The C search does not take a
-            graph yet: with one, the numpy search runs. None: WeNet's search, unchanged.
+            keeps the prefixes best by prefix score + bonus (in C too, from the graph's flat
+            arrays). None: WeNet's search, unchanged.
     Returns:
         Up to ``beam`` hypotheses, best first (by ``score + context_score`` with a graph).
     """
@@ -142,9 +142,14 @@ def ctc_prefix_beam_search_topk(
     ids = _as_tensor(topk_ids).numpy().astype(np.int64)[:, :beam]  # (T, K)
     if context is not None and len(context) <= 1:
         context = None  # an empty phrase list is no list
-    if _native_prefix_beam_search is not None and context is None:
-        found = _native_prefix_beam_search(np.ascontiguousarray(values), np.ascontiguousarray(ids), beam, blank)
-        return [Hypothesis(tokens, score, times) for tokens, score, times in found]
+    if _native_prefix_beam_search is not None:
+        values, ids = np.ascontiguousarray(values), np.ascontiguousarray(ids)
+        if context is None:
+            found = _native_prefix_beam_search(values, ids, beam, blank)
+            return [Hypothesis(tokens, score, times) for tokens, score, times in found]
+        found = _native_prefix_beam_search(values, ids, beam, blank, context.flat)
+        hyps = [Hypothesis(tokens, score, times) for tokens, score, times, _, _ in found]
+        return _finalized(hyps, [entry[3] for entry in found], [entry[4] for entry in found], context)
     search = _PrefixBeam(beam, blank, context)
     for t in range(values.shape[0]):
         search.step(t, values[t], ids[t])
@@ -316,10 +321,19 @@ class _PrefixBeam:
             result.append(Hypothesis(tokens=tokens, score=score, times=times))
         if self.context is None:
             return result
-        for i, h in enumerate(result):  # the unfinished part of a match is taken back at the end
-            bonus = float(self.ctx_score[i]) + self.context.finalize(int(self.ctx_state[i]))
-            result[i] = Hypothesis(h.tokens, h.score, h.times, bonus)
-        return sorted(result, key=lambda h: -(h.score + h.context_score))  # stable
+        return _finalized(result, self.ctx_score.tolist(), self.ctx_state.tolist(), self.context)
+
+
+def _finalized(
+    hyps: list[Hypothesis], bonus: list[float], states: list[int], context: ContextGraph
+) -> list[Hypothesis]:
+    """The n-best with each bonus finalized (the unfinished part of a match taken back at the
+    end), best first by ``score + context_score`` (stable)."""
+    done = [
+        Hypothesis(h.tokens, h.score, h.times, b + context.finalize(s))
+        for h, b, s in zip(hyps, bonus, states, strict=True)
+    ]
+    return sorted(done, key=lambda h: -(h.score + h.context_score))
 
 
 def _columns_topk(topk_values: ArrayLike, topk_ids: ArrayLike, tokens: list[int], vocab_size: int) -> np.ndarray:
