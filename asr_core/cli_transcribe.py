@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from asr_common.itn import normalize_numbers
 from asr_core.audio_io import AudioError, read_wav
 from asr_core.context_graph import DEFAULT_BONUS, ContextGraph, HotwordsError, load_graph
 from asr_core.ctc_search import ctc_greedy_batch, ctc_prefix_beam_search, ctc_topk
@@ -68,6 +69,7 @@ class Transcript:
         return {
             "file": self.file,
             "text": self.text,
+            **({"text_raw": self.nbest[0]["text_raw"]} if self.nbest and "text_raw" in self.nbest[0] else {}),
             "tokens": self.tokens,
             "nbest": self.nbest,
             "mode": self.mode,
@@ -116,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--hotwords", metavar="FILE",
         help="phrase list to bias the CTC search towards: one phrase per line, optional ' :BOOST' "
         f"(log-domain bonus per token, default {DEFAULT_BONUS}); modes prefix_beam, rescore, joint",
+    )  # fmt: skip
+    parser.add_argument(
+        "--itn", action="store_true",
+        help="spoken numbers in digits (新华路十二号 -> 新华路12号); JSON keeps the spoken form in text_raw",
     )  # fmt: skip
     parser.add_argument("--dump-npz", metavar="PATH", help="write intermediate arrays under the fixture's names")
     parser.add_argument("--debug", action="store_true", help="print tracebacks")
@@ -262,11 +268,10 @@ class Transcriber:
         ]
 
     def _entry(self, tokens: Sequence[int], score: float, **extra: float) -> dict[str, Any]:
-        entry: dict[str, Any] = {
-            "tokens": list(tokens),
-            "text": tokens_to_text(tokens, self.loaded.units),
-            "score": round(score, 6),
-        }
+        text = tokens_to_text(tokens, self.loaded.units)
+        entry: dict[str, Any] = {"tokens": list(tokens), "text": text, "score": round(score, 6)}
+        if self.args.itn:
+            entry["text"], entry["text_raw"] = normalize_numbers(text).text, text
         entry.update({name: round(value, 6) for name, value in extra.items()})
         return entry
 

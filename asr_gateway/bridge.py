@@ -221,6 +221,7 @@ class CallBridge:
             redaction=RedactionMode(profile.redaction) if profile.redaction else self.default_redaction,
             kb_set=profile.kb_set,
             tag_rules=(profile.tag_rules,) if profile.tag_rules else (),
+            itn=profile.itn,
         )
 
 

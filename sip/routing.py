@@ -61,6 +61,8 @@ class Profile(BaseModel):
     hotwords: str | None = None
     """Phrase file (one phrase per line, optional `` :BOOST``) biasing the finals' CTC search;
     relative to the routes file. Reloaded with the KB sets."""
+    itn: bool = False
+    """Finals' spoken numbers in digits (``text``), the spoken form kept in ``text_raw``."""
     tag_rules: str | None = None
     redaction: Literal["mask", "keep", "hash"] = "mask"
     key_prefix: str = "asr"

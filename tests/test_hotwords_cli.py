@@ -58,3 +58,14 @@ def test_bad_phrase_files_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: P
     hotwords.write_text("我\n\u263a\u263a\n", encoding="utf-8")
     code, _, err = run_cli(capsys, "--hotwords", str(hotwords))
     assert code == 2 and "hw.txt:2:" in err and "no unit" in err
+
+
+def test_itn_flag_keeps_the_spoken_form(capsys: pytest.CaptureFixture[str]) -> None:
+    from asr_common.itn import normalize_numbers
+
+    code, results, _ = run_cli(capsys, *SETTINGS["full"], "--mode", "prefix_beam", "--itn")
+    assert code == 0
+    for result in results:
+        assert result["text_raw"] == result["nbest"][0]["text_raw"]
+        assert result["text"] == normalize_numbers(result["text_raw"]).text
+        assert all(e["text"] == normalize_numbers(e["text_raw"]).text for e in result["nbest"])

@@ -51,6 +51,7 @@ def test_sync_reports_problems_and_changes_nothing(tmp_path: Path) -> None:
 def test_profile_field_and_requests_carry_the_graph() -> None:
     assert Profile().hotwords is None
     assert Profile(hotwords="streets.txt").hotwords == "streets.txt"
+    assert not Profile().itn and Profile(itn=True).itn
     graph = ContextGraph([((2, 3), 1.0)])
     request = FinalRequest(np.zeros((1, 2), np.float32), np.zeros((1, 2), np.int64), None, graph)
     assert request.portable().context is graph
