@@ -120,3 +120,14 @@ def test_phrase_file_unreadable(tmp_path: Path) -> None:
         load_phrases(bad)
     with pytest.raises(HotwordsError, match="cannot read"):
         load_phrases(tmp_path / "missing.txt")
+
+
+def test_pickle_round_trip_keeps_steps_and_arrays() -> None:
+    import pickle
+
+    graph = ContextGraph([((A, B, C), 1.0), ((B, D), 3.0), ((A, B), 0.5)])
+    copy = pickle.loads(pickle.dumps(graph))
+    for tokens in ([A, B, D], [A, B, C, X], [B, D, A, B], [X, A]):
+        assert copy.score(tokens) == graph.score(tokens)
+    for mine, theirs in zip(copy.arrays(), graph.arrays(), strict=True):
+        assert (mine == theirs).all()
