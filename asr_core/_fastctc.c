@@ -9,6 +9,10 @@
  * bit for bit (tests/test_ctc_search_native.py); the numpy version is the reference and runs
  * wherever this optional extension was not built.
  *
+ * With a hotwords context graph (`asr_core.context_graph.ContextGraph.arrays()`), each prefix
+ * carries its graph state and bonus, and the beam is chosen by total score + bonus, as the
+ * numpy version does; the bonus is summed in the same order, so the results stay identical.
+ *
  * Token times are kept as shared immutable lists (each cell: a frame and the cell before it,
  * the newest token first), so that a hypothesis' times cost one cell per new token instead of
  * a copy of the whole tuple per frame.
@@ -133,6 +137,60 @@ static int trie_put(Trie *trie, int64_t key, int64_t node)
     return 0;
 }
 
+/* ---- the hotwords context graph: a CSR trie with Aho-Corasick fail links ---- */
+
+typedef struct {
+    Py_ssize_t nodes;
+    const int64_t *child_start; /* (N + 1,) children of node n: child_start[n] .. child_start[n+1] */
+    const int64_t *child_token; /* (E,) sorted by token within a node */
+    const int64_t *child_node;  /* (E,) */
+    const int64_t *fail;        /* (N,) */
+    const double *node_score;   /* (N,) */
+    const double *kept_score;   /* (N,) */
+} Graph;
+
+static int64_t graph_child(const Graph *g, int64_t state, int64_t token)
+{
+    int64_t lo = g->child_start[state], hi = g->child_start[state + 1];
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (g->child_token[mid] < token) {
+            lo = mid + 1;
+        }
+        else {
+            hi = mid;
+        }
+    }
+    return lo < g->child_start[state + 1] && g->child_token[lo] == token ? g->child_node[lo] : -1;
+}
+
+/* ContextGraph.step: (delta, next state) for appending `token` in `state`. */
+static double graph_step(const Graph *g, int64_t state, int64_t token, int64_t *next)
+{
+    int64_t child = graph_child(g, state, token);
+    if (child >= 0) {
+        *next = child;
+        return g->node_score[child] - g->node_score[state];
+    }
+    int64_t to = 0;
+    if (state != 0) {
+        /* fail links lead to shallower nodes; the bound only guards against a malformed graph */
+        Py_ssize_t guard = 0;
+        for (int64_t at = g->fail[state]; guard < g->nodes; at = g->fail[at], guard++) {
+            int64_t found = graph_child(g, at, token);
+            if (found >= 0) {
+                to = found;
+                break;
+            }
+            if (at == 0) {
+                break;
+            }
+        }
+    }
+    *next = to;
+    return g->node_score[to] - (g->node_score[state] - g->kept_score[state]);
+}
+
 /* ---- the search ---- */
 
 typedef struct {
@@ -144,12 +202,15 @@ typedef struct {
     int64_t target; /* trie node, or -1 - candidate index for a prefix not in the trie yet */
     double contrib;
     Py_ssize_t group;
+    double bonus;      /* context bonus of the prefix it reaches (with a graph) */
+    int64_t ctx_state; /* and its graph state */
 } Candidate;
 
 typedef struct {
     int64_t target;
     Py_ssize_t first; /* index of its first candidate */
     double s, ns, total;
+    double rank; /* total, + the bonus with a graph: what the beam keeps the best of */
 } Group;
 
 /* A link of a chain: a trie node (its token, its parent node) or a token-time cell (a frame,
@@ -183,6 +244,10 @@ typedef struct {
     int64_t *next_node;
     double *next_s, *next_ns, *next_v_s, *next_v_ns, *cur_prob;
     int64_t *next_times_s, *next_times_ns;
+    /* the context graph (graph.nodes == 0: none) and each hypothesis' state and bonus */
+    Graph graph;
+    int64_t *ctx_state, *next_ctx_state;
+    double *ctx_score, *next_ctx_score;
 } Search;
 
 static void search_free(Search *x)
@@ -212,6 +277,10 @@ static void search_free(Search *x)
     free(x->cur_prob);
     free(x->next_times_s);
     free(x->next_times_ns);
+    free(x->ctx_state);
+    free(x->next_ctx_state);
+    free(x->ctx_score);
+    free(x->next_ctx_score);
 }
 
 static int search_init(Search *x, Py_ssize_t beam, Py_ssize_t k)
@@ -229,7 +298,9 @@ static int search_init(Search *x, Py_ssize_t beam, Py_ssize_t k)
         ALLOC(x->slot, max_cand) || ALLOC(x->lookup_target, x->lookup_capacity) ||
         ALLOC(x->lookup_group, x->lookup_capacity) || ALLOC(x->next_node, beam) || ALLOC(x->next_s, beam) ||
         ALLOC(x->next_ns, beam) || ALLOC(x->next_v_s, beam) || ALLOC(x->next_v_ns, beam) ||
-        ALLOC(x->cur_prob, beam) || ALLOC(x->next_times_s, beam) || ALLOC(x->next_times_ns, beam)) {
+        ALLOC(x->cur_prob, beam) || ALLOC(x->next_times_s, beam) || ALLOC(x->next_times_ns, beam) ||
+        ALLOC(x->ctx_state, beam) || ALLOC(x->next_ctx_state, beam) || ALLOC(x->ctx_score, beam) ||
+        ALLOC(x->next_ctx_score, beam)) {
         return -1;
     }
 #undef ALLOC
@@ -336,6 +407,15 @@ static int search_step(Search *x, Py_ssize_t t, const double *values, const int6
                     base = logaddexp(x->s[h], x->ns[h]);
                 }
                 c->contrib = base + p;
+                if (x->graph.nodes > 0) {
+                    c->bonus = x->ctx_score[h];
+                    c->ctx_state = x->ctx_state[h];
+                    if (c->kind == KIND_REPEAT_NEW || c->kind == KIND_EXTEND) {
+                        int64_t next;
+                        c->bonus += graph_step(&x->graph, c->ctx_state, u, &next);
+                        c->ctx_state = next;
+                    }
+                }
                 count++;
             }
         }
@@ -362,10 +442,11 @@ static int search_step(Search *x, Py_ssize_t t, const double *values, const int6
     for (Py_ssize_t g = 0; g < groups; g++) {
         Group *group = &x->groups[g];
         group->total = logaddexp(group->s, group->ns);
+        group->rank = x->graph.nodes > 0 ? group->total + x->cand[group->first].bonus : group->total;
         x->slot[g] = -1;
-        double key = -group->total;
+        double key = -group->rank;
         Py_ssize_t pos = size;
-        while (pos > 0 && -x->groups[x->order[pos - 1]].total > key) {
+        while (pos > 0 && -x->groups[x->order[pos - 1]].rank > key) {
             pos--;
         }
         if (pos >= beam) {
@@ -456,6 +537,8 @@ static int search_step(Search *x, Py_ssize_t t, const double *values, const int6
             node = x->node[cand->hyp];
         }
         x->next_node[i] = node;
+        x->next_ctx_state[i] = cand->ctx_state;
+        x->next_ctx_score[i] = cand->bonus;
         x->next_s[i] = g->s;
         x->next_ns[i] = g->ns;
     }
@@ -467,6 +550,10 @@ static int search_step(Search *x, Py_ssize_t t, const double *values, const int6
     memcpy(x->v_ns, x->next_v_ns, (size_t)size * sizeof(double));
     memcpy(x->times_s, x->next_times_s, (size_t)size * sizeof(int64_t));
     memcpy(x->times_ns, x->next_times_ns, (size_t)size * sizeof(int64_t));
+    if (x->graph.nodes > 0) {
+        memcpy(x->ctx_state, x->next_ctx_state, (size_t)size * sizeof(int64_t));
+        memcpy(x->ctx_score, x->next_ctx_score, (size_t)size * sizeof(double));
+    }
     return 0;
 }
 
@@ -503,7 +590,11 @@ static PyObject *search_nbest(const Search *x)
         int64_t times_start = x->v_s[i] > x->v_ns[i] ? x->times_s[i] : x->times_ns[i];
         PyObject *times = chain_tuple(x->cells, times_start, -1);
         PyObject *entry = NULL;
-        if (tokens != NULL && times != NULL) {
+        if (tokens != NULL && times != NULL && x->graph.nodes > 0) {
+            entry = Py_BuildValue("(OdOdL)", tokens, logaddexp(x->s[i], x->ns[i]), times, x->ctx_score[i],
+                                  (long long)x->ctx_state[i]);
+        }
+        else if (tokens != NULL && times != NULL) {
             entry = Py_BuildValue("(OdO)", tokens, logaddexp(x->s[i], x->ns[i]), times);
         }
         Py_XDECREF(tokens);
@@ -534,13 +625,77 @@ static int matrix(PyObject *object, Py_buffer *view, const char *name, const cha
     return 0;
 }
 
+static int vector(PyObject *object, Py_buffer *view, const char *name, const char *formats, Py_ssize_t length)
+{
+    if (PyObject_GetBuffer(object, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        return -1;
+    }
+    const char *format = view->format ? view->format : "B";
+    if (format[0] == '<' || format[0] == '=' || format[0] == '@') {
+        format++;
+    }
+    if (view->ndim != 1 || view->itemsize != 8 || strlen(format) != 1 || strchr(formats, format[0]) == NULL ||
+        (length >= 0 && view->shape[0] != length)) {
+        PyErr_Format(PyExc_ValueError, "graph %s must be a C-contiguous 1-D array of 8-byte items (%s)%s", name, formats,
+                     length >= 0 ? " of the graph's length" : "");
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* The graph from ContextGraph.arrays(): (child_start, child_token, child_node, fail, node_score,
+ * kept_score). Checks that every index stays inside the arrays. */
+static int graph_arrays(PyObject *tuple, Py_buffer *views, int *held, Graph *graph)
+{
+    static const char *names[6] = {"child_start", "child_token", "child_node", "fail", "node_score", "kept_score"};
+    if (!PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) != 6) {
+        PyErr_SetString(PyExc_ValueError, "graph must be the 6-tuple of ContextGraph.arrays()");
+        return -1;
+    }
+    for (int i = 0; i < 6; i++) {
+        Py_ssize_t length = -1;
+        if (i == 2) {
+            length = views[1].shape[0];
+        }
+        else if (i >= 3) {
+            length = views[0].shape[0] - 1;
+        }
+        if (vector(PyTuple_GET_ITEM(tuple, i), &views[i], names[i], i >= 4 ? "d" : "lq", length) < 0) {
+            return -1;
+        }
+        (*held)++;
+    }
+    Py_ssize_t nodes = views[0].shape[0] - 1, edges = views[1].shape[0];
+    const int64_t *start = views[0].buf, *child = views[2].buf, *fail = views[3].buf;
+    int bad = nodes < 1 || start[0] != 0 || start[nodes] != edges;
+    for (Py_ssize_t n = 0; n < nodes && !bad; n++) {
+        bad = start[n] > start[n + 1] || fail[n] < 0 || fail[n] >= nodes;
+    }
+    for (Py_ssize_t e = 0; e < edges && !bad; e++) {
+        bad = child[e] <= 0 || child[e] >= nodes;
+    }
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "graph arrays are not a trie (see ContextGraph.arrays())");
+        return -1;
+    }
+    graph->nodes = nodes;
+    graph->child_start = start;
+    graph->child_token = views[1].buf;
+    graph->child_node = child;
+    graph->fail = fail;
+    graph->node_score = views[4].buf;
+    graph->kept_score = views[5].buf;
+    return 0;
+}
+
 static PyObject *prefix_beam_search(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *values_obj, *ids_obj;
+    PyObject *values_obj, *ids_obj, *graph_obj = Py_None;
     Py_ssize_t beam;
     long long blank;
-    if (!PyArg_ParseTuple(args, "OOnL", &values_obj, &ids_obj, &beam, &blank)) {
+    if (!PyArg_ParseTuple(args, "OOnL|O", &values_obj, &ids_obj, &beam, &blank, &graph_obj)) {
         return NULL;
     }
     if (beam < 1) {
@@ -556,9 +711,15 @@ static PyObject *prefix_beam_search(PyObject *self, PyObject *args)
         return NULL;
     }
     PyObject *result = NULL;
+    Py_buffer views[6];
+    int held = 0;
+    Graph graph = {0};
     Py_ssize_t frames = values.shape[0], k = values.shape[1];
     if (ids.shape[0] != frames || ids.shape[1] != k) {
         PyErr_SetString(PyExc_ValueError, "values and ids must have the same shape");
+        goto done;
+    }
+    if (graph_obj != Py_None && graph_arrays(graph_obj, views, &held, &graph) < 0) {
         goto done;
     }
     Search search;
@@ -567,6 +728,7 @@ static PyObject *prefix_beam_search(PyObject *self, PyObject *args)
         PyErr_NoMemory();
         goto done;
     }
+    search.graph = graph; /* every hypothesis starts at the root (0) with no bonus (calloc) */
     int failed = 0;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t t = 0; t < frames && !failed; t++) {
@@ -582,6 +744,9 @@ static PyObject *prefix_beam_search(PyObject *self, PyObject *args)
     }
     search_free(&search);
 done:
+    for (int i = 0; i < held; i++) {
+        PyBuffer_Release(&views[i]);
+    }
     PyBuffer_Release(&values);
     PyBuffer_Release(&ids);
     return result;
@@ -589,8 +754,9 @@ done:
 
 static PyMethodDef methods[] = {
     {"prefix_beam_search", prefix_beam_search, METH_VARARGS,
-     "prefix_beam_search(values, ids, beam, blank) -> [(tokens, score, times)], best first.\n\n"
-     "values: (T, K) float64 log-posteriors of each frame's top K, best first; ids: (T, K) int64."},
+     "prefix_beam_search(values, ids, beam, blank, graph=None) -> [(tokens, score, times)], best first.\n\n"
+     "values: (T, K) float64 log-posteriors of each frame's top K, best first; ids: (T, K) int64.\n"
+     "graph: ContextGraph.arrays(); entries then add (bonus, graph state), unfinalized."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -28,7 +28,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from asr_common.itn import normalize_numbers
 from asr_core.audio_io import AudioError, read_wav
+from asr_core.context_graph import DEFAULT_BONUS, ContextGraph, HotwordsError, load_graph
 from asr_core.ctc_search import ctc_greedy_batch, ctc_prefix_beam_search, ctc_topk
 from asr_core.finals import FinalRequest, FinalSearch, FinalSettings
 from asr_core.frontend import compute_fbank
@@ -67,6 +69,7 @@ class Transcript:
         return {
             "file": self.file,
             "text": self.text,
+            **({"text_raw": self.nbest[0]["text_raw"]} if self.nbest and "text_raw" in self.nbest[0] else {}),
             "tokens": self.tokens,
             "nbest": self.nbest,
             "mode": self.mode,
@@ -111,6 +114,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     parser.add_argument("--json", action="store_true", help="one JSON object per file per line")
+    parser.add_argument(
+        "--hotwords", metavar="FILE",
+        help="phrase list to bias the CTC search towards: one phrase per line, optional ' :BOOST' "
+        f"(log-domain bonus per token, default {DEFAULT_BONUS}); modes prefix_beam, rescore, joint",
+    )  # fmt: skip
+    parser.add_argument(
+        "--itn", action="store_true",
+        help="spoken numbers in digits (新华路十二号 -> 新华路12号); JSON keeps the spoken form in text_raw",
+    )  # fmt: skip
     parser.add_argument("--dump-npz", metavar="PATH", help="write intermediate arrays under the fixture's names")
     parser.add_argument("--debug", action="store_true", help="print tracebacks")
     return parser
@@ -151,6 +163,9 @@ class Transcriber:
         self.args = args
         self.chunk_frames = chunk_frames_for(args.chunk_ms, loaded.subsampling)
         self.setting = setting_name(self.chunk_frames, args.left_chunks)
+        self.context: ContextGraph | None = None
+        if args.hotwords:
+            self.context = load_graph(args.hotwords, loaded.units)
 
     def transcribe(self, path: str) -> Transcript:
         args, loaded = self.args, self.loaded
@@ -194,7 +209,7 @@ class Transcriber:
             return [self._entry(tokens, best_path)]
         if args.mode == "joint":
             return self._joint(enc, lp)
-        hyps = ctc_prefix_beam_search(lp, beam=args.beam, blank=loaded.blank_id)
+        hyps = ctc_prefix_beam_search(lp, beam=args.beam, blank=loaded.blank_id, context=self.context)
         if args.mode == "prefix_beam":
             return [self._entry(h.tokens, h.score) for h in hyps]
         captured: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -219,6 +234,7 @@ class Transcriber:
             decoder_fn,
             [enc],
             [hyps],
+            bonuses=[[h.context_score for h in hyps]] if self.context is not None else None,
             sos=loaded.sos_id,
             eos=loaded.eos_id,
             ctc_weight=args.ctc_weight,
@@ -241,7 +257,9 @@ class Transcriber:
             attention_beam=args.attention_beam,
         )  # fmt: skip
         values, ids = ctc_topk(log_probs, args.beam)
-        (result,) = FinalSearch(loaded.model.decoder, settings).run([FinalRequest(values, ids, enc.float().cpu())])
+        (result,) = FinalSearch(loaded.model.decoder, settings).run(
+            [FinalRequest(values, ids, enc.float().cpu(), self.context)]
+        )
         if result.rescored is None:  # nothing decoded
             return [self._entry(h.tokens, h.score) for h in result.nbest] or [self._entry((), 0.0)]
         return [
@@ -250,11 +268,10 @@ class Transcriber:
         ]
 
     def _entry(self, tokens: Sequence[int], score: float, **extra: float) -> dict[str, Any]:
-        entry: dict[str, Any] = {
-            "tokens": list(tokens),
-            "text": tokens_to_text(tokens, self.loaded.units),
-            "score": round(score, 6),
-        }
+        text = tokens_to_text(tokens, self.loaded.units)
+        entry: dict[str, Any] = {"tokens": list(tokens), "text": text, "score": round(score, 6)}
+        if self.args.itn:
+            entry["text"], entry["text_raw"] = normalize_numbers(text).text, text
         entry.update({name: round(value, 6) for name, value in extra.items()})
         return entry
 
@@ -293,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         loaded = load_wenet_model(resolve_model_dir(args.model), device=args.device)
         transcriber = Transcriber(loaded, args)
-    except (UsageError, ModelLoadError) as exc:
+    except (UsageError, ModelLoadError, HotwordsError) as exc:
         return _fail(exc, args.debug)
     status = 0
     dump: dict[str, np.ndarray] = {}

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from asr_core.context_graph import ROOT, ContextGraph
+
 try:  # the same search in C, where the optional extension was built (setup.py)
     from asr_core._fastctc import prefix_beam_search as _native_prefix_beam_search
 except ImportError:  # pragma: no cover - depends on the build
@@ -40,14 +42,16 @@ class Hypothesis:
     """One entry of a CTC n-best list.
 
     ``score`` is WeNet's prefix score: log(P_blank_end + P_nonblank_end), the total
-    probability of all alignments of ``tokens``. ``times`` holds, per token, the encoder
-    frame (0-based, 40 ms apart with 4x subsampling) where WeNet's Viterbi bookkeeping
-    places it.
+    probability of all alignments of ``tokens``; with a context graph the search ranks by
+    ``score + context_score``, and later stages add ``context_score`` to their own scores.
+    ``times`` holds, per token, the encoder frame (0-based, 40 ms apart with 4x subsampling) where
+    WeNet's Viterbi bookkeeping places it.
     """
 
     tokens: tuple[int, ...]
     score: float
     times: tuple[int, ...] = ()
+    context_score: float = 0.0  # hotword bonus of ``tokens`` (finalized), not part of ``score``
 
 
 def _as_tensor(x: ArrayLike) -> torch.Tensor:
@@ -89,7 +93,9 @@ def ctc_greedy_batch(log_probs: ArrayLike, lengths: ArrayLike, blank: int = 0) -
     return [row[mask].tolist() for row, mask in zip(best, keep, strict=True)]
 
 
-def ctc_prefix_beam_search(log_probs: ArrayLike, beam: int = 10, blank: int = 0) -> list[Hypothesis]:
+def ctc_prefix_beam_search(
+    log_probs: ArrayLike, beam: int = 10, blank: int = 0, context: ContextGraph | None = None
+) -> list[Hypothesis]:
     """WeNet's CTC prefix beam search over one utterance.
 
     Each frame is pre-pruned to its ``beam`` best tokens, as WeNet does.
@@ -98,15 +104,20 @@ def ctc_prefix_beam_search(log_probs: ArrayLike, beam: int = 10, blank: int = 0)
         log_probs: (T, V) log-posteriors.
         beam: beam size (also the per-frame top-k).
         blank: id of the CTC blank.
+        context: hotwords graph (see ``ctc_prefix_beam_search_topk``).
     Returns:
         Up to ``beam`` hypotheses, best first (WeNet's n-best order).
     """
     values, ids = ctc_topk(log_probs, beam)
-    return ctc_prefix_beam_search_topk(values, ids, beam=beam, blank=blank)
+    return ctc_prefix_beam_search_topk(values, ids, beam=beam, blank=blank, context=context)
 
 
 def ctc_prefix_beam_search_topk(
-    topk_values: ArrayLike, topk_ids: ArrayLike, beam: int = 10, blank: int = 0
+    topk_values: ArrayLike,
+    topk_ids: ArrayLike,
+    beam: int = 10,
+    blank: int = 0,
+    context: ContextGraph | None = None,
 ) -> list[Hypothesis]:
     """Prefix beam search on stored per-frame top-k posteriors.
 
@@ -121,15 +132,25 @@ def ctc_prefix_beam_search_topk(
         topk_ids: (T, k) their token ids.
         beam: beam size.
         blank: id of the CTC blank.
+        context: hotwords graph; each prefix carries its graph state and bonus, and the beam
+            keeps the prefixes best by prefix score + bonus (in C too, from the graph's flat
+            arrays). None: WeNet's search, unchanged.
     Returns:
-        Up to ``beam`` hypotheses, best first.
+        Up to ``beam`` hypotheses, best first (by ``score + context_score`` with a graph).
     """
     values = _as_tensor(topk_values).numpy().astype(np.float64)[:, :beam]  # (T, K)
     ids = _as_tensor(topk_ids).numpy().astype(np.int64)[:, :beam]  # (T, K)
+    if context is not None and len(context) <= 1:
+        context = None  # an empty phrase list is no list
     if _native_prefix_beam_search is not None:
-        found = _native_prefix_beam_search(np.ascontiguousarray(values), np.ascontiguousarray(ids), beam, blank)
-        return [Hypothesis(tokens, score, times) for tokens, score, times in found]
-    search = _PrefixBeam(beam, blank)
+        values, ids = np.ascontiguousarray(values), np.ascontiguousarray(ids)
+        if context is None:
+            found = _native_prefix_beam_search(values, ids, beam, blank)
+            return [Hypothesis(tokens, score, times) for tokens, score, times in found]
+        found = _native_prefix_beam_search(values, ids, beam, blank, context.flat)
+        hyps = [Hypothesis(tokens, score, times) for tokens, score, times, _, _ in found]
+        return _finalized(hyps, [entry[3] for entry in found], [entry[4] for entry in found], context)
+    search = _PrefixBeam(beam, blank, context)
     for t in range(values.shape[0]):
         search.step(t, values[t], ids[t])
     return search.nbest()
@@ -144,9 +165,13 @@ class _PrefixBeam:
     WeNet defines by update order, is replayed in Python for the survivors only.
     """
 
-    def __init__(self, beam: int, blank: int) -> None:
+    def __init__(self, beam: int, blank: int, context: ContextGraph | None = None) -> None:
         self.beam = beam
         self.blank = blank
+        self.context = context
+        self.ctx_state = np.full(1, ROOT, dtype=np.int64)  # (H,) context-graph state of each prefix
+        self.ctx_score = np.zeros(1)  # (H,) bonus so far (unfinalized)
+        self._ctx_steps: dict[tuple[int, int], tuple[float, int]] = {}  # (state, token) -> step
         self.trie: dict[int, int] = {}
         self.next_node = 1  # node 0 is the empty prefix
         self.node = np.zeros(1, dtype=np.int64)  # (H,)
@@ -200,10 +225,31 @@ class _PrefixBeam:
         np.logaddexp.at(new_s, inverse[is_blank], contrib[is_blank])
         np.logaddexp.at(new_ns, inverse[~is_blank], contrib[~is_blank])
         total = np.logaddexp(new_s, new_ns)
-        order = np.lexsort((first, -total))[: self.beam]  # stable: ties keep first appearance
+        if self.context is None:
+            order = np.lexsort((first, -total))[: self.beam]  # stable: ties keep first appearance
+        else:
+            bonus, states = self._context_steps(grows, hyp, u)
+            order = np.lexsort((first, -(total + bonus[first])))[: self.beam]
+            self.ctx_score, self.ctx_state = bonus[first[order]], states[first[order]]
 
         self._replay(t, order, inverse, first, kind, hyp, u, prob, target, keys)
         self.s, self.ns = new_s[order], new_ns[order]
+
+    def _context_steps(self, grows: np.ndarray, hyp: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(C,) bonus and (C,) graph state of each candidate: its parent's, advanced by the token
+        where the candidate appends one. Steps are cached per (state, token) for the utterance."""
+        assert self.context is not None
+        bonus = self.ctx_score[hyp].copy()
+        states = self.ctx_state[hyp].copy()
+        cache, step = self._ctx_steps, self.context.step
+        for c in np.nonzero(grows)[0].tolist():
+            key = (int(states[c]), int(u[c]))
+            found = cache.get(key)
+            if found is None:
+                found = cache[key] = step(*key)
+            bonus[c] += found[0]
+            states[c] = found[1]
+        return bonus, states
 
     def _replay(
         self,
@@ -273,7 +319,21 @@ class _PrefixBeam:
             score = float(np.logaddexp(self.s[i], self.ns[i]))
             times = self.times_s[i] if self.v_s[i] > self.v_ns[i] else self.times_ns[i]
             result.append(Hypothesis(tokens=tokens, score=score, times=times))
-        return result
+        if self.context is None:
+            return result
+        return _finalized(result, self.ctx_score.tolist(), self.ctx_state.tolist(), self.context)
+
+
+def _finalized(
+    hyps: list[Hypothesis], bonus: list[float], states: list[int], context: ContextGraph
+) -> list[Hypothesis]:
+    """The n-best with each bonus finalized (the unfinished part of a match taken back at the
+    end), best first by ``score + context_score`` (stable)."""
+    done = [
+        Hypothesis(h.tokens, h.score, h.times, b + context.finalize(s))
+        for h, b, s in zip(hyps, bonus, states, strict=True)
+    ]
+    return sorted(done, key=lambda h: -(h.score + h.context_score))
 
 
 def _columns_topk(topk_values: ArrayLike, topk_ids: ArrayLike, tokens: list[int], vocab_size: int) -> np.ndarray:

@@ -172,6 +172,7 @@ class Finalizer:
                 np.concatenate(job.utterance.topk_values),
                 np.concatenate(job.utterance.topk_ids),
                 torch.cat(job.utterance.encoder_out, dim=0) if job.stream.config.rescore else None,
+                job.stream.config.context,
             )
             for job in finals
         ]

@@ -40,6 +40,7 @@ from typing import cast
 import numpy as np
 import torch
 
+from asr_core.context_graph import ContextGraph
 from asr_core.ctc_search import Hypothesis, ctc_prefix_beam_search_topk, ctc_scores_topk, ctc_token_frames_topk
 from asr_core.model.loader import LoadedModel
 from rescoring.attention import DecoderFn, RescoreResult, attention_rescore
@@ -85,13 +86,14 @@ class FinalRequest:
     topk_values: np.ndarray  # (T, k) float32
     topk_ids: np.ndarray  # (T, k) int64
     encoder_out: torch.Tensor | np.ndarray | None  # (T, D); None: no rescoring
+    context: ContextGraph | None = None  # the stream's hotwords; None: no biasing
 
     def portable(self) -> FinalRequest:
         """The request with its encoder output as a float32 numpy array (to send to a process)."""
         out = self.encoder_out
         if isinstance(out, torch.Tensor):
             out = out.detach().to("cpu", torch.float32).numpy()
-        return FinalRequest(self.topk_values, self.topk_ids, out)
+        return FinalRequest(self.topk_values, self.topk_ids, out, self.context)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +118,9 @@ class FinalSearch:
     @torch.inference_mode()
     def run(self, requests: list[FinalRequest]) -> list[FinalResult]:
         s = self.settings
-        nbests = [ctc_prefix_beam_search_topk(r.topk_values, r.topk_ids, s.beam, s.blank) for r in requests]
+        nbests = [
+            ctc_prefix_beam_search_topk(r.topk_values, r.topk_ids, s.beam, s.blank, r.context) for r in requests
+        ]
         to_rescore = [i for i, r in enumerate(requests) if r.encoder_out is not None and nbests[i]]
         rescored: dict[int, RescoreResult] = {}
         if to_rescore:
@@ -128,9 +132,12 @@ class FinalSearch:
             candidates = [nbests[i] for i in to_rescore]
             if s.attention_beam > 0 and supports_search(self.decoder):
                 candidates = self._with_proposals([requests[i] for i in to_rescore], candidates, encoder_outs)
+            # The hotword bonus the CTC search ranked by joins the rescoring score (None: no list).
+            biased = any(requests[i].context is not None for i in to_rescore)
+            bonuses = [[h.context_score for h in c] for c in candidates] if biased else None
             results = attention_rescore(
                 self.decoder, encoder_outs, candidates,
-                ctc_weight=s.ctc_weight, reverse_weight=s.reverse_weight, sos=s.sos, eos=s.eos,
+                ctc_weight=s.ctc_weight, reverse_weight=s.reverse_weight, sos=s.sos, eos=s.eos, bonuses=bonuses,
             )  # fmt: skip
             for i, result in zip(to_rescore, results, strict=True):
                 if result.tokens and not result.times:  # a proposal won: align it for token times
@@ -168,10 +175,14 @@ class FinalSearch:
                     members.append(p.tokens)
             scores = ctc_scores_topk(request.topk_values, request.topk_ids, members, s.vocab_size, s.blank)
             times = [h.times for h in nbest] + [()] * (len(members) - len(nbest))
+            graph = request.context
+            bonus = [h.context_score for h in nbest] + [
+                graph.score(tokens) if graph is not None else 0.0 for tokens in members[len(nbest) :]
+            ]
             merged.append(
                 [
-                    Hypothesis(tokens, score, t)
-                    for tokens, score, t in zip(members, scores, times, strict=True)
+                    Hypothesis(tokens, score, t, b)
+                    for tokens, score, t, b in zip(members, scores, times, bonus, strict=True)
                     if score > -math.inf  # a proposal CTC cannot align to these frames at all
                 ]
             )

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from asr_core.context_graph import ContextGraph
 from asr_core.events import Event
 from asr_core.frontend import FbankStream
 
@@ -35,6 +36,7 @@ class StreamConfig:
     rescore: bool = True
     emit_unchanged_partials: bool = False
     stream_id: str | None = None
+    context: ContextGraph | None = None  # hotwords biasing the finals' CTC search; None: none
 
     def chunk_frames(self, subsampling: int, frame_ms: int = 10) -> int:
         """Encoder frames per chunk: 160 ms -> 4 with 4x subsampling of 10 ms frames."""

@@ -22,3 +22,29 @@ def tokens_to_text(tokens: Iterable[int], units: Sequence[str]) -> str:
     """The transcript of token ids ``tokens`` (indices into ``units``, the model's units.txt)."""
     text = "".join(unit for unit in (units[t] for t in tokens) if not is_special(unit))
     return text.replace(WORD_BOUNDARY, " ").strip()
+
+
+def text_to_tokens(text: str, units: Sequence[str]) -> list[int] | None:
+    """Token ids spelling ``text`` in ``units``, longest unit first (None: some part has no unit).
+
+    For hotword phrases: character units spell Chinese one character a unit; with BPE units
+    each space-separated word starts with the "▁" marker, as SentencePiece writes it.
+    """
+    index = {unit: i for i, unit in enumerate(units) if not is_special(unit)}
+    longest = max((len(unit) for unit in index), default=0)
+    bpe = any(unit.startswith(WORD_BOUNDARY) for unit in index)
+    words = text.split()
+    pieces = [WORD_BOUNDARY + w for w in words] if bpe else ["".join(words)]
+    tokens: list[int] = []
+    for piece in pieces:
+        at = 0
+        while at < len(piece):
+            for size in range(min(longest, len(piece) - at), 0, -1):
+                found = index.get(piece[at : at + size])
+                if found is not None:
+                    tokens.append(found)
+                    at += size
+                    break
+            else:
+                return None
+    return tokens

@@ -22,6 +22,7 @@ import numpy as np
 from asr_core.engine import Engine
 from asr_core.events import Ended, Event, Final, Partial
 from asr_core.stream import Stream, StreamConfig
+from asr_gateway.hotwords import HotwordLists
 from kb_hooks.processor import TranscriptProcessor
 from kb_hooks.publisher import Publisher
 from kb_hooks.types import CallContext, Participant, RedactionMode, TranscriptUpdate
@@ -65,8 +66,10 @@ class CallBridge:
         publisher: Publisher,
         default_redaction: RedactionMode = RedactionMode.MASK,
         queue_size: int = 50_000,
+        hotwords: HotwordLists | None = None,
     ) -> None:
         self.engine = engine
+        self.hotwords = hotwords  # the profiles' phrase files; None: no biasing
         self.processor = processor
         self.publisher = publisher
         self.default_redaction = default_redaction
@@ -104,7 +107,10 @@ class CallBridge:
 
     def open_leg(self, call: CallInfo, leg: LegInfo) -> StreamSink:
         profile = call.profile
-        config = StreamConfig(chunk_ms=profile.chunk_ms, left_chunks=profile.left_chunks, stream_id=leg.leg_id)
+        context = self.hotwords.get(profile.hotwords) if self.hotwords is not None else None
+        config = StreamConfig(
+            chunk_ms=profile.chunk_ms, left_chunks=profile.left_chunks, stream_id=leg.leg_id, context=context
+        )
         stream = self.engine.open_stream(config, self._on_engine_event)  # PoolExhausted: a CapacityError, 503
         with self._lock:
             state = self._calls.get(call.call_id)
@@ -215,6 +221,7 @@ class CallBridge:
             redaction=RedactionMode(profile.redaction) if profile.redaction else self.default_redaction,
             kb_set=profile.kb_set,
             tag_rules=(profile.tag_rules,) if profile.tag_rules else (),
+            itn=profile.itn,
         )
 
 

@@ -35,6 +35,7 @@ from asr_core.engine import Engine, EngineOptions, resolve_dtype
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_gateway.bridge import CallBridge
 from asr_gateway.config import ServiceConfig
+from asr_gateway.hotwords import HotwordLists
 from asr_gateway.metrics import MetricsServer
 from kb_hooks.processor import TranscriptProcessor
 from kb_hooks.publisher import Publisher
@@ -131,6 +132,11 @@ def check_profiles(router: Router, config: ServiceConfig, where: str) -> list[st
     return problems
 
 
+def hotword_names(router: Router) -> list[str]:
+    """The phrase files the profiles name."""
+    return [p.hotwords for p in router.routes.profiles.values() if p.hotwords is not None]
+
+
 def load_router(config: ServiceConfig) -> Router:
     router = load_routes(config.routes) if config.routes is not None else Router()
     problems = check_profiles(router, config, str(config.routes or "default routes"))
@@ -205,10 +211,17 @@ class Service:
             torch.set_num_threads(config.engine.threads)
         self.loaded = loaded or load_wenet_model(model_dir_of(config))
         self.router = load_router(config)
+        base = config.routes.parent if config.routes is not None else Path()
+        self.hotwords = HotwordLists(self.loaded.units, base)
+        problems = self.hotwords.sync(hotword_names(self.router))
+        if problems:
+            raise ConfigError(problems)
         self.processor = TranscriptProcessor.from_settings(config.kb_hooks)
         self.engine = Engine(self.loaded, engine_options(config))
         self.publisher = Publisher(config.redis)
-        self.bridge = CallBridge(self.engine, self.processor, self.publisher, config.kb_hooks.default_redaction)
+        self.bridge = CallBridge(
+            self.engine, self.processor, self.publisher, config.kb_hooks.default_redaction, hotwords=self.hotwords
+        )
         rtp = config.rtp
         self.ports_allocator = PortAllocator(rtp.host, rtp.port_min, rtp.port_max)
         max_calls_by_engine = min(config.sip.max_calls, config.engine.max_streams)
@@ -316,6 +329,7 @@ class Service:
 
     def _watched_files(self) -> list[Path]:
         files = [*self.config.kb_hooks.kb_sets.values(), *self.config.kb_hooks.tag_rule_sets.values()]
+        files.extend(self.hotwords.files())
         if self.config.routes is not None:
             files.append(self.config.routes)
         return files
@@ -325,6 +339,9 @@ class Service:
         ok = True
         try:
             router = load_router(self.config)
+            problems = self.hotwords.sync(hotword_names(router))
+            if problems:
+                raise ConfigError(problems)
         except (ConfigError, ValueError) as exc:
             ok = False
             log.error("routes reload rejected, previous routes kept: %s", exc)
@@ -332,7 +349,7 @@ class Service:
             self.sip.core.router = router
             self.router = router
             log.info("routes reloaded from %s", self.config.routes or "defaults")
-        for name, result in self.processor.reload_all().items():
+        for name, result in {**self.processor.reload_all(), **self.hotwords.reload_all()}.items():
             if not result.ok:
                 ok = False
                 log.error("%s reload rejected, previous version kept: %s", name, "; ".join(result.errors))

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from asr_common.itn import normalize_numbers, normalize_tokens
 from kb_hooks.config import KbHooksSettings
 from kb_hooks.entities import Entity, extract_entities
 from kb_hooks.events import Event, EventType, envelope
@@ -92,6 +93,8 @@ class TranscriptProcessor:
 
     def process(self, update: TranscriptUpdate) -> list[Event]:
         ctx = update.call
+        if ctx.itn and not update.is_partial and update.text_raw is None:
+            update = _normalized(update)
         with self._lock:
             state = self._calls.setdefault(ctx.call_id, _CallState())
         utterance = (*update.participant.key(), update.utterance_id)
@@ -130,6 +133,8 @@ class TranscriptProcessor:
             confidence=update.confidence,
             latency_ms=update.latency_ms,
         )
+        if update.text_raw is not None:
+            event["text_raw"] = self._redact_text(update.text_raw, update.call)
         if not update.is_partial:
             event["nbest"] = [
                 {"text": self._redact_text(text, update.call), "score": score} for text, score in update.nbest
@@ -254,3 +259,11 @@ class TranscriptProcessor:
         event = envelope("tags", update.call, update.participant)
         event.update(utterance_id=update.utterance_id, is_partial=update.is_partial, tags=tags)
         return event
+
+
+def _normalized(update: TranscriptUpdate) -> TranscriptUpdate:
+    """The update with spoken numbers in digits (text, tokens, n-best); ``text_raw`` keeps the spoken text."""
+    normalized = normalize_numbers(update.text)
+    tokens = tuple(normalize_tokens(normalized, [(t[0], t[1], t[2]) for t in update.tokens]))
+    nbest = tuple((normalize_numbers(text).text, score) for text, score in update.nbest)
+    return replace(update, text=normalized.text, tokens=tokens, nbest=nbest, text_raw=update.text)

@@ -47,6 +47,7 @@ class CallContext:
     redaction: RedactionMode = RedactionMode.MASK
     kb_set: str | None = None  # name of the knowledge base to match; None disables KB matching
     tag_rules: tuple[str, ...] = ()  # names of the tag rule sets to apply
+    itn: bool = False  # finals: spoken numbers to digits (kb_hooks.itn); text_raw keeps the spoken form
 
 
 class TokenTiming(NamedTuple):
@@ -76,3 +77,4 @@ class TranscriptUpdate:
     nbest: tuple[tuple[str, float], ...] = ()  # (text, score), best first; finals only
     latency_ms: float | None = None  # engine-side latency the engine measured for this result
     audio_end_monotonic: float | None = None  # time.monotonic() when the chunk's last sample arrived
+    text_raw: str | None = None  # the spoken form where ``text`` was normalized (ITN); None: not normalized

@@ -364,6 +364,7 @@ def attention_rescore(
     padding_slack: float = PADDING_SLACK,
     max_positions: float = MAX_CALL_POSITIONS,
     prefix_tree: bool = True,
+    bonuses: Sequence[Sequence[float]] | None = None,
 ) -> list[RescoreResult]:
     """Rescore the n-best lists of S streams, batched into as few decoder calls as padding allows.
 
@@ -379,6 +380,8 @@ def attention_rescore(
         prefix_tree: when the decoder has ``forward_tree`` (the model's decoders do), decode
             each utterance's n-best as one prefix tree (:class:`PrefixTree`): every distinct
             prefix once instead of every hypothesis position; same scores up to float rounding.
+        bonuses: per stream, per hypothesis, a log-domain bonus added to ``final`` unweighted
+            (the hotword bonus the CTC search ranked by, so that rescoring does not undo it).
     Returns:
         S results, in stream order.
     """
@@ -389,6 +392,8 @@ def attention_rescore(
     for s, nbest in enumerate(nbests):
         if not nbest:
             raise ValueError(f"stream {s} has an empty n-best list")
+        if bonuses is not None and len(bonuses[s]) != len(nbest):
+            raise ValueError(f"stream {s}: {len(bonuses[s])} bonuses for {len(nbest)} hypotheses")
     l2r: list[float] = [0.0] * sum(len(nbest) for nbest in nbests)
     r2l: list[float] = [0.0] * len(l2r)
     first_row = [0]
@@ -408,14 +413,17 @@ def attention_rescore(
 
     results = []
     row = 0
-    for nbest in nbests:
+    for s, nbest in enumerate(nbests):
         scored = []
         for index, hyp in enumerate(nbest):
             decoder = (1.0 - reverse_weight) * l2r[row] + reverse_weight * r2l[row] if use_r2l else l2r[row]
+            final = decoder + ctc_weight * hyp.score
+            if bonuses is not None:
+                final += bonuses[s][index]
             scored.append(
                 HypothesisScore(
                     tokens=hyp.tokens,
-                    score=decoder + ctc_weight * hyp.score,
+                    score=final,
                     ctc_score=hyp.score,
                     l2r_score=l2r[row],
                     r2l_score=r2l[row],

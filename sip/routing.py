@@ -59,6 +59,11 @@ class Profile(BaseModel):
     left_chunks: int = Field(4, ge=1, le=64)
     transcribe: list[Role] = Field(default_factory=lambda: list(_ALL_ROLES))
     kb_set: str | None = None
+    hotwords: str | None = None
+    """Phrase file (one phrase per line, optional `` :BOOST``) biasing the finals' CTC search;
+    relative to the routes file. Reloaded with the KB sets."""
+    itn: bool = False
+    """Finals' spoken numbers in digits (``text``), the spoken form kept in ``text_raw``."""
     tag_rules: str | None = None
     redaction: Literal["mask", "keep", "hash"] = "mask"
     key_prefix: str = "asr"

@@ -12,18 +12,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import asr_core.ctc_search as ctc_search
+from asr_core.context_graph import ContextGraph
 from asr_core.ctc_search import Hypothesis, ctc_prefix_beam_search_topk, ctc_topk
 
 NATIVE = ctc_search._native_prefix_beam_search
 pytestmark = pytest.mark.skipif(NATIVE is None, reason="asr_core._fastctc (the C prefix search) is not built")
 
 
-def numpy_search(values: np.ndarray, ids: np.ndarray, beam: int, blank: int) -> list[Hypothesis]:
+def numpy_search(
+    values: np.ndarray, ids: np.ndarray, beam: int, blank: int, context: ContextGraph | None = None
+) -> list[Hypothesis]:
     """The numpy search, as it runs where the extension is missing."""
     saved = ctc_search._native_prefix_beam_search
     ctc_search._native_prefix_beam_search = None
     try:
-        return ctc_prefix_beam_search_topk(values, ids, beam, blank)
+        return ctc_prefix_beam_search_topk(values, ids, beam, blank, context)
     finally:
         ctc_search._native_prefix_beam_search = saved
 
@@ -34,12 +37,15 @@ def posteriors(rng: np.random.Generator, frames: int, vocab: int, spread: float,
     return logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
 
 
-def assert_same(values: np.ndarray, ids: np.ndarray, beam: int, blank: int = 0) -> list[Hypothesis]:
-    native = ctc_prefix_beam_search_topk(values, ids, beam, blank)
-    reference = numpy_search(values, ids, beam, blank)
+def assert_same(
+    values: np.ndarray, ids: np.ndarray, beam: int, blank: int = 0, context: ContextGraph | None = None
+) -> list[Hypothesis]:
+    native = ctc_prefix_beam_search_topk(values, ids, beam, blank, context)
+    reference = numpy_search(values, ids, beam, blank, context)
     assert [h.tokens for h in native] == [h.tokens for h in reference]
     assert [h.times for h in native] == [h.times for h in reference]
     assert [h.score for h in native] == [h.score for h in reference]  # exactly, not approximately
+    assert [h.context_score for h in native] == [h.context_score for h in reference]
     return native
 
 
@@ -61,6 +67,54 @@ def test_native_search_equals_the_numpy_search(
     lp = posteriors(np.random.default_rng(seed), frames, vocab, spread, blank_bias)
     values, ids = ctc_topk(lp, min(k, vocab))
     assert_same(values, ids, beam)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    frames=st.integers(0, 40),
+    vocab=st.integers(2, 7),
+    beam=st.integers(1, 8),
+    spread=st.sampled_from([0.3, 2.0, 8.0]),
+    phrases=st.lists(
+        st.tuples(st.lists(st.integers(1, 6), min_size=1, max_size=4), st.sampled_from([0.0, 0.5, 1.5, 4.0])),
+        max_size=6,
+    ),
+)
+def test_native_search_with_a_context_graph_equals_the_numpy_search(
+    seed: int, frames: int, vocab: int, beam: int, spread: float, phrases: list[tuple[list[int], float]]
+) -> None:
+    """Hotword phrases over the same small vocabulary: overlapping phrases, phrases that are
+    prefixes of others, take-backs; C and numpy keep the same beam and bonuses, bit for bit."""
+    lp = posteriors(np.random.default_rng(seed), frames, vocab, spread, 0.0)
+    values, ids = ctc_topk(lp, vocab)
+    assert_same(values, ids, beam, context=ContextGraph(phrases))
+
+
+def test_context_graph_on_a_long_utterance() -> None:
+    """Many phrases over a large vocabulary, built from the search's own n-best so they match."""
+    rng = np.random.default_rng(3)
+    values, ids = ctc_topk(posteriors(rng, 1500, 3000, 4.0, 0.0), 10)
+    plain = ctc_prefix_beam_search_topk(values, ids, 10)
+    tokens = plain[0].tokens
+    phrases = [(tokens[i : i + n], 1.0) for i in range(0, len(tokens) - 6, 3) for n in (2, 5)]
+    phrases += [(tuple(rng.integers(1, 3000, size=4).tolist()), 2.0) for _ in range(1000)]
+    nbest = assert_same(values, ids, beam=10, context=ContextGraph(phrases))
+    assert nbest[0].context_score > 0
+
+
+def test_bad_graph_arrays() -> None:
+    values, ids = np.zeros((3, 2)), np.zeros((3, 2), dtype=np.int64)
+    flat = ContextGraph([((1, 2), 1.0)]).arrays()
+    assert NATIVE(values, ids, 2, 0, flat)
+    with pytest.raises(ValueError, match="6-tuple"):
+        NATIVE(values, ids, 2, 0, flat[:5])
+    with pytest.raises(ValueError, match="graph fail"):
+        NATIVE(values, ids, 2, 0, (*flat[:3], flat[3][:-1], *flat[4:]))
+    broken = flat[2].copy()
+    broken[0] = 99
+    with pytest.raises(ValueError, match="not a trie"):
+        NATIVE(values, ids, 2, 0, (flat[0], flat[1], broken, *flat[3:]))
 
 
 def test_long_utterance_with_a_large_vocabulary() -> None:

@@ -111,3 +111,11 @@ def test_a_trial_passes_only_when_partials_and_finals_keep_up() -> None:
     assert not _passes(trial(True, 350.0, 900.0))
     # Partials on time while the finals' backlog grows: past the machine's capacity.
     assert not _passes(trial(True, 250.0, 5000.0))
+
+
+def test_hotwords_ab_reports_both_finals_cpu_numbers() -> None:
+    report = run_bench("--streams", "2", "--seconds", "2", "--finalizer", "process", "--hotwords-ab", "200")
+    ab = report["hotwords_ab"]
+    assert ab["phrases"] == 200 and ab["graph_nodes"] > 200
+    assert len(ab["finals_rtf"]) == 2 and all(v > 0 for v in ab["finals_rtf"])
+    assert ab["finals_cpu_extra"] is not None

@@ -28,6 +28,7 @@ import torch
 
 from asr_core.audio_io import read_wav
 from asr_core.backends import BACKENDS
+from asr_core.context_graph import DEFAULT_BONUS, ContextGraph
 from asr_core.ctc_search import ctc_greedy_batch
 from asr_core.endpoint import EndpointRules
 from asr_core.engine import DTYPES, Engine, EngineOptions, resolve_dtype
@@ -64,6 +65,7 @@ class Trial:
     piece_ms: int = DEFAULT_PIECE_MS
     traced_step: bool = True
     step_threads: int = 1
+    context: ContextGraph | None = None  # hotwords on every stream (--hotwords-ab)
 
 
 def synthetic_speech(seconds: float, seed: int) -> np.ndarray:
@@ -114,7 +116,9 @@ def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray)
             with lock:
                 finals.append(event)
 
-    config = StreamConfig(chunk_ms=trial.chunk_ms, left_chunks=trial.left_chunks, rescore=trial.rescore)
+    config = StreamConfig(
+        chunk_ms=trial.chunk_ms, left_chunks=trial.left_chunks, rescore=trial.rescore, context=trial.context
+    )
     streams = [engine.open_stream(config, on_event) for _ in range(trial.streams)]
     piece_samples = trial.piece_ms * 16
     piece_s = trial.piece_ms / 1000.0
@@ -413,6 +417,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--fast", action="store_true", help="feed as fast as possible (throughput)")
     parser.add_argument(
+        "--hotwords-ab", type=int, default=0, metavar="N",
+        help="A/B in one run: the trial without, then with an N-phrase random hotwords list on every "
+        "stream; reports both finals_rtf and the extra finals CPU (needs --finalizer process)",
+    )  # fmt: skip
+    parser.add_argument(
         "--piece-ms",
         type=int,
         default=DEFAULT_PIECE_MS,
@@ -439,6 +448,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=PEAK_POSTERIOR,
         help="with --arch: mean top CTC posterior the random model is sharpened to (default: %(default)s)",
     )
+
+
+def random_hotwords(units: list[str], count: int, seed: int) -> ContextGraph:
+    """``count`` random phrases of 2-6 of the model's units (a cost measurement: many partial
+    matches, since first tokens cover much of the vocabulary), each with the default bonus."""
+    rng = np.random.default_rng(seed)
+    ids = [i for i, unit in enumerate(units) if not (unit.startswith("<") and unit.endswith(">"))]
+    phrases = [(rng.choice(ids, size=int(rng.integers(2, 7))).tolist(), DEFAULT_BONUS) for _ in range(count)]
+    return ContextGraph(phrases)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -482,6 +500,20 @@ def run(args: argparse.Namespace) -> int:
         "step_threads": base.step_threads,
         "torch_threads": torch.get_num_threads(),
     }
+    if args.hotwords_ab > 0:
+        without = run_trial(loaded, base, args.device, audio)
+        graph = random_hotwords(loaded.units, args.hotwords_ab, seed=5)
+        with_list = run_trial(loaded, Trial(**{**base.__dict__, "context": graph}), args.device, audio)
+        a, b = without["finals_rtf"], with_list["finals_rtf"]
+        ab = {
+            "phrases": args.hotwords_ab,
+            "graph_nodes": len(graph),
+            "finals_rtf": [a, b],
+            "finals_cpu_extra": None if not a or b is None else round(b / a - 1.0, 4),
+            "final_tokens_per_s": [without["final_tokens_per_s"], with_list["final_tokens_per_s"]],
+        }
+        print(json.dumps({**header, **without, "hotwords_ab": ab}, ensure_ascii=False))
+        return 0
     if not args.find_max:
         print(json.dumps({**header, **run_trial(loaded, base, args.device, audio)}, ensure_ascii=False))
         return 0
