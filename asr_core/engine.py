@@ -31,6 +31,7 @@ from kv_ring import KvPool
 
 __all__ = ["CapacityError", "Engine", "EngineOptions", "EngineStats", "StreamConfig"]
 
+
 @dataclass(frozen=True, slots=True)
 class EngineOptions:
     """Engine-wide limits. ``max_window_frames`` sizes the pool's per-slot ring."""

@@ -118,9 +118,7 @@ class FinalSearch:
     @torch.inference_mode()
     def run(self, requests: list[FinalRequest]) -> list[FinalResult]:
         s = self.settings
-        nbests = [
-            ctc_prefix_beam_search_topk(r.topk_values, r.topk_ids, s.beam, s.blank, r.context) for r in requests
-        ]
+        nbests = [ctc_prefix_beam_search_topk(r.topk_values, r.topk_ids, s.beam, s.blank, r.context) for r in requests]
         to_rescore = [i for i, r in enumerate(requests) if r.encoder_out is not None and nbests[i]]
         rescored: dict[int, RescoreResult] = {}
         if to_rescore:

@@ -88,8 +88,11 @@ class ServiceCollector(Collector):
         yield journal
         yield CounterMetricFamily("asr_redis_published", "events published", value=publisher.published)
         yield CounterMetricFamily("asr_redis_errors", "Redis errors", value=publisher.redis_errors)
-        yield CounterMetricFamily("asr_partials_dropped", "partials dropped under backpressure",
-                                  value=publisher.partials_dropped + bridge.partials_dropped)
+        yield CounterMetricFamily(
+            "asr_partials_dropped",
+            "partials dropped under backpressure",
+            value=publisher.partials_dropped + bridge.partials_dropped,
+        )
 
 
 def _quantiles(name: str, doc: str, samples: Iterable[float], scale: float) -> GaugeMetricFamily:

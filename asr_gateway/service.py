@@ -67,6 +67,7 @@ def memory_report(top: int = 15) -> dict[str, object]:
 def log_memory_report() -> None:
     log.warning("memory report %s", memory_report())
 
+
 DEMO_MODEL_DIR = Path(__file__).resolve().parents[1] / "asr_core" / "demo_model"
 RELOAD_POLL_S = 2.0
 
@@ -95,7 +96,10 @@ def engine_options(config: ServiceConfig) -> EngineOptions:
         reverse_weight=engine.reverse_weight,
         attention_beam=engine.attention_beam,
         endpoint=EndpointRules(
-            rules.blank_threshold, rules.trailing_silence_ms, rules.leading_silence_ms, rules.max_utterance_ms,
+            rules.blank_threshold,
+            rules.trailing_silence_ms,
+            rules.leading_silence_ms,
+            rules.max_utterance_ms,
             rules.energy_gate_db,
         ),
         device=engine.device,
@@ -321,8 +325,10 @@ class Service:
     @property
     def healthy(self) -> bool:
         """Mirrors the OPTIONS answer: 200 while calls are accepted, 503 when full or draining."""
-        return not self._stopping.is_set() and self.engine.free_slots > 0 and (
-            self.sip.active_calls < self.config.sip.max_calls
+        return (
+            not self._stopping.is_set()
+            and self.engine.free_slots > 0
+            and (self.sip.active_calls < self.config.sip.max_calls)
         )
 
     # -- reload -----------------------------------------------------------------------
@@ -367,6 +373,7 @@ class Service:
 
 def run_service(config: ServiceConfig) -> int:
     """Blocking entry point of ``asr-gateway serve``."""
+
     async def main() -> None:
         service = Service(config)
         await service.start()

@@ -36,6 +36,8 @@ LOCK_FILE = "events.lock"
 
 class SpoolInUseError(RuntimeError):
     """Another live process journals into the same spool directory."""
+
+
 COMPACT_BYTES = 4 << 20  # an acknowledged prefix this large is worth a rewrite
 
 

@@ -72,9 +72,7 @@ def _noise(rng: np.random.Generator, n: int, sample_rate: int) -> np.ndarray:
     return noise * envelope
 
 
-def telephone(
-    samples: np.ndarray, sample_rate: int, seed: int, config: ChannelConfig | None = None
-) -> np.ndarray:
+def telephone(samples: np.ndarray, sample_rate: int, seed: int, config: ChannelConfig | None = None) -> np.ndarray:
     """Clean speech (int16 or float in [-1, 1], (N,), any rate) -> 8 kHz int16 telephone audio (M,)."""
     config = config or ChannelConfig()
     rng = np.random.default_rng(seed)

@@ -125,9 +125,7 @@ class FeatureSet:
         for part, data_dir in enumerate(dirs):
             index = data_dir / "index.tsv"
             if not index.exists():
-                raise FileNotFoundError(
-                    f"{index} not found: prepare the data first (python -m recipes.recipe)"
-                )
+                raise FileNotFoundError(f"{index} not found: prepare the data first (python -m recipes.recipe)")
             rows = (line.split("\t") for line in index.read_text(encoding="utf-8").splitlines())
             self.entries += [Entry(u, int(o), int(n), t, part) for u, o, n, t in rows]
             self._feats.append(np.load(data_dir / "feats.npy", mmap_mode="r"))

@@ -205,8 +205,13 @@ def _address(rng: random.Random) -> str:
         return rng.choice(ROADS) + _number(rng, 1, 300) + "号"
     if kind == 1:
         return (
-            rng.choice(COMMUNITIES) + _number(rng, 1, 30) + "栋" + _number(rng, 1, 6) + "单元"
-            + digits_to_chinese(f"{rng.randint(1, 30)}{rng.randint(1, 4):02d}") + "室"
+            rng.choice(COMMUNITIES)
+            + _number(rng, 1, 30)
+            + "栋"
+            + _number(rng, 1, 6)
+            + "单元"
+            + digits_to_chinese(f"{rng.randint(1, 30)}{rng.randint(1, 4):02d}")
+            + "室"
         )
     return rng.choice(ROADS) + "和" + rng.choice(ROADS) + "交叉口"
 

@@ -352,8 +352,10 @@ class Trainer:
         torch.save(state, self.exp_dir / "checkpoint.pt.tmp")
         (self.exp_dir / "checkpoint.pt.tmp").replace(self.exp_dir / "checkpoint.pt")
         self._keep_snapshot(dev)
-        print(f"checkpoint step {self.step} epoch {self.epoch} dev_loss {dev:.3f} best {self.best_dev_loss:.3f}",
-              flush=True)
+        print(
+            f"checkpoint step {self.step} epoch {self.epoch} dev_loss {dev:.3f} best {self.best_dev_loss:.3f}",
+            flush=True,
+        )
         return dev
 
     def _snapshot_index(self) -> dict[str, float]:
@@ -500,8 +502,11 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     params = sum(p.numel() for p in trainer.model.parameters())
-    print(f"{len(trainer.train_ids)} train / {len(trainer.dev_ids)} dev utterances, {len(trainer.batches)} batches, "
-          f"{len(trainer.units)} units, {params / 1e6:.2f}M parameters", flush=True)
+    print(
+        f"{len(trainer.train_ids)} train / {len(trainer.dev_ids)} dev utterances, {len(trainer.batches)} batches, "
+        f"{len(trainer.units)} units, {params / 1e6:.2f}M parameters",
+        flush=True,
+    )
     trainer.run(args.max_steps, args.minutes_budget)
     if args.out is not None:
         if args.out.exists():

@@ -54,9 +54,7 @@ class GroupSum(nn.Module):
             if g.shape != (shape[0],):
                 raise ValueError(f"group ids have shape {tuple(g.shape)}, the tied tensor has {shape[0]} rows")
             self.register_buffer(f"groups{k}", g.clone(), persistent=True)
-        self.tables = nn.ParameterList(
-            nn.Parameter(torch.zeros(int(g.max()) + 1, *shape[1:])) for g in groups
-        )
+        self.tables = nn.ParameterList(nn.Parameter(torch.zeros(int(g.max()) + 1, *shape[1:])) for g in groups)
 
     def _groups(self) -> list[torch.Tensor]:
         return [getattr(self, f"groups{k}") for k in range(len(self.tables))]

@@ -53,6 +53,7 @@ class FastOwner(Protocol):
 
     def fast_batch(self, payloads: bytes) -> None: ...
 
+
 # Read up to this many bytes per datagram, as asyncio's own datagram transports do (a shorter
 # read would truncate an oversized datagram silently and hand the parser a wrong packet).
 MAX_DATAGRAM_BYTES = 65536

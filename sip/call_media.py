@@ -48,6 +48,7 @@ def no_stream(offer: SessionDescription | None, profile: Profile) -> Reject:
         return Reject(488, (warning(text, 302),))
     return Reject(488, (NO_AUDIO,))
 
+
 Streams = list[tuple[StreamPlan, Role, str | None]]
 """Accepted streams with the role each is transcribed as and the AOR of the party sending it."""
 

@@ -86,8 +86,10 @@ class SipSettings(BaseModel):
     )
     source_burst: int = Field(400, ge=1, description="token-bucket depth of the per-source request rate")
     source_max_transactions: int = Field(
-        512, ge=1, description="open server transactions per source IP (a UDP one lingers 32 s after its answer); "
-        "more get 503 + Retry-After"
+        512,
+        ge=1,
+        description="open server transactions per source IP (a UDP one lingers 32 s after its answer); "
+        "more get 503 + Retry-After",
     )
     source_max_connections: int = Field(32, ge=1, description="open TCP/TLS connections per source IP; more are closed")
     stream_idle_timeout_s: float = Field(32.0, gt=0, description="close a TCP/TLS connection silent this long")
@@ -119,9 +121,11 @@ class SipSettings(BaseModel):
     def acl_summary(self) -> str:
         """The start-up line that says who may send."""
         if not self.acl_cidrs:
-            return "sip.acl_cidrs is empty: admitting loopback and private sources only (" + ", ".join(
-                map(str, LOCAL_NETWORKS)
-            ) + "); list the PBX/SBC addresses, or [0.0.0.0/0, ::/0] for any"
+            return (
+                "sip.acl_cidrs is empty: admitting loopback and private sources only ("
+                + ", ".join(map(str, LOCAL_NETWORKS))
+                + "); list the PBX/SBC addresses, or [0.0.0.0/0, ::/0] for any"
+            )
         return "sip.acl_cidrs admits " + ", ".join(map(str, self.acl_cidrs))
 
     def open_settings(self) -> list[str]:

@@ -100,11 +100,11 @@ def test_parse_phrases() -> None:
 
 @pytest.mark.parametrize(
     ("line", "message"),
-        [
-            ("新华路 :x", r"hw\.txt:2: boost 'x' is not a number"),
-            ("新华路 :-1", r"hw\.txt:2: boost '-1' must be"),
-            (" :2", r"hw\.txt:2: a boost without"),
-        ],
+    [
+        ("新华路 :x", r"hw\.txt:2: boost 'x' is not a number"),
+        ("新华路 :-1", r"hw\.txt:2: boost '-1' must be"),
+        (" :2", r"hw\.txt:2: a boost without"),
+    ],
 )
 def test_phrase_file_errors_name_file_and_line(tmp_path: Path, line: str, message: str) -> None:
     path = tmp_path / "hw.txt"

@@ -13,8 +13,9 @@ SCRIPT = Path(__file__).resolve().parents[1] / "deploy" / "bench" / "gpu.sh"
 
 def run(*args: str, tmp_path: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "TMPDIR": str(tmp_path), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=timeout,
-                          check=False)
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=timeout, check=False
+    )
 
 
 def test_syntax_and_help(tmp_path: Path) -> None:
@@ -40,8 +41,23 @@ def test_dry_run_lists_every_backend_and_level(tmp_path: Path) -> None:
 
 
 def test_cpu_smoke_run_prints_one_summary(tmp_path: Path) -> None:
-    result = run("--skip-install", "--device", "cpu", "--arch", "small", "--backends", "torch", "--streams", "2",
-                 "--seconds", "1", "--budget-s", "60", tmp_path=tmp_path, timeout=240)
+    result = run(
+        "--skip-install",
+        "--device",
+        "cpu",
+        "--arch",
+        "small",
+        "--backends",
+        "torch",
+        "--streams",
+        "2",
+        "--seconds",
+        "1",
+        "--budget-s",
+        "60",
+        tmp_path=tmp_path,
+        timeout=240,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     summary = json.loads(result.stdout)
     (trial,) = summary["trials"]

@@ -79,8 +79,13 @@ def reference(loaded: LoadedModel, samples: np.ndarray, chunk_ms: int, left_chun
     greedy = ctc_greedy_batch(log_probs, torch.tensor([encoder_out.shape[0]]))[0]
     nbest = ctc_prefix_beam_search(log_probs[0], beam=10)
     (result,) = attention_rescore(
-        loaded.model.decoder, [encoder_out], [nbest], sos=loaded.sos_id, eos=loaded.eos_id,
-        ctc_weight=0.5, reverse_weight=0.3,
+        loaded.model.decoder,
+        [encoder_out],
+        [nbest],
+        sos=loaded.sos_id,
+        eos=loaded.eos_id,
+        ctc_weight=0.5,
+        reverse_weight=0.3,
     )
     return Reference(greedy, result.tokens, result.score, [h.tokens for h in nbest])
 

@@ -187,9 +187,7 @@ def send_garbage(sock: socket.socket, ports: list[int], rng: random.Random) -> N
 def test_garbage_udp_on_sip_and_rtp_ports_leaves_calls_unaffected(tmp_path: Path, redis_server: RedisServer) -> None:
     async def scenario() -> tuple[EventCollector, list[CallResult], int, list[dict[str, int]]]:
         config = config_for(redis_server.url, tmp_path)
-        config = config.model_copy(
-            update={"rtp": config.rtp.model_copy(update={"port_max": config.rtp.port_min + 63})}
-        )
+        config = config.model_copy(update={"rtp": config.rtp.model_copy(update={"port_max": config.rtp.port_min + 63})})
         service = Service(config)
         ports = await service.start()
         assert ports.sip_udp is not None
@@ -415,9 +413,7 @@ def test_a_strangers_speech_on_the_rtp_ports_never_reaches_a_transcript(
 
     async def scenario() -> tuple[EventCollector, list[CallResult], int, list[dict[str, int]]]:
         config = config_for(redis_server.url, tmp_path)
-        config = config.model_copy(
-            update={"rtp": config.rtp.model_copy(update={"port_max": config.rtp.port_min + 63})}
-        )
+        config = config.model_copy(update={"rtp": config.rtp.model_copy(update={"port_max": config.rtp.port_min + 63})})
         service = Service(config)
         ports = await service.start()
         assert ports.sip_udp is not None

@@ -201,7 +201,6 @@ def test_replaying_a_journal_twice_adds_nothing(redis_server: RedisServer, tmp_p
     asyncio.run(check())
 
 
-
 def test_one_process_per_spool_directory(tmp_path: Path) -> None:
     first = Spool(tmp_path, 1 << 20)
     with pytest.raises(SpoolInUseError, match="in use by another running process"):

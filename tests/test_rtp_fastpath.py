@@ -266,6 +266,7 @@ def test_fuzzed_traffic_through_the_c_path_matches_the_python_path() -> None:
         errors: list[object] = []
         asyncio.get_running_loop().set_exception_handler(lambda _, context: errors.append(context))
         leg, sink, port = await open_leg(fast_path=fast, poll_interval_ms=0)
+
         def handled() -> int:  # every datagram ends in exactly one of these counters
             stats = leg.stats
             return stats.packets + stats.bad_packets + stats.rtcp_packets

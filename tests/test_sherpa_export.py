@@ -29,8 +29,12 @@ def loaded() -> LoadedModel:
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("sherpa")
-    assert sherpa.main(["--model", str(FIXTURE / "model"), "--out", str(out), "--chunk-size", "4",
-                        "--left-chunks", "2", "--int8"]) == 0
+    assert (
+        sherpa.main(
+            ["--model", str(FIXTURE / "model"), "--out", str(out), "--chunk-size", "4", "--left-chunks", "2", "--int8"]
+        )
+        == 0
+    )
     return out
 
 
@@ -48,8 +52,9 @@ def our_greedy(loaded: LoadedModel, samples: np.ndarray, chunk: int, left_chunks
     length = (chunk - 1) * loaded.subsampling + loaded.right_context + 1
     shift = chunk * loaded.subsampling
     chunks = (len(feats) - length) // shift + 1
-    encoder_out, _ = encode_streaming(loaded, torch.from_numpy(feats[: (chunks - 1) * shift + length]), chunk,
-                                      left_chunks)
+    encoder_out, _ = encode_streaming(
+        loaded, torch.from_numpy(feats[: (chunks - 1) * shift + length]), chunk, left_chunks
+    )
     best = loaded.model.ctc_log_probs(encoder_out).argmax(-1).tolist()
     tokens = [t for i, t in enumerate(best) if t != loaded.blank_id and (i == 0 or t != best[i - 1])]
     return [loaded.units[t] for t in tokens]
@@ -68,16 +73,24 @@ def test_metadata_and_tokens(exported: Path, loaded: LoadedModel) -> None:
     assert lines[0] == f"{loaded.units[0]} 0" and len(lines) == loaded.vocab_size
 
 
-@pytest.mark.parametrize(("chunk", "left_chunks", "model_file"), [
-    (4, 2, sherpa.MODEL_FILE), (8, 3, sherpa.MODEL_FILE), (4, 2, sherpa.MODEL_INT8_FILE),
-])
+@pytest.mark.parametrize(
+    ("chunk", "left_chunks", "model_file"),
+    [
+        (4, 2, sherpa.MODEL_FILE),
+        (8, 3, sherpa.MODEL_FILE),
+        (4, 2, sherpa.MODEL_INT8_FILE),
+    ],
+)
 def test_sherpa_onnx_decodes_like_our_single_stream_path(
     exported: Path, loaded: LoadedModel, chunk: int, left_chunks: int, model_file: str
 ) -> None:
     sherpa_onnx = pytest.importorskip("sherpa_onnx", reason="sherpa-onnx is not installed (pip install sherpa-onnx)")
     recognizer = sherpa_onnx.OnlineRecognizer.from_wenet_ctc(
-        tokens=str(exported / sherpa.TOKENS_FILE), model=str(exported / model_file), chunk_size=chunk,
-        num_left_chunks=left_chunks, num_threads=1,
+        tokens=str(exported / sherpa.TOKENS_FILE),
+        model=str(exported / model_file),
+        chunk_size=chunk,
+        num_left_chunks=left_chunks,
+        num_threads=1,
     )
     for wav in WAVS:
         samples = read_wav(wav).samples

@@ -206,9 +206,7 @@ async def is_closed(reader: asyncio.StreamReader, within_s: float) -> bool:
 def test_idle_tcp_connection_flood_and_slowloris_leave_other_callers_answered() -> None:
     async def scenario() -> None:
         # max_calls 16: the node-wide cap is 16 * 2 + 64 = 96 connections, one source may hold 32.
-        server = server_for(
-            transports=["tcp"], max_calls=16, stream_idle_timeout_s=3.0, stream_message_timeout_s=0.5
-        )
+        server = server_for(transports=["tcp"], max_calls=16, stream_idle_timeout_s=3.0, stream_message_timeout_s=0.5)
         await server.start()
         port = server.port("tcp")
         flood = []

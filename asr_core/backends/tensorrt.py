@@ -74,16 +74,23 @@ def calibration_inputs(
     with torch.inference_mode():
         for wav in wavs:
             fbank = torch.from_numpy(compute_fbank(read_wav(wav).samples))  # (T, n_mels)
-            pool = KvPool(1, loaded.num_blocks, loaded.heads, loaded.d_k, window, loaded.d_model,
-                          loaded.cnn_cache_frames)
+            pool = KvPool(
+                1, loaded.num_blocks, loaded.heads, loaded.d_k, window, loaded.d_model, loaded.cnn_cache_frames
+            )
             slot = torch.tensor([pool.allocate(window)])
             offset = 0
             for start, end in encoder.chunk_windows(fbank.size(0), chunk):
                 if end - start != t_in:
                     break
                 view = pool.gather(slot)
-                inputs = (fbank[start:end].unsqueeze(0), torch.tensor([offset]), view.att.clone(),
-                          view.pos.clone(), view.mask.clone(), view.cnn.clone())
+                inputs = (
+                    fbank[start:end].unsqueeze(0),
+                    torch.tensor([offset]),
+                    view.att.clone(),
+                    view.pos.clone(),
+                    view.mask.clone(),
+                    view.cnn.clone(),
+                )
                 records.append(inputs)
                 ys, new_kv, new_cnn = encoder.forward_chunk_batch(*inputs)
                 pool.write(slot, new_kv, offset + torch.arange(ys.size(1)).unsqueeze(0), new_cnn)
@@ -209,11 +216,15 @@ class TensorRTChunkRunner:
         """Build (or load the cached) engine for ``loaded`` from its chunk-step ONNX graph."""
         import onnx
 
-        calibration_dir = calibration_dir or (Path(os.environ[CALIBRATION_DIR_ENV])
-                                              if os.environ.get(CALIBRATION_DIR_ENV) else None)
+        calibration_dir = calibration_dir or (
+            Path(os.environ[CALIBRATION_DIR_ENV]) if os.environ.get(CALIBRATION_DIR_ENV) else None
+        )
         graph = Path(onnx_path) if onnx_path is not None else cached_chunk_graph(loaded, False, cache_dir)
-        meta = {p.key: int(p.value) for p in onnx.load(str(graph), load_external_data=False).metadata_props
-                if p.value.lstrip("-").isdigit()}
+        meta = {
+            p.key: int(p.value)
+            for p in onnx.load(str(graph), load_external_data=False).metadata_props
+            if p.value.lstrip("-").isdigit()
+        }
         name = f"{'int8' if int8 else 'fp16'}-{trt.__version__}-{torch.cuda.get_device_name().replace(' ', '_')}"
         if int8 and calibration_dir is not None:
             name += "-" + hashlib.sha256(str(sorted(Path(calibration_dir).glob("*.wav"))).encode()).hexdigest()[:12]

@@ -144,9 +144,7 @@ def run_peer_trial(
         "realtime_ok": keeps_up and p95 <= LATENCY_LIMIT_MS,
         "chunks": int(decoded.sum()),
         "decode_calls": calls[0],
-        "chunk_latency_ms": {
-            f"p{q}": round(float(np.percentile(tail, q)), 2) if tail else None for q in (50, 95, 99)
-        },
+        "chunk_latency_ms": {f"p{q}": round(float(np.percentile(tail, q)), 2) if tail else None for q in (50, 95, 99)},
         "drain_s": round(drain_s, 3),
         "cpu_rtf": round((time.process_time() - cpu0) / (trial.streams * pieces_total * PIECE_S), 4),
     }
@@ -161,8 +159,10 @@ def find_peer_max(
     def attempt(n: int) -> bool:
         result = run_peer_trial(make_recognizer, loaded, PeerTrial(**{**base.__dict__, "streams": n}), audio)
         trials.append(result)
-        print(json.dumps({"peer_trial": n, "ok": result["realtime_ok"], "p95": result["chunk_latency_ms"]["p95"]}),
-              file=sys.stderr)
+        print(
+            json.dumps({"peer_trial": n, "ok": result["realtime_ok"], "p95": result["chunk_latency_ms"]["p95"]}),
+            file=sys.stderr,
+        )
         return bool(result["realtime_ok"])
 
     return largest_passing(attempt, start), trials
@@ -234,14 +234,23 @@ def main(argv: list[str] | None = None) -> int:
 
         def make_recognizer() -> Any:
             return sherpa_onnx.OnlineRecognizer.from_wenet_ctc(
-                tokens=str(workdir / TOKENS_FILE), model=str(workdir / MODEL_FILE), chunk_size=chunk,
-                num_left_chunks=args.left_chunks, num_threads=args.threads,
+                tokens=str(workdir / TOKENS_FILE),
+                model=str(workdir / MODEL_FILE),
+                chunk_size=chunk,
+                num_left_chunks=args.left_chunks,
+                num_threads=args.threads,
             )
 
         base = PeerTrial(args.streams, args.seconds, chunk, args.left_chunks, args.threads)
-        header = {"arch": None if args.model else args.arch, "model": str(args.model) if args.model else None,
-                  "chunk_ms": args.chunk_ms, "left_chunks": args.left_chunks, "seconds": args.seconds,
-                  "threads": args.threads, "sherpa_onnx_version": getattr(sherpa_onnx, "__version__", None)}
+        header = {
+            "arch": None if args.model else args.arch,
+            "model": str(args.model) if args.model else None,
+            "chunk_ms": args.chunk_ms,
+            "left_chunks": args.left_chunks,
+            "seconds": args.seconds,
+            "threads": args.threads,
+            "sherpa_onnx_version": getattr(sherpa_onnx, "__version__", None),
+        }
         if not args.find_max:
             peer = run_peer_trial(make_recognizer, loaded, base, audio)
             result: dict[str, Any] = {**header, "sherpa_onnx": peer}
@@ -254,8 +263,11 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(result))
             return 0
         peer_max, peer_trials = find_peer_max(make_recognizer, loaded, base, audio, args.start)
-    result = {**header, "sherpa_onnx_max_realtime_streams": peer_max,
-              "sherpa_onnx_best": next((t for t in peer_trials if t["streams"] == peer_max), None)}
+    result = {
+        **header,
+        "sherpa_onnx_max_realtime_streams": peer_max,
+        "sherpa_onnx_best": next((t for t in peer_trials if t["streams"] == peer_max), None),
+    }
     if not args.no_ours:
         ours_max, _ = find_max(loaded, ours_trial(args, 8), "cpu", audio, max(8, peer_max))
         result["ours_backend"] = args.backend

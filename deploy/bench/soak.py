@@ -150,9 +150,7 @@ async def caller(
             await asyncio.sleep(1.0)
 
 
-async def soak(
-    args: argparse.Namespace, sip_port: int, metrics_port: int, pid: int, workdir: Path
-) -> dict[str, Any]:
+async def soak(args: argparse.Namespace, sip_port: int, metrics_port: int, pid: int, workdir: Path) -> dict[str, Any]:
     audio, _ = call_audio(max(60.0, args.max_call_s * 2))
     counts = Counts()
     began = time.monotonic()

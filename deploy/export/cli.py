@@ -1,8 +1,8 @@
 """``asr-export``: model export commands.
 
-    asr-export sherpa-onnx --model DIR --out DIR   the layout sherpa-onnx's WeNet CTC recognizer loads
-    asr-export onnx --model DIR --out DIR          our batched chunk step + decoder (+ INT8)
-    asr-export onnx check --model DIR --out DIR    ONNX Runtime vs torch, max abs errors as JSON
+asr-export sherpa-onnx --model DIR --out DIR   the layout sherpa-onnx's WeNet CTC recognizer loads
+asr-export onnx --model DIR --out DIR          our batched chunk step + decoder (+ INT8)
+asr-export onnx check --model DIR --out DIR    ONNX Runtime vs torch, max abs errors as JSON
 """
 
 from __future__ import annotations

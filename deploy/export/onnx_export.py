@@ -313,9 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch and ONNX Runtime threads")
     args = parser.parse_args(argv)
     if args.command == "export":
-        result: dict[str, object] = dict(
-            export_all(args.model, args.out, args.opset, not args.no_int8, args.int8_mode)
-        )
+        result: dict[str, object] = dict(export_all(args.model, args.out, args.opset, not args.no_int8, args.int8_mode))
     else:
         result = check_all(args.model, args.out, args.wav, args.chunk, args.left_chunks, args.threads, args.testset)
     json.dump(result, sys.stdout)
