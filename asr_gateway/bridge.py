@@ -49,6 +49,7 @@ class StreamSink:
 @dataclass
 class _CallState:
     ctx: CallContext
+    metadata: dict[str, str]  # call.started.metadata: From/To, dialled number, listed headers
     participants: dict[str, Participant] = field(default_factory=dict)  # leg_id -> participant
     open_legs: set[str] = field(default_factory=set)
     started: bool = False
@@ -115,7 +116,7 @@ class CallBridge:
         with self._lock:
             state = self._calls.get(call.call_id)
             if state is None:
-                state = _CallState(self._context(call))
+                state = _CallState(self._context(call), call.metadata.as_map())
                 self._calls[call.call_id] = state
             state.participants[leg.leg_id] = _participant(leg)
             state.open_legs.add(leg.leg_id)
@@ -192,7 +193,7 @@ class CallBridge:
         if state is None or state.started:
             return
         state.started = True
-        self.publisher.call_started(state.ctx, list(state.participants.values()))
+        self.publisher.call_started(state.ctx, list(state.participants.values()), state.metadata)
 
     def _mark_call_ended(self, call_id: str, reason: str) -> None:
         state = self._calls.get(call_id)
@@ -226,7 +227,7 @@ class CallBridge:
 
 
 def _participant(leg: LegInfo) -> Participant:
-    return Participant(role=leg.role, aor=leg.aor, label=leg.label)
+    return Participant(role=leg.role, aor=leg.aor, label=leg.label, name=leg.name)
 
 
 def _update(ctx: CallContext, participant: Participant, event: Partial | Final, units: list[str]) -> TranscriptUpdate:

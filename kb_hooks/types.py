@@ -27,13 +27,14 @@ class Participant:
 
     role: ParticipantRole
     aor: str | None = None  # SIP address of record, e.g. "sip:1001@pbx.local"
-    label: str | None = None  # display name or agent id
+    label: str | None = None  # the SDP/SIPREC stream label, or an agent id
+    name: str | None = None  # display name (From header; SIPREC participant name)
 
     def key(self) -> tuple[str, str | None, str | None]:
         return (self.role, self.aor, self.label)
 
     def to_json(self) -> dict[str, str | None]:
-        return {"role": self.role, "aor": self.aor, "label": self.label}
+        return {"role": self.role, "aor": self.aor, "label": self.label, "name": self.name}
 
 
 @dataclass(frozen=True)

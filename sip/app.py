@@ -13,6 +13,7 @@ from typing import Protocol
 
 from asr_common.errors import CapacityError
 from rtp.sink import CountingSink, PcmSink
+from sip.call_metadata import CallMetadata
 from sip.routing import Profile
 from sip.siprec import Role
 
@@ -28,6 +29,8 @@ class LegInfo:
     role: Role
     aor: str | None
     codec: str
+    name: str | None = None
+    """Display name of the party sending the leg (From display name; SIPREC participant name)."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,7 @@ class CallInfo:
     profile: Profile
     siprec: bool
     legs: tuple[LegInfo, ...] = field(default=())
+    metadata: CallMetadata = field(default_factory=CallMetadata)
 
     def with_legs(self, legs: tuple[LegInfo, ...]) -> CallInfo:
         return replace(self, legs=legs)

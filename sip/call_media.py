@@ -18,6 +18,7 @@ from typing import Protocol
 from sip.actions import Action, LegUpdated, StartMedia, StopMedia, UpdateMedia
 from sip.admission import CAPACITY_ERRORS
 from sip.app import CallHandler, LegInfo, PcmSink
+from sip.call_metadata import clean_value
 from sip.dialog import Call, Leg
 from sip.errors import ProtocolError, SipParseError
 from sip.message import NameAddr, Request
@@ -110,6 +111,18 @@ def select_streams(
     return [(plan, role, aor) for plan, role, aor in zip(plans, roles, aors, strict=True) if role in profile.transcribe]
 
 
+def party_name(call: Call, aor: str | None) -> str | None:
+    """Display name of the party sending from ``aor``: the SIPREC participant's name, or for a
+    plain call the From display name."""
+    if aor is None:
+        return None
+    if call.info.siprec:
+        participants = call.metadata.participants if call.metadata is not None else []
+        names = [clean_value(p.name) for p in participants if p.aor == aor and p.name]
+        return next((name for name in names if name), None)
+    return call.info.metadata.from_name if aor == call.info.from_aor else None
+
+
 class CallMedia:
     """Opens, changes and answers the legs of calls; shares the UAS's ``counters``."""
 
@@ -130,7 +143,9 @@ class CallMedia:
         try:
             for plan, role, aor in streams:
                 port = self.ports.allocate()
-                info = LegInfo(f"{call.info.call_id}-{plan.index}", plan.label, role, aor, plan.codec)
+                info = LegInfo(
+                    f"{call.info.call_id}-{plan.index}", plan.label, role, aor, plan.codec, party_name(call, aor)
+                )
                 call.legs[plan.index] = Leg(info, plan, port)
                 call.info = call.info.with_legs(call.leg_infos())
                 opened.append((call.legs[plan.index], self.handler.open_leg(call.info, info)))
@@ -174,7 +189,7 @@ class CallMedia:
                 new_streams.append((plan, role, aor))
                 continue
             leg = existing
-            info = LegInfo(leg.info.leg_id, plan.label, role, aor, plan.codec)
+            info = LegInfo(leg.info.leg_id, plan.label, role, aor, plan.codec, party_name(call, aor))
             changed_media = (
                 plan.payload_types != leg.plan.payload_types
                 or plan.on_hold != leg.plan.on_hold

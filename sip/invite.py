@@ -16,7 +16,7 @@ import uuid
 from collections import Counter
 from collections.abc import Hashable
 
-from sip import session_timer
+from sip import call_metadata, session_timer
 from sip.admission import Admission
 from sip.app import CallInfo
 from sip.auth import DigestAuth
@@ -99,6 +99,7 @@ class InviteGate:
             route=decision.route,
             profile=profile,
             siprec=siprec,
+            metadata=call_metadata.extract(request, from_party, to, profile.metadata_headers, body.metadata),
         )
         call = Call(
             info=info,

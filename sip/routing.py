@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from asr_common.yamlconf import ConfigError, read_yaml, validate_data
 from rtp.latch import LatchName
+from sip.call_metadata import HEADER_NAME, MAX_METADATA_HEADERS
 from sip.siprec import Role, RoleRule
 
 _DEFAULT_ORDER: tuple[Role, ...] = ("caller", "agent")
@@ -75,12 +76,30 @@ class Profile(BaseModel):
     rtp_latch: LatchName | None = None
     """RTP source policy of the routes using this profile, instead of the service's ``rtp.latch``
     (``rtp.latch`` module): ``first`` for peers behind NAT whose SDP names the wrong address."""
+    metadata_headers: list[str] = Field(default_factory=list)
+    """INVITE headers (``X-Agent-Id``, ``X-UCID``, ``User-to-User`` ...) whose values go into
+    ``call.started.metadata`` under the name as listed; matched case-insensitively, values
+    cleaned and cut (``sip.call_metadata``)."""
 
     @field_validator("srtp", mode="before")
     @classmethod
     def _yaml_off(cls, value: object) -> object:
         """YAML 1.1 reads a bare ``off`` as false; take it as the word the admin wrote."""
         return "off" if value is False else value
+
+    @field_validator("metadata_headers")
+    @classmethod
+    def _header_names(cls, value: list[str]) -> list[str]:
+        if len(value) > MAX_METADATA_HEADERS:
+            raise ValueError(f"at most {MAX_METADATA_HEADERS} metadata headers, got {len(value)}")
+        seen: set[str] = set()
+        for name in value:
+            if not HEADER_NAME.match(name):
+                raise ValueError(f"{name!r} is not a header name (letters, digits and '-', at most 64)")
+            if name.lower() in seen:
+                raise ValueError(f"{name!r} is listed twice")
+            seen.add(name.lower())
+        return value
 
     @field_validator("srtp")
     @classmethod

@@ -70,10 +70,12 @@ class Participant:
 
 @dataclass
 class RecordingMetadata:
-    """What we use from the metadata: participants with the stream ids they send, and labels."""
+    """What we use from the metadata: participants with the stream ids they send, labels, and
+    the recording session's id (``<session session_id=...>``; the draft form's ``id``)."""
 
     participants: list[Participant]
     stream_labels: dict[str, str]
+    session_id: str | None = None
 
     def participant_for_label(self, label: str) -> Participant | None:
         for participant in self.participants:
@@ -98,6 +100,7 @@ class RecordingMetadata:
             raise SipParseError(f"recording metadata root is <{_local(root.tag)}>, expected <recording>", 400)
         participants: dict[str, Participant] = {}
         labels: dict[str, str] = {}
+        session_id: str | None = None
         for element in root:
             tag = _local(element.tag)
             if tag == "participant":
@@ -112,12 +115,14 @@ class RecordingMetadata:
                 label = next(iter(_texts(element, "label")), None)
                 if sid is not None and label is not None:
                     labels[sid] = label
+            elif tag == "session" and session_id is None:
+                session_id = _attr(element, "session_id", "id") or None
             elif tag == "participantstreamassoc":
                 pid = _attr(element, "participant_id", "id")
                 if pid is not None:
                     participant = participants.setdefault(pid, Participant(pid, None, None))
                     participant.sends.extend(_texts(element, "send"))
-        return cls(list(participants.values()), labels)
+        return cls(list(participants.values()), labels, session_id)
 
 
 def _local(tag: str) -> str:
