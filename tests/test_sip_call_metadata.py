@@ -28,7 +28,9 @@ def request(extra: str = "", to_user: str = "4000") -> Request:
     return message
 
 
-def metadata_of(message: Request, names: list[str] = HEADERS, recording: RecordingMetadata | None = None) -> CallMetadata:
+def metadata_of(
+    message: Request, names: list[str] = HEADERS, recording: RecordingMetadata | None = None
+) -> CallMetadata:
     from_party = NameAddr.parse(message.headers.get("From") or "")
     to = NameAddr.parse(message.headers.get("To") or "")
     return extract(message, from_party, to, names, recording)
