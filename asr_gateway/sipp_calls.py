@@ -145,9 +145,11 @@ def _message(method: str, cseq: int, body: str = "", content_type: str = "", ext
 
 def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False, to_user: str = "12345",
                  from_user: str = "citizen", agent: str = "1001", hangup: bool = True,
-                 media_delay_ms: int = 0) -> str:  # fmt: skip
+                 media_delay_ms: int = 0, extra_headers: str = "") -> str:  # fmt: skip
     """A sipp UAC scenario: INVITE, ACK, (wait ``media_delay_ms``,) play ``audio.pcap`` for
     ``seconds`` (+1 s), BYE.
+
+    ``extra_headers``: header lines (``X-Agent-Id: 1001``, one a line) added to the INVITE.
 
     ``siprec``: logs ``SECOND_LEG_PORT <port>`` (the answer's second m-line) to sipp's log file.
     ``hangup=False``: the caller vanishes after the audio, without a BYE.
@@ -156,10 +158,12 @@ def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False,
     names = {"from_name": "pbx", "from_user": from_user, "to_user": to_user}
     if siprec:
         body = _SIPREC_BODY.format(pt=payload_type, codec=codec, caller=from_user, agent=agent)
-        invite = _message("INVITE", 1, body, "multipart/mixed;boundary=hotline-boundary", "Require: siprec",
+        extra = "\n".join(line for line in ("Require: siprec", extra_headers.strip()) if line)
+        invite = _message("INVITE", 1, body, "multipart/mixed;boundary=hotline-boundary", extra,
                           contact_params=";+sip.src", **names)  # fmt: skip
     else:
-        invite = _message("INVITE", 1, _SDP_PLAIN.format(pt=payload_type, codec=codec), "application/sdp", **names)
+        invite = _message("INVITE", 1, _SDP_PLAIN.format(pt=payload_type, codec=codec), "application/sdp",
+                          extra_headers.strip(), **names)  # fmt: skip
     ack = _message("ACK", 1, **names)
     bye = _message("BYE", 2, **names)
     answered = '<recv response="200" rtd="true"/>'

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import redis
 
@@ -24,6 +25,7 @@ from asr_core.audio_io import read_wav
 from asr_gateway.config import load_config
 from asr_gateway.service import DEMO_MODEL_DIR, Service
 from asr_gateway.sipp_calls import PCMA, PCMU, place_call
+from kb_hooks import events as ev
 from tests.demo_quality import GOOD_ENOUGH_CER
 from tests.redis_server import RedisServer
 
@@ -52,7 +54,10 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
         server.stop()
 
 
-def write_config(tmp_path: Path, redis_url: str) -> Path:
+EXAMPLE_ROUTES = REPO / "deploy" / "config" / "routes.example.yaml"
+
+
+def write_config(tmp_path: Path, redis_url: str, routes: Path = EXAMPLE_ROUTES) -> Path:
     model_dir = DEMO_MODEL_DIR
     config = tmp_path / "config.yaml"
     config.write_text(
@@ -62,7 +67,7 @@ rtp: {{host: 127.0.0.1, port_min: 41000, port_max: 41999}}
 engine: {{model_dir: {model_dir}, max_streams: 8, max_batch: 8, left_chunks: 8}}
 redis: {{url: "{redis_url}", spool_dir: {tmp_path / "spool"}}}
 metrics: {{host: 127.0.0.1, port: 0}}
-routes: {REPO / "deploy" / "config" / "routes.example.yaml"}
+routes: {routes}
 kb_hooks:
   kb_sets: {{hotline: {REPO / "deploy" / "config" / "kb.example.yaml"}}}
   tag_rule_sets: {{hotline: {REPO / "deploy" / "config" / "tags.example.yaml"}}}
@@ -131,3 +136,57 @@ def test_calls_through_the_whole_service(tmp_path: Path, redis_server: RedisServ
     assert "kb-municipal-manhole" in suggested, suggested
     tag_events = [e for e in events if e["event_type"] == "tags" and not e["is_partial"]]
     assert any("井盖" in json.dumps(e["tags"], ensure_ascii=False) for e in tag_events), tag_events
+
+
+def test_metadata_headers_reach_call_started(tmp_path: Path, redis_server: RedisServer) -> None:
+    """The headers a route lists (X-Agent-Id, X-UCID) arrive in call.started.metadata in Redis,
+    with From/To, the dialled number and the SIPREC session id; transcript events name the
+    participant's aor and display name."""
+    routes = tmp_path / "routes.yaml"
+    routes.write_text(
+        "profiles:\n  default:\n    kb_set: hotline\n    metadata_headers: [X-Agent-Id, X-UCID, User-to-User]\n",
+        encoding="utf-8",
+    )
+    config = load_config(write_config(tmp_path, redis_server.url, routes), {})
+    seed = read_wav(DATA / "hotline_seed.wav")
+    headers = "X-Agent-Id: 1001\nx-ucid: 00001002121700000042"
+
+    async def scenario() -> None:
+        service = Service(config)
+        ports = await service.start()
+        assert ports.sip_udp is not None
+        try:
+            results = await asyncio.gather(
+                place_call(tmp_path / "plain", ports.sip_udp, seed.samples, 16000, call_tag="plain",
+                           to_user="4008001234", extra_headers=headers),
+                place_call(tmp_path / "rec", ports.sip_udp, seed.samples, 16000, siprec=True, call_tag="rec",
+                           extra_headers="X-Agent-Id: 2002"),
+            )  # fmt: skip
+            for result in results:
+                assert result.returncode == 0, result.errors
+            for _ in range(200):
+                if service.engine.active_streams == 0 and service.bridge.active_calls == 0:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            await service.stop(grace_s=5)
+
+    asyncio.run(scenario())
+    events = read_events(redis_server.url)
+    for event in events:
+        jsonschema.validate(event, ev.schema())
+    started = {e["sip_call_id"].split("-")[0]: e for e in events if e["event_type"] == "call.started"}
+    plain = started["plain"]["metadata"]
+    assert plain["X-Agent-Id"] == "1001" and plain["X-UCID"] == "00001002121700000042"
+    assert "User-to-User" not in plain
+    assert plain["dialled_number"] == "4008001234" and plain["from_name"] == "pbx"
+    assert plain["from_uri"].startswith("sip:citizen@")
+    recording = started["rec"]
+    assert recording["metadata"]["X-Agent-Id"] == "2002"
+    assert recording["metadata"]["siprec_session_id"] == "hotlinesess1"
+    names = {p["role"]: (p["aor"], p["name"]) for p in recording["participants"]}
+    assert names == {"caller": ("sip:citizen@citizen.example", "caller"), "agent": ("sip:1001@pbx.example", "agent")}
+    transcripts = [e for e in events if e["event_type"].startswith("transcript.")]
+    assert transcripts
+    for event in transcripts:
+        assert event["participant"]["aor"] and event["participant"]["name"], event["participant"]
