@@ -17,6 +17,9 @@ in ``duplicates_suppressed``. Partials go to pub/sub only (unless ``partials_to_
 journals them too) and are dropped, and counted, whenever Redis is down, journal records are
 being replayed, or the memory queue is full. After a crash the next start replays the journal
 and publishes ``call.ended`` (reason ``node_restart``) for every call it shows as still open.
+Kept whole (about 700 lines) on purpose: the intake, journal and sender tasks share one
+ordering state (the memory mirror, the journal read-back position, the batch in flight), and the
+per-call order guarantee is easiest to check when that state lives in one class.
 """
 
 from __future__ import annotations

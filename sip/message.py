@@ -4,6 +4,8 @@ Sans-IO: nothing here touches sockets. Header names are stored in their canonica
 (compact ``i``, ``f``, ``v`` ... are expanded on parse), so ``parse(bytes(msg)) == msg``.
 Over UDP one datagram is one message (``parse``); over TCP/TLS a ``StreamFramer`` cuts the byte
 stream into messages using Content-Length. Every parse failure raises ``SipParseError``.
+Kept whole (just over 500 lines): parsing and serializing are the two halves of one round
+trip and are tested as such.
 """
 
 from __future__ import annotations
