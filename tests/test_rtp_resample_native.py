@@ -72,3 +72,20 @@ def test_mismatched_buffers_are_refused() -> None:
         NATIVE(np.zeros((2, HISTORY + 9)), 2, 10, taps, resample._OUTPUT_SCALE, out)
     with pytest.raises(ValueError):
         NATIVE(np.zeros((2, HISTORY + 10)), 2, 10, taps[:-1], resample._OUTPUT_SCALE, out)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), rows=st.integers(1, 4), n=st.integers(0, 200))
+def test_asymmetric_taps_take_the_general_loop_and_stay_exact(seed: int, rows: int, n: int) -> None:
+    """The loop folds symmetric taps; other taps (not the module's, but accepted) must still
+    give the int64 dot products, rounded and clipped as the numpy path does."""
+    assert NATIVE is not None
+    rng = np.random.default_rng(seed)
+    taps = rng.integers(-(2**20), 2**20, size=2 * resample.TAPS_PER_SIDE).astype(np.int64)
+    samples = rng.integers(-32768, 32768, size=(rows, HISTORY + n)).astype(np.int64)
+    out = np.empty((rows, 2 * n), dtype=np.int16)
+    NATIVE(samples.astype(np.float64), rows, n, taps.astype(np.float64), resample._OUTPUT_SCALE, out)
+    sums = np.stack([np.correlate(row, taps, mode="valid")[:n] for row in samples]).reshape(rows, n)
+    odd = np.clip(np.rint(sums.astype(np.float64) * resample._OUTPUT_SCALE), -32768, 32767)
+    np.testing.assert_array_equal(out[:, 1::2], odd)
+    np.testing.assert_array_equal(out[:, 0::2], samples[:, resample.TAPS_PER_SIDE - 1 : resample.TAPS_PER_SIDE - 1 + n])
