@@ -537,9 +537,9 @@ static PyTypeObject ReceiverType = {
 #define UPSAMPLE_BLOCK 64
 
 /* Where the compiler can, the row loop is built twice, for plain x86-64 and for AVX2 + FMA,
- * and the loader picks the one the CPU runs (the products and sums are exact, so an FMA
+ * and the loader picks the one the CPU runs (glibc ifuncs; the products and sums are exact, so an FMA
  * changes no bit). */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__GLIBC__)
 #define UPSAMPLE_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #define UPSAMPLE_INLINE static inline __attribute__((always_inline))
 #else
