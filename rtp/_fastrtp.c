@@ -551,8 +551,8 @@ static PyTypeObject ReceiverType = {
  * case, with a trip count the compiler knows, so it vectorizes at -O2. With symmetric taps
  * the two samples that share a tap are added first (exact: an integer below 2^16), halving
  * the multiplications; the sums stay within the same bound. */
-UPSAMPLE_INLINE void block_sums(const double *restrict window, Py_ssize_t count, const double *restrict taps, Py_ssize_t ntaps,
-                              int symmetric, double *restrict acc) {
+UPSAMPLE_INLINE void block_sums(const double *restrict window, Py_ssize_t count, const double *restrict taps,
+                                Py_ssize_t ntaps, int symmetric, double *restrict acc) {
     if (count == UPSAMPLE_BLOCK && symmetric) {
         for (int j = 0; j < UPSAMPLE_BLOCK; j++) {
             acc[j] = 0.0;
