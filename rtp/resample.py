@@ -39,6 +39,12 @@ callback scheduled at once on the loop (`call_soon`), so every leg that complete
 the same poller pass shares one product. Without a loop, `submit()` runs at once.
 `Upsampler` is one stream with a synchronous process/flush interface.
 
+Where the optional extension `rtp._fastrtp` is built, `upsample_rows` runs its C loop instead
+of the matrix product: the same exact integer sums (in another order, which exactness makes
+irrelevant), the same scaling, rounding and clipping, so the same bits; it skips the band's
+zero multiplications and the BLAS call's overhead. ASR_NATIVE_RESAMPLE=0 forces the numpy
+path (A/B measurements, debugging).
+
 The matrix products run on numpy's BLAS; the first `SharedUpsampler.for_loop` limits that BLAS
 to one thread for the process (threadpoolctl): its worker threads would otherwise spin on the
 second core after every product (measured: 31.7 against 14.4 us per packet at 1000 legs),
@@ -52,6 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import weakref
 from collections.abc import Callable
 
@@ -60,6 +67,13 @@ import soxr
 from threadpoolctl import threadpool_limits
 
 from asr_common.audio import SAMPLE_RATE, TELEPHONE_RATE
+
+try:  # the same computation in C, where the optional extension was built (setup.py)
+    from rtp._fastrtp import upsample_rows as _native_upsample_rows
+except ImportError:  # pragma: no cover - depends on the build
+    _native_upsample_rows = None
+if os.environ.get("ASR_NATIVE_RESAMPLE", "1") == "0":  # the numpy path even where C is built (A/B, debugging)
+    _native_upsample_rows = None
 
 TAPS_PER_SIDE = 20
 KAISER_BETA = 8.0
@@ -109,14 +123,20 @@ def _band_matrix(taps: np.ndarray, block: int) -> np.ndarray:
 _TAPS = fixed_point_taps(halfband_taps())
 _BAND = _band_matrix(_TAPS, BLOCK)
 _OUTPUT_SCALE = 2.0**-TAP_FRACTION_BITS
+_TAPS_FLOAT = np.ascontiguousarray(_TAPS, dtype=np.float64)  # the C loop's taps: exact integers
 
 
 def upsample_rows(samples: np.ndarray, n: int) -> np.ndarray:
     """samples: float64 (G, HISTORY + n) holding int16 values, each row a stream's history
     then its n new 8 kHz samples -> int16 (G, 2n): for each new input position, the even
     output (an input sample, R - 1 positions into the row) and the odd output after it.
-    Exact whatever G and the BLAS kernel (see the module docstring)."""
+    Exact whatever G and the BLAS kernel (see the module docstring); the C loop, where built,
+    gives the same bits."""
     rows = samples.shape[0]
+    if _native_upsample_rows is not None:
+        out = np.empty((rows, 2 * n), dtype=np.int16)
+        _native_upsample_rows(np.ascontiguousarray(samples, dtype=np.float64), rows, n, _TAPS_FLOAT, _OUTPUT_SCALE, out)
+        return out
     blocks = -(-n // BLOCK)
     width = blocks * BLOCK + HISTORY
     if samples.shape[1] < width:

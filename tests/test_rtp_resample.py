@@ -1,5 +1,5 @@
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -7,6 +7,7 @@ import soxr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import rtp.resample as resample
 from rtp import g711
 from rtp.leg import RtpLeg
 from rtp.resample import (
@@ -19,6 +20,26 @@ from rtp.resample import (
     halfband_taps,
 )
 from rtp.sink import CountingSink
+
+NATIVE = resample._native_upsample_rows
+
+
+@pytest.fixture(
+    scope="module",
+    autouse=True,
+    params=[
+        "numpy",
+        pytest.param("native", marks=pytest.mark.skipif(NATIVE is None, reason="rtp._fastrtp is not built")),
+    ],
+)
+def upsampler_path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every test here runs on the numpy product and, where built, on the C loop."""
+    saved = resample._native_upsample_rows
+    resample._native_upsample_rows = NATIVE if request.param == "native" else None
+    try:
+        yield request.param
+    finally:
+        resample._native_upsample_rows = saved
 
 
 def tone(hz: float, samples: int, rate: int = 8000, amplitude: float = 12000) -> np.ndarray:
