@@ -26,26 +26,27 @@ class AudioError(ValueError):
 
 @dataclass(frozen=True)
 class Audio:
-    """Decoded audio at 16 kHz.
+    """Decoded audio at ``rate`` Hz (16 kHz unless the model's front end runs at 8 kHz).
 
     ``samples`` is (N,) float32 in int16 range (what the fbank expects); ``source_rate`` is
-    the file's rate (8000 when it was resampled).
+    the file's rate (differs from ``rate`` when it was resampled).
     """
 
     samples: np.ndarray
     source_rate: int
+    rate: int = SAMPLE_RATE
 
     @property
     def sample_rate(self) -> int:
-        return SAMPLE_RATE
+        return self.rate
 
     @property
     def resampled(self) -> bool:
-        return self.source_rate != SAMPLE_RATE
+        return self.source_rate != self.rate
 
     @property
     def duration_s(self) -> float:
-        return self.samples.shape[0] / SAMPLE_RATE
+        return self.samples.shape[0] / self.rate
 
 
 def read_pcm16(path: str | Path) -> tuple[np.ndarray, int]:
@@ -80,17 +81,18 @@ def read_pcm16(path: str | Path) -> tuple[np.ndarray, int]:
     return np.frombuffer(data, dtype="<i2").astype(np.int16), rate
 
 
-def read_wav(path: str | Path) -> Audio:
-    """Read a 16-bit PCM mono WAV at 16 kHz, or at 8 kHz (resampled to 16 kHz with soxr).
+def read_wav(path: str | Path, rate: int = SAMPLE_RATE) -> Audio:
+    """Read a 16-bit PCM mono WAV at 16 kHz or 8 kHz, resampled with soxr to ``rate`` (the
+    model's rate: 16000, or 8000 for a telephony model) when it differs.
 
     Raises:
         AudioError: missing, unreadable, empty, truncated, not PCM WAV, not 16-bit,
             not mono, or an unsupported sample rate.
     """
-    pcm, rate = read_pcm16(path)
-    if rate != SAMPLE_RATE and rate not in RESAMPLED_RATES:
-        raise AudioError(f"{path}: sample rate {rate} Hz; use 16000 Hz or 8000 Hz (sox IN -r 16000 OUT.wav)")
+    pcm, source = read_pcm16(path)
+    if source != rate and source != SAMPLE_RATE and source not in RESAMPLED_RATES:
+        raise AudioError(f"{path}: sample rate {source} Hz; use 16000 Hz or 8000 Hz (sox IN -r {rate} OUT.wav)")
     samples = pcm.astype(np.float32)
-    if rate != SAMPLE_RATE:
-        samples = soxr.resample(samples, rate, SAMPLE_RATE).astype(np.float32)
-    return Audio(samples=samples, source_rate=rate)
+    if source != rate:
+        samples = soxr.resample(samples, source, rate).astype(np.float32)
+    return Audio(samples=samples, source_rate=source, rate=rate)

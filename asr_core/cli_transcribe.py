@@ -169,12 +169,12 @@ class Transcriber:
 
     def transcribe(self, path: str) -> Transcript:
         args, loaded = self.args, self.loaded
-        audio = read_wav(path)
+        audio = read_wav(path, loaded.frontend.sample_rate)
         if audio.resampled:
-            print(f"{path}: resampled from {audio.source_rate} Hz to 16000 Hz", file=sys.stderr)
+            print(f"{path}: resampled from {audio.source_rate} Hz to {audio.rate} Hz", file=sys.stderr)
         started = time.perf_counter()
         device = torch.device(args.device)
-        fbank = torch.from_numpy(compute_fbank(audio.samples)).to(device)  # (T, 80)
+        fbank = torch.from_numpy(compute_fbank(audio.samples, loaded.frontend)).to(device)  # (T, n_mels)
         with torch.inference_mode():
             if self.chunk_frames is None:
                 enc = encode_full(loaded, fbank)  # (T_enc, D)

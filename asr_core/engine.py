@@ -125,7 +125,9 @@ class Engine:
         )
         decoder = rescoring_decoder(self.options.backend, self.model.decoder)
         self.subsampling = loaded.subsampling
-        self.frame_ms = 10 * loaded.subsampling
+        self.frontend = loaded.frontend
+        self.sample_rate = loaded.frontend.sample_rate  # Hz of the audio streams must be fed
+        self.frame_ms = encoder_frame_ms(loaded.frontend, loaded.subsampling)
         max_chunk = max(self.options.allowed_chunk_ms) // self.frame_ms
         self.pool = KvPool(
             num_slots=self.options.max_streams,
@@ -159,6 +161,7 @@ class Engine:
             subsampling=self.subsampling,
             right_context=loaded.right_context,
             blank=self._blank,
+            frontend=loaded.frontend,
         )
 
     # -- lifecycle ------------------------------------------------------------------
@@ -245,7 +248,7 @@ class Engine:
             raise ValueError(f"chunk_ms {config.chunk_ms} is not one of the engine's chunk sizes {allowed}")
         if not 1 <= config.left_chunks <= self.options.max_left_chunks:
             raise ValueError(f"left_chunks must be 1..{self.options.max_left_chunks}, got {config.left_chunks}")
-        chunk_frames = config.chunk_frames(self.subsampling)
+        chunk_frames = config.chunk_frames(self.subsampling, self.frame_ms // self.subsampling)
         slot = self.pool.allocate(chunk_frames * config.left_chunks)
         stream = Stream(
             stream_id=config.stream_id or uuid.uuid4().hex,
@@ -255,6 +258,7 @@ class Engine:
             subsampling=self.subsampling,
             right_context=self.loaded.right_context,
             on_event=on_event,
+            frontend=self.frontend,
             wake=self.scheduler.wakeup.set,
         )
         try:

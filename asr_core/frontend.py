@@ -1,4 +1,7 @@
-"""80-bin Kaldi fbank, computed as WeNet's front end computes it, for many streams at once.
+"""Kaldi fbank, computed as WeNet's front end computes it, for many streams at once.
+
+The options are the model's own (`FrontendConfig`, from train.yaml's ``dataset_conf``); the
+defaults, described below, are WeNet's 16 kHz 80-bin front end.
 
 WeNet calls ``torchaudio.compliance.kaldi.fbank(waveform * (1 << 15), num_mel_bins=80,
 frame_length=25, frame_shift=10, dither=0.0, energy_floor=0.0, sample_frequency=16000)``;
@@ -23,6 +26,7 @@ on the batch it is computed in (checked bit for bit in the tests).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -40,19 +44,74 @@ POVEY_POWER = 0.85
 MAX_FRAMES_PER_CALL = 4096
 
 
+@dataclass(frozen=True)
+class FrontendConfig:
+    """A model's own fbank options (WeNet's ``dataset_conf.fbank_conf`` and resample rate).
+
+    The defaults are WeNet's 16 kHz, 80-bin, 25 ms / 10 ms front end; an 8 kHz telephony model
+    sets ``sample_rate=8000`` and takes G.711 audio as it arrives. Dither is not an option:
+    inference always runs without it (WeNet's training dither would make decoding random).
+    """
+
+    sample_rate: int = SAMPLE_RATE  # Hz
+    num_mel_bins: int = NUM_MEL_BINS
+    frame_length_ms: float = 25.0
+    frame_shift_ms: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.sample_rate <= 0 or self.num_mel_bins <= 0:
+            raise ValueError(f"sample rate and mel bins must be > 0, got {self.sample_rate} Hz, {self.num_mel_bins}")
+        if self.frame_shift_ms <= 0 or self.frame_length_ms <= 0:
+            raise ValueError("frame length and shift must be > 0 ms")
+        if self.frame_length_samples < 2 or self.frame_shift_samples < 1:
+            raise ValueError(
+                f"frames of {self.frame_length_ms} ms every {self.frame_shift_ms} ms at {self.sample_rate} Hz "
+                "are shorter than two samples"
+            )
+        if LOW_FREQ_HZ >= self.sample_rate / 2:
+            raise ValueError(f"sample rate {self.sample_rate} Hz leaves no band above {LOW_FREQ_HZ} Hz")
+
+    @property
+    def frame_length_samples(self) -> int:
+        """Kaldi's ``window_size``: samples per frame (truncated, as Kaldi does)."""
+        return int(self.sample_rate * 0.001 * self.frame_length_ms)
+
+    @property
+    def frame_shift_samples(self) -> int:
+        """Kaldi's ``window_shift``: samples between frame starts."""
+        return int(self.sample_rate * 0.001 * self.frame_shift_ms)
+
+    @property
+    def fft_size(self) -> int:
+        """The frame length rounded up to a power of two (Kaldi's round_to_power_of_two)."""
+        return 1 << (self.frame_length_samples - 1).bit_length()
+
+
+DEFAULT_FRONTEND = FrontendConfig()
+
+
+def encoder_frame_ms(config: FrontendConfig, subsampling: int) -> int:
+    """Duration of one encoder frame in ms (``subsampling`` fbank shifts); whole ms only, since
+    chunk sizes, endpoints and timestamps are counted in whole ms."""
+    ms = config.frame_shift_ms * subsampling
+    if ms != int(ms):
+        raise ValueError(f"frame shift {config.frame_shift_ms} ms x {subsampling} is not a whole number of ms")
+    return int(ms)
+
+
 def _mel(hz: np.ndarray | float) -> np.ndarray:
     return 1127.0 * np.log1p(np.asarray(hz, dtype=np.float64) / 700.0)
 
 
-def mel_filterbank() -> torch.Tensor:
-    """(FFT_SIZE // 2 + 1, NUM_MEL_BINS) float32: Kaldi's triangular filters over the power
-    spectrum's bins (the Nyquist bin gets no weight, as in Kaldi)."""
-    bins = FFT_SIZE // 2
-    low, high = _mel(LOW_FREQ_HZ), _mel(SAMPLE_RATE / 2)
-    step = (high - low) / (NUM_MEL_BINS + 1)
-    bin_mels = _mel(np.arange(bins) * SAMPLE_RATE / FFT_SIZE)
-    weights = np.zeros((bins + 1, NUM_MEL_BINS), dtype=np.float32)
-    for m in range(NUM_MEL_BINS):
+def mel_filterbank(config: FrontendConfig = DEFAULT_FRONTEND) -> torch.Tensor:
+    """(fft_size // 2 + 1, num_mel_bins) float32: Kaldi's triangular filters over the power
+    spectrum's bins from 20 Hz to Nyquist (the Nyquist bin gets no weight, as in Kaldi)."""
+    bins = config.fft_size // 2
+    low, high = _mel(LOW_FREQ_HZ), _mel(config.sample_rate / 2)
+    step = (high - low) / (config.num_mel_bins + 1)
+    bin_mels = _mel(np.arange(bins) * config.sample_rate / config.fft_size)
+    weights = np.zeros((bins + 1, config.num_mel_bins), dtype=np.float32)
+    for m in range(config.num_mel_bins):
         left, center, right = low + m * step, low + (m + 1) * step, low + (m + 2) * step
         rising = (bin_mels - left) / (center - left)
         falling = (right - bin_mels) / (right - center)
@@ -60,32 +119,33 @@ def mel_filterbank() -> torch.Tensor:
     return torch.from_numpy(weights)
 
 
-def povey_window() -> torch.Tensor:
-    """(FRAME_LENGTH_SAMPLES,) float32: Kaldi's "povey" window, a Hann window to the 0.85."""
-    n = np.arange(FRAME_LENGTH_SAMPLES)
-    hann = 0.5 - 0.5 * np.cos(2 * math.pi * n / (FRAME_LENGTH_SAMPLES - 1))
+def povey_window(config: FrontendConfig = DEFAULT_FRONTEND) -> torch.Tensor:
+    """(frame_length_samples,) float32: Kaldi's "povey" window, a Hann window to the 0.85."""
+    length = config.frame_length_samples
+    n = np.arange(length)
+    hann = 0.5 - 0.5 * np.cos(2 * math.pi * n / (length - 1))
     return torch.from_numpy(np.power(hann, POVEY_POWER).astype(np.float32))
 
 
-_MEL = mel_filterbank()
-_WINDOW = povey_window()
 _LOG_FLOOR = float(np.finfo(np.float32).eps)
-_constants: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+_constants: dict[tuple[FrontendConfig, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def _constants_on(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    found = _constants.get(device)
+def _constants_on(config: FrontendConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    found = _constants.get((config, device))
     if found is None:
-        found = _constants[device] = (_WINDOW.to(device), _MEL.to(device, torch.float64))
+        window, mel = povey_window(config), mel_filterbank(config)
+        found = _constants[(config, device)] = (window.to(device), mel.to(device, torch.float64))
     return found
 
 
-def fbank_frames(frames: torch.Tensor) -> torch.Tensor:
-    """frames: (..., 400) float32 samples, one 25 ms frame per row -> (..., 80) log mel energies."""
-    window, mel = _constants_on(frames.device)
+def fbank_frames(frames: torch.Tensor, config: FrontendConfig = DEFAULT_FRONTEND) -> torch.Tensor:
+    """frames: (..., frame_length_samples) float32 samples, one frame per row ->
+    (..., num_mel_bins) log mel energies."""
+    window, mel = _constants_on(config, frames.device)
     x = frames - frames.mean(dim=-1, keepdim=True)
     x = x - PREEMPHASIS * torch.cat([x[..., :1], x[..., :-1]], dim=-1)
-    spectrum = torch.fft.rfft(x * window, n=FFT_SIZE)
+    spectrum = torch.fft.rfft(x * window, n=config.fft_size)
     power = spectrum.real.square() + spectrum.imag.square()
     # The filterbank sum in float64: float32 matrix products of 1-3 rows take another kernel
     # and round differently, and a frame must not depend on how many frames share the call.
@@ -93,23 +153,25 @@ def fbank_frames(frames: torch.Tensor) -> torch.Tensor:
     return torch.log(torch.clamp(energies, min=_LOG_FLOOR))
 
 
-def window_samples(num_frames: int) -> int:
+def window_samples(num_frames: int, config: FrontendConfig = DEFAULT_FRONTEND) -> int:
     """Samples that `num_frames` consecutive frames cover."""
-    return 0 if num_frames <= 0 else FRAME_LENGTH_SAMPLES + (num_frames - 1) * FRAME_SHIFT_SAMPLES
-
-
-def fbank_windows(samples: torch.Tensor, num_frames: int) -> torch.Tensor:
-    """samples: (B, window_samples(num_frames)) float32, each row the audio of `num_frames`
-    consecutive frames -> (B, num_frames, 80)."""
-    frames = samples.unfold(-1, FRAME_LENGTH_SAMPLES, FRAME_SHIFT_SAMPLES)[:, :num_frames]
-    return fbank_frames(frames)
-
-
-def num_fbank_frames(num_samples: int) -> int:
-    """Frames that ``num_samples`` samples (16 kHz) give with snip_edges."""
-    if num_samples < FRAME_LENGTH_SAMPLES:
+    if num_frames <= 0:
         return 0
-    return 1 + (num_samples - FRAME_LENGTH_SAMPLES) // FRAME_SHIFT_SAMPLES
+    return config.frame_length_samples + (num_frames - 1) * config.frame_shift_samples
+
+
+def fbank_windows(samples: torch.Tensor, num_frames: int, config: FrontendConfig = DEFAULT_FRONTEND) -> torch.Tensor:
+    """samples: (B, window_samples(num_frames)) float32, each row the audio of `num_frames`
+    consecutive frames -> (B, num_frames, num_mel_bins)."""
+    frames = samples.unfold(-1, config.frame_length_samples, config.frame_shift_samples)[:, :num_frames]
+    return fbank_frames(frames, config)
+
+
+def num_fbank_frames(num_samples: int, config: FrontendConfig = DEFAULT_FRONTEND) -> int:
+    """Frames that ``num_samples`` samples (at the config's rate) give with snip_edges."""
+    if num_samples < config.frame_length_samples:
+        return 0
+    return 1 + (num_samples - config.frame_length_samples) // config.frame_shift_samples
 
 
 def _as_float_samples(samples: np.ndarray) -> np.ndarray:
@@ -120,15 +182,15 @@ def _as_float_samples(samples: np.ndarray) -> np.ndarray:
     return np.array(x, dtype=np.float32)
 
 
-def compute_fbank(samples: np.ndarray) -> np.ndarray:
-    """Fbank of a whole 16 kHz waveform.
+def compute_fbank(samples: np.ndarray, config: FrontendConfig = DEFAULT_FRONTEND) -> np.ndarray:
+    """Fbank of a whole waveform at ``config.sample_rate`` (16 kHz by default).
 
     Args:
         samples: (N,) int16 samples, or floats in int16 range.
     Returns:
-        (T, 80) float32 log mel energies, T = ``num_fbank_frames(N)``.
+        (T, num_mel_bins) float32 log mel energies, T = ``num_fbank_frames(N, config)``.
     """
-    stream = FbankStream()
+    stream = FbankStream(config)
     stream.accept_waveform(samples)
     stream.input_finished()
     return stream.pop_frames(stream.num_frames_ready)
@@ -145,7 +207,8 @@ class FbankStream:
     bounded for streams of any length.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, config: FrontendConfig = DEFAULT_FRONTEND) -> None:
+        self.config = config
         self._pieces: list[np.ndarray] = []
         self._buffer = np.zeros(0, dtype=np.float32)
         self._buffer_start = 0  # absolute index of self._buffer[0]
@@ -156,7 +219,7 @@ class FbankStream:
     @property
     def num_frames_ready(self) -> int:
         """Absolute count of frames computable so far (popped ones included)."""
-        return num_fbank_frames(self._total)
+        return num_fbank_frames(self._total, self.config)
 
     @property
     def first_available(self) -> int:
@@ -173,7 +236,7 @@ class FbankStream:
         return self._finished
 
     def accept_waveform(self, samples: np.ndarray) -> None:
-        """Append (N,) samples (int16, or floats in int16 range, 16 kHz)."""
+        """Append (N,) samples (int16, or floats in int16 range, at ``config.sample_rate``)."""
         if self._finished:
             raise RuntimeError("accept_waveform() after input_finished(): start a new FbankStream")
         x = _as_float_samples(samples)
@@ -192,18 +255,20 @@ class FbankStream:
                 f"frames [{start}, {start + n}) not available: held frames are [{self._first}, {self.num_frames_ready})"
             )
         self._consolidate()
-        begin = start * FRAME_SHIFT_SAMPLES - self._buffer_start
-        return self._buffer[begin : begin + window_samples(n)]
+        begin = start * self.config.frame_shift_samples - self._buffer_start
+        return self._buffer[begin : begin + window_samples(n, self.config)]
 
     def get_frames(self, start: int, n: int) -> np.ndarray:
-        """Frames [start, start + n) by absolute index, without removing them: (n, 80) float32."""
+        """Frames [start, start + n) by absolute index, without removing them: (n, num_mel_bins)
+        float32."""
+        config = self.config
         samples = torch.from_numpy(self.window(start, n))
-        out = np.empty((n, NUM_MEL_BINS), dtype=np.float32)
+        out = np.empty((n, config.num_mel_bins), dtype=np.float32)
         for first in range(0, n, MAX_FRAMES_PER_CALL):  # bounded memory for hour-long files
             count = min(MAX_FRAMES_PER_CALL, n - first)
-            begin = first * FRAME_SHIFT_SAMPLES
-            piece = samples[begin : begin + window_samples(count)]
-            out[first : first + count] = fbank_windows(piece[None], count)[0].numpy()
+            begin = first * config.frame_shift_samples
+            piece = samples[begin : begin + window_samples(count, config)]
+            out[first : first + count] = fbank_windows(piece[None], count, config)[0].numpy()
         return out
 
     def drop_frames(self, n: int) -> None:
@@ -213,7 +278,7 @@ class FbankStream:
         if not n:
             return
         self._first += n
-        keep_from = self._first * FRAME_SHIFT_SAMPLES - self._buffer_start
+        keep_from = self._first * self.config.frame_shift_samples - self._buffer_start
         if keep_from > 0:
             self._consolidate()
             self._buffer = self._buffer[keep_from:].copy()
@@ -226,7 +291,7 @@ class FbankStream:
             self._pieces = []
 
     def pop_frames(self, n: int) -> np.ndarray:
-        """Remove and return the ``n`` oldest held frames, (n, 80) float32."""
+        """Remove and return the ``n`` oldest held frames, (n, num_mel_bins) float32."""
         frames = self.get_frames(self._first, n)
         self.drop_frames(n)
         return frames

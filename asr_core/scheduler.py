@@ -33,7 +33,7 @@ from asr_core.backends import ChunkRunner
 from asr_core.endpoint import LEADING_SILENCE, NO_ENDPOINT, REASONS, loud_frames, update_endpoints
 from asr_core.events import Partial
 from asr_core.finalizer import EndJob, Finalizer, FinalJob, UtteranceSnapshot, deliver
-from asr_core.frontend import fbank_windows
+from asr_core.frontend import DEFAULT_FRONTEND, FrontendConfig, encoder_frame_ms, fbank_windows
 from asr_core.stream import Stream
 from kv_ring import KvPool
 
@@ -62,6 +62,7 @@ class Scheduler:
         subsampling: int,
         right_context: int,
         blank: int,
+        frontend: FrontendConfig = DEFAULT_FRONTEND,
     ) -> None:
         self.options = options
         self.pool = pool
@@ -72,7 +73,8 @@ class Scheduler:
         self.device = device
         self.subsampling = subsampling
         self.right_context = right_context
-        self.frame_ms = 10 * subsampling
+        self.frontend = frontend
+        self.frame_ms = encoder_frame_ms(frontend, subsampling)
         self._blank = blank
         self.streams: dict[str, Stream] = {}
         self.lock = threading.Lock()
@@ -189,7 +191,7 @@ class Scheduler:
         frames = batch[0][1]
         size = len(streams)
         audio = np.stack([stream.take_chunk_samples(frames) for stream in streams])  # (B, samples)
-        feats = fbank_windows(torch.from_numpy(audio).to(self.device), frames)  # (B, T_in, n_mels)
+        feats = fbank_windows(torch.from_numpy(audio).to(self.device), frames, self.frontend)  # (B, T_in, n_mels)
         xs = feats.to(dtype=self.options.dtype)
         slots = torch.tensor([stream.slot for stream in streams], dtype=torch.int64)
         offsets = torch.tensor([stream.utterance.offset for stream in streams], dtype=torch.int64)

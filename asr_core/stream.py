@@ -21,10 +21,7 @@ import torch
 
 from asr_core.context_graph import ContextGraph
 from asr_core.events import Event
-from asr_core.frontend import FbankStream
-
-FBANK_SHIFT_SAMPLES = 160  # 10 ms
-FBANK_WINDOW_SAMPLES = 400  # 25 ms
+from asr_core.frontend import DEFAULT_FRONTEND, FbankStream, FrontendConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +91,7 @@ class Stream:
         right_context: int,
         on_event: Callable[[Event], None],
         wake: Callable[[], None],
+        frontend: FrontendConfig = DEFAULT_FRONTEND,
     ) -> None:
         self.stream_id = stream_id
         self.config = config
@@ -113,7 +111,7 @@ class Stream:
         self._samples_in = 0
 
         # Scheduler-thread state.
-        self.fbank = FbankStream()
+        self.fbank = FbankStream(frontend)
         self.frames_consumed = 0  # fbank frames (stream time) already behind the next chunk's start
         self.stride = subsampling * chunk_frames  # fbank frames per chunk
         self.window = chunk_input_frames(chunk_frames, subsampling, right_context)  # fbank frames per chunk input
@@ -194,7 +192,8 @@ class Stream:
     def chunk_last_sample(self, num_frames: int) -> int:
         """Index of the last audio sample that the next chunk of ``num_frames`` fbank frames needs."""
         last_frame = self.frames_consumed + num_frames - 1
-        return last_frame * FBANK_SHIFT_SAMPLES + FBANK_WINDOW_SAMPLES - 1
+        frontend = self.fbank.config
+        return last_frame * frontend.frame_shift_samples + frontend.frame_length_samples - 1
 
     def take_chunk_samples(self, num_frames: int) -> np.ndarray:
         """The audio of the next chunk's fbank frames, (window_samples(num_frames),) float32,

@@ -7,8 +7,9 @@ Two layouts exist in the wild and both load:
 * older released models (2021-2023): ``cmvn_file`` and ``is_json_cmvn`` at the top level and no
   ``tokenizer_conf``.
 
-Only what defines the network (and its losses) is modelled; training-only keys
-(``dataset_conf``, ``optim``, ``scheduler``, ...) are ignored. Inside ``encoder_conf`` and
+Only what defines the network (and its losses) and its front end is modelled: from
+``dataset_conf`` the fbank options (``fbank_conf``) and the sample rate (``resample_conf``);
+training-only keys (the rest of ``dataset_conf``, ``optim``, ``scheduler``, ...) are ignored. Inside ``encoder_conf`` and
 ``decoder_conf`` an unknown key is an error: silently ignoring an option that changes the
 network would produce wrong outputs with no warning.
 """
@@ -21,6 +22,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from asr_core.frontend import FrontendConfig
 from asr_core.model.errors import ModelConfigError
 
 Activation = Literal["swish", "relu", "gelu", "tanh"]
@@ -142,6 +144,42 @@ class CtcConfig(BaseModel):
     ctc_blank_id: int = Field(0, ge=0)
 
 
+class FbankConf(BaseModel):
+    """``dataset_conf.fbank_conf``: the model's fbank (WeNet's defaults when absent)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    num_mel_bins: int = Field(80, gt=0)
+    frame_length: float = Field(25.0, gt=0.0)  # ms
+    frame_shift: float = Field(10.0, gt=0.0)  # ms
+    dither: float = Field(0.0, ge=0.0)  # training only: inference never dithers
+
+
+class ResampleConf(BaseModel):
+    """``dataset_conf.resample_conf``: the rate every training utterance was brought to."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    resample_rate: int = Field(16000, gt=0)  # Hz
+
+
+class DatasetConf(BaseModel):
+    """The parts of ``dataset_conf`` that define the features the model was trained on."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    fbank_conf: FbankConf = FbankConf()
+    resample_conf: ResampleConf = ResampleConf()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _none_is_default(cls, data: Any) -> Any:
+        """``fbank_conf:`` or ``resample_conf:`` left empty in YAML means WeNet's defaults."""
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if not (k in ("fbank_conf", "resample_conf") and v is None)}
+        return data
+
+
 class ModelConfig(BaseModel):
     """A whole ``train.yaml`` (network part)."""
 
@@ -159,6 +197,18 @@ class ModelConfig(BaseModel):
     output_dim: int = Field(gt=1)
     cmvn: CmvnConfig | None = None
     tokenizer_conf: TokenizerConfig | None = None
+    dataset_conf: DatasetConf = DatasetConf()
+
+    @property
+    def frontend(self) -> FrontendConfig:
+        """The model's front end: its sample rate and fbank options, always without dither."""
+        fbank = self.dataset_conf.fbank_conf
+        return FrontendConfig(
+            sample_rate=self.dataset_conf.resample_conf.resample_rate,
+            num_mel_bins=fbank.num_mel_bins,
+            frame_length_ms=fbank.frame_length,
+            frame_shift_ms=fbank.frame_shift,
+        )
 
     @model_validator(mode="before")
     @classmethod
@@ -172,6 +222,8 @@ class ModelConfig(BaseModel):
             for key, default in TRANSFORMER_ENCODER_DEFAULTS.items():
                 conf.setdefault(key, default)
             data["encoder_conf"] = conf
+        if data.get("dataset_conf") is None:
+            data.pop("dataset_conf", None)
         if "output_dim" not in data and "vocab_size" in data:
             data["output_dim"] = data["vocab_size"]
         if "cmvn_conf" in data or isinstance(data.get("cmvn"), str):
@@ -203,6 +255,15 @@ class ModelConfig(BaseModel):
             )
         if self.decoder == "bitransformer" and self.decoder_conf.r_num_blocks <= 0:
             raise ValueError("decoder_conf.r_num_blocks must be > 0 for decoder: bitransformer")
+        try:
+            frontend = self.frontend
+        except ValueError as exc:
+            raise ValueError(f"dataset_conf: unusable front end: {exc}") from None
+        if frontend.num_mel_bins != self.input_dim:
+            raise ValueError(
+                f"dataset_conf.fbank_conf.num_mel_bins ({frontend.num_mel_bins}) must equal input_dim "
+                f"({self.input_dim}): the encoder takes one input per mel bin"
+            )
         if enc.output_size % self.decoder_conf.attention_heads:
             raise ValueError(
                 f"encoder_conf.output_size ({enc.output_size}) must be a multiple of "

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from asr_core.frontend import FrontendConfig
 from asr_core.model.asr_model import ASRModel
 from asr_core.model.cmvn import GlobalCMVN, load_cmvn
 from asr_core.model.config import ModelConfig, load_model_config
@@ -45,6 +46,12 @@ class LoadedModel:
     cnn_cache_frames: int
     subsampling: int
     right_context: int
+    frontend: FrontendConfig  # the model's sample rate and fbank options (train.yaml's dataset_conf)
+
+    @property
+    def sample_rate(self) -> int:
+        """Hz of the audio the model takes (its fbank's rate): 16000, or 8000 for telephony."""
+        return self.frontend.sample_rate
 
 
 def load_units(path: Path) -> list[str]:
@@ -130,7 +137,9 @@ def load_wenet_model(model_dir: str | Path, device: str | torch.device = "cpu") 
         mean, istd = load_cmvn(model_dir / CMVN_FILE, config.cmvn.is_json_cmvn)
         if mean.numel() != config.input_dim:
             raise ModelLoadError(
-                f"{model_dir / CMVN_FILE}: {mean.numel()} dims but train.yaml input_dim is {config.input_dim}"
+                f"{model_dir / CMVN_FILE}: {mean.numel()} dims but train.yaml input_dim is {config.input_dim} "
+                f"(and dataset_conf.fbank_conf.num_mel_bins {config.frontend.num_mel_bins}): "
+                "the CMVN statistics are not this model's"
             )
         cmvn = GlobalCMVN(mean, istd)
     units = load_units(model_dir / "units.txt")
@@ -160,4 +169,5 @@ def load_wenet_model(model_dir: str | Path, device: str | torch.device = "cpu") 
         cnn_cache_frames=enc.cnn_cache_frames,
         subsampling=enc.subsampling_rate,
         right_context=enc.right_context,
+        frontend=config.frontend,
     )
