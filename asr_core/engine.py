@@ -23,6 +23,7 @@ from asr_core.endpoint import EndpointRules
 from asr_core.events import Event
 from asr_core.finalizer import Finalizer
 from asr_core.finals import FinalSearch, FinalSettings, ProcessFinalSearch
+from asr_core.frontend import encoder_frame_ms
 from asr_core.model.loader import LoadedModel
 from asr_core.scheduler import Scheduler
 from asr_core.stream import Stream, StreamConfig, chunk_input_frames

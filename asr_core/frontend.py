@@ -68,7 +68,7 @@ class FrontendConfig:
                 f"frames of {self.frame_length_ms} ms every {self.frame_shift_ms} ms at {self.sample_rate} Hz "
                 "are shorter than two samples"
             )
-        if LOW_FREQ_HZ >= self.sample_rate / 2:
+        if self.sample_rate / 2 <= LOW_FREQ_HZ:
             raise ValueError(f"sample rate {self.sample_rate} Hz leaves no band above {LOW_FREQ_HZ} Hz")
 
     @property

@@ -8,8 +8,9 @@ Two layouts exist in the wild and both load:
   ``tokenizer_conf``.
 
 Only what defines the network (and its losses) and its front end is modelled: from
-``dataset_conf`` the fbank options (``fbank_conf``) and the sample rate (``resample_conf``);
-training-only keys (the rest of ``dataset_conf``, ``optim``, ``scheduler``, ...) are ignored. Inside ``encoder_conf`` and
+``dataset_conf`` the fbank options (``fbank_conf``) and the sample rate
+(``resample_conf``); training-only keys (the rest of ``dataset_conf``, ``optim``,
+``scheduler``, ...) are ignored. Inside ``encoder_conf`` and
 ``decoder_conf`` an unknown key is an error: silently ignoring an option that changes the
 network would produce wrong outputs with no warning.
 """
