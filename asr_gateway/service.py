@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from asr_common.audio import SAMPLE_RATE, TELEPHONE_RATE
 from asr_common.yamlconf import ConfigError
 from asr_core import memtrim
 from asr_core.endpoint import EndpointRules
@@ -220,6 +221,11 @@ class Service:
         problems = self.hotwords.sync(hotword_names(self.router))
         if problems:
             raise ConfigError(problems)
+        if self.loaded.sample_rate not in (TELEPHONE_RATE, SAMPLE_RATE):
+            raise ConfigError(
+                [f"model {model_dir_of(config)}: front end at {self.loaded.sample_rate} Hz; calls can feed only "
+                 f"{TELEPHONE_RATE} Hz (G.711 as is) or {SAMPLE_RATE} Hz (upsampled) models"]
+            )  # fmt: skip
         self.processor = TranscriptProcessor.from_settings(config.kb_hooks)
         self.engine = Engine(self.loaded, engine_options(config))
         self.publisher = Publisher(config.redis)
@@ -251,7 +257,8 @@ class Service:
             on_end=on_end,
             resample_batch_ms=self.config.rtp.resample_batch_ms,
             poll_interval_ms=self.config.rtp.poll_interval_ms,
-            resampler=self.config.rtp.resampler,
+            # a model with an 8 kHz front end takes the G.711 audio as it is
+            resampler="none" if self.engine.sample_rate == TELEPHONE_RATE else self.config.rtp.resampler,
             fast_path=self.config.rtp.c_receive_path,
             latch=self.config.rtp.latch,
         )

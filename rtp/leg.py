@@ -28,7 +28,7 @@ from rtp.jitter import Frame, FrameKind, LossFill, PacketKind, ReorderBuffer
 from rtp.latch import DropReason, LatchMode, SourcePolicy
 from rtp.packet import RTP_HEADER_LENGTH, RtpPacket, is_rtcp, parse_rtcp
 from rtp.poller import DatagramPoller
-from rtp.resample import SharedUpsampler, SoxrStream, UpsamplerStream
+from rtp.resample import PassThroughStream, SharedUpsampler, SoxrStream, UpsamplerStream
 from rtp.seq import timestamp_diff
 from rtp.sink import PcmSink
 from rtp.stats import LegStats
@@ -66,14 +66,19 @@ async def _bind_udp(loop: asyncio.AbstractEventLoop, host: str, port: int) -> so
     return sock
 
 
-RESAMPLERS = ("halfband", "soxr")
+RESAMPLERS = ("halfband", "soxr", "none")
 
 
-def _upsampler_stream(kind: str, deliver: Callable[[np.ndarray], None]) -> UpsamplerStream | SoxrStream:
+def _upsampler_stream(
+    kind: str, deliver: Callable[[np.ndarray], None]
+) -> UpsamplerStream | SoxrStream | PassThroughStream:
     """`halfband`: a stream of the running loop's shared upsampler (without a running loop,
-    one that upsamples at once); `soxr`: a per-leg soxr stream. ValueError otherwise."""
+    one that upsamples at once); `soxr`: a per-leg soxr stream; `none`: 8 kHz as decoded, for
+    a model whose front end runs at 8 kHz. ValueError otherwise."""
     if kind == "soxr":
         return SoxrStream(deliver)
+    if kind == "none":
+        return PassThroughStream(deliver)
     if kind != "halfband":
         raise ValueError(f"unknown resampler {kind!r}; use one of {', '.join(RESAMPLERS)}")
     try:

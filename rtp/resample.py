@@ -384,6 +384,29 @@ class SoxrStream:
             self._deliver(out)
 
 
+class PassThroughStream:
+    """No resampling, behind the `UpsamplerStream` interface: for a model whose front end runs
+    at 8 kHz, the decoded G.711 samples go to the sink as they are (no lag, no CPU)."""
+
+    __slots__ = ("_deliver", "_finished")
+
+    def __init__(self, deliver: Deliver) -> None:
+        self._deliver = deliver
+        self._finished = False
+
+    def submit(self, samples: np.ndarray) -> None:
+        if self._finished:
+            raise RuntimeError("PassThroughStream.submit() called after flush()")
+        if len(samples):
+            self._deliver(np.asarray(samples, dtype=np.int16))
+
+    def submit_g711(self, data: bytes, table: np.ndarray) -> None:
+        self.submit(_decoded((data, table)))
+
+    def flush(self) -> None:
+        self._finished = True
+
+
 def upsample_recording(pcm8k: np.ndarray) -> np.ndarray:
     """A whole 8 kHz int16 recording (N,) -> 16 kHz float32 (2N,) at int16 scale: the samples a
     call's leg hands the engine for the same audio (`Upsampler`, int16 rounding included).

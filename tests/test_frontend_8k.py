@@ -179,3 +179,32 @@ def test_asr_transcribe_takes_8k_wav_as_is(
     assert "resampled" not in err
     (result,) = [json.loads(line) for line in out.splitlines() if line.strip()]
     assert result["tokens"] == greedy_reference(loaded, g711_audio, 320, 4)
+
+
+@pytest.mark.parametrize("fast_path", [False, True])
+def test_rtp_leg_hands_g711_at_8k_as_is(g711_audio: np.ndarray, fast_path: bool) -> None:
+    """resampler "none" (what the gateway picks for an 8 kHz model): the sink gets the decoded
+    G.711 samples one for one, neither upsampled nor delayed."""
+    import asyncio
+
+    from rtp.leg import RtpLeg
+    from rtp.packet import RtpPacket
+    from rtp.sink import CountingSink
+
+    pcm = g711_audio[: 160 * (len(g711_audio) // 160)]
+    packets = [
+        bytes(RtpPacket(payload_type=0, sequence_number=n, timestamp=160 * n, ssrc=7, marker=n == 0,
+                        payload=g711.encode("PCMU", pcm[160 * n : 160 * (n + 1)])))
+        for n in range(len(pcm) // 160)
+    ]  # fmt: skip
+
+    async def scenario() -> CountingSink:
+        sink = CountingSink(keep=True)
+        leg = RtpLeg(sink=sink, payload_types={0: "PCMU"}, resampler="none", fast_path=fast_path)
+        for data in packets:
+            leg.handle_rtp(data, ("192.0.2.1", 4000))
+        await leg.close()
+        return sink
+
+    sink = asyncio.run(scenario())
+    np.testing.assert_array_equal(sink.pcm, pcm)
