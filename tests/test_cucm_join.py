@@ -171,7 +171,7 @@ def test_a_partner_that_never_comes_times_out_and_a_late_one_is_its_own_call() -
 
 
 def test_calls_without_a_key_are_announced_at_once() -> None:
-    bridge, engine, publisher = make_bridge()
+    bridge, _engine, publisher = make_bridge()
 
     async def scenario() -> None:
         bridge.open_leg(call("a", None), leg("a", "mixed"))
