@@ -59,7 +59,7 @@ def test_profile_refuses_bad_join_rules(rule: str) -> None:
 
 def test_profile_refuses_bad_roles_and_timeouts() -> None:
     with pytest.raises(ValidationError):
-        Profile(role="boss")  # type: ignore[arg-type]
+        Profile(role="boss")
     with pytest.raises(ValidationError):
         Profile(join_timeout_s=0)
 
