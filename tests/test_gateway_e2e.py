@@ -199,7 +199,8 @@ def test_cucm_built_in_bridge_two_invites_are_one_call(tmp_path: Path, redis_ser
     routes = tmp_path / "routes.yaml"
     routes.write_text(
         "profiles:\n  cucm:\n    join_by: cucm\n"
-        "default_profile: cucm\nroutes:\n  - name: cucm-bib\n    match: {from_user: '^(1001|citizen)$'}\n    profile: cucm\n",
+        "default_profile: cucm\n"
+        "routes:\n  - name: cucm-bib\n    match: {from_user: '^(1001|citizen)$'}\n    profile: cucm\n",
         encoding="utf-8",
     )
     config = load_config(write_config(tmp_path, redis_server.url, routes), {})
