@@ -12,10 +12,15 @@ from pydantic import ValidationError
 
 from asr_core.events import Ended
 from asr_gateway.bridge import CallBridge
-from sip.app import CallInfo, LegInfo
+from sip.actions import SendMessage, StartMedia, UpdateMedia
+from sip.app import CallInfo, CountingCallHandler, LegInfo
+from sip.config import SipSettings
 from sip.cucm import plain_call
-from sip.message import Headers, Request
-from sip.routing import Profile
+from sip.message import Headers, NameAddr, Request, Response
+from sip.routing import Profile, Router, RoutesFile
+from sip.uas import UasCore
+from tests.test_sip_support import OFFER_PCMU, SOURCE, FakePorts, ack
+from tests.test_sip_support import invite as raw_invite
 
 NEAR = "sip:1001@cucm.example;x-nearend;x-refci=25396399;x-nearenddevice=SEP0011;x-farendaddr=2000"
 FAR = "sip:2000@cucm.example;x-farend;x-refci=25396399;x-farenddevice=SEP0022;x-nearendaddr=1001"
@@ -180,3 +185,27 @@ def test_calls_without_a_key_are_announced_at_once() -> None:
     asyncio.run(scenario())
     bridge.stop()
     assert publisher.started == [("a", ["mixed"])]
+
+
+# -- through the sans-IO UAS: role and key on CallInfo, kept across a re-INVITE -----------
+
+
+def test_uas_gives_a_cucm_near_end_invite_the_agent_role_and_the_join_key() -> None:
+    router = Router(RoutesFile(profiles={"default": Profile(join_by="cucm")}))
+    core = UasCore(SipSettings(), CountingCallHandler(), FakePorts(), router)
+
+    def near(data: bytes) -> bytes:
+        return data.replace(b"<sip:alice@10.0.0.5>;tag", b"<sip:alice@10.0.0.5;x-nearend;x-refci=42>;tag")
+
+    actions = core.receive(near(raw_invite()), SOURCE, 0.0)
+    (start,) = [a for a in actions if isinstance(a, StartMedia)]
+    assert start.leg.role == "agent" and start.call.join_key == "cucm=42"
+    final = [a.message for a in actions if isinstance(a, SendMessage) and isinstance(a.message, Response)][-1]
+    assert final.status == 200
+    tag = NameAddr.parse(final.headers.get("To") or "").tag
+    assert tag
+    core.receive(ack(to_tag=tag), SOURCE, 0.1)
+    hold = raw_invite(to_tag=tag, cseq=2, branch="z9hG4bK-r2", body=OFFER_PCMU.replace("sendrecv", "sendonly"))
+    actions = core.receive(near(hold), SOURCE, 1.0)
+    (update,) = [a for a in actions if isinstance(a, UpdateMedia)]
+    assert update.on_hold and update.leg.role == "agent"
