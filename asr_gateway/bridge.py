@@ -6,6 +6,12 @@ handed to one worker thread (bounded queue) that runs KB matching, tagging and r
 (``kb_hooks.TranscriptProcessor``) and submits the results to the publisher, so neither the
 engine thread nor the event loop ever waits on them. ``call.ended`` is published after the
 last final of the call's last leg.
+
+Plain INVITEs with the same ``CallInfo.join_key`` (CUCM built-in-bridge recording: one INVITE
+per direction) are one call here: the second one's legs become more participants of the first
+one's call, which ends when every INVITE of it has ended. The first waits up to its profile's
+``join_timeout_s`` for its partner before ``call.started`` is published (at once if a
+transcript of it comes first); a partner after that is a call of its own.
 """
 
 from __future__ import annotations
@@ -55,6 +61,10 @@ class _CallState:
     started: bool = False
     ended_reason: str | None = None
     audio_ms: dict[str, int] = field(default_factory=dict)
+    members: set[str] = field(default_factory=set)  # ids of the SIP calls (INVITEs) joined here
+    ended_members: set[str] = field(default_factory=set)
+    join_key: str | None = None  # open for a partner INVITE while set
+    waiting: bool = False  # call.started held back for the partner
 
 
 class CallBridge:
@@ -76,6 +86,8 @@ class CallBridge:
         self.default_redaction = default_redaction
         self._calls: dict[str, _CallState] = {}
         self._leg_call: dict[str, str] = {}  # stream/leg id -> call id
+        self._joins: dict[str, str] = {}  # join key -> call id waiting for its partner INVITE
+        self._member_call: dict[str, str] = {}  # SIP call id -> call id it was joined to
         self._lock = threading.Lock()
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
         self._worker: threading.Thread | None = None
@@ -114,20 +126,49 @@ class CallBridge:
         )
         stream = self.engine.open_stream(config, self._on_engine_event)  # PoolExhausted: a CapacityError, 503
         with self._lock:
-            state = self._calls.get(call.call_id)
-            if state is None:
-                state = _CallState(self._context(call), call.metadata.as_map())
-                self._calls[call.call_id] = state
+            call_id, state, fresh = self._state_for(call)
             state.participants[leg.leg_id] = _participant(leg)
             state.open_legs.add(leg.leg_id)
-            self._leg_call[leg.leg_id] = call.call_id
-        # Legs of one call are opened back to back in one step of the SIP worker: announce
-        # the call after that step, when all of them are known.
+            self._leg_call[leg.leg_id] = call_id
         try:
-            asyncio.get_running_loop().call_soon(self._queue_put, ("started", call.call_id))
-        except RuntimeError:  # no event loop (direct use): announce now
-            self._queue_put(("started", call.call_id))
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:  # no event loop (direct use): announce now, wait for no partner
+            loop = None
+        if loop is not None and fresh and state.waiting:
+            loop.call_later(call.profile.join_timeout_s, self._queue_put, ("join_timeout", call_id))
+        elif loop is not None:
+            # Legs of one call are opened back to back in one step of the SIP worker: announce
+            # the call after that step, when all of them are known.
+            loop.call_soon(self._queue_put, ("started", call_id))
+        else:
+            state.waiting = False
+            self._queue_put(("started", call_id))
         return StreamSink(stream)
+
+    def _state_for(self, call: CallInfo) -> tuple[str, _CallState, bool]:
+        """(call id, state, whether this INVITE opened a new call waiting for a partner) of a
+        leg of ``call``, joining it to a waiting partner with its join key. Under the lock."""
+        call_id = self._member_call.get(call.call_id)
+        if call_id is None:
+            call_id = call.call_id
+            partner = self._joins.pop(call.join_key, None) if call.join_key is not None else None
+            partner_state = self._calls.get(partner) if partner is not None else None
+            if partner is not None and partner_state is not None and partner_state.ended_reason is None:
+                call_id = partner
+                partner_state.join_key = None
+                partner_state.waiting = False
+            self._member_call[call.call_id] = call_id
+        state = self._calls.get(call_id)
+        fresh = state is None
+        if state is None:
+            state = _CallState(self._context(call), call.metadata.as_map())
+            if call.join_key is not None:
+                state.join_key = call.join_key
+                state.waiting = True
+                self._joins[call.join_key] = call_id
+            self._calls[call_id] = state
+        state.members.add(call.call_id)
+        return call_id, state, fresh
 
     def leg_updated(self, call: CallInfo, leg: LegInfo) -> None:
         with self._lock:
@@ -170,6 +211,8 @@ class CallBridge:
         if isinstance(item, tuple):
             if item[0] == "started":
                 self._publish_started(item[1])
+            elif item[0] == "join_timeout":
+                self._join_timed_out(item[1])
             else:
                 self._mark_call_ended(item[1], item[2])
             return
@@ -184,21 +227,45 @@ class CallBridge:
                 self._leg_call.pop(item.stream_id, None)
             self._maybe_publish_ended(state)
             return
+        if not state.started:  # a transcript before the partner INVITE came: announce now
+            state.waiting = False
+            self._publish_started(state.ctx.call_id)
         participant = state.participants.get(item.stream_id, Participant("mixed"))
         for out in self.processor.process(_update(state.ctx, participant, item, self.engine.loaded.units)):
             self.publisher.submit(out, audio_end_monotonic=item.audio_end_monotonic)
 
     def _publish_started(self, call_id: str) -> None:
         state = self._calls.get(call_id)
-        if state is None or state.started:
+        if state is None or state.started or state.waiting:
             return
         state.started = True
         self.publisher.call_started(state.ctx, list(state.participants.values()), state.metadata)
 
-    def _mark_call_ended(self, call_id: str, reason: str) -> None:
+    def _join_timed_out(self, call_id: str) -> None:
+        """The partner INVITE did not come in time: close the join and announce the call alone."""
         state = self._calls.get(call_id)
         if state is None:
             return
+        self._close_join(state)
+        self._publish_started(call_id)
+
+    def _close_join(self, state: _CallState) -> None:
+        with self._lock:
+            if state.join_key is not None and self._joins.get(state.join_key) == state.ctx.call_id:
+                del self._joins[state.join_key]
+            state.join_key = None
+            state.waiting = False
+
+    def _mark_call_ended(self, member: str, reason: str) -> None:
+        with self._lock:
+            call_id = self._member_call.pop(member, member)
+        state = self._calls.get(call_id)
+        if state is None:
+            return
+        state.ended_members.add(member)
+        if state.members - state.ended_members:
+            return  # another INVITE of the call is still up
+        self._close_join(state)
         state.ended_reason = reason
         self._maybe_publish_ended(state)
 

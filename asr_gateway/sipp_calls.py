@@ -74,7 +74,7 @@ def write_rtp_pcap(
 
 
 _HEADERS = """Via: SIP/2.0/[transport] [local_ip]:[local_port];branch=[branch]
-From: {from_name} <sip:{from_user}@[local_ip]:[local_port]>;tag=[pid]SIPpTag00[call_number]
+From: {from_name} <sip:{from_user}@[local_ip]:[local_port]{from_uri_params}>;tag=[pid]SIPpTag00[call_number]
 To: <sip:{to_user}@[remote_ip]:[remote_port]>{to_tag}
 Call-ID: [call_id]
 CSeq: {cseq} {method}
@@ -145,17 +145,19 @@ def _message(method: str, cseq: int, body: str = "", content_type: str = "", ext
 
 def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False, to_user: str = "12345",
                  from_user: str = "citizen", agent: str = "1001", hangup: bool = True,
-                 media_delay_ms: int = 0, extra_headers: str = "") -> str:  # fmt: skip
+                 media_delay_ms: int = 0, extra_headers: str = "", from_uri_params: str = "") -> str:  # fmt: skip
     """A sipp UAC scenario: INVITE, ACK, (wait ``media_delay_ms``,) play ``audio.pcap`` for
     ``seconds`` (+1 s), BYE.
 
     ``extra_headers``: header lines (``X-Agent-Id: 1001``, one a line) added to the INVITE.
+    ``from_uri_params``: parameters inside the From URI (CUCM built-in bridge:
+    ``;x-nearend;x-refci=123``), on every request of the dialog.
 
     ``siprec``: logs ``SECOND_LEG_PORT <port>`` (the answer's second m-line) to sipp's log file.
     ``hangup=False``: the caller vanishes after the audio, without a BYE.
     """
     codec = "PCMU" if payload_type == PCMU else "PCMA"
-    names = {"from_name": "pbx", "from_user": from_user, "to_user": to_user}
+    names = {"from_name": "pbx", "from_user": from_user, "to_user": to_user, "from_uri_params": from_uri_params}
     if siprec:
         body = _SIPREC_BODY.format(pt=payload_type, codec=codec, caller=from_user, agent=agent)
         extra = "\n".join(line for line in ("Require: siprec", extra_headers.strip()) if line)

@@ -47,6 +47,9 @@ class CallInfo:
     siprec: bool
     legs: tuple[LegInfo, ...] = field(default=())
     metadata: CallMetadata = field(default_factory=CallMetadata)
+    join_key: str | None = None
+    """Plain calls only: INVITEs with the same key are one call to the application
+    (``Profile.join_by``, ``sip.cucm``); None: the call stands alone."""
 
     def with_legs(self, legs: tuple[LegInfo, ...]) -> CallInfo:
         return replace(self, legs=legs)

@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from sip import cucm
 from sip.actions import Action, LegUpdated, StartMedia, StopMedia, UpdateMedia
 from sip.admission import CAPACITY_ERRORS
 from sip.app import CallHandler, LegInfo, PcmSink
@@ -95,6 +96,7 @@ def select_streams(
     metadata: RecordingMetadata | None,
     siprec: bool,
     from_party: NameAddr,
+    plain_role: Role = "mixed",
 ) -> Streams:
     """Each acceptable stream with its role and participant AOR, keeping only roles the profile transcribes."""
     aors: list[str | None] = []
@@ -107,8 +109,16 @@ def select_streams(
     if siprec:
         roles = assign_roles(profile.roles.to_rule(), aors)
     else:
-        roles = ["mixed"] * len(plans)
+        roles = [plain_role] * len(plans)
     return [(plan, role, aor) for plan, role, aor in zip(plans, roles, aors, strict=True) if role in profile.transcribe]
+
+
+def plain_role(call: Call) -> Role:
+    """The role of a plain call's streams, read again off its first INVITE (re-offers keep it)."""
+    if call.info.siprec:
+        return "mixed"
+    profile = call.info.profile
+    return cucm.plain_call(call.request, call.remote_party.uri, profile.role, profile.join_by).role
 
 
 def party_name(call: Call, aor: str | None) -> str | None:
@@ -212,7 +222,9 @@ class CallMedia:
     def apply_metadata(self, call: Call) -> list[Action]:
         """A metadata-only update: re-map participants (and so roles) onto the current legs."""
         plans = [leg.plan for leg in call.legs.values()]
-        streams = select_streams(plans, call.info.profile, call.metadata, call.info.siprec, call.remote_party)
+        streams = select_streams(
+            plans, call.info.profile, call.metadata, call.info.siprec, call.remote_party, plain_role(call)
+        )
         return self.apply_streams(call, [s for s in streams if s[0].index in call.legs])
 
     def renegotiate(self, call: Call, body: Body, host: str) -> list[Action]:
@@ -221,7 +233,9 @@ class CallMedia:
         if body.offer is None:
             return self.apply_metadata(call) if body.metadata is not None else []
         plans = plan_streams(body.offer, sendonly_is_hold=not call.info.siprec)
-        streams = select_streams(plans, call.info.profile, call.metadata, call.info.siprec, call.remote_party)
+        streams = select_streams(
+            plans, call.info.profile, call.metadata, call.info.siprec, call.remote_party, plain_role(call)
+        )
         if not streams:
             raise no_stream(body.offer, call.info.profile)
         call.offer = body.offer
@@ -267,7 +281,9 @@ class CallMedia:
             for plan in plan_answer(answer)
             if plan.index in call.legs
         ]
-        streams = select_streams(plans, call.info.profile, call.metadata, call.info.siprec, call.remote_party)
+        streams = select_streams(
+            plans, call.info.profile, call.metadata, call.info.siprec, call.remote_party, plain_role(call)
+        )
         if not streams:
             raise Reject(488, (warning("the SDP answer accepts no PCMU or PCMA stream we offered", 304),))
         call.offer = answer

@@ -16,7 +16,7 @@ import uuid
 from collections import Counter
 from collections.abc import Hashable
 
-from sip import call_metadata, session_timer
+from sip import call_metadata, cucm, session_timer
 from sip.admission import Admission
 from sip.app import CallInfo
 from sip.auth import DigestAuth
@@ -81,7 +81,8 @@ class InviteGate:
         else:
             self.counters["invites.offerless"] += 1
             plans = [offered_plan(0, None)]
-        streams = select_streams(plans, profile, body.metadata, siprec, from_party)
+        plain = None if siprec else cucm.plain_call(request, from_party.uri, profile.role, profile.join_by)
+        streams = select_streams(plans, profile, body.metadata, siprec, from_party, plain.role if plain else "mixed")
         if not streams:
             raise no_stream(body.offer, profile)
         if not self.admission.has_room(active_calls, len(streams)):
@@ -100,6 +101,7 @@ class InviteGate:
             profile=profile,
             siprec=siprec,
             metadata=call_metadata.extract(request, from_party, to, profile.metadata_headers, body.metadata),
+            join_key=plain.join_key if plain else None,
         )
         call = Call(
             info=info,

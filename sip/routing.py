@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from asr_common.yamlconf import ConfigError, read_yaml, validate_data
 from rtp.latch import LatchName
 from sip.call_metadata import HEADER_NAME, MAX_METADATA_HEADERS
+from sip.cucm import check_join_by
 from sip.siprec import Role, RoleRule
 
 _DEFAULT_ORDER: tuple[Role, ...] = ("caller", "agent")
@@ -80,6 +81,21 @@ class Profile(BaseModel):
     """INVITE headers (``X-Agent-Id``, ``X-UCID``, ``User-to-User`` ...) whose values go into
     ``call.started.metadata`` under the name as listed; matched case-insensitively, values
     cleaned and cut (``sip.call_metadata``)."""
+    role: Role = "mixed"
+    """Role of a plain (non-SIPREC) call's stream: ``mixed`` (both parties on one stream),
+    or ``caller``/``agent`` when the recorder sends one party only."""
+    join_by: str | None = None
+    """Join two plain INVITEs into one call (``sip.cucm``): ``cucm`` (built-in-bridge From URI
+    ``x-nearend``/``x-farend`` = agent/caller, paired by ``x-refci``), ``header:NAME`` or
+    ``uri-param:NAME`` (From URI parameter); INVITEs with the same value become one call."""
+    join_timeout_s: float = Field(5.0, gt=0, le=60)
+    """How long (s) the first INVITE of a pair waits for its partner before the call is
+    announced alone; a partner later than that is a call of its own."""
+
+    @field_validator("join_by")
+    @classmethod
+    def _join_rule(cls, value: str | None) -> str | None:
+        return None if value is None else check_join_by(value)
 
     @field_validator("srtp", mode="before")
     @classmethod

@@ -190,3 +190,53 @@ def test_metadata_headers_reach_call_started(tmp_path: Path, redis_server: Redis
     assert transcripts
     for event in transcripts:
         assert event["participant"]["aor"] and event["participant"]["name"], event["participant"]
+
+
+def test_cucm_built_in_bridge_two_invites_are_one_call(tmp_path: Path, redis_server: RedisServer) -> None:
+    """CUCM built-in-bridge recording: one INVITE per direction, From URI ``;x-nearend`` (the
+    agent's phone) or ``;x-farend`` (the caller), both with the same ``;x-refci``. A route with
+    ``join_by: cucm`` makes them one call in Redis, with an agent and a caller participant."""
+    routes = tmp_path / "routes.yaml"
+    routes.write_text(
+        "profiles:\n  cucm:\n    join_by: cucm\n"
+        "default_profile: cucm\n"
+        "routes:\n  - name: cucm-bib\n    match: {from_user: '^(1001|citizen)$'}\n    profile: cucm\n",
+        encoding="utf-8",
+    )
+    config = load_config(write_config(tmp_path, redis_server.url, routes), {})
+    seed = read_wav(DATA / "hotline_seed.wav")
+    other = read_wav(DATA / "hotline_1.wav")
+
+    async def scenario() -> None:
+        service = Service(config)
+        ports = await service.start()
+        assert ports.sip_udp is not None
+        try:
+            results = await asyncio.gather(
+                place_call(tmp_path / "near", ports.sip_udp, seed.samples, 16000, call_tag="near", to_user="rec",
+                           from_user="1001", from_uri_params=";x-nearend;x-refci=25396399;x-nearenddevice=SEP001"),
+                place_call(tmp_path / "far", ports.sip_udp, other.samples, 16000, call_tag="far", to_user="rec",
+                           from_user="citizen", from_uri_params=";x-farend;x-refci=25396399;x-farendaddr=citizen"),
+            )  # fmt: skip
+            for result in results:
+                assert result.returncode == 0, result.errors
+            for _ in range(200):
+                if service.engine.active_streams == 0 and service.bridge.active_calls == 0:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            await service.stop(grace_s=5)
+
+    asyncio.run(scenario())
+    events = read_events(redis_server.url)
+    for event in events:
+        jsonschema.validate(event, ev.schema())
+    started = [e for e in events if e["event_type"] == "call.started"]
+    assert len(started) == 1, started
+    call_id = started[0]["call_id"]
+    assert sorted(p["role"] for p in started[0]["participants"]) == ["agent", "caller"]
+    assert {e["call_id"] for e in events} == {call_id}
+    assert [e["event_type"] for e in events].count("call.ended") == 1
+    assert events[-1]["event_type"] == "call.ended"
+    finals = [e for e in events if e["event_type"] == "transcript.final"]
+    assert {e["participant"]["role"] for e in finals} == {"agent", "caller"}

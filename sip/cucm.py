@@ -1,0 +1,87 @@
+"""Who is speaking on a plain (non-SIPREC) recording INVITE, and which INVITEs are one call.
+
+Sans-IO. Cisco CUCM's built-in-bridge recording sends two INVITEs per recorded call, one
+per direction. Each From URI carries ``;x-nearend`` (the recorded phone: the agent) or
+``;x-farend`` (the other party: the caller) and the same ``;x-refci=<id>`` (the recorded call
+leg's reference), so ``x-refci`` ties the pair together. A routing profile picks how a plain
+call's role and join key are read (``Profile.role`` / ``Profile.join_by``):
+
+- ``cucm``: role from ``x-nearend``/``x-farend``, key from ``x-refci``;
+- ``header:NAME``: key is the value of the INVITE header ``NAME``;
+- ``uri-param:NAME``: key is the value of the From URI parameter ``NAME``.
+
+A key is namespaced by the join rule, so two rules never join each other's calls.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from sip.call_metadata import HEADER_NAME, clean_value
+from sip.errors import SipParseError
+from sip.message import Request, SipUri
+from sip.siprec import Role
+
+_PARAM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._~!*'+-]{0,63}$")
+"""A URI parameter name as ``join_by: uri-param:NAME`` may give it (RFC 3261 ``pname`` chars)."""
+
+
+def check_join_by(value: str) -> str:
+    """``value`` if it is a join rule (``cucm``, ``header:NAME``, ``uri-param:NAME``), else ValueError."""
+    if value == "cucm":
+        return value
+    kind, sep, name = value.partition(":")
+    if sep and kind == "header" and HEADER_NAME.match(name):
+        return value
+    if sep and kind == "uri-param" and _PARAM_NAME.match(name):
+        return value
+    raise ValueError(f"{value!r} is not a join rule: use cucm, header:NAME or uri-param:NAME")
+
+
+@dataclass(frozen=True)
+class PlainCall:
+    """Role of a plain call's stream(s) and the key joining it with its partner INVITE (None: alone)."""
+
+    role: Role
+    join_key: str | None = None
+
+
+def uri_params(uri: str) -> dict[str, str | None]:
+    """Parameters of a SIP URI (names lower-cased), empty when it does not parse."""
+    try:
+        return SipUri.parse(uri).params
+    except SipParseError:
+        return {}
+
+
+def cucm_side(params: dict[str, str | None]) -> Role | None:
+    """Built-in-bridge direction of a From URI: near end (the recorded phone) is the agent,
+    far end the caller; None when the URI names neither."""
+    if "x-nearend" in params:
+        return "agent"
+    if "x-farend" in params:
+        return "caller"
+    return None
+
+
+def plain_call(request: Request, from_uri: str, role: Role, join_by: str | None) -> PlainCall:
+    """Role and join key of a plain INVITE under a profile's ``role`` and ``join_by``.
+
+    ``role`` is the default; ``join_by: cucm`` overrides it by the From URI's near/far end.
+    A missing or empty key value leaves the call alone (no join), never refuses it.
+    """
+    if join_by is None:
+        return PlainCall(role)
+    params = uri_params(from_uri)
+    if join_by == "cucm":
+        side = cucm_side(params)
+        return PlainCall(side or role, _key("cucm", params.get("x-refci")) if side else None)
+    kind, _, name = join_by.partition(":")
+    value = request.headers.get(name) if kind == "header" else params.get(name.lower())
+    return PlainCall(role, _key(join_by, value))
+
+
+def _key(rule: str, value: str | None) -> str | None:
+    cleaned = clean_value(value) if value is not None else ""
+    return f"{rule}={cleaned}" if cleaned else None

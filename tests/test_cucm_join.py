@@ -1,0 +1,211 @@
+"""Plain-call roles and joining (issue 23 item 3): ``sip.cucm``, the profile fields, and
+``CallBridge`` making two INVITEs with one join key a single call with two participants."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from asr_core.events import Ended
+from asr_gateway.bridge import CallBridge
+from sip.actions import SendMessage, StartMedia, UpdateMedia
+from sip.app import CallInfo, CountingCallHandler, LegInfo
+from sip.config import SipSettings
+from sip.cucm import plain_call
+from sip.message import Headers, NameAddr, Request, Response
+from sip.routing import Profile, Router, RoutesFile
+from sip.uas import UasCore
+from tests.test_sip_support import OFFER_PCMU, SOURCE, FakePorts, ack
+from tests.test_sip_support import invite as raw_invite
+
+NEAR = "sip:1001@cucm.example;x-nearend;x-refci=25396399;x-nearenddevice=SEP0011;x-farendaddr=2000"
+FAR = "sip:2000@cucm.example;x-farend;x-refci=25396399;x-farenddevice=SEP0022;x-nearendaddr=1001"
+
+
+def invite(**headers: str) -> Request:
+    return Request("INVITE", "sip:rec@asr", Headers(list(headers.items())))
+
+
+def test_cucm_near_end_is_the_agent_far_end_the_caller_tied_by_refci() -> None:
+    near = plain_call(invite(), NEAR, "mixed", "cucm")
+    far = plain_call(invite(), FAR, "mixed", "cucm")
+    assert (near.role, far.role) == ("agent", "caller")
+    assert near.join_key == far.join_key == "cucm=25396399"
+
+
+def test_plain_calls_without_cucm_params_keep_the_profile_role_and_stand_alone() -> None:
+    assert plain_call(invite(), "sip:citizen@pbx", "mixed", "cucm") == plain_call(invite(), "sip:x@y", "mixed", None)
+    assert plain_call(invite(), "sip:citizen@pbx", "caller", None).role == "caller"
+    assert plain_call(invite(), "not a uri", "agent", "cucm").join_key is None
+
+
+def test_header_and_uri_param_join_keys() -> None:
+    by_header = plain_call(invite(**{"X-Recording-Ref": " abc "}), "sip:a@b", "agent", "header:x-recording-ref")
+    assert by_header.join_key == "header:x-recording-ref=abc" and by_header.role == "agent"
+    assert plain_call(invite(), "sip:a@b", "agent", "header:X-Recording-Ref").join_key is None
+    by_param = plain_call(invite(), "sip:a@b;Session=77", "caller", "uri-param:session")
+    assert by_param.join_key == "uri-param:session=77"
+
+
+@pytest.mark.parametrize("rule", ["cucm", "header:X-Ref", "uri-param:x-refci"])
+def test_profile_takes_join_rules(rule: str) -> None:
+    assert Profile(join_by=rule, role="caller").join_by == rule
+
+
+@pytest.mark.parametrize("rule", ["", "refci", "header:", "header:bad name", "uri-param:a;b", "cookie:x"])
+def test_profile_refuses_bad_join_rules(rule: str) -> None:
+    with pytest.raises(ValidationError, match="join rule"):
+        Profile(join_by=rule)
+
+
+def test_profile_refuses_bad_roles_and_timeouts() -> None:
+    with pytest.raises(ValidationError):
+        Profile(role="boss")
+    with pytest.raises(ValidationError):
+        Profile(join_timeout_s=0)
+
+
+# -- CallBridge joining, with stand-ins for the engine and the Redis side -----------------
+
+
+@dataclass
+class FakeStream:
+    stream_id: str
+
+    def accept_waveform(self, samples: Any) -> None: ...
+
+    def input_finished(self) -> None: ...
+
+
+@dataclass
+class FakeEngine:
+    free_slots: int = 10
+    callbacks: dict[str, Any] = field(default_factory=dict)
+
+    def open_stream(self, config: Any, on_event: Any) -> FakeStream:
+        self.callbacks[config.stream_id] = on_event
+        return FakeStream(config.stream_id)
+
+
+class FakeProcessor:
+    def process(self, update: Any) -> list[Any]:
+        return []
+
+    def end_call(self, call_id: str) -> None: ...
+
+
+@dataclass
+class FakePublisher:
+    started: list[tuple[str, list[str]]] = field(default_factory=list)
+    ended: list[str] = field(default_factory=list)
+
+    def call_started(self, ctx: Any, participants: list[Any], metadata: Any) -> None:
+        self.started.append((ctx.call_id, sorted(p.role for p in participants)))
+
+    def call_ended(self, ctx: Any, reason: str, stats: Any) -> None:
+        self.ended.append(ctx.call_id)
+
+
+def call(call_id: str, key: str | None, timeout_s: float = 5.0) -> CallInfo:
+    profile = Profile(join_by="cucm", join_timeout_s=timeout_s)
+    return CallInfo(call_id, f"sip-{call_id}", "sip:a@b", None, "sip:r@asr", None, ("127.0.0.1", 5060, "udp"),
+                    "cucm", profile, False, join_key=key)  # fmt: skip
+
+
+def leg(call_id: str, role: Any) -> LegInfo:
+    return LegInfo(f"{call_id}-0", None, role, None, "PCMU")
+
+
+def make_bridge() -> tuple[CallBridge, FakeEngine, FakePublisher]:
+    engine, publisher = FakeEngine(), FakePublisher()
+    bridge = CallBridge(engine, FakeProcessor(), publisher)  # type: ignore[arg-type]
+    bridge.start()
+    return bridge, engine, publisher
+
+
+def end(bridge: CallBridge, engine: FakeEngine, info: CallInfo) -> None:
+    stream_id = f"{info.call_id}-0"
+    engine.callbacks[stream_id](Ended(stream_id, 0, "input_finished", 1000))
+    bridge.call_ended(info, "bye")
+
+
+def test_two_invites_with_one_key_are_one_call_ended_when_both_end() -> None:
+    bridge, engine, publisher = make_bridge()
+    first, second = call("a", "cucm=1"), call("b", "cucm=1")
+
+    async def scenario() -> None:
+        bridge.open_leg(first, leg("a", "agent"))
+        await asyncio.sleep(0.05)
+        assert publisher.started == []  # waiting for the partner
+        bridge.open_leg(second, leg("b", "caller"))
+        await asyncio.sleep(0.05)
+        end(bridge, engine, first)
+        await asyncio.sleep(0.05)
+        assert publisher.ended == []  # the other direction is still up
+        end(bridge, engine, second)
+
+    asyncio.run(scenario())
+    bridge.stop()
+    assert publisher.started == [("a", ["agent", "caller"])]
+    assert publisher.ended == ["a"]
+    assert bridge.active_calls == 0 and not bridge._joins and not bridge._member_call
+
+
+def test_a_partner_that_never_comes_times_out_and_a_late_one_is_its_own_call() -> None:
+    bridge, engine, publisher = make_bridge()
+    first, late = call("a", "cucm=2", timeout_s=0.05), call("b", "cucm=2", timeout_s=0.05)
+
+    async def scenario() -> None:
+        bridge.open_leg(first, leg("a", "agent"))
+        await asyncio.sleep(0.2)
+        assert publisher.started == [("a", ["agent"])]
+        bridge.open_leg(late, leg("b", "caller"))
+        await asyncio.sleep(0.2)
+        end(bridge, engine, first)
+        end(bridge, engine, late)
+        await asyncio.sleep(0.05)
+
+    asyncio.run(scenario())
+    bridge.stop()
+    assert publisher.started == [("a", ["agent"]), ("b", ["caller"])]
+    assert sorted(publisher.ended) == ["a", "b"]
+
+
+def test_calls_without_a_key_are_announced_at_once() -> None:
+    bridge, _engine, publisher = make_bridge()
+
+    async def scenario() -> None:
+        bridge.open_leg(call("a", None), leg("a", "mixed"))
+        await asyncio.sleep(0.05)
+
+    asyncio.run(scenario())
+    bridge.stop()
+    assert publisher.started == [("a", ["mixed"])]
+
+
+# -- through the sans-IO UAS: role and key on CallInfo, kept across a re-INVITE -----------
+
+
+def test_uas_gives_a_cucm_near_end_invite_the_agent_role_and_the_join_key() -> None:
+    router = Router(RoutesFile(profiles={"default": Profile(join_by="cucm")}))
+    core = UasCore(SipSettings(), CountingCallHandler(), FakePorts(), router)
+
+    def near(data: bytes) -> bytes:
+        return data.replace(b"<sip:alice@10.0.0.5>;tag", b"<sip:alice@10.0.0.5;x-nearend;x-refci=42>;tag")
+
+    actions = core.receive(near(raw_invite()), SOURCE, 0.0)
+    (start,) = [a for a in actions if isinstance(a, StartMedia)]
+    assert start.leg.role == "agent" and start.call.join_key == "cucm=42"
+    final = [a.message for a in actions if isinstance(a, SendMessage) and isinstance(a.message, Response)][-1]
+    assert final.status == 200
+    tag = NameAddr.parse(final.headers.get("To") or "").tag
+    assert tag
+    core.receive(ack(to_tag=tag), SOURCE, 0.1)
+    hold = raw_invite(to_tag=tag, cseq=2, branch="z9hG4bK-r2", body=OFFER_PCMU.replace("sendrecv", "sendonly"))
+    actions = core.receive(near(hold), SOURCE, 1.0)
+    (update,) = [a for a in actions if isinstance(a, UpdateMedia)]
+    assert update.on_hold and update.leg.role == "agent"
