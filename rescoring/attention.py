@@ -9,6 +9,8 @@ Per hypothesis y of length L (WeNet's ``attention_rescoring``):
     final = (1 - reverse_weight) * l2r + reverse_weight * r2l + ctc_weight * ctc_prefix_score
 
 The winner is the first hypothesis (in n-best order) with the highest ``final``.
+Kept whole (about 500 lines): the padded and prefix-tree decoder calls score the same formula
+and are tested against each other.
 """
 
 from __future__ import annotations
