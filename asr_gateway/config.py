@@ -100,8 +100,9 @@ class EngineSettings(_Section):
     device: str = "cpu"
     backend: str = Field(
         "auto",
-        description="auto: torch-int8 on a CPU (1.75x the real-time streams of torch fp32, CER change 0.0 points on "
-        "the demo model), torch on a GPU; or torch, torch-int8, onnxruntime, onnxruntime-int8, tensorrt-fp16, ...",
+        description="auto: torch-int8 on a CPU (1.75x the real-time streams of torch fp32 on random weights; "
+        "demo-model CER within about 1 point of fp32, docs/BENCHMARKS.md), torch on a GPU; or torch, torch-int8, "
+        "onnxruntime, onnxruntime-int8, tensorrt-fp16, ...",
     )
     dtype: Literal["float32", "float16", "bfloat16"] = Field(
         "float32", description="float16 on GPUs; bfloat16 on GPUs and CPUs with AVX512-BF16/AMX"
