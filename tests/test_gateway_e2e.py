@@ -87,6 +87,22 @@ def read_events(url: str) -> list[dict[str, Any]]:
     return events
 
 
+async def wait_drained(service: Service) -> None:
+    """Wait (up to 10 s) until the engine has no stream and the bridge no call left."""
+    for _ in range(200):
+        if service.engine.active_streams == 0 and service.bridge.active_calls == 0:
+            return
+        await asyncio.sleep(0.05)
+
+
+def read_valid_events(url: str) -> list[dict[str, Any]]:
+    """Every event in Redis, each checked against the v1 JSON schema."""
+    events = read_events(url)
+    for event in events:
+        jsonschema.validate(event, ev.schema())
+    return events
+
+
 def test_calls_through_the_whole_service(tmp_path: Path, redis_server: RedisServer) -> None:
     texts = dict(line.split(maxsplit=1) for line in (DATA / "text").read_text(encoding="utf-8").splitlines())
     seed = read_wav(DATA / "hotline_seed.wav")
@@ -105,10 +121,7 @@ def test_calls_through_the_whole_service(tmp_path: Path, redis_server: RedisServ
             )
             for result in results:
                 assert result.returncode == 0, result.errors
-            for _ in range(200):
-                if service.engine.active_streams == 0 and service.bridge.active_calls == 0:
-                    break
-                await asyncio.sleep(0.05)
+            await wait_drained(service)
         finally:
             await service.stop(grace_s=5)
 
@@ -164,17 +177,12 @@ def test_metadata_headers_reach_call_started(tmp_path: Path, redis_server: Redis
             )  # fmt: skip
             for result in results:
                 assert result.returncode == 0, result.errors
-            for _ in range(200):
-                if service.engine.active_streams == 0 and service.bridge.active_calls == 0:
-                    break
-                await asyncio.sleep(0.05)
+            await wait_drained(service)
         finally:
             await service.stop(grace_s=5)
 
     asyncio.run(scenario())
-    events = read_events(redis_server.url)
-    for event in events:
-        jsonschema.validate(event, ev.schema())
+    events = read_valid_events(redis_server.url)
     started = {e["sip_call_id"].split("-")[0]: e for e in events if e["event_type"] == "call.started"}
     plain = started["plain"]["metadata"]
     assert plain["X-Agent-Id"] == "1001" and plain["X-UCID"] == "00001002121700000042"
@@ -220,17 +228,12 @@ def test_cucm_built_in_bridge_two_invites_are_one_call(tmp_path: Path, redis_ser
             )  # fmt: skip
             for result in results:
                 assert result.returncode == 0, result.errors
-            for _ in range(200):
-                if service.engine.active_streams == 0 and service.bridge.active_calls == 0:
-                    break
-                await asyncio.sleep(0.05)
+            await wait_drained(service)
         finally:
             await service.stop(grace_s=5)
 
     asyncio.run(scenario())
-    events = read_events(redis_server.url)
-    for event in events:
-        jsonschema.validate(event, ev.schema())
+    events = read_valid_events(redis_server.url)
     started = [e for e in events if e["event_type"] == "call.started"]
     assert len(started) == 1, started
     call_id = started[0]["call_id"]
