@@ -3,8 +3,8 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-APT_PACKAGES := redis-server sip-tester espeak-ng sox
-APT_BINARIES := redis-server sipp espeak-ng sox
+APT_PACKAGES := redis-server redis-sentinel sip-tester espeak-ng sox kamailio chromium chromium-driver prometheus
+APT_BINARIES := redis-server redis-sentinel sipp espeak-ng sox kamailio chromium chromedriver promtool
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
@@ -28,7 +28,7 @@ QUIET := 2>&1 | { grep -v '^WARNING: Location' || true; }
 $(STAMP): setup.cfg setup.py pyproject.toml rtp/_fastrtp.c asr_core/_fastctc.c
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) torch==2.13.0 $(QUIET)
-	$(PIP) -e '.[test,dev,onnx]' $(QUIET)
+	$(PIP) -e '.[test,dev,onnx,console]' $(QUIET)
 	touch $(STAMP)
 
 test: setup
