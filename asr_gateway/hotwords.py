@@ -66,6 +66,10 @@ class HotwordLists:
     def files(self) -> list[Path]:
         return list(self._refs)
 
+    def content_hashes(self) -> dict[str, str]:
+        """The sha256 of every phrase list in force."""
+        return {f"hotwords:{path}": ref.content_hash for path, ref in list(self._refs.items())}
+
     def reload_all(self) -> dict[str, ReloadResult]:
         """Rebuild the graphs whose files changed; keep the previous graph of a broken file."""
         return {f"hotwords {path}": ref.try_reload() for path, ref in list(self._refs.items())}

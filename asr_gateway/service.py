@@ -150,6 +150,25 @@ def load_router(config: ServiceConfig) -> Router:
     return router
 
 
+def _routes_hash(config: ServiceConfig) -> str:
+    """sha256 of the routes file as read now ("" when the built-in default routes are used)."""
+    if config.routes is None:
+        return ""
+    try:
+        return hashlib.sha256(Path(config.routes).read_bytes()).hexdigest()
+    except OSError:
+        return ""
+
+
+@dataclass(frozen=True)
+class ReloadStatus:
+    """The outcome of the last configuration load (start-up or reload), for /metrics and the console."""
+
+    at_unix: float
+    ok: bool
+    errors: tuple[str, ...] = ()
+
+
 def _files_signature(paths: list[Path]) -> str:
     digest = hashlib.sha256()
     for path in paths:
@@ -215,7 +234,9 @@ class Service:
         if config.engine.threads > 0:
             torch.set_num_threads(config.engine.threads)
         self.loaded = loaded or load_wenet_model(model_dir_of(config))
+        routes_hash = _routes_hash(config)
         self.router = load_router(config)
+        self._routes_hash = routes_hash
         base = config.routes.parent if config.routes is not None else Path()
         self.hotwords = HotwordLists(self.loaded.units, base)
         problems = self.hotwords.sync(hotword_names(self.router))
@@ -245,6 +266,7 @@ class Service:
         self._reload_signature = _files_signature(self._watched_files())
         self._reload_task: asyncio.Task[None] | None = None
         self.started_at = 0.0
+        self.last_reload = ReloadStatus(time.time(), True)
 
     def _rtp_leg(self, sink: PcmSink, payload_types: dict[int, str], on_end: Callable[[str], None]) -> RtpLeg:
         sip = self.config.sip
@@ -347,28 +369,49 @@ class Service:
             files.append(self.config.routes)
         return files
 
+    @property
+    def config_version(self) -> str:
+        """A short hash of the routing, KB, tag and hotword files in force.
+
+        It changes exactly when a reload puts a new version of one of them in force (a rejected
+        file keeps the previous hash), so operators and the console can see which version each
+        node runs.
+        """
+        parts = {"routes": self._routes_hash, **self.processor.content_hashes(), **self.hotwords.content_hashes()}
+        digest = hashlib.sha256()
+        for name in sorted(parts):
+            digest.update(f"{name}={parts[name]};".encode())
+        return digest.hexdigest()[:16]
+
     def reload(self) -> bool:
         """Reload routes, KB and tag files; keep the previous version of any invalid one."""
         ok = True
+        errors: list[str] = []
         try:
+            routes_hash = _routes_hash(self.config)
             router = load_router(self.config)
             problems = self.hotwords.sync(hotword_names(router))
             if problems:
                 raise ConfigError(problems)
         except (ConfigError, ValueError) as exc:
             ok = False
+            errors.extend(exc.errors if isinstance(exc, ConfigError) else [str(exc)])
             log.error("routes reload rejected, previous routes kept: %s", exc)
         else:
             self.sip.core.router = router
             self.router = router
+            self._routes_hash = routes_hash
             log.info("routes reloaded from %s", self.config.routes or "defaults")
         for name, result in {**self.processor.reload_all(), **self.hotwords.reload_all()}.items():
             if not result.ok:
                 ok = False
+                errors.extend(result.errors)
                 log.error("%s reload rejected, previous version kept: %s", name, "; ".join(result.errors))
             elif result.changed:
                 log.info("%s reloaded, content hash %s", name, result.content_hash)
         self._reload_signature = _files_signature(self._watched_files())
+        self.last_reload = ReloadStatus(time.time(), ok, tuple(errors))
+        log.info("config version %s", self.config_version)
         return ok
 
     async def _watch_files(self) -> None:

@@ -83,6 +83,12 @@ class TranscriptProcessor:
         results.update({f"tags:{name}": ref.try_reload() for name, ref in self.tag_rules.items()})
         return results
 
+    def content_hashes(self) -> dict[str, str]:
+        """The sha256 of every KB and tag file in force (keys as in ``reload_all``)."""
+        hashes = {f"kb:{name}": ref.content_hash for name, ref in self.kb.items()}
+        hashes.update({f"tags:{name}": ref.content_hash for name, ref in self.tag_rules.items()})
+        return hashes
+
     def end_call(self, call_id: str) -> None:
         """Forget a call's suggestion and tag state."""
         with self._lock:
