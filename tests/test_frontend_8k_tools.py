@@ -4,6 +4,7 @@ export's checks read 8 kHz audio as it is and compute 40-bin fbank, and agree wi
 
 from __future__ import annotations
 
+import json
 import wave
 from pathlib import Path
 
@@ -92,3 +93,36 @@ def test_onnx_export_checks_use_the_models_front_end(model_dir: Path, testset: P
     tested = report["testset"]
     assert isinstance(tested, dict) and tested["utterances"] == 2, tested
     assert abs(tested["cer_change_points"]["fp32"]) < 5, tested
+
+
+BUNDLE = Path(__file__).resolve().parent / "data" / "hotline_8k"
+
+
+def test_recipe_features_and_model_dir_follow_the_configs_front_end(tmp_path: Path) -> None:
+    """An 8 kHz, 40-bin training config: the recipe computes 40-bin fbank of the 8 kHz audio as
+    it is (no upsampling), writes input_dim 40 and 40-dim CMVN, and refuses 80-bin data for it."""
+    from asr_core.audio_io import read_pcm16
+    from asr_core.frontend import compute_fbank
+    from asr_core.model.config import load_model_config
+    from recipes import data, export
+
+    raw = telephony_yaml()
+    frontend = export.config_frontend(raw)
+    assert (frontend.sample_rate, frontend.num_mel_bins) == (RATE, MEL_BINS)
+    frames = data.prepare_from_testset(BUNDLE, tmp_path / "d8k", frontend)
+    feats = data.FeatureSet(tmp_path / "d8k")
+    assert feats.num_mel_bins == MEL_BINS
+    first = feats.entries[0]
+    pcm, rate = read_pcm16(BUNDLE / f"{first.utt_id}.wav")
+    assert rate == RATE and first.frames == num_fbank_frames(len(pcm), frontend)
+    np.testing.assert_allclose(feats.feats(0), compute_fbank(pcm, frontend), atol=0.02)  # float16 storage
+    assert sum(e.frames for e in feats) == frames
+
+    model = tmp_path / "model"
+    export.write_model_dir_skeleton(model, raw, feats)
+    assert load_model_config(model / "train.yaml").frontend == frontend
+    assert len(json.loads((model / "global_cmvn").read_text(encoding="utf-8"))["mean_stat"]) == MEL_BINS
+
+    data.prepare_from_testset(BUNDLE, tmp_path / "d16k")  # the default front end: 80 bins
+    with pytest.raises(ValueError, match=r"80 bins, the config's dataset_conf\.fbank_conf\.num_mel_bins is 40"):
+        export.write_model_dir_skeleton(tmp_path / "bad", raw, data.FeatureSet(tmp_path / "d16k"))
