@@ -21,6 +21,24 @@ the service publishes; "rescore" with ``--attention-beam 0``). ``auto`` is the s
 on a CPU, ``torch-int8``. There is no full-context row in this mode. Running it for ``torch``
 and an INT8 backend on the same test set gives the CER change of INT8 under serving conditions.
 
+``--hotwords FILE`` (a phrase file as a route names it) decodes every mode twice, without and
+with the list (on every utterance, as a route's list reaches its calls' finals; greedy/partials
+are not biased), and reports per method the CER and the **name recall**: of the listed phrases'
+occurrences in the references, the share the output holds exactly (``names_added``: listed
+phrases the output holds where the reference does not), plus a few utterances the list changed.
+``--itn`` adds the exact-match rate per numeric class of the service's ITN
+(``asr_common.itn``) on hand-written ``class<TAB>spoken<TAB>expected`` pairs
+(``recipes/testsets/itn.tsv`` by default, ``--itn-set`` another), with what it got wrong; it
+runs alone too (no ``--model``). The street and district names set::
+
+    python -m recipes.recipe --stage more --out asr_core/demo_model --work exp/testsets \
+        --sentences recipes/testsets/names.txt
+    asr-bench accuracy --model asr_core/demo_model --testset exp/testsets/names --backend auto \
+        --chunk-ms 160 --hotwords recipes/testsets/names_hotwords.txt --itn
+
+Audio is read at the model's own rate and its fbank computed with the model's own front end
+(``train.yaml``'s ``dataset_conf``): 8 kHz recordings go to an 8 kHz model as they are.
+
 Texts are scored by ``asr_common.scoring`` (punctuation and spaces not counted, as WeNet's
 ``compute-cer.py``). The demo-model recipe (``recipes``) reads its test sets through
 ``read_audio`` here, so its features and this benchmark hear the same audio.
