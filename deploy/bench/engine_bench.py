@@ -29,7 +29,7 @@ import torch
 from asr_common.audio import SAMPLE_RATE
 from asr_core.audio_io import read_wav
 from asr_core.backends import BACKENDS
-from asr_core.context_graph import DEFAULT_BONUS, ContextGraph
+from asr_core.context_graph import DEFAULT_BONUS, ContextGraph, HotwordsError, load_graph, load_phrases
 from asr_core.ctc_search import ctc_greedy_batch
 from asr_core.endpoint import EndpointRules
 from asr_core.engine import DTYPES, Engine, EngineOptions, resolve_dtype
@@ -66,7 +66,7 @@ class Trial:
     piece_ms: int = DEFAULT_PIECE_MS
     traced_step: bool = True
     step_threads: int = 1
-    context: ContextGraph | None = None  # hotwords on every stream (--hotwords-ab)
+    context: ContextGraph | None = None  # hotwords on every stream (--hotwords-ab, --hotwords)
 
 
 def synthetic_speech(seconds: float, seed: int, rate: int = SAMPLE_RATE) -> np.ndarray:
@@ -434,6 +434,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "stream; reports both finals_rtf and the extra finals CPU (needs --finalizer process)",
     )  # fmt: skip
     parser.add_argument(
+        "--hotwords", type=Path, metavar="FILE",
+        help="A/B in one run as --hotwords-ab, with this phrase file (spelled in the model's units) on every stream",
+    )  # fmt: skip
+    parser.add_argument(
         "--piece-ms",
         type=int,
         default=DEFAULT_PIECE_MS,
@@ -476,6 +480,13 @@ def random_hotwords(units: list[str], count: int, seed: int) -> ContextGraph:
 def run(args: argparse.Namespace) -> int:
     if args.piece_ms <= 0:
         raise SystemExit(f"--piece-ms must be positive, got {args.piece_ms}")
+    if args.hotwords is not None and args.hotwords_ab > 0:
+        raise SystemExit("give --hotwords FILE or --hotwords-ab N, not both")
+    if args.hotwords is not None:
+        try:
+            load_phrases(args.hotwords)  # a bad file fails before the model is built
+        except HotwordsError as exc:
+            raise SystemExit(str(exc)) from None
     if args.threads:
         torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
@@ -513,13 +524,20 @@ def run(args: argparse.Namespace) -> int:
         "step_threads": base.step_threads,
         "torch_threads": torch.get_num_threads(),
     }
-    if args.hotwords_ab > 0:
+    if args.hotwords_ab > 0 or args.hotwords is not None:
+        if args.hotwords is not None:
+            try:
+                graph, phrases = load_graph(args.hotwords, loaded.units), len(load_phrases(args.hotwords))
+            except HotwordsError as exc:  # a phrase the model's units cannot spell
+                raise SystemExit(str(exc)) from None
+        else:
+            graph, phrases = random_hotwords(loaded.units, args.hotwords_ab, seed=5), args.hotwords_ab
         without = run_trial(loaded, base, args.device, audio)
-        graph = random_hotwords(loaded.units, args.hotwords_ab, seed=5)
         with_list = run_trial(loaded, Trial(**{**base.__dict__, "context": graph}), args.device, audio)
         a, b = without["finals_rtf"], with_list["finals_rtf"]
         ab = {
-            "phrases": args.hotwords_ab,
+            "phrases": phrases,
+            "file": None if args.hotwords is None else str(args.hotwords),
             "graph_nodes": len(graph),
             "finals_rtf": [a, b],
             "finals_cpu_extra": None if not a or b is None else round(b / a - 1.0, 4),
