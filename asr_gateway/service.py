@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from asr_common.audio import SAMPLE_RATE, TELEPHONE_RATE
+from asr_common.draining import wait_while_progressing
 from asr_common.yamlconf import ConfigError
 from asr_core import memtrim
 from asr_core.endpoint import EndpointRules
@@ -71,6 +72,9 @@ def log_memory_report() -> None:
 
 DEMO_MODEL_DIR = Path(__file__).resolve().parents[1] / "asr_core" / "demo_model"
 RELOAD_POLL_S = 2.0
+# A stopping node waits for its engine, finalizer and KB worker to finish the work already
+# accepted, without a total deadline; it gives up on one that did nothing for this long (s).
+DRAIN_STALL_S = 30.0
 
 
 def model_dir_of(config: ServiceConfig) -> Path:
@@ -335,19 +339,36 @@ class Service:
         await self.stop()
 
     async def stop(self, grace_s: float = 10.0) -> None:
-        """Drain: refuse new calls, BYE active ones, decode and publish their finals, flush Redis."""
+        """Drain: refuse new calls, BYE active ones (they get ``grace_s`` to end), decode the
+        audio already received however far behind real time the engine is, publish every
+        final and call.ended, flush Redis (what it does not take within ``grace_s`` stays in
+        the spool for the next start)."""
         log.info("draining: %d active calls", self.sip.active_calls)
         if self._reload_task is not None:
             self._reload_task.cancel()
         await self.sip.stop(grace_s)
-        deadline = time.monotonic() + grace_s
-        while self.engine.active_streams and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        self.engine.stop()
-        await asyncio.to_thread(self.bridge.stop, grace_s)
+        await asyncio.to_thread(self._finish_decoding)
+        await asyncio.to_thread(self.engine.stop, DRAIN_STALL_S)
+        await asyncio.to_thread(self.bridge.stop, DRAIN_STALL_S)
         await self.publisher.stop(flush_timeout_s=grace_s)
         self.metrics.stop()
         log.info("stopped")
+
+    def _finish_decoding(self) -> None:
+        """Every stream's input has ended (SIP has stopped): wait until the engine has decoded
+        all of it, as long as it keeps moving, so that a slow machine loses no final."""
+        engine, stats = self.engine, self.engine.stats
+        behind = engine.active_streams
+        started = time.monotonic()
+        if not wait_while_progressing(
+            lambda: engine.active_streams == 0,
+            lambda: (stats.chunks, stats.errors, engine.active_streams),
+            DRAIN_STALL_S,
+        ):
+            log.error("engine decoded nothing for %.0f s with %d streams open; they end with what was decoded",
+                      DRAIN_STALL_S, engine.active_streams)  # fmt: skip
+        elif behind:
+            log.info("decoded the last audio of %d streams in %.1f s", behind, time.monotonic() - started)
 
     # -- health -----------------------------------------------------------------------
 
