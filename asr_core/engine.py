@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from asr_common.errors import CapacityError
-from asr_common.latency import MeasurementRing
+from asr_common.latency import BATCH_BUCKETS, LATENCY_BUCKETS_S, STEP_BUCKETS_S, Histogram, MeasurementRing
 from asr_core.backends import ChunkRunner, make_runner, rescoring_decoder
 from asr_core.endpoint import EndpointRules
 from asr_core.events import Event
@@ -103,6 +103,11 @@ class EngineStats:
     forward_ms: MeasurementRing = field(default_factory=lambda: MeasurementRing(100_000))
     partial_latency_ms: MeasurementRing = field(default_factory=lambda: MeasurementRing(500_000))
     final_latency_ms: MeasurementRing = field(default_factory=lambda: MeasurementRing(100_000))
+    # Every measurement since start, for /metrics (the rings above keep recent samples for benchmarks).
+    batch_size_histogram: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))
+    step_seconds: Histogram = field(default_factory=lambda: Histogram(STEP_BUCKETS_S))
+    partial_latency_seconds: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))
+    final_latency_seconds: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))
 
 
 class Engine:

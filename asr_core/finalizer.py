@@ -220,6 +220,7 @@ class Finalizer:
         now = time.monotonic()
         latency_ms = (now - job.detected) * 1000.0
         self.stats.final_latency_ms.append(latency_ms)
+        self.stats.final_latency_seconds.observe(latency_ms / 1000.0)
         self.stats.finals += 1
         event = Final(
             stream_id=stream.stream_id,

@@ -244,6 +244,7 @@ class Scheduler:
             utt.encoder_out.append(ys[i].clone())
             latency_ms = (now - stream.ready_since) * 1000.0
             self.stats.partial_latency_ms.append(latency_ms)
+            self.stats.partial_latency_seconds.observe(latency_ms / 1000.0)
             if latency_ms > self.options.behind_ms:
                 self._note_behind(latency_ms)
             if utt.changed or stream.config.emit_unchanged_partials:
@@ -255,7 +256,9 @@ class Scheduler:
         self.stats.chunks += size
         self.stats.batches += 1
         self.stats.batch_sizes.append(size)
+        self.stats.batch_size_histogram.observe(size)
         self.stats.forward_ms.append(forward_ms)
+        self.stats.step_seconds.observe(forward_ms / 1000.0)
 
     def _loud_frames(self, streams: list[Stream], feats: torch.Tensor, chunk: int) -> np.ndarray:
         """(B, C) bool: new encoder frames whose audio stands out from each stream's noise floor.

@@ -185,7 +185,7 @@ class LoggingSettings(_Section):
 class MetricsSettings(_Section):
     host: str = Field("127.0.0.1", description="address of /metrics; it has no auth, so keep it on loopback")
     enabled: bool = True
-    port: int = Field(9108, ge=0, le=65535, description="Prometheus /metrics and /health; 0 picks a free port")
+    port: int = Field(9108, ge=0, le=65535, description="/metrics and the /health probes; 0 picks a free port")
 
     def open_settings(self) -> list[str]:
         """A warning when /metrics (no auth) listens beyond loopback."""
