@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -68,8 +69,8 @@ def test_an_unwritable_spool_dir_is_a_clear_startup_error(tmp_path: Path, comman
 
 
 def test_a_service_without_spool_dir_journals_into_the_state_directory(tmp_path: Path) -> None:
-    """Redis is down (nothing listens on its port): the service starts and its spool journal
-    lives under $STATE_DIRECTORY."""
+    """Redis is down (nothing listens on its port): the service starts, its spool journal lives
+    under $STATE_DIRECTORY, and it is ready for calls: their events wait in the spool."""
     config_file = tmp_path / "config.yaml"
     config_file.write_text(
         f"""
@@ -85,13 +86,16 @@ kb_hooks: {{kb_sets: {{hotline: {DATA_DIR / "kb.yaml"}}}, tag_rule_sets: {{hotli
     state = tmp_path / "state"
     config = load_config(config_file, {"STATE_DIRECTORY": str(state)})
 
-    async def scenario() -> list[str]:
+    async def scenario() -> tuple[list[str], int, bool]:
         service = Service(config)
-        await service.start()
+        ports = await service.start()
         try:
-            return sorted(p.name for p in (state / "spool").iterdir())
+            url = f"http://127.0.0.1:{ports.metrics}/health/ready"
+            ready = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).status)
+            return sorted(p.name for p in (state / "spool").iterdir()), ready, service.publisher.connected
         finally:
             await service.stop(grace_s=0.5)
 
-    files = asyncio.run(scenario())
+    files, ready, connected = asyncio.run(scenario())
     assert "events.lock" in files, files
+    assert ready == 200 and not connected
