@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from asr_common.draining import wait_while_progressing
 from asr_core.engine import Engine
 from asr_core.events import Ended, Event, Final, Partial
 from asr_core.stream import Stream, StreamConfig
@@ -93,6 +94,7 @@ class CallBridge:
         self._worker: threading.Thread | None = None
         self.partials_dropped = 0
         self.worker_errors = 0
+        self._handled = 0  # queue items the worker has handled (progress, for stop)
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -101,12 +103,15 @@ class CallBridge:
         self._worker.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Process what is queued, then stop the worker."""
-        if self._worker is None:
+        """Process everything queued, however much (giving up only when the worker handled
+        nothing for ``timeout`` s), then stop the worker."""
+        worker, self._worker = self._worker, None
+        if worker is None:
             return
         self._queue.put(_STOP)
-        self._worker.join(timeout)
-        self._worker = None
+        if not wait_while_progressing(lambda: not worker.is_alive(), lambda: self._handled, timeout):
+            log.error("kb-hooks worker stalled for %.0f s; %d queued events are not published", timeout,
+                      self._queue.qsize())  # fmt: skip
 
     @property
     def active_calls(self) -> int:
@@ -206,6 +211,7 @@ class CallBridge:
             except Exception:
                 self.worker_errors += 1
                 log.exception("transcript post-processing failed for %r", item)
+            self._handled += 1
 
     def _handle(self, item: Any) -> None:
         if isinstance(item, tuple):
