@@ -371,7 +371,7 @@ class RtpLeg:
             elif payload_type in self._telephone_events:
                 stats.telephone_event_packets += 1
                 self._key_pressed(ssrc, timestamp, payload)
-            else:
+            elif kind is PacketKind.SKIP:
                 stats.unknown_payload_packets += 1
         frames = self._buffer.push(sequence_number, timestamp, ssrc, payload_type, payload, kind)
         if frames:

@@ -103,6 +103,7 @@ def test_key_presses_are_counted_published_and_never_audio() -> None:
     stats = leg.stats
     assert stats.telephone_event_packets == 16
     assert stats.dtmf_events == 2
+    assert stats.unknown_payload_packets == 0
     assert [(p.key, p.duration_ms) for p in sink.presses] == [("1", 100), ("#", 100)]
     # the key press span is silence in the audio, not decoded event payloads
     keyspan = sink.pcm[25 * 320 + 200 : 40 * 320 - 200]
