@@ -54,8 +54,8 @@ def test_g722_call_reads_like_pcmu_and_keys_are_published(tmp_path: Path, redis_
         port = ports.sip_udp
         try:
             results = await asyncio.gather(
-                place_call(tmp_path / "u", port, seed.samples, 16000, payload_type=PCMU, call_tag="pcmu", to_user="count",
-                           keys="12"),
+                place_call(tmp_path / "u", port, seed.samples, 16000, payload_type=PCMU, call_tag="pcmu",
+                           to_user="count", keys="12"),
                 place_call(tmp_path / "w", port, seed.samples, 16000, payload_type=G722, call_tag="g722", keys="4#"),
                 place_call(tmp_path / "k", port, seed.samples[:16000], 16000, payload_type=G722, call_tag="keys",
                            to_user="keys", keys="90*"),
