@@ -184,7 +184,7 @@ def _files_signature(paths: list[Path]) -> str:
     return digest.hexdigest()
 
 
-RTP_COUNTERS = ("packets", "lost", "late", "duplicate", "reordered", "bad_packets", "foreign_packets",
+RTP_COUNTERS = ("packets", "lost", "late", "duplicate", "reordered", "bad_packets", "foreign_packets", "dtmf_events",
                 "foreign_address", "foreign_port", "unknown_payload_packets", "concealed_samples")  # fmt: skip
 
 

@@ -74,6 +74,10 @@ class Profile(BaseModel):
     """SRTP policy of the routes using this profile. ``off`` and ``optional`` take plain RTP/AVP
     streams and refuse an offer with only SRTP streams (488 with a Warning); ``required`` is
     refused here until SRTP decryption exists."""
+    dtmf: Literal["off", "count", "publish"] = "count"
+    """RFC 4733 key presses of the routes using this profile: ``count`` (per leg, in
+    ``call.ended.stats.dtmf_events``), ``publish`` (also one ``dtmf`` event each, the key
+    masked unless ``redaction: keep``) or ``off``. Never decoded as audio in any mode."""
     rtp_latch: LatchName | None = None
     """RTP source policy of the routes using this profile, instead of the service's ``rtp.latch``
     (``rtp.latch`` module): ``first`` for peers behind NAT whose SDP names the wrong address."""

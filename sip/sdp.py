@@ -2,9 +2,12 @@
 
 We read offers with a small parser of our own because we need ``a=label`` (RFC 4574), which
 SIPREC uses to tie streams to participants. Each audio m-line is answered ``recvonly`` with
-the first G.711 codec it offers (PCMU or PCMA); ``telephone-event`` is accepted and ignored.
-A stream offered with port 0, or without G.711, is answered with port 0; when no stream is
-left the offer is refused with 488.
+G.722 (wideband) when it is offered, else the first G.711 codec it offers (PCMU or PCMA), plus
+``telephone-event`` (RFC 4733) when offered. A stream offered with port 0, or without a codec
+we take, is answered with port 0; when no stream is left the offer is refused with 488.
+
+G.722 keeps the RFC 3551 quirk: its rtpmap says ``G722/8000`` and its RTP timestamps count
+8000 per second although the audio is sampled at 16 kHz.
 
 When the peer sends no offer (a delayed-offer INVITE or re-INVITE, RFC 3261 13.2.1) we make
 one: ``build_offer`` lists the codecs we take (``OUR_PAYLOAD_TYPES``), ``recvonly``, and the
@@ -19,14 +22,17 @@ from dataclasses import dataclass, field
 from sip.errors import SipParseError
 
 G711 = {"PCMU": 0, "PCMA": 8}
-_STATIC_NAMES = {0: "PCMU", 8: "PCMA"}
+WIDEBAND = {"G722": 9}
+"""Codecs decoded to 16 kHz audio; preferred over G.711 when the peer offers one."""
+_STATIC_NAMES = {0: "PCMU", 8: "PCMA", 9: "G722"}
 DIRECTIONS = ("sendrecv", "sendonly", "recvonly", "inactive")
 PLAIN_RTP = frozenset({"RTP/AVP", "RTP/AVPF"})
 """The m-line protocols we receive: unencrypted RTP. SRTP (RTP/SAVP, RTP/SAVPF, DTLS-SRTP) is
 answered with port 0 until SRTP decryption exists: answering it without keys would make us
 decode ciphertext as G.711."""
-OUR_PAYLOAD_TYPES: dict[int, str] = {0: "PCMU", 8: "PCMA", 101: "telephone-event"}
-"""What our own offers list: both G.711 laws and RFC 4733 events on the customary 101."""
+OUR_PAYLOAD_TYPES: dict[int, str] = {9: "G722", 0: "PCMU", 8: "PCMA", 101: "telephone-event"}
+"""What our own offers list, most preferred first: G.722, both G.711 laws and RFC 4733 events
+on the customary 101."""
 
 
 @dataclass
@@ -138,20 +144,14 @@ def plan_streams(offer: SessionDescription, sendonly_is_hold: bool = True) -> li
     for index, media in enumerate(offer.media):
         if media.media != "audio" or media.port == 0 or media.proto.upper() not in PLAIN_RTP:
             continue
-        payload_types: dict[int, str] = {}
-        codec: str | None = None
-        for fmt in media.formats:
-            if not fmt.isascii() or not fmt.isdigit():
-                continue
-            pt = int(fmt)
-            name = media.encoding(pt)
-            if name in G711 and codec is None:
-                codec = name
-                payload_types[pt] = name
-            elif name == "TELEPHONE-EVENT":
-                payload_types[pt] = "telephone-event"
-        if codec is None:
+        picked = _pick_codec(media)
+        if picked is None:
             continue
+        codec_pt, codec = picked
+        payload_types = {codec_pt: codec}
+        for pt in _payload_numbers(media):
+            if media.encoding(pt) == "TELEPHONE-EVENT":
+                payload_types[pt] = "telephone-event"
         direction = media.direction or offer.direction or "sendrecv"
         address = media.connection or offer.connection
         remote = (address, media.port) if address else None
@@ -160,6 +160,21 @@ def plan_streams(offer: SessionDescription, sendonly_is_hold: bool = True) -> li
         answer = "inactive" if silent else "recvonly"
         plans.append(StreamPlan(index, media.label, codec, payload_types, answer, on_hold, remote))
     return plans
+
+
+def _payload_numbers(media: MediaDescription) -> list[int]:
+    return [int(fmt) for fmt in media.formats if fmt.isascii() and fmt.isdigit()]
+
+
+def _pick_codec(media: MediaDescription) -> tuple[int, str] | None:
+    """The (payload type, name) we receive on ``media``: the first wideband codec offered,
+    else the first G.711 one; None when it offers neither."""
+    named = [(pt, media.encoding(pt)) for pt in _payload_numbers(media)]
+    for table in (WIDEBAND, G711):
+        for pt, name in named:
+            if name in table:
+                return pt, name
+    return None
 
 
 def offers_srtp(offer: SessionDescription) -> bool:
