@@ -204,7 +204,8 @@ class LocalSentinelGroup:
     def _sentinels_ready(self) -> bool:
         for sentinel in self.sentinels:
             client = _redis_client(sentinel.port)
-            if len(client.sentinel_sentinels(self.master_name)) < len(self.sentinels) - 1:
+            peers = client.sentinel_sentinels(self.master_name)
+            if not isinstance(peers, list) or len(peers) < len(self.sentinels) - 1:
                 return False
             if not client.sentinel_slaves(self.master_name):
                 return False
@@ -218,7 +219,7 @@ class LocalSentinelGroup:
                 host_port = _redis_client(sentinel.port).sentinel_get_master_addr_by_name(self.master_name)
             except (RedisError, OSError):
                 continue
-            if host_port:
+            if isinstance(host_port, tuple):
                 ports.add(int(host_port[1]))
         return ports
 
