@@ -52,6 +52,9 @@ class RedisSettings(BaseModel):
         "default 1 with a Sentinel URL, else 0 (not supported with Cluster URLs)",
     )
     replica_ack_timeout_ms: int = Field(200, ge=1, description="how long one WAIT for replicas may block a batch")
+    replica_ack_grace_s: float = Field(
+        10.0, gt=0, description="a master with fewer replicas than replica_acks is trusted alone after this long"
+    )
     queue_size: int = Field(10_000, ge=10, description="journaled events also held in memory for sending")
     max_batch: int = Field(500, ge=1, description="events per pipeline round trip")
     spool_dir: Path = Path("spool")

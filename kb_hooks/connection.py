@@ -186,7 +186,7 @@ def make_client(url: str, connect_timeout_s: float, op_timeout_s: float) -> aior
             ssl=cluster.tls,
             socket_connect_timeout=connect_timeout_s,
             socket_timeout=op_timeout_s,
-            cluster_error_retry_attempts=1,
+            retry=Retry(NoBackoff(), 1),  # one more try after re-reading the slot map; then the publisher's backoff
             **tls,
         )
         return client  # type: ignore[return-value]  # the same command interface as Redis

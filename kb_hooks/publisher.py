@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 import redis.asyncio as aioredis
+from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.exceptions import (
     ClusterDownError,
     MovedError,
@@ -63,6 +64,7 @@ from kb_hooks.config import RedisSettings
 from kb_hooks.connection import make_client, shown
 from kb_hooks.keys import event_ids_key, firehose_key, live_channel, stream_key
 from kb_hooks.ledger import CHECKPOINT_KEY, NODE_RESTART, CallLedger
+from kb_hooks.replicas import MasterChanged, ReplicaConfirmations
 from kb_hooks.spool import Spool
 from kb_hooks.types import CallContext, Participant
 
@@ -99,6 +101,7 @@ COUNTERS = (
     "replica_ack_timeouts",
 )
 _ENDED_CALLS_REMEMBERED = 10_000
+_PROBE_INTERVAL_S = 0.5  # idle with an unconfirmed batch: look at the replicas' offsets this often
 _LATENCY_SAMPLES = 100_000
 
 # One call publishes a whole batch. KEYS: the call streams, firehoses and event-id sets of the
@@ -151,6 +154,12 @@ for i = 4, #ARGV, 12 do
 end
 return out
 """
+
+
+def _no_replicas(exc: BaseException) -> bool:
+    """``NOREPLICAS``: a master with ``min-replicas-to-write`` that has lost its replicas (or a
+    master cut off from them in a failover) refuses writes; retry like a lost connection."""
+    return isinstance(exc, ResponseError) and "NOREPLICAS" in str(exc)
 
 
 @dataclass
@@ -240,6 +249,7 @@ class Publisher:
         self.redis_errors = 0
         self.reconnects = 0
         self.replica_ack_timeouts = 0
+        self._replicas = ReplicaConfirmations(settings.wait_replicas, settings.replica_ack_grace_s)
         self.ack_latency_s = MeasurementRing(_LATENCY_SAMPLES)
         self.audio_to_ack_s = MeasurementRing(_LATENCY_SAMPLES)
 
@@ -541,24 +551,33 @@ class Publisher:
                 continue
             if not self._has_work():
                 self._work.clear()
-                await self._work.wait()
+                if self._replicas.pending is None:
+                    await self._work.wait()
+                else:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._work.wait(), _PROBE_INTERVAL_S)
+                    if not self._work.is_set() and not self._stopping:
+                        await self._probe_replicas()
                 continue
             batch, source, ack = await self._next_batch()
             try:
-                confirmed = await self._send(batch)
-            except RETRYABLE as exc:
-                self._lost_connection(exc)
-                self._loop_partials_dropped += sum(i.best_effort for i in batch) if source != "spool" else 0
-                durable = [i for i in batch if not i.best_effort]
-                if source == "spool" or self._unconfirmed_before(durable):
-                    self._rewind(durable if source != "spool" else [])
+                confirmed = await self._send(batch, ack)
+            except Exception as exc:
+                if not isinstance(exc, RETRYABLE) and not _no_replicas(exc):
+                    # a server-side script error or a bug: retrying would fail the same way
+                    self.rejected += len(batch)
+                    log.exception("redis rejected a batch of %d events; dropping it", len(batch))
+                    confirmed = True
                 else:
-                    self._retry = durable
-                    self._retry_ack = ack
-                continue
-            except Exception:  # a server-side script error or a bug: retrying would fail the same way
-                self.rejected += len(batch)
-                log.exception("redis rejected a batch of %d events; dropping it", len(batch))
+                    self._lost_connection(exc)
+                    self._loop_partials_dropped += sum(i.best_effort for i in batch) if source != "spool" else 0
+                    durable = [i for i in batch if not i.best_effort]
+                    if source == "spool" or self._unconfirmed_before(durable):
+                        self._rewind(durable if source != "spool" else [])
+                    else:
+                        self._retry = durable
+                        self._retry_ack = ack
+                    continue
             if source == "spool":
                 self.replayed += len(batch)
             elif source == "retry":
@@ -578,6 +597,7 @@ class Publisher:
         master may have died before a replica had those records); ``durable`` (the failed batch)
         goes back to the front of the memory mirror, and what lies before it is read back."""
         self._retry, self._retry_ack = [], None
+        self._replicas.reset()
         self._mirror.extendleft(reversed([i for i in durable if i.gen == self._journal_gen]))
         self._send_offset = self._ack_offset
 
@@ -618,6 +638,7 @@ class Publisher:
             log.info("redis connection up")
         self.reconnects += 1
         self.connected = True
+        self._replicas.reset()
         return True
 
     def _lost_connection(self, exc: BaseException) -> None:
@@ -669,7 +690,7 @@ class Publisher:
             log.error("skipping a corrupt spool record: %.200s", line)
             return None
 
-    async def _send(self, batch: list[_Item]) -> bool:
+    async def _send(self, batch: list[_Item], ack: tuple[int, int] | None = None) -> bool:
         """One EVALSHA per slot group (the whole batch on a single Redis; one per shard on a
         Cluster), then ``WAIT`` when replicas must confirm. Returns whether they did (or none
         had to); the Script object reloads the script after a Redis restart."""
@@ -705,30 +726,61 @@ class Publisher:
         outcome: dict[int, Any] = {}
         confirmed = True
         for keys, args, members in groups.values():
-            results, acked = await asyncio.wait_for(self._call_script(list(keys), args), s.op_timeout_s * 2)
+            results, acked = await asyncio.wait_for(self._call_script(list(keys), args, ack), s.op_timeout_s * 2)
             confirmed = confirmed and acked
             outcome.update(zip(members, results, strict=True))
         self._account(batch, [outcome[i] for i in sent])
         return confirmed
 
-    async def _call_script(self, keys: list[str], args: list[str | int]) -> tuple[list[Any], bool]:
-        """The script, and with ``wait_replicas`` a ``WAIT`` on the same connection (a pipeline)."""
+    async def _call_script(
+        self, keys: list[str], args: list[str | int], ack: tuple[int, int] | None
+    ) -> tuple[list[Any], bool]:
+        """The script, and with ``wait_replicas`` a ``WAIT`` and ``INFO replication`` on the same connection
+        (a pipeline); the script's results and whether the batch counts as confirmed
+        (``kb_hooks.replicas``)."""
         assert self._client is not None
-        wanted = self.settings.wait_replicas
-        if not wanted:
+        if not self.settings.wait_replicas:
             return await self._script(keys=keys, args=args), True
+        wanted = self._replicas.wanted()
         pipe = self._client.pipeline(transaction=False)
         await self._script(keys=keys, args=args, client=pipe)
-        pipe.wait(wanted, self.settings.replica_ack_timeout_ms)
-        results, replicas = await pipe.execute()
-        if int(replicas) >= wanted:
-            return results, True
-        self.replica_ack_timeouts += 1
-        if self.replica_ack_timeouts in (1, 10, 100) or self.replica_ack_timeouts % 1000 == 0:
-            log.warning("only %s of %d replicas confirmed a batch within %d ms (%d times so far); "
-                        "its journal records are kept until a later batch is confirmed", replicas, wanted,
-                        self.settings.replica_ack_timeout_ms, self.replica_ack_timeouts)  # fmt: skip
-        return results, False
+        if wanted:
+            pipe.wait(wanted, self.settings.replica_ack_timeout_ms)
+        pipe.info("replication")
+        replies = await pipe.execute()
+        acked = int(replies[1]) if wanted else 0
+        if wanted and acked < wanted:
+            self.replica_ack_timeouts += 1
+        confirmed = self._replicas.after_batch(wanted, acked, replies[-1], ack)
+        if not confirmed:
+            await self._check_sentinels()
+        return replies[0], confirmed
+
+    async def _check_sentinels(self) -> None:
+        """A master without enough replicas may be one the sentinels have just replaced (they
+        demote it only seconds later): ask them, and on a new master raise ``MasterChanged`` (the
+        pool drops its idle connections, so the next ones go to the new master)."""
+        pool = getattr(self._client, "connection_pool", None)
+        if not isinstance(pool, SentinelConnectionPool) or pool.master_address is None:
+            return
+        before = pool.master_address
+        if await pool.get_master_address() != before:
+            self._replicas.reset()
+            raise MasterChanged(f"the sentinels name a new master instead of {before[0]}:{before[1]}")
+
+    async def _probe_replicas(self) -> None:
+        """Idle with a batch no replica has confirmed yet: look at INFO again (replicas report
+        their offset every second) and acknowledge the journal once it is confirmed."""
+        assert self._client is not None
+        try:
+            info = await asyncio.wait_for(self._client.info("replication"), self.settings.op_timeout_s * 2)
+            confirmed = self._replicas.probe(info)
+            if confirmed is None:
+                await asyncio.wait_for(self._check_sentinels(), self.settings.op_timeout_s * 2)
+            self._acknowledge(confirmed)
+        except RETRYABLE as exc:
+            self._lost_connection(exc)
+            self._rewind([])
 
     def _account(self, batch: list[_Item], results: list[Any]) -> None:
         now = time.monotonic()
