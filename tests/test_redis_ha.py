@@ -30,7 +30,9 @@ from asr_gateway.service import Service
 from asr_gateway.sipp_calls import place_call
 from kb_hooks import events as ev
 from kb_hooks import tail
-from kb_hooks.keys import KeyLayout
+from kb_hooks.config import RedisSettings
+from kb_hooks.connection import parse_cluster_url
+from kb_hooks.keys import SINGLE, KeyLayout
 from kb_hooks.publisher import Publisher
 from kb_hooks.types import CallContext
 from tests.redis_server import redis_cluster, sentinel_group
@@ -65,6 +67,46 @@ def check_call(client: Any, layout: KeyLayout, call_id: str, prefix: str = "asr"
     ids = {member.decode() for member in client.smembers(layout.event_ids(prefix, call_id))}
     assert ids == {e["event_id"] for e in stream}
     return stream
+
+
+def test_url_forms_prefixes_and_key_layouts() -> None:
+    target = parse_cluster_url("rediss+cluster://:pw@10.0.0.1:7000,10.0.0.2?ssl_cert_reqs=none")
+    assert target.hosts == [("10.0.0.1", 7000), ("10.0.0.2", 6379)] and target.password == "pw" and target.tls
+    assert target.options == {"ssl_cert_reqs": "none"}
+    assert RedisSettings(url="redis+cluster://a:1,b:2").layout == KeyLayout(16)
+    assert RedisSettings(url="redis+sentinel://a:1/m").wait_replicas == 1
+    assert RedisSettings(url="redis://a:1/0").layout == SINGLE and RedisSettings(url="redis://a:1/0").wait_replicas == 0
+    bad = {
+        "redis+cluster://:secret@a:1/2": "only database 0",
+        "redis+cluster://a:notaport": "bad cluster node address",
+        "redis+cluster://a:1?db=2": "unknown option(s) db",
+        "http://a:1": "the scheme must be one of",
+        "redis+sentinel://a:1": "needs the master's service name",
+    }
+    for url, reason in bad.items():
+        with pytest.raises(ValueError, match=r"(?s)" + reason.replace("(", r"\(").replace(")", r"\)")) as caught:
+            RedisSettings(url=url)
+        assert "secret" not in str(caught.value).split("[type=")[0]
+    with pytest.raises(ValueError, match="replica_acks is not supported"):
+        RedisSettings(url="redis+cluster://a:1", replica_acks=1)
+    for prefix in ("asr", "{asr}", "tenant{7}:asr"):
+        assert RedisSettings(key_prefix=prefix).key_prefix == prefix
+    for prefix in ("{}", "a{b}{c}", "a b", "a{b"):
+        with pytest.raises(ValueError):
+            RedisSettings(key_prefix=prefix)
+    # Single Redis: the historical names. Cluster: one slot per call, firehose shard included.
+    assert SINGLE.call_stream("asr", "c1") == "asr:call:c1" and SINGLE.firehoses("asr") == ["asr:events"]
+    layout = KeyLayout(16)
+    for call_id in ("c1", "c2", "一二三"):
+        keys = (
+            layout.call_stream("asr", call_id),
+            layout.event_ids("asr", call_id),
+            layout.firehose_of("asr", call_id),
+        )
+        assert len({key_slot(k.encode()) for k in keys}) == 1
+        assert layout.firehose_of("asr", call_id) in layout.firehoses("asr")
+    assert len({key_slot(k.encode()) for k in layout.firehoses("asr")}) == 16
+    assert len({key_slot(k.encode()) for k in layout.firehoses("{asr}")}) == 1  # the prefix's own tag wins
 
 
 def test_cluster_whole_call_through_the_service(redis_cluster: LocalRedisCluster, tmp_path: Path) -> None:
