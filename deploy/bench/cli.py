@@ -36,6 +36,10 @@ PASSTHROUGH: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "sherpa-peer": (_module_main("sherpa_peer"), "sherpa-onnx vs our engine on the same exported model"),
     "soak": (_module_main("soak"), "N calls for M minutes: RSS, FDs and threads over time"),
     "crashloop": (_module_main("crash_loop"), "SIGKILL the service N times (Redis up and down): no durable event lost"),
+    "failover": (
+        _module_main("failover_bench"),
+        "publisher through a Redis Sentinel failover: events lost, duplicated",
+    ),
     "accuracy": (
         _accuracy,
         "CER per chunk size on a test set (WAVs + text); --backend: through the engine; --int8-change: INT8 vs fp32",
