@@ -128,12 +128,19 @@ Content-Disposition: recording-session
 """
 
 
-def _message(method: str, cseq: int, body: str = "", content_type: str = "", extra: str = "", **names: str) -> str:
+def _message(
+    method: str, cseq: int, body: str = "", content_type: str = "", extra: str = "", routed: bool = False, **names: str
+) -> str:
+    """One request of the scenario; ``routed``: an in-dialog request to the answer's Contact along
+    the Record-Route set (``[next_url]``, ``[routes]``), as a call through a proxy needs."""
     to_tag = "" if method == "INVITE" else "[peer_tag_param]"
     contact_params = names.pop("contact_params", "")
-    head = f"{method} sip:{names['to_user']}@[remote_ip]:[remote_port] SIP/2.0\n" + _HEADERS.format(
+    target = "[next_url]" if routed else f"sip:{names['to_user']}@[remote_ip]:[remote_port]"
+    head = f"{method} {target} SIP/2.0\n" + _HEADERS.format(
         cseq=cseq, method=method, to_tag=to_tag, contact_params=contact_params, **names
     )
+    if routed:
+        head += "\n[routes]"
     if extra:
         head += "\n" + extra
     if body:
@@ -145,9 +152,13 @@ def _message(method: str, cseq: int, body: str = "", content_type: str = "", ext
 
 def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False, to_user: str = "12345",
                  from_user: str = "citizen", agent: str = "1001", hangup: bool = True,
-                 media_delay_ms: int = 0, extra_headers: str = "", from_uri_params: str = "") -> str:  # fmt: skip
+                 media_delay_ms: int = 0, extra_headers: str = "", from_uri_params: str = "",
+                 via_proxy: bool = False) -> str:  # fmt: skip
     """A sipp UAC scenario: INVITE, ACK, (wait ``media_delay_ms``,) play ``audio.pcap`` for
     ``seconds`` (+1 s), BYE.
+
+    ``via_proxy``: the INVITE goes to a record-routing proxy (Kamailio); ACK and BYE follow the
+    route set to the node that answered.
 
     ``extra_headers``: header lines (``X-Agent-Id: 1001``, one a line) added to the INVITE.
     ``from_uri_params``: parameters inside the From URI (CUCM built-in bridge:
@@ -166,9 +177,10 @@ def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False,
     else:
         invite = _message("INVITE", 1, _SDP_PLAIN.format(pt=payload_type, codec=codec), "application/sdp",
                           extra_headers.strip(), **names)  # fmt: skip
-    ack = _message("ACK", 1, **names)
-    bye = _message("BYE", 2, **names)
-    answered = '<recv response="200" rtd="true"/>'
+    ack = _message("ACK", 1, routed=via_proxy, **names)
+    bye = _message("BYE", 2, routed=via_proxy, **names)
+    record_routes = ' rrs="true"' if via_proxy else ""
+    answered = f'<recv response="200" rtd="true"{record_routes}/>'
     if siprec:
         answered = f"""<recv response="200" rtd="true"><action>
 <ereg regexp="m=audio ([0-9]+)(.|\n)*m=audio ([0-9]+)" search_in="body" check_it="true" assign_to="m,p1,x,p2"/>
@@ -214,8 +226,12 @@ def sipp_path() -> str:
 async def place_call(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate: int, *,
                      payload_type: int = PCMU, siprec: bool = False, second_pcm: np.ndarray | None = None,
                      hangup: bool = True, host: str = "127.0.0.1", timeout_s: float | None = None,
-                     call_tag: str | None = None, media_delay_ms: int = 0, **names: str) -> CallResult:  # fmt: skip
+                     call_tag: str | None = None, media_delay_ms: int = 0, via_proxy: bool = False,
+                     target_host: str | None = None, **names: str) -> CallResult:  # fmt: skip
     """One sipp call that streams ``pcm`` over RTP to our service, then hangs up.
+
+    sipp sends from ``host`` to ``target_host`` (default: ``host``) at ``sip_port``;
+    ``via_proxy``: that is a record-routing proxy in front of the service (``scenario_xml``).
 
     A SIPREC call streams ``second_pcm`` (default: ``pcm``) on its second leg;
     ``hangup=False`` leaves without a BYE; ``call_tag`` starts the SIP Call-ID (``TAG-...``),
@@ -225,7 +241,9 @@ async def place_call(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate:
     workdir.mkdir(parents=True, exist_ok=True)
     seconds = write_rtp_pcap(workdir / "audio.pcap", pcm, sample_rate, payload_type)
     scenario = workdir / "scenario.xml"
-    xml = scenario_xml(seconds, payload_type, siprec, hangup=hangup, media_delay_ms=media_delay_ms, **names)
+    xml = scenario_xml(
+        seconds, payload_type, siprec, hangup=hangup, media_delay_ms=media_delay_ms, via_proxy=via_proxy, **names
+    )
     scenario.write_text(xml, encoding="latin-1")
     log_file = workdir / "sipp.log"
     log_file.unlink(missing_ok=True)
@@ -234,7 +252,7 @@ async def place_call(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate:
         sipp_path(), "-sf", str(scenario), "-m", "1", "-l", "1", "-i", host, "-p", str(_free_udp_ports(1)),
         "-mp", str(media_base), "-timeout", f"{int(timeout_s or seconds + 30)}s", "-timeout_error", "-nostdin",
         "-trace_err", "-error_file", str(workdir / "errors.log"), "-trace_logs", "-log_file", str(log_file),
-        *(["-cid_str", f"{call_tag}-%u-%p@%s"] if call_tag else []), f"{host}:{sip_port}",
+        *(["-cid_str", f"{call_tag}-%u-%p@%s"] if call_tag else []), f"{target_host or host}:{sip_port}",
         cwd=workdir, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     sender: asyncio.Task[None] | None = None
