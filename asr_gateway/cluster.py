@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -30,9 +31,13 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import redis
+from redis.exceptions import RedisError
 
 from asr_gateway.local_redis import LocalRedis, LocalRedisError, redis_reachable
 
@@ -40,6 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 DISPATCHER_CFG = REPO / "deploy" / "cluster" / "kamailio-dispatcher.cfg"
 STATE_FILE = "cluster.json"
 PROXY_HOST = "127.0.0.1"
+SENTINEL_MASTER_NAME = "hotline-asr"
 NODE_HOST_BASE = 2  # node i (from 0) listens on 127.0.0.{NODE_HOST_BASE + i}
 RTP_PORT_MIN = 42000
 RTP_PORTS_PER_NODE = 1000
@@ -230,12 +236,16 @@ class LocalCluster:
         group_class = _sentinel_group_class() if self.options.sentinel else None
         workdir = self.state_dir / "redis"
         if group_class is not None:
-            group = group_class(workdir)
+            group = group_class(workdir, master_name=SENTINEL_MASTER_NAME)
             group.start()
             self.sentinel_group = group
             self.redis_url = group.url
-            for name, process in group.processes().items():
-                self.procs.append(Proc("redis", name, process.pid, str(workdir), port=0))
+            servers = [("redis-master", group.master), ("redis-replica", group.replica)]
+            servers += [(f"sentinel{i + 1}", sentinel) for i, sentinel in enumerate(group.sentinels)]
+            for name, server in servers:
+                assert server.process is not None
+                log = str(server.workdir / "redis.log")
+                self.procs.append(Proc("redis", name, server.process.pid, log, port=server.port))
             return
         server = LocalRedis(workdir)
         try:
@@ -389,9 +399,28 @@ class LocalCluster:
             "state_dir": str(self.state_dir),
             "proxy": f"sip:{PROXY_HOST}:{self.proxy_port}",
             "redis_url": self.redis_url,
-            "redis_reachable": redis_reachable(self.redis_url) if self.redis_url.startswith("redis://") else None,
+            "redis_master": self.redis_master(),
             "processes": procs,
         }
+
+    def redis_master(self) -> str | None:
+        """``host:port`` of the Redis master (as the sentinels name it), None when none answers."""
+        if self.redis_url.startswith("redis://"):
+            address = self.redis_url.removeprefix("redis://").partition("/")[0]
+            return address if redis_reachable(self.redis_url) else None
+        for proc in self.procs:
+            if proc.name.startswith("sentinel") and _alive(proc):
+                client = redis.Redis(host="127.0.0.1", port=proc.port, socket_timeout=1.0, decode_responses=True)
+                try:
+                    reply = client.sentinel_get_master_addr_by_name(SENTINEL_MASTER_NAME)
+                except (RedisError, OSError):
+                    continue
+                finally:
+                    client.close()
+                if isinstance(reply, tuple):
+                    master = f"{reply[0]}:{reply[1]}"
+                    return master if redis_reachable(f"redis://{master}/0") else None
+        return None
 
     def down(self, timeout_s: float = 20.0) -> list[str]:
         """End every recorded process group (Kamailio first, then the nodes, Redis last); the names ended."""
@@ -411,6 +440,66 @@ class LocalCluster:
         if self.sentinel_group is not None:
             self.sentinel_group.stop()
         return ended
+
+
+@dataclass(frozen=True)
+class Selection:
+    """One line of Kamailio's log: at ``time`` (epoch s) the INVITE of ``sip_call_id`` went to ``node``."""
+
+    time: float
+    sip_call_id: str
+    node: str
+    failover: bool
+
+
+def selections(cluster: LocalCluster) -> list[Selection]:
+    """Every node choice Kamailio logged (first choices and failovers), in order; ``node`` is a node name."""
+    by_address = {f"sip:{p.host}:{p.port};transport=udp": p.name for p in cluster.nodes}
+    found = []
+    for line in Path(cluster.state_dir / "kamailio.log").read_text(errors="replace").splitlines():
+        match = _SELECTION.search(line)
+        if match:
+            when, call_id, kind, uri = match.groups()
+            found.append(Selection(float(when), call_id, by_address.get(uri, uri), kind == "fails over to"))
+    return found
+
+
+_SELECTION = re.compile(r"at (\d+\.\d+) (?:new call|call) (\S+) (to|fails over to) (\S+)$")
+
+
+def journaled(node: Proc) -> list[tuple[str, str, str]]:
+    """``(event_id, call_id, event_type)`` of every durable event ``node`` journaled (its audit file)."""
+    config = json.loads(Path(node.config).read_text(encoding="utf-8"))
+    path = Path(config["redis"]["journal_audit_file"])
+    if not path.exists():
+        return []
+    rows = [line.split() for line in path.read_text(encoding="utf-8").splitlines()]
+    return [(row[0], row[1], row[2]) for row in rows if len(row) >= 3]
+
+
+def firehose(redis_url: str, key_prefix: str = "asr") -> list[dict[str, Any]]:
+    """Every event on ``{key_prefix}:events`` of the plain ``redis://`` URL (the current master)."""
+    client = redis.Redis.from_url(redis_url, socket_timeout=5.0)
+    try:
+        return [json.loads(fields[b"event"]) for _, fields in client.xrange(f"{key_prefix}:events")]
+    finally:
+        client.close()
+
+
+def finals_report(cluster: LocalCluster, events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Finals each node journaled vs found on the firehose: counts, missing ids, duplicates by event_id."""
+    expected = {event_id for node in cluster.nodes for event_id, _, kind in journaled(node) if kind == FINAL}
+    counts = Counter(e["event_id"] for e in events if e["event_type"] == FINAL)
+    return {
+        "finals_expected": len(expected),
+        "finals_found": len(expected & set(counts)),
+        "finals_missing": sorted(expected - set(counts)),
+        "finals_duplicated": sorted(event_id for event_id, n in counts.items() if n > 1),
+        "finals_unexpected": len(set(counts) - expected),
+    }
+
+
+FINAL = "transcript.final"
 
 
 def _sentinel_group_class() -> Any:
