@@ -32,6 +32,7 @@ SAMPLES_PER_PACKET = 160  # 20 ms at 8 kHz
 PACKET_S = 0.02
 PCMU, PCMA = 0, 8
 SECOND_LEG_MARK = "SECOND_LEG_PORT"
+ANSWERED_MARK = "CALL_ANSWERED"
 
 
 def _ip_checksum(header: bytes) -> int:
@@ -180,10 +181,12 @@ def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False,
     ack = _message("ACK", 1, routed=via_proxy, **names)
     bye = _message("BYE", 2, routed=via_proxy, **names)
     record_routes = ' rrs="true"' if via_proxy else ""
-    answered = f'<recv response="200" rtd="true"{record_routes}/>'
+    log_answer = f'<action><log message="{ANSWERED_MARK}"/></action>'
+    answered = f'<recv response="200" rtd="true"{record_routes}>{log_answer}</recv>'
     if siprec:
         answered = f"""<recv response="200" rtd="true"><action>
 <ereg regexp="m=audio ([0-9]+)(.|\n)*m=audio ([0-9]+)" search_in="body" check_it="true" assign_to="m,p1,x,p2"/>
+<log message="{ANSWERED_MARK}"/>
 <log message="{SECOND_LEG_MARK} [$p2]"/>
 </action></recv>
 <Reference variables="m,p1,x"/>"""
@@ -214,6 +217,8 @@ def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False,
 class CallResult:
     returncode: int
     errors: str
+    answered: bool | None = None
+    """``place_call``: whether a 200 answered the INVITE (a call may be answered and still fail later)."""
 
 
 def sipp_path() -> str:
@@ -274,7 +279,8 @@ async def place_call(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate:
     error_log = workdir / "errors.log"
     if error_log.exists():
         errors += error_log.read_text(errors="replace")
-    return CallResult(process.returncode or 0, errors[-4000:])
+    answered = log_file.exists() and ANSWERED_MARK in log_file.read_text(errors="replace")
+    return CallResult(process.returncode or 0, errors[-4000:], answered)
 
 
 async def place_calls(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate: int, count: int, *,
