@@ -156,6 +156,7 @@ class LocalCluster:
         self.redis_url = ""
         self.proxy_port = 0
         self.sentinel_group: Any = None
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
 
     # ---- state ----------------------------------------------------------------------
 
@@ -320,6 +321,7 @@ class LocalCluster:
             process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=directory, start_new_session=True
             )
+        self._children[process.pid] = process
         proc = Proc("node", name, process.pid, str(log_path), host=host, port=port, config=str(config))
         self.procs.append(proc)
         return proc
@@ -345,6 +347,7 @@ class LocalCluster:
         ]  # fmt: skip
         with log_path.open("ab") as log:
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self._children[process.pid] = process
         self.procs.append(
             Proc("kamailio", "kamailio", process.pid, str(log_path), host=PROXY_HOST, port=self.proxy_port)
         )
@@ -352,7 +355,7 @@ class LocalCluster:
     def _wait_sip(self, proc: Proc, deadline: float) -> None:
         """Until ``proc`` answers OPTIONS 200; ClusterError when it exits or the deadline passes."""
         while time.monotonic() < deadline:
-            if not _alive(proc):
+            if not self.alive_proc(proc):
                 raise ClusterError(f"{proc.name} exited while starting; see {proc.log}:\n{_tail(Path(proc.log))}")
             if sip_options(proc.host, proc.port, timeout_s=0.5) == 200:
                 return
@@ -372,7 +375,7 @@ class LocalCluster:
     def restart_node(self, name: str, timeout_s: float = 120.0) -> Proc:
         """Start a node again on its address and port (its spool replays what it journaled)."""
         old = self.node(name)
-        if _alive(old):
+        if self.alive_proc(old):
             raise ClusterError(f"{name} is still running (pid {old.pid})")
         self.procs.remove(old)
         proc = self._start_node(int(name.removeprefix("node")) - 1, port=old.port)
@@ -382,14 +385,26 @@ class LocalCluster:
 
     # ---- status and down ------------------------------------------------------------
 
+    def alive_proc(self, proc: Proc) -> bool:
+        """Whether ``proc`` runs: the child's own state when this object started it, else ``/proc``."""
+        child = self._children.get(proc.pid)
+        if child is not None:
+            return child.poll() is None
+        return _alive(proc)
+
     def alive(self) -> bool:
-        return any(_alive(proc) for proc in self.procs)
+        return any(self.alive_proc(proc) for proc in self.procs)
 
     def status(self) -> dict[str, Any]:
         """What runs: every process alive or not, what each SIP element answers to OPTIONS, Redis reachable."""
         procs = []
         for proc in self.procs:
-            entry: dict[str, Any] = {"name": proc.name, "kind": proc.kind, "pid": proc.pid, "alive": _alive(proc)}
+            entry: dict[str, Any] = {
+                "name": proc.name,
+                "kind": proc.kind,
+                "pid": proc.pid,
+                "alive": self.alive_proc(proc),
+            }
             entry["log"] = proc.log
             if proc.kind in ("node", "kamailio"):
                 entry["sip"] = f"{proc.host}:{proc.port}"
@@ -409,7 +424,7 @@ class LocalCluster:
             address = self.redis_url.removeprefix("redis://").partition("/")[0]
             return address if redis_reachable(self.redis_url) else None
         for proc in self.procs:
-            if proc.name.startswith("sentinel") and _alive(proc):
+            if proc.name.startswith("sentinel") and self.alive_proc(proc):
                 client = redis.Redis(host="127.0.0.1", port=proc.port, socket_timeout=1.0, decode_responses=True)
                 try:
                     reply = client.sentinel_get_master_addr_by_name(SENTINEL_MASTER_NAME)
@@ -427,14 +442,14 @@ class LocalCluster:
         order = {"kamailio": 0, "node": 1, "redis": 2}
         ended = []
         for kind in sorted(order, key=order.__getitem__):
-            group = [proc for proc in self.procs if proc.kind == kind and _alive(proc)]
+            group = [proc for proc in self.procs if proc.kind == kind and self.alive_proc(proc)]
             for proc in group:
                 _signal(proc, signal.SIGTERM)
             deadline = time.monotonic() + timeout_s
-            while any(_alive(proc) for proc in group) and time.monotonic() < deadline:
+            while any(self.alive_proc(proc) for proc in group) and time.monotonic() < deadline:
                 time.sleep(0.1)
             for proc in group:
-                if _alive(proc):
+                if self.alive_proc(proc):
                     _signal(proc, signal.SIGKILL)
                 ended.append(proc.name)
         if self.sentinel_group is not None:

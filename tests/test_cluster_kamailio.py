@@ -15,7 +15,6 @@ nodes route the calls by the PBX's address that Kamailio states (X-Source-Addr),
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -114,9 +113,9 @@ def test_drain_and_sentinel_failover_mid_call_lose_no_call_and_no_final(cluster:
     # The drained node finishes its calls, publishes their finals and exits by itself.
     node = cluster.node(drained)
     deadline = time.monotonic() + 40
-    while _running(node.pid) and time.monotonic() < deadline:
+    while cluster.alive_proc(node) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _running(node.pid), "the drained node did not exit after its calls ended"
+    assert not cluster.alive_proc(node), "the drained node did not exit after its calls ended"
 
     master_url = cluster.sentinel_group.master_url
     events = _wait_for_finals(cluster, master_url)
@@ -163,11 +162,3 @@ def _wait_for_finals(cluster: LocalCluster, master_url: str, timeout_s: float = 
 
 def _epoch(ts: str) -> float:
     return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
-
-
-def _running(pid: int) -> bool:
-    try:
-        finished, _ = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        return False
-    return finished == 0
