@@ -433,7 +433,7 @@ class LocalCluster:
                 finally:
                     client.close()
                 if isinstance(reply, tuple):
-                    master = f"{reply[0]}:{reply[1]}"
+                    master = f"{reply[0]!s}:{reply[1]!s}"
                     return master if redis_reachable(f"redis://{master}/0") else None
         return None
 
@@ -494,9 +494,10 @@ def journaled(node: Proc) -> list[tuple[str, str, str]]:
 
 def firehose(redis_url: str, key_prefix: str = "asr") -> list[dict[str, Any]]:
     """Every event on ``{key_prefix}:events`` of the plain ``redis://`` URL (the current master)."""
-    client = redis.Redis.from_url(redis_url, socket_timeout=5.0)
+    client = redis.Redis.from_url(redis_url, socket_timeout=5.0, decode_responses=True)
     try:
-        return [json.loads(fields[b"event"]) for _, fields in client.xrange(f"{key_prefix}:events")]
+        entries: list[tuple[str, dict[str, str]]] = client.xrange(f"{key_prefix}:events")  # type: ignore[assignment]
+        return [json.loads(fields["event"]) for _, fields in entries]
     finally:
         client.close()
 

@@ -129,19 +129,12 @@ Content-Disposition: recording-session
 """
 
 
-def _message(
-    method: str, cseq: int, body: str = "", content_type: str = "", extra: str = "", routed: bool = False, **names: str
-) -> str:
-    """One request of the scenario; ``routed``: an in-dialog request to the answer's Contact along
-    the Record-Route set (``[next_url]``, ``[routes]``), as a call through a proxy needs."""
+def _message(method: str, cseq: int, body: str = "", content_type: str = "", extra: str = "", **names: str) -> str:
     to_tag = "" if method == "INVITE" else "[peer_tag_param]"
     contact_params = names.pop("contact_params", "")
-    target = "[next_url]" if routed else f"sip:{names['to_user']}@[remote_ip]:[remote_port]"
-    head = f"{method} {target} SIP/2.0\n" + _HEADERS.format(
+    head = f"{method} sip:{names['to_user']}@[remote_ip]:[remote_port] SIP/2.0\n" + _HEADERS.format(
         cseq=cseq, method=method, to_tag=to_tag, contact_params=contact_params, **names
     )
-    if routed:
-        head += "\n[routes]"
     if extra:
         head += "\n" + extra
     if body:
@@ -149,6 +142,14 @@ def _message(
     else:
         head += "\nContent-Length: 0\n\n"
     return head
+
+
+def _along_route_set(request: str) -> str:
+    """An in-dialog request sent to the answer's Contact along the Record-Route set (``[next_url]``,
+    ``[routes]``), as a call through a proxy needs."""
+    request_line, _, rest = request.partition("\n")
+    method = request_line.split(" ", 1)[0]
+    return f"{method} [next_url] SIP/2.0\n[routes]\n" + rest
 
 
 def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False, to_user: str = "12345",
@@ -178,8 +179,10 @@ def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False,
     else:
         invite = _message("INVITE", 1, _SDP_PLAIN.format(pt=payload_type, codec=codec), "application/sdp",
                           extra_headers.strip(), **names)  # fmt: skip
-    ack = _message("ACK", 1, routed=via_proxy, **names)
-    bye = _message("BYE", 2, routed=via_proxy, **names)
+    ack = _message("ACK", 1, **names)
+    bye = _message("BYE", 2, **names)
+    if via_proxy:
+        ack, bye = _along_route_set(ack), _along_route_set(bye)
     record_routes = ' rrs="true"' if via_proxy else ""
     log_answer = f'<action><log message="{ANSWERED_MARK}"/></action>'
     answered = f'<recv response="200" rtd="true"{record_routes}>{log_answer}</recv>'

@@ -55,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rate", type=float, default=2.0, help="calls offered per second")
     parser.add_argument("--ping-interval", type=int, default=1, help="Kamailio's OPTIONS interval, s")
     parser.add_argument("--max-streams", type=int, default=16, help="engine slots per node")
+    parser.add_argument(
+        "--fr-timer-ms", type=int, default=2000, help="Kamailio's wait for any answer before failing over / node down"
+    )
     event = parser.add_mutually_exclusive_group()
     event.add_argument("--drain-node", action="store_true", help="SIGTERM node1 at 40 %% of the calls")
     event.add_argument("--kill-node", action="store_true", help="SIGKILL node1 at 40 %% of the calls")
@@ -77,7 +80,7 @@ def _run_in(args: argparse.Namespace, workdir: Path) -> int:
     options = ClusterOptions(
         nodes=args.nodes,
         ping_interval_s=args.ping_interval,
-        fr_timer_ms=1000,
+        fr_timer_ms=args.fr_timer_ms,
         drain_wait_s=60.0,
         max_streams=args.max_streams,
         pbx_cidrs=(f"{PBX_HOST}/32",),
@@ -185,6 +188,7 @@ def _report(
         "calls_per_node": {p.name: share[p.name] for p in cluster.nodes},
         "failovers": failovers,
         "ping_interval_s": cluster.options.ping_interval_s,
+        "fr_timer_ms": cluster.options.fr_timer_ms,
     }
     if event in ("drain-node", "kill-node"):
         at = event_time["at"]
