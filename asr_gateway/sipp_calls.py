@@ -255,9 +255,9 @@ async def place_call(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate:
     scenario.write_text(xml, encoding="latin-1")
     log_file = workdir / "sipp.log"
     log_file.unlink(missing_ok=True)
-    media_base = _free_udp_ports(4)
+    media_base = _free_udp_ports(4, host)
     process = await asyncio.create_subprocess_exec(
-        sipp_path(), "-sf", str(scenario), "-m", "1", "-l", "1", "-i", host, "-p", str(_free_udp_ports(1)),
+        sipp_path(), "-sf", str(scenario), "-m", "1", "-l", "1", "-i", host, "-p", str(_free_udp_ports(1, host)),
         "-mp", str(media_base), "-timeout", f"{int(timeout_s or seconds + 30)}s", "-timeout_error", "-nostdin",
         "-trace_err", "-error_file", str(workdir / "errors.log"), "-trace_logs", "-log_file", str(log_file),
         *(["-cid_str", f"{call_tag}-%u-%p@%s"] if call_tag else []), f"{target_host or host}:{sip_port}",
@@ -299,7 +299,7 @@ async def place_calls(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate
     scenario.write_text(scenario_xml(seconds, payload_type), encoding="latin-1")
     process = await asyncio.create_subprocess_exec(
         sipp_path(), "-sf", str(scenario), "-m", str(count), "-l", str(count), "-r", str(rate_per_s),
-        "-i", host, "-p", str(_free_udp_ports(1)), "-mp", str(_free_udp_ports(4)),
+        "-i", host, "-p", str(_free_udp_ports(1, host)), "-mp", str(_free_udp_ports(4, host)),
         "-timeout", f"{int(seconds + 30 + count / rate_per_s)}s", "-timeout_error", "-nostdin",
         "-trace_err", "-error_file", str(workdir / "errors.log"), "-cid_str", f"{call_tag}-%u-%p@%s",
         f"{host}:{sip_port}",
@@ -341,22 +341,23 @@ async def _stream_second_leg(
             sock.sendto(packet, (host, port))
 
 
-def _free_udp_ports(count: int) -> int:
-    """The first of ``count`` consecutive free loopback UDP ports (even when count > 1)."""
+def _free_udp_ports(count: int, host: str = "127.0.0.1") -> int:
+    """The first of ``count`` consecutive UDP ports free on ``host`` (even when count > 1): probed on
+    that very address, since a port taken on 127.0.0.100 is still free on 127.0.0.1."""
     for _ in range(100):
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.bind(("127.0.0.1", 0))
+            probe.bind((host, 0))
             base = probe.getsockname()[1] & (~1 if count > 1 else ~0)
         sockets: list[socket.socket] = []
         try:
             for offset in range(count):
                 sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
                 sockets.append(sock)
-                sock.bind(("127.0.0.1", base + offset))
+                sock.bind((host, base + offset))
         except OSError:
             continue
         finally:
             for sock in sockets:
                 sock.close()
         return base
-    raise RuntimeError(f"no {count} free consecutive UDP ports on loopback")
+    raise RuntimeError(f"no {count} free consecutive UDP ports on {host}")
