@@ -241,7 +241,7 @@ class LocalCluster:
             group.start()
             self.sentinel_group = group
             self.redis_url = group.url
-            servers = [("redis-master", group.master), ("redis-replica", group.replica)]
+            servers = [("redis1", group.master), ("redis2", group.replica)]  # roles change on failover
             servers += [(f"sentinel{i + 1}", sentinel) for i, sentinel in enumerate(group.sentinels)]
             for name, server in servers:
                 assert server.process is not None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -30,12 +31,14 @@ from asr_gateway.cluster import (
     FINAL,
     ClusterOptions,
     LocalCluster,
+    Proc,
     finals_report,
     firehose,
     journaled,
     missing_programs,
     selections,
 )
+from asr_gateway.cluster import main as cluster_main
 from asr_gateway.sipp_calls import CallResult, place_call
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,12 +51,28 @@ SPACING_S = 0.6
 DRAIN_AT_S = 2.0
 KILL_MASTER_AT_S = 3.0
 
-pytestmark = [
-    pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp not installed (Debian package sip-tester)"),
-    pytest.mark.skipif(
-        bool(missing_programs()), reason=f"not installed (Debian packages): {', '.join(missing_programs())}"
-    ),
-]
+MISSING = missing_programs() + ([] if shutil.which("sipp") else ["sip-tester"])
+needs_peers = pytest.mark.skipif(bool(MISSING), reason=f"not installed (Debian packages): {', '.join(MISSING)}")
+
+
+def test_status_and_down_without_a_recorded_cluster_say_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cluster_main(["status", "--state-dir", str(tmp_path)]) == 1
+    assert cluster_main(["down", "--state-dir", str(tmp_path)]) == 1
+    assert "no cluster recorded" in capsys.readouterr().err
+
+
+def test_down_never_signals_a_recorded_id_that_now_runs_another_program(tmp_path: Path) -> None:
+    stranger = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        cluster = LocalCluster(tmp_path)
+        cluster.procs = [Proc("node", "node1", stranger.pid, str(tmp_path / "serve.log"))]
+        cluster.save()
+        assert cluster_main(["status", "--state-dir", str(tmp_path)]) == 3  # recorded, not running
+        assert cluster_main(["down", "--state-dir", str(tmp_path)]) == 0
+        assert stranger.poll() is None, "down signalled a process the cluster did not start"
+    finally:
+        stranger.kill()
+        stranger.wait()
 
 
 @pytest.fixture()
@@ -74,6 +93,7 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
         cluster.down()
 
 
+@needs_peers
 def test_drain_and_sentinel_failover_mid_call_lose_no_call_and_no_final(cluster: LocalCluster, tmp_path: Path) -> None:
     assert cluster.sentinel_group is not None, "Redis Sentinel expected (LocalSentinelGroup)"
     # Kamailio runs the deployed example itself, not a copy.
@@ -142,6 +162,14 @@ def test_drain_and_sentinel_failover_mid_call_lose_no_call_and_no_final(cluster:
     assert not after, f"{drained} accepted calls after SIGTERM: {after}"
     survivor_calls = {call_id for _, call_id, kind in journaled(cluster.node("node2")) if kind == "call.started"}
     assert drained_calls and survivor_calls, "both nodes should have taken calls before the drain"
+    # The drained node's calls ended by the caller's BYE, not by the node hanging up on them.
+    reasons = {e["reason"] for e in events if e["event_type"] == "call.ended" and e["call_id"] in drained_calls}
+    assert reasons == {"bye"}, reasons
+
+    # `cluster down` from another invocation (only cluster.json to go by) ends every process.
+    assert cluster_main(["down", "--state-dir", str(cluster.state_dir)]) == 0
+    recorded = LocalCluster.load(cluster.state_dir)
+    assert not [p.name for p in recorded.procs if recorded.alive_proc(p)]
     assert any(_epoch(e["ts"]) > marks["new_master"] for e in events if e["event_type"] == FINAL), (
         "no final was published after the failover: the failover was not mid-call"
     )
