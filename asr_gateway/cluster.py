@@ -77,7 +77,7 @@ class ClusterOptions:
     ping_interval_s: int = 5
     """Kamailio's OPTIONS probe interval (``ds_ping_interval``, whole seconds)."""
     algorithm: int = 4
-    """``ds_select_dst`` algorithm: 4 round-robin, 9 weight-based, 10 call load."""
+    """``ds_select_dst`` algorithm: 4 round-robin, 9 weight-based."""
     fr_timer_ms: int = 2000
     """How long Kamailio waits for any answer to an INVITE or a probe before failing over."""
     drain_wait_s: float = 60.0
