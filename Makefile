@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 APT_PACKAGES := redis-server redis-sentinel sip-tester espeak-ng sox kamailio chromium chromium-driver prometheus
-APT_BINARIES := redis-server redis-sentinel sipp espeak-ng sox kamailio chromium chromedriver promtool
+APT_BINARIES := redis-server redis-sentinel redis-cli sipp espeak-ng sox kamailio chromium chromedriver promtool
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 

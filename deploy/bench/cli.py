@@ -40,6 +40,10 @@ PASSTHROUGH: dict[str, tuple[Callable[[list[str]], int], str]] = {
         "calls through Kamailio to N nodes on Redis Sentinel; --drain-node | --kill-node | --kill-redis-master",
     ),
     "crashloop": (_module_main("crash_loop"), "SIGKILL the service N times (Redis up and down): no durable event lost"),
+    "failover": (
+        _module_main("failover_bench"),
+        "publisher through a Redis Sentinel failover: events lost, duplicated",
+    ),
     "accuracy": (
         _accuracy,
         "CER per chunk size on a test set (WAVs + text); --backend: through the engine; --int8-change: INT8 vs fp32",
