@@ -1,4 +1,4 @@
-"""``asr-gateway``: the service's command line (serve, check-config, tail, demo)."""
+"""``asr-gateway``: the service's command line (serve, check-config, tail, demo, cluster)."""
 
 from __future__ import annotations
 
@@ -90,6 +90,12 @@ def _demo(argv: list[str]) -> int:
     return demo_main(argv)
 
 
+def _cluster(argv: list[str]) -> int:
+    from asr_gateway.cluster import main as cluster_main
+
+    return cluster_main(argv)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="asr-gateway", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -101,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=_serve)
     sub.add_parser("tail", help="print live events from Redis (`asr-gateway tail --help` for its options)")
     sub.add_parser("demo", help="run the whole pipeline once on this machine (`asr-gateway demo --help`)")
+    sub.add_parser("cluster", help="Kamailio + N nodes + Redis on loopback: up|status|down (`cluster --help`)")
     return parser
 
 
@@ -110,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         return _tail(argv[1:])
     if argv[:1] == ["demo"]:
         return _demo(argv[1:])
+    if argv[:1] == ["cluster"]:
+        return _cluster(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     result: int = args.func(args)

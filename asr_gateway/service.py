@@ -4,10 +4,11 @@ Threads: the asyncio loop (uvloop when installed) runs SIP, the RTP legs, the pu
 the health/metrics HTTP server; the engine runs its scheduler thread; KB matching and tagging
 run in the bridge's worker thread. Bounded queues sit between them.
 
-Signals: SIGTERM/SIGINT drain (new INVITEs and OPTIONS get 503, active calls get BYE within
-the grace period, their finals are decoded and published, the spool is flushed); SIGHUP
-reloads the routes, KB and tag files (also reloaded when their files change). An invalid
-file is rejected, logged with its errors, and the previous version stays in force.
+Signals: SIGTERM/SIGINT drain (new INVITEs and OPTIONS get 503, calls may end on their own
+for ``sip.drain_wait_s``, then the rest get BYE within the grace period, their finals are
+decoded and published, the spool is flushed); SIGHUP reloads the routes, KB and tag files
+(also reloaded when their files change). An invalid file is rejected, logged with its
+errors, and the previous version stays in force.
 SIGUSR2 logs a memory report (RSS, Python objects by type, and, when the process was started
 with ``python -X tracemalloc``, the code lines holding the most Python memory).
 """
@@ -344,7 +345,21 @@ class Service:
         loop.add_signal_handler(signal.SIGHUP, self.reload)
         loop.add_signal_handler(signal.SIGUSR2, log_memory_report)
         await self._stopping.wait()
+        await self.wait_for_calls()
         await self.stop()
+
+    async def wait_for_calls(self) -> None:
+        """Draining: let the calls end on their own for up to ``sip.drain_wait_s``, and keep answering
+        OPTIONS 503 for at least ``sip.drain_linger_s`` of it, so a dispatcher sees the node leave."""
+        settings = self.config.sip
+        start = time.monotonic()
+        linger_s = min(settings.drain_linger_s, settings.drain_wait_s)
+        if settings.drain_wait_s > 0:
+            log.info("draining: waiting up to %.0f s for %d calls to end", settings.drain_wait_s, self.sip.active_calls)
+        while time.monotonic() - start < settings.drain_wait_s:
+            if not self.sip.active_calls and time.monotonic() - start >= linger_s:
+                break
+            await asyncio.sleep(0.1)
 
     async def stop(self, grace_s: float = 10.0) -> None:
         """Drain: refuse new calls, BYE active ones (they get ``grace_s`` to end), decode the

@@ -39,6 +39,7 @@ TELEPHONE_EVENT = 101
 CODEC_NAMES = {PCMU: "PCMU", PCMA: "PCMA", G722: "G722"}
 KEY_PACKETS = 5  # a key press: 100 ms of event packets, then its End packet three times
 SECOND_LEG_MARK = "SECOND_LEG_PORT"
+ANSWERED_MARK = "CALL_ANSWERED"
 
 
 def _ip_checksum(header: bytes) -> int:
@@ -171,11 +172,23 @@ def _message(method: str, cseq: int, body: str = "", content_type: str = "", ext
     return head
 
 
+def _along_route_set(request: str) -> str:
+    """An in-dialog request sent to the answer's Contact along the Record-Route set (``[next_url]``,
+    ``[routes]``), as a call through a proxy needs."""
+    request_line, _, rest = request.partition("\n")
+    method = request_line.split(" ", 1)[0]
+    return f"{method} [next_url] SIP/2.0\n[routes]\n" + rest
+
+
 def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False, to_user: str = "12345",
                  from_user: str = "citizen", agent: str = "1001", hangup: bool = True,
-                 media_delay_ms: int = 0, extra_headers: str = "", from_uri_params: str = "") -> str:  # fmt: skip
+                 media_delay_ms: int = 0, extra_headers: str = "", from_uri_params: str = "",
+                 via_proxy: bool = False) -> str:  # fmt: skip
     """A sipp UAC scenario: INVITE, ACK, (wait ``media_delay_ms``,) play ``audio.pcap`` for
     ``seconds`` (+1 s), BYE.
+
+    ``via_proxy``: the INVITE goes to a record-routing proxy (Kamailio); ACK and BYE follow the
+    route set to the node that answered.
 
     ``extra_headers``: header lines (``X-Agent-Id: 1001``, one a line) added to the INVITE.
     ``from_uri_params``: parameters inside the From URI (CUCM built-in bridge:
@@ -196,10 +209,15 @@ def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False,
                           extra_headers.strip(), **names)  # fmt: skip
     ack = _message("ACK", 1, **names)
     bye = _message("BYE", 2, **names)
-    answered = '<recv response="200" rtd="true"/>'
+    if via_proxy:
+        ack, bye = _along_route_set(ack), _along_route_set(bye)
+    record_routes = ' rrs="true"' if via_proxy else ""
+    log_answer = f'<action><log message="{ANSWERED_MARK}"/></action>'
+    answered = f'<recv response="200" rtd="true"{record_routes}>{log_answer}</recv>'
     if siprec:
         answered = f"""<recv response="200" rtd="true"><action>
 <ereg regexp="m=audio ([0-9]+)(.|\n)*m=audio ([0-9]+)" search_in="body" check_it="true" assign_to="m,p1,x,p2"/>
+<log message="{ANSWERED_MARK}"/>
 <log message="{SECOND_LEG_MARK} [$p2]"/>
 </action></recv>
 <Reference variables="m,p1,x"/>"""
@@ -230,6 +248,8 @@ def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False,
 class CallResult:
     returncode: int
     errors: str
+    answered: bool | None = None
+    """``place_call``: whether a 200 answered the INVITE (a call may be answered and still fail later)."""
 
 
 def sipp_path() -> str:
@@ -243,8 +263,12 @@ async def place_call(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate:
                      payload_type: int = PCMU, siprec: bool = False, second_pcm: np.ndarray | None = None,
                      hangup: bool = True, host: str = "127.0.0.1", timeout_s: float | None = None,
                      call_tag: str | None = None, media_delay_ms: int = 0, keys: str = "",
+                     via_proxy: bool = False, target_host: str | None = None,
                      **names: str) -> CallResult:  # fmt: skip
     """One sipp call that streams ``pcm`` over RTP to our service, then hangs up.
+
+    sipp sends from ``host`` to ``target_host`` (default: ``host``) at ``sip_port``;
+    ``via_proxy``: that is a record-routing proxy in front of the service (``scenario_xml``).
 
     A SIPREC call streams ``second_pcm`` (default: ``pcm``) on its second leg;
     ``hangup=False`` leaves without a BYE; ``call_tag`` starts the SIP Call-ID (``TAG-...``),
@@ -255,16 +279,18 @@ async def place_call(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate:
     workdir.mkdir(parents=True, exist_ok=True)
     seconds = write_rtp_pcap(workdir / "audio.pcap", pcm, sample_rate, payload_type, keys=keys)
     scenario = workdir / "scenario.xml"
-    xml = scenario_xml(seconds, payload_type, siprec, hangup=hangup, media_delay_ms=media_delay_ms, **names)
+    xml = scenario_xml(
+        seconds, payload_type, siprec, hangup=hangup, media_delay_ms=media_delay_ms, via_proxy=via_proxy, **names
+    )
     scenario.write_text(xml, encoding="latin-1")
     log_file = workdir / "sipp.log"
     log_file.unlink(missing_ok=True)
-    media_base = _free_udp_ports(4)
+    media_base = _free_udp_ports(4, host)
     process = await asyncio.create_subprocess_exec(
-        sipp_path(), "-sf", str(scenario), "-m", "1", "-l", "1", "-i", host, "-p", str(_free_udp_ports(1)),
+        sipp_path(), "-sf", str(scenario), "-m", "1", "-l", "1", "-i", host, "-p", str(_free_udp_ports(1, host)),
         "-mp", str(media_base), "-timeout", f"{int(timeout_s or seconds + 30)}s", "-timeout_error", "-nostdin",
         "-trace_err", "-error_file", str(workdir / "errors.log"), "-trace_logs", "-log_file", str(log_file),
-        *(["-cid_str", f"{call_tag}-%u-%p@%s"] if call_tag else []), f"{host}:{sip_port}",
+        *(["-cid_str", f"{call_tag}-%u-%p@%s"] if call_tag else []), f"{target_host or host}:{sip_port}",
         cwd=workdir, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     sender: asyncio.Task[None] | None = None
@@ -286,7 +312,8 @@ async def place_call(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate:
     error_log = workdir / "errors.log"
     if error_log.exists():
         errors += error_log.read_text(errors="replace")
-    return CallResult(process.returncode or 0, errors[-4000:])
+    answered = log_file.exists() and ANSWERED_MARK in log_file.read_text(errors="replace")
+    return CallResult(process.returncode or 0, errors[-4000:], answered)
 
 
 async def place_calls(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate: int, count: int, *,
@@ -302,7 +329,7 @@ async def place_calls(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate
     scenario.write_text(scenario_xml(seconds, payload_type), encoding="latin-1")
     process = await asyncio.create_subprocess_exec(
         sipp_path(), "-sf", str(scenario), "-m", str(count), "-l", str(count), "-r", str(rate_per_s),
-        "-i", host, "-p", str(_free_udp_ports(1)), "-mp", str(_free_udp_ports(4)),
+        "-i", host, "-p", str(_free_udp_ports(1, host)), "-mp", str(_free_udp_ports(4, host)),
         "-timeout", f"{int(seconds + 30 + count / rate_per_s)}s", "-timeout_error", "-nostdin",
         "-trace_err", "-error_file", str(workdir / "errors.log"), "-cid_str", f"{call_tag}-%u-%p@%s",
         f"{host}:{sip_port}",
@@ -344,22 +371,23 @@ async def _stream_second_leg(
             sock.sendto(packet, (host, port))
 
 
-def _free_udp_ports(count: int) -> int:
-    """The first of ``count`` consecutive free loopback UDP ports (even when count > 1)."""
+def _free_udp_ports(count: int, host: str = "127.0.0.1") -> int:
+    """The first of ``count`` consecutive UDP ports free on ``host`` (even when count > 1): probed on
+    that very address, since a port taken on 127.0.0.100 is still free on 127.0.0.1."""
     for _ in range(100):
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.bind(("127.0.0.1", 0))
+            probe.bind((host, 0))
             base = probe.getsockname()[1] & (~1 if count > 1 else ~0)
         sockets: list[socket.socket] = []
         try:
             for offset in range(count):
                 sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
                 sockets.append(sock)
-                sock.bind(("127.0.0.1", base + offset))
+                sock.bind((host, base + offset))
         except OSError:
             continue
         finally:
             for sock in sockets:
                 sock.close()
         return base
-    raise RuntimeError(f"no {count} free consecutive UDP ports on loopback")
+    raise RuntimeError(f"no {count} free consecutive UDP ports on {host}")

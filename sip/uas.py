@@ -210,7 +210,8 @@ class UasCore:
         if not self.admission.request_rate_ok(source.host, now):
             self.counters["flood.rate_dropped"] += 1
             return []
-        if not self.admission.allowed(source.host):
+        origin = self._origin(request, source)
+        if not self.admission.allowed(origin):
             self.counters["acl.denied"] += 1
             if self.settings.acl_action == "drop" or request.method == "ACK":
                 return []
@@ -258,6 +259,16 @@ class UasCore:
             log.exception("%s from %s:%s failed; answering 500", request.method, source.host, source.port)
             return self._abandon(tx, request, now)
 
+    def _origin(self, request: Request, source: Address) -> str:
+        """The caller's address (``Admission.origin``); counts a stated source it ignores or cannot read."""
+        origin = self.admission.origin(request, source.host)
+        stated = self.admission.stated_source(request)
+        if stated is not None and origin == source.host:
+            reason = "unreadable" if self.admission.is_proxy(source.host) else "not from a trusted proxy"
+            self.counters["proxy.source_ignored"] += 1
+            log.debug("ignoring %s %r from %s: %s", self.settings.source_header, stated, source.host, reason)
+        return origin
+
     def _free_unanswered(self, request: Request) -> None:
         """After a failure that escaped the transaction: forget the transaction (and the call it
         was setting up) if it had no final answer yet, so nothing is left waiting forever."""
@@ -299,7 +310,8 @@ class UasCore:
         if to.tag is not None:
             return self._modify(tx, request, now)
         assert tx.peer is not None
-        call = self.invites.admit(request, tx.peer, tx.key, len(self._calls), now)
+        origin = self.admission.origin(request, tx.peer.host)
+        call = self.invites.admit(request, tx.peer, origin, tx.key, len(self._calls), now)
         call_id = call.info.call_id
         self._calls[call_id] = call
         self._dialogs[(call.sip_call_id, call.local_tag)] = call_id
