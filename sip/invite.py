@@ -77,7 +77,7 @@ class InviteGate:
             raise Reject(decision.reject_code or 404)
         profile = decision.profile
         if body.offer is not None:
-            plans = plan_streams(body.offer, sendonly_is_hold=not siprec)
+            plans = plan_streams(body.offer, sendonly_is_hold=not siprec, srtp=profile.srtp)
         else:
             self.counters["invites.offerless"] += 1
             plans = [offered_plan(0, None)]
