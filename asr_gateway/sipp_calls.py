@@ -9,12 +9,15 @@ streams, rs-metadata) call scenario.
 
 sipp's ``play_pcap_audio`` only feeds the first m-line. For the second SIPREC stream the
 scenario logs the port of our answer's second m-line (``<ereg>`` + ``<log>``) and
-``place_call`` streams that leg itself, paced at 20 ms per packet.
+``place_call`` streams that leg itself, paced at 20 ms per packet. An SRTP call
+(``srtp``: RTP/SAVP with an SDES ``a=crypto`` line) is streamed the same way, each packet
+protected by libsrtp (``rtp.srtp.SrtpSender``), since sipp cannot encrypt a pcap.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
 import shutil
 import socket
@@ -27,11 +30,13 @@ import numpy as np
 import soxr
 
 from rtp.g711 import encode_alaw, encode_ulaw
+from rtp.srtp import SrtpKeys, SrtpSender
 
 SAMPLES_PER_PACKET = 160  # 20 ms at 8 kHz
 PACKET_S = 0.02
 PCMU, PCMA = 0, 8
 SECOND_LEG_MARK = "SECOND_LEG_PORT"
+FIRST_LEG_MARK = "FIRST_LEG_PORT"
 
 
 def _ip_checksum(header: bytes) -> int:
@@ -145,7 +150,8 @@ def _message(method: str, cseq: int, body: str = "", content_type: str = "", ext
 
 def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False, to_user: str = "12345",
                  from_user: str = "citizen", agent: str = "1001", hangup: bool = True,
-                 media_delay_ms: int = 0, extra_headers: str = "", from_uri_params: str = "") -> str:  # fmt: skip
+                 media_delay_ms: int = 0, extra_headers: str = "", from_uri_params: str = "",
+                 srtp: SrtpKeys | None = None) -> str:  # fmt: skip
     """A sipp UAC scenario: INVITE, ACK, (wait ``media_delay_ms``,) play ``audio.pcap`` for
     ``seconds`` (+1 s), BYE.
 
@@ -154,6 +160,8 @@ def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False,
     ``;x-nearend;x-refci=123``), on every request of the dialog.
 
     ``siprec``: logs ``SECOND_LEG_PORT <port>`` (the answer's second m-line) to sipp's log file.
+    ``srtp``: a plain call offering RTP/SAVP with these keys; logs ``FIRST_LEG_PORT <port>``
+    and plays nothing (``place_call`` sends the SRTP).
     ``hangup=False``: the caller vanishes after the audio, without a BYE.
     """
     codec = "PCMU" if payload_type == PCMU else "PCMA"
@@ -164,8 +172,13 @@ def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False,
         invite = _message("INVITE", 1, body, "multipart/mixed;boundary=hotline-boundary", extra,
                           contact_params=";+sip.src", **names)  # fmt: skip
     else:
-        invite = _message("INVITE", 1, _SDP_PLAIN.format(pt=payload_type, codec=codec), "application/sdp",
-                          extra_headers.strip(), **names)  # fmt: skip
+        sdp = _SDP_PLAIN.format(pt=payload_type, codec=codec)
+        if srtp is not None:
+            inline = base64.b64encode(srtp.key).decode("ascii")
+            sdp = sdp.replace(" RTP/AVP ", " RTP/SAVP ").replace(
+                "a=sendrecv", f"a=crypto:1 {srtp.suite} inline:{inline}\na=sendrecv"
+            )
+        invite = _message("INVITE", 1, sdp, "application/sdp", extra_headers.strip(), **names)
     ack = _message("ACK", 1, **names)
     bye = _message("BYE", 2, **names)
     answered = '<recv response="200" rtd="true"/>'
@@ -175,6 +188,13 @@ def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False,
 <log message="{SECOND_LEG_MARK} [$p2]"/>
 </action></recv>
 <Reference variables="m,p1,x"/>"""
+    if srtp is not None:
+        answered = f"""<recv response="200" rtd="true"><action>
+<ereg regexp="m=audio ([0-9]+) RTP/SAVP" search_in="body" check_it="true" assign_to="m,p1"/>
+<log message="{FIRST_LEG_MARK} [$p1]"/>
+</action></recv>
+<Reference variables="m"/>"""
+    play = "" if srtp is not None else '<nop><action><exec play_pcap_audio="audio.pcap"/></action></nop>'
     ending = f"""<pause milliseconds="{int(seconds * 1000) + 1000}"/>
 <send retrans="500"><![CDATA[
 {bye}]]></send>
@@ -192,7 +212,7 @@ def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False,
 <send><![CDATA[
 {ack}]]></send>
 {f'<pause milliseconds="{media_delay_ms}"/>' if media_delay_ms > 0 else ""}
-<nop><action><exec play_pcap_audio="audio.pcap"/></action></nop>
+{play}
 {ending}
 </scenario>
 """
@@ -214,18 +234,21 @@ def sipp_path() -> str:
 async def place_call(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate: int, *,
                      payload_type: int = PCMU, siprec: bool = False, second_pcm: np.ndarray | None = None,
                      hangup: bool = True, host: str = "127.0.0.1", timeout_s: float | None = None,
-                     call_tag: str | None = None, media_delay_ms: int = 0, **names: str) -> CallResult:  # fmt: skip
+                     call_tag: str | None = None, media_delay_ms: int = 0, srtp: SrtpKeys | None = None,
+                     srtp_send_key: bytes | None = None, **names: str) -> CallResult:  # fmt: skip
     """One sipp call that streams ``pcm`` over RTP to our service, then hangs up.
 
     A SIPREC call streams ``second_pcm`` (default: ``pcm``) on its second leg;
     ``hangup=False`` leaves without a BYE; ``call_tag`` starts the SIP Call-ID (``TAG-...``),
     so the call's events can be found by their ``sip_call_id``; ``media_delay_ms`` holds the
-    RTP back after the ACK (the leg is open, nothing has latched it yet).
+    RTP back after the ACK (the leg is open, nothing has latched it yet). ``srtp`` offers
+    RTP/SAVP with those keys and sends the audio as SRTP protected with ``srtp_send_key``
+    (default: the offered key; another one plays a misconfigured peer).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     seconds = write_rtp_pcap(workdir / "audio.pcap", pcm, sample_rate, payload_type)
     scenario = workdir / "scenario.xml"
-    xml = scenario_xml(seconds, payload_type, siprec, hangup=hangup, media_delay_ms=media_delay_ms, **names)
+    xml = scenario_xml(seconds, payload_type, siprec, hangup=hangup, media_delay_ms=media_delay_ms, srtp=srtp, **names)
     scenario.write_text(xml, encoding="latin-1")
     log_file = workdir / "sipp.log"
     log_file.unlink(missing_ok=True)
@@ -240,7 +263,11 @@ async def place_call(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate:
     sender: asyncio.Task[None] | None = None
     if siprec:
         packets = rtp_packets(pcm if second_pcm is None else second_pcm, sample_rate, payload_type, ssrc=0x5678)
-        sender = asyncio.create_task(_stream_second_leg(log_file, host, packets, process))
+        sender = asyncio.create_task(_stream_leg(log_file, SECOND_LEG_MARK, host, packets, process))
+    elif srtp is not None:
+        protector = SrtpSender(SrtpKeys(srtp.suite, srtp_send_key or srtp.key))
+        packets = [protector.protect(p) for p in rtp_packets(pcm, sample_rate, payload_type)]
+        sender = asyncio.create_task(_stream_leg(log_file, FIRST_LEG_MARK, host, packets, process))
     try:
         _, stderr = await process.communicate()
     except asyncio.CancelledError:
@@ -292,15 +319,15 @@ async def place_calls(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate
     return CallResult(process.returncode or 0, errors[-4000:])
 
 
-async def _stream_second_leg(
-    log_file: Path, host: str, packets: list[bytes], process: asyncio.subprocess.Process
+async def _stream_leg(
+    log_file: Path, mark: str, host: str, packets: list[bytes], process: asyncio.subprocess.Process
 ) -> None:
-    """Wait for sipp to log the second m-line's port, then send ``packets`` to it in real time."""
+    """Wait for sipp to log an m-line's port after ``mark``, then send ``packets`` to it in real time."""
     port = None
     while port is None and process.returncode is None:
         await asyncio.sleep(0.01)
         text = log_file.read_text(errors="replace") if log_file.exists() else ""
-        found = re.search(SECOND_LEG_MARK + r" (\d+)", text)
+        found = re.search(mark + r" (\d+)", text)
         port = int(found.group(1)) if found else None
     if port is None or port == 0:
         return
