@@ -30,6 +30,7 @@ from rtp.resample import Upsampler
 from rtp.sink import CountingSink
 from sip.app import CallInfo, CountingCallHandler, LegInfo
 from sip.config import SipSettings
+from sip.routing import Profile, Router, RoutesFile
 from sip.transport import SipServer
 from tests.test_sip_sipp import free_port
 
@@ -132,7 +133,7 @@ def assert_delivered(codec: str, sink: CountingSink, sent: np.ndarray) -> None:
 
 
 @asynccontextmanager
-async def sip_server(handler: CountingCallHandler) -> AsyncIterator[SipServer]:
+async def sip_server(handler: CountingCallHandler, router: Router | None = None) -> AsyncIterator[SipServer]:
     """Our SipServer on a free loopback UDP port with real RtpLeg legs.
 
     The RTP range starts at a pair that is free now and is wide (the allocator skips pairs it
@@ -140,7 +141,7 @@ async def sip_server(handler: CountingCallHandler) -> AsyncIterator[SipServer]:
     """
     base = min(free_port(pair=True), 65535 - 400)
     ports = PortAllocator("127.0.0.1", base, base + 400)
-    server = SipServer(SipSettings(host="127.0.0.1", port=0, transports=["udp"]), handler, ports)
+    server = SipServer(SipSettings(host="127.0.0.1", port=0, transports=["udp"]), handler, ports, router)
     await server.start()
     try:
         yield server
@@ -149,11 +150,17 @@ async def sip_server(handler: CountingCallHandler) -> AsyncIterator[SipServer]:
 
 
 async def call_with_pjsua2(
-    server: SipServer, codec: str, wavs: list[Path], timeout_s: float = 25.0, delayed_offer: bool = False
+    server: SipServer,
+    codec: str,
+    wavs: list[Path],
+    timeout_s: float = 25.0,
+    delayed_offer: bool = False,
+    srtp: bool = False,
 ) -> dict[str, Any]:
     """Run the caller to completion; returns its JSON report (asserting it succeeded)."""
     args = [sys.executable, str(CALLER), "--target", f"sip:asr@127.0.0.1:{server.port('udp')}"]
     args += ["--delayed-offer"] if delayed_offer else []
+    args += ["--srtp"] if srtp else []
     args += ["--codec", codec, "--calls", str(len(wavs)), "--sip-port", str(free_port())]
     args += ["--rtp-port", str(free_port(pair=True)), "--timeout-s", str(timeout_s), *map(str, wavs)]
     process = await asyncio.create_subprocess_exec(
@@ -260,5 +267,25 @@ def test_delayed_offer_from_pjsua2_reaches_sink_sample_accurate(tmp_path: Path, 
             assert server.counters["calls.answer_refused"] == 0
             (leg,) = handler.legs.values()
             assert_delivered(codec, handler.sinks[leg.leg_id], sent)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("delayed_offer", [False, True])
+def test_srtp_from_pjsua2_reaches_sink_sample_accurate(tmp_path: Path, delayed_offer: bool) -> None:
+    """pjsua2 with SRTP mandatory (SDES, its own libsrtp) as an independent SRTP UAC: it offers
+    RTP/SAVP (or, offerless, answers our RTP/SAVP offer) and its SRTP decodes sample-exact."""
+    sent = chirp(2.0, 200, 3400)
+    wav = write_wav(tmp_path / "chirp.wav", sent)
+    router = Router(RoutesFile(profiles={"default": Profile(srtp="required")}))
+
+    async def scenario() -> None:
+        handler = PcmKeepingHandler()
+        async with sip_server(handler, router) as server:
+            await call_with_pjsua2(server, "PCMU", [wav], delayed_offer=delayed_offer, srtp=True)
+            await settle(server, handler, 1)
+            assert server.counters["calls.answer_refused"] == 0
+            (leg,) = handler.legs.values()
+            assert_delivered("PCMU", handler.sinks[leg.leg_id], sent)
 
     asyncio.run(scenario())
