@@ -10,6 +10,8 @@ import struct
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rtp.leg import RtpLeg
 from rtp.sink import CountingSink
@@ -156,3 +158,16 @@ def test_leg_repr_and_stats_hold_no_key() -> None:
     leg = RtpLeg(sink=CountingSink(), payload_types=PAYLOAD_TYPES, srtp=keys)
     assert KEY.hex() not in repr(vars(leg)) and repr(KEY) not in repr(vars(leg))
     assert KEY.hex() not in repr(leg.stats.as_dict())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200), st.sampled_from(list(PROFILES)), st.integers(min_value=0, max_value=8))
+def test_any_datagram_is_unprotected_or_counted(data: bytes, suite: str, mki_length: int) -> None:
+    """Garbage into an SRTP leg's handlers: counted and dropped, never raised, never decoded."""
+    sink = CountingSink()
+    leg = RtpLeg(sink=sink, payload_types=PAYLOAD_TYPES, srtp=SrtpKeys(suite, KEY, mki_length))
+    leg.handle_rtp(data, (HOST, 4000))
+    leg.handle_rtcp(data, (HOST, 4001))
+    stats = leg.stats
+    assert stats.packets == sink.samples == 0
+    assert stats.srtp_auth_failed + stats.srtp_bad + stats.srtp_replayed + stats.bad_packets >= 1
