@@ -19,6 +19,8 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
+from rtp.srtp import SrtpReceiver
+
 Address = tuple[Any, ...]
 
 
@@ -59,6 +61,20 @@ class FastPath:
     def attach(self, receiver: Any, fd: int) -> None:
         """Use `receiver` (the poller's `rtp._fastrtp.Receiver`) for the RTP socket `fd`."""
         self._receiver, self._fd = receiver, fd
+
+    def set_srtp(self, receiver: SrtpReceiver | None) -> bool:
+        """Let the C receiver unprotect the leg's in-order SRTP packets with `receiver`'s session
+        (None: plain RTP); disarms. Whether the leg may arm the C path from now on: False for
+        SRTP the C receiver cannot unprotect (an older build, an MKI)."""
+        self.armed = False
+        set_srtp = getattr(self._receiver, "set_srtp", None)
+        native = receiver.native() if receiver is not None else None
+        if set_srtp is not None:
+            if native is None:
+                set_srtp(self._fd, None, 0, 0, 0)
+            else:
+                set_srtp(self._fd, *native)
+        return receiver is None or (set_srtp is not None and native is not None)
 
     def detach(self) -> None:
         """The socket left the receiver (the leg closed): nothing more to arm or take."""

@@ -5,8 +5,9 @@ All protocol work is in the sans-IO modules (`packet`, `jitter`, `g711`, `resamp
 module adds the sockets (read by the event loop's shared `rtp.poller.DatagramPoller`), source
 latching, RFC 3550 jitter, RTCP BYE and the inactivity timer; handing in-order packets to the
 optional C receive path and taking its state back is `rtp.fastpath`. An SRTP leg (`set_srtp`)
-unprotects each admitted datagram (`rtp.srtp`) before parsing it and never arms the C path;
-a plain leg pays one attribute test per packet that leaves the C path.
+unprotects each admitted datagram (`rtp.srtp`) before parsing it; the C path, when built,
+unprotects the in-order ones itself with the same libsrtp session. A plain leg pays one
+attribute test per packet that leaves the C path.
 Malformed packets are counted in `stats.bad_packets` and dropped; nothing a peer sends can
 raise out of the datagram handlers.
 Kept whole (just over 500 lines): the datagram handlers, latching and the inactivity timer
@@ -126,6 +127,12 @@ class RtpLeg:
     and in the C receive path alike. Until the address is known every mode acts like "first";
     a re-INVITE that changes it (`set_expected_remote`) releases the latch. RTCP is taken from
     the signalled IP, or in "first"-like operation from the latched or signalled host.
+
+    `srtp` (or `set_srtp` later): the SDES keys of an SRTP stream. Each datagram the source
+    rule admits is unprotected (`rtp.srtp`) before it is parsed, SRTCP too (also on the RTP
+    port); one failing authentication or the replay check is counted in `stats.srtp_*` and
+    dropped. The C receive path unprotects in-order packets with the same libsrtp session
+    (not with an MKI, whose packets all take the Python path).
     """
 
     def __init__(
@@ -151,6 +158,8 @@ class RtpLeg:
         self._srtp: SrtpReceiver | None = None
         if srtp is not None:
             self._srtp_keys, self._srtp = srtp, SrtpReceiver(srtp, self._stats)
+        # whether the C path may be armed: always for plain RTP; for SRTP when it unprotects too
+        self._fast_armable = srtp is None
         # The C receive path (`rtp._fastrtp`, through the poller) when built and `fast_path`;
         # `self._fast.armed` while it takes this leg's in-order packets (`rtp.fastpath`).
         self._use_fast = fast_path
@@ -235,6 +244,7 @@ class RtpLeg:
         if self._poller.add(rtp, self.handle_rtp, owner=self if self._use_fast else None, batch_bytes=batch_bytes):
             self._fast.attach(self._poller.fast, rtp.fileno())
             self._fast.screen(self._policy.screen_filter())
+            self._fast_armable = self._fast.set_srtp(self._srtp)
         self._poller.add(rtcp, self.handle_rtcp)
         self._sockets = (rtp, rtcp)
         self._last_seen = time.monotonic()
@@ -284,6 +294,7 @@ class RtpLeg:
             self._take_fast(disarm=True)
         self._srtp_keys = keys
         self._srtp = SrtpReceiver(keys, self._stats) if keys is not None else None
+        self._fast_armable = self._fast.set_srtp(self._srtp) if self._fast.available else keys is None
 
     def set_hold(self, on_hold: bool) -> None:
         """inactive/sendonly media suspends the inactivity timeout; resuming restarts it."""
@@ -367,7 +378,7 @@ class RtpLeg:
                 self._queued_samples += len(payload)
                 if self._queued_samples >= self._batch_samples:
                     self._resample_queued()
-                if self._fast.available and srtp is None:
+                if self._fast.available and self._fast_armable:
                     self._arm(payload_type, addr)
                 return
             kind = PacketKind.AUDIO

@@ -36,6 +36,10 @@ PROFILES = {
     "AES_CM_128_HMAC_SHA1_32": (pylibsrtp.Policy.SRTP_PROFILE_AES128_CM_SHA1_32, 4),
 }
 """SDES suite name -> (libsrtp profile, SRTP authentication tag length in bytes)."""
+AWAITING_KEYS = SrtpKeys("awaiting-keys", b"")
+"""The keys of a leg whose SRTP keys are not known yet (our RTP/SAVP offer in a 200, the
+answer still to come in the ACK): every packet is dropped, counted in ``srtp_bad``, rather
+than decoded as plain RTP."""
 _SRTCP_TAG_BYTES = 10  # SRTCP always uses the 80-bit tag (RFC 4568 6.2.1, RFC 3711 5.2)
 _AUTH_FAILED = pylibsrtp.ERRORS[7]
 _REPLAYED = (pylibsrtp.ERRORS[9], pylibsrtp.ERRORS[10])
@@ -54,14 +58,20 @@ class SrtpReceiver:
         self.suite = keys.suite
         self.mki_length = keys.mki_length
         self.stats = stats if stats is not None else LegStats()
-        self._session = pylibsrtp.Session(_policy(keys.suite, keys.key, pylibsrtp.Policy.SSRC_ANY_INBOUND))
-        self._rtp_tag = PROFILES[keys.suite][1]
+        self._session: pylibsrtp.Session | None = None
+        self._rtp_tag = 0
+        if keys != AWAITING_KEYS:
+            self._session = pylibsrtp.Session(_policy(keys.suite, keys.key, pylibsrtp.Policy.SSRC_ANY_INBOUND))
+            self._rtp_tag = PROFILES[keys.suite][1]
 
     def __repr__(self) -> str:
         return f"SrtpReceiver({self.suite}, mki_length={self.mki_length})"
 
     def unprotect(self, packet: bytes) -> bytes | None:
         """The plain RTP packet, or None (counted) when it fails authentication or replay."""
+        if self._session is None:
+            self.stats.srtp_bad += 1
+            return None
         if self.mki_length:
             packet = _strip_mki(packet, self.mki_length, self._rtp_tag)
         try:
@@ -72,6 +82,9 @@ class SrtpReceiver:
 
     def unprotect_rtcp(self, packet: bytes) -> bytes | None:
         """The plain RTCP compound packet, or None (counted) when it fails."""
+        if self._session is None:
+            self.stats.srtp_bad += 1
+            return None
         if self.mki_length:
             packet = _strip_mki(packet, self.mki_length, _SRTCP_TAG_BYTES)
         try:
@@ -79,6 +92,22 @@ class SrtpReceiver:
         except pylibsrtp.Error as exc:
             self._count(exc)
             return None
+
+    def native(self) -> tuple[object, int, int, int] | None:
+        """What the C receive path needs to unprotect this stream's in-order packets itself:
+        (an object keeping the session alive, the session's ``srtp_t``, the address of libsrtp's
+        ``srtp_unprotect``, the tag length). None with an MKI (only Python strips it) or when
+        this pylibsrtp does not expose its session: the leg then stays on the Python path."""
+        if self.mki_length or self._session is None:
+            return None
+        try:
+            from pylibsrtp._binding import ffi, lib
+
+            session = int(ffi.cast("uintptr_t", self._session._srtp[0]))
+            unprotect = int(ffi.cast("uintptr_t", ffi.addressof(lib, "srtp_unprotect")))
+        except (AttributeError, ImportError, TypeError):
+            return None
+        return self._session, session, unprotect, self._rtp_tag
 
     def _count(self, exc: pylibsrtp.Error) -> None:
         reason = str(exc)

@@ -39,7 +39,7 @@ class LegStats:
     rtcp_packets: int = 0
     srtp_auth_failed: int = 0  # SRTP/SRTCP packets dropped: authentication failed (wrong key, tampering)
     srtp_replayed: int = 0  # SRTP/SRTCP packets dropped by the replay check (repeated or too old)
-    srtp_bad: int = 0  # SRTP/SRTCP packets libsrtp refused otherwise (too short, ...)
+    srtp_bad: int = 0  # SRTP/SRTCP packets refused otherwise (too short, before the keys were known ...)
 
     def as_dict(self) -> dict[str, int | float | None]:
         return asdict(self)

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from rtp.srtp import AWAITING_KEYS
 from sip.errors import SipParseError
 from sip.sdes import SUITES, SdesKey, answer_line, crypto_line, select_key
 
@@ -218,10 +219,12 @@ def build_answer(
     return ("\r\n".join(lines) + "\r\n").encode("utf-8")
 
 
-def offered_plan(index: int, label: str | None) -> StreamPlan:
+def offered_plan(index: int, label: str | None, srtp: SrtpPolicy = "off") -> StreamPlan:
     """The stream we offer on m-line ``index`` before the answer says anything: every codec we
-    take, and on hold (no RTP inactivity timeout) until the answer says the peer will send."""
-    return StreamPlan(index, label, "PCMU", dict(OUR_PAYLOAD_TYPES), "recvonly", True, None)
+    take, and on hold (no RTP inactivity timeout) until the answer says the peer will send.
+    An SRTP offer (``srtp: required``) drops packets until the answer brings the peer's key."""
+    awaiting = SdesKey(0, AWAITING_KEYS) if srtp == "required" else None
+    return StreamPlan(index, label, "PCMU", dict(OUR_PAYLOAD_TYPES), "recvonly", True, None, awaiting)
 
 
 def plan_answer(answer: SessionDescription, srtp: SrtpPolicy = "off") -> list[StreamPlan]:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import re
 import shutil
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -45,6 +47,7 @@ def test_srtp_call_reads_like_the_plain_call_and_a_wrong_key_reads_nothing(
     seed = read_wav(DATA / "hotline_seed.wav")
     keys = SrtpKeys("AES_CM_128_HMAC_SHA1_80", KEY)
     totals: dict[str, int] = {}
+    metrics: list[str] = []
 
     async def scenario() -> None:
         service = Service(config)
@@ -61,6 +64,8 @@ def test_srtp_call_reads_like_the_plain_call_and_a_wrong_key_reads_nothing(
                 assert result.returncode == 0, result.errors
             await wait_drained(service)
             totals.update(service.rtp_totals.snapshot())
+            url = f"http://127.0.0.1:{ports.metrics}/metrics"
+            metrics.append(await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode()))
         finally:
             await service.stop(grace_s=5)
 
@@ -81,7 +86,9 @@ def test_srtp_call_reads_like_the_plain_call_and_a_wrong_key_reads_nothing(
     packets = int(seed.samples.shape[0] / 16000 * 50)
     assert totals["srtp_auth_failed"] >= packets - 1, totals
     assert totals["srtp_replayed"] == totals["srtp_bad"] == 0
+    exported = re.search(r'^asr_rtp_total\{counter="srtp_auth_failed"\} ([0-9.e+]+)$', metrics[0], re.MULTILINE)
+    assert exported is not None and float(exported.group(1)) == totals["srtp_auth_failed"]
     for secret in (KEY, WRONG_KEY):
         for text in (base64.b64encode(secret).decode(), secret.hex(), repr(secret)[2:-1]):
             assert text not in caplog.text
-            assert text not in str(events)
+            assert text not in str(events) and text not in metrics[0]

@@ -14,8 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rtp.leg import RtpLeg
+from rtp.poller import FastReceiver
 from rtp.sink import CountingSink
-from rtp.srtp import PROFILES, SrtpKeys, SrtpReceiver, SrtpSender
+from rtp.srtp import AWAITING_KEYS, PROFILES, SrtpKeys, SrtpReceiver, SrtpSender
 from tests.test_rtp_leg import HOST, PAYLOAD_TYPES, open_leg, tone_packets, wait_for
 
 KEY = bytes(range(30))
@@ -89,7 +90,7 @@ async def send(port: int, packets: list[bytes], sock: socket.socket | None = Non
 @pytest.mark.parametrize("fast_path", [True, False])
 def test_srtp_leg_plays_what_a_plain_leg_plays(fast_path: bool) -> None:
     """The same tone, once plain and once as SRTP (with SRTCP BYE on the RTP port, RFC 5761):
-    the sinks get the same PCM; the SRTP leg never arms the C receive path."""
+    the sinks get the same PCM; with the C receive path built, it takes the SRTP leg's packets too."""
     packets = tone_packets("PCMU")
     keys = SrtpKeys("AES_CM_128_HMAC_SHA1_80", KEY)
     sender = SrtpSender(keys)
@@ -102,7 +103,7 @@ def test_srtp_leg_plays_what_a_plain_leg_plays(fast_path: bool) -> None:
         await send(plain_port, packets)
         await send(secure_port, [sender.protect(p) for p in packets])
         await wait_for(lambda: plain.stats.packets == len(packets) and secure.stats.packets == len(packets))
-        assert not secure._fast.armed
+        assert secure._fast.armed == (fast_path and FastReceiver is not None)
         await send(secure_port, [sender.protect_rtcp(rtcp_bye(0x5EED))])
         await wait_for(lambda: ended == ["rtcp-bye"])
         plain_stats, secure_stats = await plain.close(), await secure.close()
@@ -171,3 +172,56 @@ def test_any_datagram_is_unprotected_or_counted(data: bytes, suite: str, mki_len
     stats = leg.stats
     assert stats.packets == sink.samples == 0
     assert stats.srtp_auth_failed + stats.srtp_bad + stats.srtp_replayed + stats.bad_packets >= 1
+
+
+def test_c_and_python_paths_unprotect_alike_through_disruptions() -> None:
+    """The same SRTP datagrams (in order, then a replay, a tampered packet, a reordered pair,
+    a loss, an SRTCP report) into a C-path leg and a Python-path leg: same PCM, same counters."""
+    keys = SrtpKeys("AES_CM_128_HMAC_SHA1_32", KEY)
+    sender = SrtpSender(keys)
+    protected = [sender.protect(p) for p in tone_packets("PCMA", seconds=1.0)]
+    tampered = bytearray(protected[25])
+    tampered[-1] ^= 0xFF
+    script = protected[:20] + [protected[12]] + [bytes(tampered)] + protected[20:25]
+    script += [protected[26], protected[25]] + protected[27:30] + protected[31:40]
+    script += [sender.protect_rtcp(struct.pack("!BBHI", 0x80, 200, 6, 0x5EED) + bytes(20))] + protected[40:]
+
+    async def scenario() -> dict[bool, tuple[np.ndarray, dict[str, object]]]:
+        results = {}
+        for fast in (True, False):
+            leg, sink, port = await open_leg(fast_path=fast, srtp=keys)
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+                await send(port, script, peer)
+                await wait_for(lambda leg=leg: leg.stats.packets == len(protected) - 1)  # type: ignore[misc]
+            stats = (await leg.close()).as_dict()
+            results[fast] = (sink.pcm, {k: v for k, v in stats.items() if "time" not in k and k != "jitter_ms"})
+        return results
+
+    results = asyncio.run(scenario())
+    (fast_pcm, fast_stats), (slow_pcm, slow_stats) = results[True], results[False]
+    assert fast_stats == slow_stats
+    assert (fast_stats["srtp_replayed"], fast_stats["srtp_auth_failed"], fast_stats["lost"]) == (1, 1, 1)
+    assert fast_stats["rtcp_packets"] == 1 and fast_stats["reordered"] == 1
+    assert np.array_equal(fast_pcm, slow_pcm)
+
+
+def test_a_leg_awaiting_its_keys_drops_everything() -> None:
+    """Our RTP/SAVP offer is out, the peer's key comes with the ACK: SRTP arriving before it
+    is counted and dropped, never decoded as plain RTP; with the keys it plays."""
+    keys = SrtpKeys("AES_CM_128_HMAC_SHA1_80", KEY)
+    sender = SrtpSender(keys)
+    protected = [sender.protect(p) for p in tone_packets("PCMU", seconds=0.4)]
+
+    async def scenario() -> None:
+        leg, sink, port = await open_leg(srtp=AWAITING_KEYS)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+            await send(port, protected[:5], peer)
+            await wait_for(lambda: leg.stats.srtp_bad == 5)
+            assert leg.stats.packets == 0
+            leg.set_srtp(keys)
+            await send(port, protected[5:], peer)
+            await wait_for(lambda: leg.stats.packets == len(protected) - 5)
+        stats = await leg.close()
+        assert stats.srtp_auth_failed == 0 and sink.samples == stats.samples_out > 0
+
+    asyncio.run(scenario())

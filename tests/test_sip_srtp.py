@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from asr_common.yamlconf import ConfigError
+from rtp.srtp import AWAITING_KEYS
 from sip.actions import Action, StartMedia, UpdateMedia
 from sip.app import CountingCallHandler
 from sip.config import SipSettings
@@ -141,6 +142,8 @@ def test_reinvite_with_a_new_key_updates_the_leg() -> None:
 def test_delayed_offer_on_a_required_route_offers_savp_and_takes_the_key_from_the_ack() -> None:
     core = core_with("required")
     actions = core.receive(invite(body=""), SOURCE, 0.0)
+    (start,) = starts(actions)
+    assert start.srtp == AWAITING_KEYS, "SRTP sent before the ACK is dropped, not decoded as plain RTP"
     ok = responses(actions)[-1]
     (offered,) = SessionDescription.parse(ok.body).media
     assert offered.proto == "RTP/SAVP" and [c.split()[1] for c in offered.crypto] == [
