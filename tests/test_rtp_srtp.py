@@ -186,7 +186,7 @@ def test_c_and_python_paths_unprotect_alike_through_disruptions() -> None:
     script += [protected[26], protected[25]] + protected[27:30] + protected[31:40]
     script += [sender.protect_rtcp(struct.pack("!BBHI", 0x80, 200, 6, 0x5EED) + bytes(20))] + protected[40:]
 
-    async def scenario() -> dict[bool, tuple[np.ndarray, dict[str, object]]]:
+    async def scenario() -> dict[bool, tuple[np.ndarray, dict[str, int | float | None]]]:
         results = {}
         for fast in (True, False):
             leg, sink, port = await open_leg(fast_path=fast, srtp=keys)

@@ -414,7 +414,7 @@ def test_srtp_sdes_offer_is_answered_with_our_key_and_its_srtp_decoded(
                 sock.sendto(packet, ("127.0.0.1", port))
                 await asyncio.sleep(0.005)
 
-    router = Router(RoutesFile(profiles={"default": Profile(srtp=srtp)}))  # type: ignore[arg-type]
+    router = Router(RoutesFile(profiles={"default": Profile(srtp=srtp)}))
 
     async def scenario() -> None:
         async with Harness(tmp_path, router=router, leg_factory=leg_factory) as h:

@@ -17,7 +17,7 @@ from sip.config import SipSettings
 from sip.message import NameAddr
 from sip.routing import Profile, Router, RoutesFile, load_routes
 from sip.sdes import SdesError, parse_crypto, select_key
-from sip.sdp import SessionDescription
+from sip.sdp import SessionDescription, SrtpPolicy
 from sip.uas import UasCore
 from tests.test_sip_support import OFFER_PCMU, SOURCE, FakePorts, ack, invite
 from tests.test_sip_uas import responses
@@ -29,8 +29,8 @@ CRYPTO_32 = f"a=crypto:7 AES_CM_128_HMAC_SHA1_32 inline:{INLINE}\r\n"
 SAVP = OFFER_PCMU.replace("RTP/AVP", "RTP/SAVP")
 
 
-def core_with(policy: str) -> UasCore:
-    routes = RoutesFile(profiles={"default": Profile(srtp=policy)})  # type: ignore[arg-type]
+def core_with(policy: SrtpPolicy) -> UasCore:
+    routes = RoutesFile(profiles={"default": Profile(srtp=policy)})
     return UasCore(SipSettings(), CountingCallHandler(), FakePorts(), Router(routes))
 
 

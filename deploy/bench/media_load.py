@@ -32,7 +32,7 @@ process; its report says `calls_up` = N and no setup fields. `--srtp-compare` ru
 direct mode twice in one process, plain RTP and then SRTP (AES_CM_128_HMAC_SHA1_80, each
 packet protected by libsrtp in the pacer, unprotected by the legs), and reports the SRTP run
 as `srtp` with `srtp_extra_us_per_packet`, the difference in `server_cpu_us_per_packet`.
-An SRTP leg never uses the C receive path, so with it built the difference includes that.
+Both runs use the same receive path (the C one unprotects in-order SRTP packets itself).
 `--compare-no-sip` runs the SIP mode, then the direct mode with the same load in the same process, and adds the direct
 report as `no_sip` and `server_cpu_ratio_to_no_sip`. `--parser-bench` instead prints the
 per-packet parse cost of aiortc's RtpPacket and ours.
@@ -308,7 +308,9 @@ def _direct_sender(
     `srtp`, one libsrtp session per leg protects its packets."""
     senders = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(sockets)]
     targets = [(senders[index % sockets], (host, port)) for index, port in enumerate(ports)]
-    protectors = [SrtpSender(BENCH_SRTP).protect for _ in ports] if srtp else None
+    protectors: list[Callable[[bytes], bytes]] | None = None
+    if srtp:
+        protectors = [SrtpSender(BENCH_SRTP).protect for _ in ports]
     conn.send({"event": "ready"})
     if conn.recv() != "stream":
         return
@@ -355,7 +357,6 @@ async def run_direct(args: argparse.Namespace, srtp: bool = False) -> dict[str, 
     report = {"mode": "no-sip"} | _report(args, legs, dict.fromkeys(legs, per_leg), ended, window)
     if srtp:
         report["srtp_auth_failed"] = sum(leg.stats.srtp_auth_failed for leg in legs.values())
-        report["receive_path"] = "python"
     for leg in legs.values():
         await leg.close()
     return report
