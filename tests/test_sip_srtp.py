@@ -11,10 +11,10 @@ import pytest
 
 from asr_common.yamlconf import ConfigError
 from rtp.srtp import AWAITING_KEYS
-from sip.actions import Action, StartMedia, UpdateMedia
+from sip.actions import Action, SendMessage, StartMedia, UpdateMedia
 from sip.app import CountingCallHandler
 from sip.config import SipSettings
-from sip.message import NameAddr
+from sip.message import NameAddr, Request
 from sip.routing import Profile, Router, RoutesFile, load_routes
 from sip.sdes import SdesError, parse_crypto, select_key
 from sip.sdp import SessionDescription, SrtpPolicy
@@ -187,3 +187,17 @@ def test_keys_never_reach_logs_or_reprs(caplog: pytest.LogCaptureFixture) -> Non
     for text in texts:
         for secret in (INLINE, KEY.hex(), repr(KEY)[2:-1], ours):
             assert secret not in text
+
+
+def test_an_ack_answer_without_a_usable_key_ends_the_call_with_a_reason() -> None:
+    core = core_with("required")
+    ok = responses(core.receive(invite(body=""), SOURCE, 0.0))[-1]
+    tag = NameAddr.parse(ok.headers.get("To") or "").tag or ""
+    answer = (
+        "v=0\r\no=- 7 1 IN IP4 10.0.0.5\r\ns=-\r\nc=IN IP4 10.0.0.5\r\nt=0 0\r\n"
+        "m=audio 41000 RTP/SAVP 0\r\na=crypto:1 AES_CM_128_HMAC_SHA1_80 inline:c2hvcnQ=\r\na=sendonly\r\n"
+    )
+    actions = core.receive(invite(method="ACK", to_tag=tag, body=answer, branch="z9hG4bK-a"), SOURCE, 0.1)
+    (bye,) = [a.message for a in actions if isinstance(a, SendMessage) and isinstance(a.message, Request)]
+    assert bye.method == "BYE" and "the suite needs 30" in (bye.headers.get("Reason") or "")
+    assert core.counters["calls.answer_refused"] == 1
