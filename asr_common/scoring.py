@@ -46,3 +46,24 @@ def corpus_cer(hyps: Iterable[str], refs: Iterable[str]) -> float:
         e, n = char_errors(hyp, ref)
         errors, length = errors + e, length + n
     return errors / max(1, length)
+
+
+def name_hits(hyps: Iterable[str], refs: Iterable[str], names: Iterable[str]) -> tuple[int, int, int]:
+    """(names recognized, names in the references, names the hypotheses add) over a corpus.
+
+    A listed name counts each time it occurs in a reference (scoring normalisation, whole name
+    only); it is recognized as often as the hypothesis holds it exactly, up to that count. The
+    third figure counts names a hypothesis holds more often than its reference (a phrase list
+    that fires where nobody said it)."""
+    wanted = [scoring_text(n) for n in names]
+    hits = total = added = 0
+    for hyp, ref in zip(hyps, refs, strict=True):
+        hyp, ref = scoring_text(hyp), scoring_text(ref)
+        for name in wanted:
+            if not name:
+                continue
+            said, heard = ref.count(name), hyp.count(name)
+            total += said
+            hits += min(said, heard)
+            added += max(0, heard - said)
+    return hits, total, added

@@ -99,12 +99,29 @@ class Scheduler:
         self._thread = threading.Thread(target=self._run, name="asr-engine", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float) -> None:
+    def stop(self, timeout: float) -> bool:
+        """Stop the thread after its current tick; False if it is still in it after ``timeout`` s."""
         self._stop.set()
         self.wakeup.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        self._thread = None
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout)
+            return not thread.is_alive()
+        return True
+
+    def end_open_streams(self) -> int:
+        """After ``stop``: end every stream still open with what was decoded of it (a Final of
+        its current utterance, then Ended), so that its owner always learns that it ended.
+        Audio not decoded yet is lost. Returns how many streams were cut short."""
+        with self.lock:
+            streams = list(self.streams.values())
+        detected = time.monotonic()
+        for stream in streams:
+            utt = stream.utterance
+            if utt.tokens:
+                self.finalizer.submit(FinalJob(stream, "closed", UtteranceSnapshot.of(utt), detected))
+            self._retire(stream)
+        return len(streams)
 
     def _run(self) -> None:
         torch.set_grad_enabled(False)
@@ -227,6 +244,7 @@ class Scheduler:
             utt.encoder_out.append(ys[i].clone())
             latency_ms = (now - stream.ready_since) * 1000.0
             self.stats.partial_latency_ms.append(latency_ms)
+            self.stats.partial_latency_seconds.observe(latency_ms / 1000.0)
             if latency_ms > self.options.behind_ms:
                 self._note_behind(latency_ms)
             if utt.changed or stream.config.emit_unchanged_partials:
@@ -238,7 +256,9 @@ class Scheduler:
         self.stats.chunks += size
         self.stats.batches += 1
         self.stats.batch_sizes.append(size)
+        self.stats.batch_size_histogram.observe(size)
         self.stats.forward_ms.append(forward_ms)
+        self.stats.step_seconds.observe(forward_ms / 1000.0)
 
     def _loud_frames(self, streams: list[Stream], feats: torch.Tensor, chunk: int) -> np.ndarray:
         """(B, C) bool: new encoder frames whose audio stands out from each stream's noise floor.

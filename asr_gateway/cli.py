@@ -8,6 +8,7 @@ from pathlib import Path
 
 from asr_common.yamlconf import ConfigError
 from asr_gateway.config import ServiceConfig, load_config
+from asr_gateway.state_dir import writable_problems
 
 
 def _check_config(args: argparse.Namespace) -> int:
@@ -27,7 +28,8 @@ def _check_config(args: argparse.Namespace) -> int:
 
 
 def check_referenced_files(config: ServiceConfig) -> list[str]:
-    """Validate the files the config points at (routes, KB, tag rules, model); one line per problem."""
+    """Validate the files the config points at (routes, KB, tag rules, model) and that the spool
+    directory is writable; one line per problem."""
     from asr_gateway.service import load_router
     from kb_hooks.kb import load_kb
     from kb_hooks.tags import load_tag_rules
@@ -47,6 +49,7 @@ def check_referenced_files(config: ServiceConfig) -> list[str]:
             load_tag_rules(path)
         except ConfigError as exc:
             problems += exc.errors
+    problems += writable_problems(config.redis.spool_dir, "redis.spool_dir")
     model_dir = config.engine.model_dir
     if model_dir is not None:
         missing = [name for name in MODEL_FILES if not (Path(model_dir) / name).is_file()]

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from asr_common.audio import SAMPLE_RATE, TELEPHONE_RATE
+from asr_common.draining import wait_while_progressing
 from asr_common.yamlconf import ConfigError
 from asr_core import memtrim
 from asr_core.endpoint import EndpointRules
@@ -71,6 +72,11 @@ def log_memory_report() -> None:
 
 DEMO_MODEL_DIR = Path(__file__).resolve().parents[1] / "asr_core" / "demo_model"
 RELOAD_POLL_S = 2.0
+# A stopping node waits for its engine, finalizer and KB worker to finish the work already
+# accepted, without a total deadline; it gives up on one that did nothing for this long (s).
+DRAIN_STALL_S = 30.0
+# While Redis is unreachable a node stays ready until its spool is this full (of redis.spool_max_bytes).
+SPOOL_READY_SHARE = 0.9
 
 
 def model_dir_of(config: ServiceConfig) -> Path:
@@ -178,7 +184,7 @@ def _files_signature(paths: list[Path]) -> str:
     return digest.hexdigest()
 
 
-RTP_COUNTERS = ("packets", "lost", "late", "duplicate", "reordered", "bad_packets", "foreign_packets",
+RTP_COUNTERS = ("packets", "lost", "late", "duplicate", "reordered", "bad_packets", "foreign_packets", "dtmf_events",
                 "foreign_address", "foreign_port", "unknown_payload_packets", "concealed_samples",
                 "srtp_auth_failed", "srtp_replayed", "srtp_bad")  # fmt: skip
 
@@ -268,6 +274,10 @@ class Service:
         self._reload_task: asyncio.Task[None] | None = None
         self.started_at = 0.0
         self.last_reload = ReloadStatus(time.time(), True)
+        self.reloads = 0  # reloads tried since start (SIGHUP or a watched file changed)
+        self.reload_failures = 0  # of which at least one file was rejected
+        self.warm = False  # the engine has run its warm-up and its threads are started
+        self.sip_listening = False
 
     def _rtp_leg(self, sink: PcmSink, payload_types: dict[int, str], on_end: Callable[[str], None]) -> RtpLeg:
         sip = self.config.sip
@@ -296,7 +306,9 @@ class Service:
         warm_s = await asyncio.get_running_loop().run_in_executor(None, self.engine.warm_up)
         log.info("engine warmed up in %.1f s", warm_s)
         self.engine.start()
+        self.warm = True
         await self.sip.start()
+        self.sip_listening = True
         metrics_port = self.metrics.start() if self.config.metrics.enabled else None
         for warning in self.config.metrics.open_settings():
             log.warning("open setting: %s", warning)
@@ -322,7 +334,7 @@ class Service:
         return ports
 
     def request_stop(self) -> None:
-        """Start draining now: OPTIONS, new INVITEs and /health answer 503 from this moment."""
+        """Start draining now: OPTIONS, new INVITEs and /health/ready answer 503 from this moment."""
         self.sip.set_draining()
         self._stopping.set()
 
@@ -336,30 +348,70 @@ class Service:
         await self.stop()
 
     async def stop(self, grace_s: float = 10.0) -> None:
-        """Drain: refuse new calls, BYE active ones, decode and publish their finals, flush Redis."""
+        """Drain: refuse new calls, BYE active ones (they get ``grace_s`` to end), decode the
+        audio already received however far behind real time the engine is, publish every
+        final and call.ended, flush Redis (what it does not take within ``grace_s`` stays in
+        the spool for the next start)."""
         log.info("draining: %d active calls", self.sip.active_calls)
         if self._reload_task is not None:
             self._reload_task.cancel()
+        self._stopping.set()  # not ready from now on (request_stop may not have come first)
+        self.sip_listening = False
         await self.sip.stop(grace_s)
-        deadline = time.monotonic() + grace_s
-        while self.engine.active_streams and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        self.engine.stop()
-        await asyncio.to_thread(self.bridge.stop, grace_s)
+        await asyncio.to_thread(self._finish_decoding)
+        await asyncio.to_thread(self.engine.stop, DRAIN_STALL_S)
+        await asyncio.to_thread(self.bridge.stop, DRAIN_STALL_S)
         await self.publisher.stop(flush_timeout_s=grace_s)
         self.metrics.stop()
         log.info("stopped")
 
+    def _finish_decoding(self) -> None:
+        """Every stream's input has ended (SIP has stopped): wait until the engine has decoded
+        all of it, as long as it keeps moving, so that a slow machine loses no final."""
+        engine, stats = self.engine, self.engine.stats
+        behind = engine.active_streams
+        started = time.monotonic()
+        if not wait_while_progressing(
+            lambda: engine.active_streams == 0,
+            lambda: (stats.chunks, stats.errors, engine.active_streams),
+            DRAIN_STALL_S,
+        ):
+            log.error("engine decoded nothing for %.0f s with %d streams open; they end with what was decoded",
+                      DRAIN_STALL_S, engine.active_streams)  # fmt: skip
+        elif behind:
+            log.info("decoded the last audio of %d streams in %.1f s", behind, time.monotonic() - started)
+
     # -- health -----------------------------------------------------------------------
+
+    def not_ready(self) -> list[str]:
+        """Why this node should get no new call now (empty: ready): ``/health/ready``.
+
+        Ready means SIP listens, the engine is warm, events reach Redis or the spool has room
+        for them, and a new call would be taken (not full, not draining), i.e. what the SIP
+        OPTIONS answer says and more. A full or draining node is still live: it must not be
+        restarted in the middle of its calls.
+        """
+        reasons = []
+        if self._stopping.is_set():
+            reasons.append("draining")
+        if not self.sip_listening:
+            reasons.append("SIP not listening")
+        if not self.warm:
+            reasons.append("engine not warmed up")
+        if self.engine.free_slots <= 0:
+            reasons.append(f"full: all {self.engine.pool.num_slots} engine slots in use")
+        if self.sip.active_calls >= self.config.sip.max_calls:
+            reasons.append(f"full: {self.sip.active_calls} calls, sip.max_calls {self.config.sip.max_calls}")
+        if not self.publisher.connected:
+            pending, limit = self.publisher.spool_pending_bytes(), self.config.redis.spool_max_bytes
+            if pending >= limit * SPOOL_READY_SHARE:
+                reasons.append(f"Redis unreachable and the spool {pending} of {limit} bytes full")
+        return reasons
 
     @property
     def healthy(self) -> bool:
-        """Mirrors the OPTIONS answer: 200 while calls are accepted, 503 when full or draining."""
-        return (
-            not self._stopping.is_set()
-            and self.engine.free_slots > 0
-            and (self.sip.active_calls < self.config.sip.max_calls)
-        )
+        """Ready for new calls (``not_ready()`` is empty); ``asr_healthy`` in /metrics."""
+        return not self.not_ready()
 
     # -- reload -----------------------------------------------------------------------
 
@@ -412,6 +464,8 @@ class Service:
                 log.info("%s reloaded, content hash %s", name, result.content_hash)
         self._reload_signature = _files_signature(self._watched_files())
         self.last_reload = ReloadStatus(time.time(), ok, tuple(errors))
+        self.reloads += 1
+        self.reload_failures += not ok
         log.info("config version %s", self.config_version)
         return ok
 

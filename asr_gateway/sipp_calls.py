@@ -4,8 +4,9 @@ sipp plays the PBX: it sends an INVITE offering G.711 (``sendrecv`` for a plain 
 ``sendonly`` offer means hold, which pauses the RTP inactivity timer), replays a pcap of RTP packets to the
 port our SDP answer names (``play_pcap_audio``), waits, and hangs up (or, to test RTP
 timeouts, vanishes without a BYE). ``write_rtp_pcap`` turns 16-bit PCM into such a pcap
-(G.711 at 8 kHz, 20 ms packets), and ``scenario_xml`` writes a plain or SIPREC (two labelled
-streams, rs-metadata) call scenario.
+(G.711 at 8 kHz or G.722 at 16 kHz, 20 ms packets, optionally followed by RFC 4733 key
+presses), and ``scenario_xml`` writes a plain or SIPREC (two labelled streams, rs-metadata)
+call scenario.
 
 sipp's ``play_pcap_audio`` only feeds the first m-line. For the second SIPREC stream the
 scenario logs the port of our answer's second m-line (``<ereg>`` + ``<log>``) and
@@ -29,12 +30,18 @@ from pathlib import Path
 import numpy as np
 import soxr
 
+from rtp.dtmf import KEYS
 from rtp.g711 import encode_alaw, encode_ulaw
+from rtp.g722 import SAMPLE_RATE as G722_RATE
+from rtp.g722 import G722Encoder
 from rtp.srtp import SrtpKeys, SrtpSender
 
-SAMPLES_PER_PACKET = 160  # 20 ms at 8 kHz
+SAMPLES_PER_PACKET = 160  # 20 ms at 8 kHz (and 20 ms of G.722: 160 ticks, RFC 3551)
 PACKET_S = 0.02
-PCMU, PCMA = 0, 8
+PCMU, PCMA, G722 = 0, 8, 9
+TELEPHONE_EVENT = 101
+CODEC_NAMES = {PCMU: "PCMU", PCMA: "PCMA", G722: "G722"}
+KEY_PACKETS = 5  # a key press: 100 ms of event packets, then its End packet three times
 SECOND_LEG_MARK = "SECOND_LEG_PORT"
 FIRST_LEG_MARK = "FIRST_LEG_PORT"
 
@@ -46,25 +53,46 @@ def _ip_checksum(header: bytes) -> int:
     return ~total & 0xFFFF
 
 
-def rtp_packets(pcm: np.ndarray, sample_rate: int, payload_type: int = PCMU, ssrc: int = 0x1234) -> list[bytes]:
-    """``pcm`` (int16-range mono, any rate) as G.711 RTP packets of 20 ms (160 samples at 8 kHz)."""
-    if sample_rate != 8000:
-        pcm = soxr.resample(np.asarray(pcm, dtype=np.float32), sample_rate, 8000)
+def _payload(pcm: np.ndarray, sample_rate: int, payload_type: int) -> bytes:
+    """The whole recording encoded: G.711 at 8 kHz or G.722 at 16 kHz (64 kbit/s, 1 byte per tick)."""
+    rate = G722_RATE if payload_type == G722 else 8000
+    if sample_rate != rate:
+        pcm = soxr.resample(np.asarray(pcm, dtype=np.float32), sample_rate, rate)
     samples = np.clip(np.asarray(pcm, dtype=np.float64), -32768, 32767).astype(np.int16)
-    encode = encode_ulaw if payload_type == PCMU else encode_alaw
-    payload = encode(samples)
-    return [
+    if payload_type == G722:
+        return G722Encoder().encode(samples)
+    return bytes((encode_ulaw if payload_type == PCMU else encode_alaw)(samples))
+
+
+def rtp_packets(pcm: np.ndarray, sample_rate: int, payload_type: int = PCMU, ssrc: int = 0x1234,
+                keys: str = "") -> list[bytes]:  # fmt: skip
+    """``pcm`` (int16-range mono, any rate) as RTP packets of 20 ms (160 timestamp ticks), in
+    G.711 or G.722 (``payload_type``), then ``keys`` (``0-9*#A-D``) as RFC 4733 events."""
+    payload = _payload(pcm, sample_rate, payload_type)
+    packets = [
         struct.pack("!BBHII", 0x80, payload_type, i & 0xFFFF, i * SAMPLES_PER_PACKET, ssrc)
-        + bytes(payload[i * SAMPLES_PER_PACKET : (i + 1) * SAMPLES_PER_PACKET])
+        + payload[i * SAMPLES_PER_PACKET : (i + 1) * SAMPLES_PER_PACKET]
         for i in range(len(payload) // SAMPLES_PER_PACKET)
     ]
+    for key in keys:
+        if key not in KEYS:
+            raise ValueError(f"not a DTMF key: {key!r} (use 0-9 * # A-D)")
+        start = len(packets) * SAMPLES_PER_PACKET
+        for n in range(KEY_PACKETS + 3):
+            end = n >= KEY_PACKETS
+            duration = SAMPLES_PER_PACKET * min(n + 1, KEY_PACKETS)
+            event = struct.pack("!BBH", KEYS.index(key), (0x80 if end else 0) | 10, duration)
+            marker = 0x80 if n == 0 else 0
+            header = struct.pack("!BBHII", 0x80, marker | TELEPHONE_EVENT, len(packets) & 0xFFFF, start, ssrc)
+            packets.append(header + event)
+    return packets
 
 
 def write_rtp_pcap(
-    path: Path, pcm: np.ndarray, sample_rate: int, payload_type: int = PCMU, ssrc: int = 0x1234
+    path: Path, pcm: np.ndarray, sample_rate: int, payload_type: int = PCMU, ssrc: int = 0x1234, keys: str = ""
 ) -> float:
-    """Write ``pcm`` (int16-range mono) as G.711 RTP packets 20 ms apart; returns the duration in s."""
-    packets = rtp_packets(pcm, sample_rate, payload_type, ssrc)
+    """Write ``pcm`` (int16-range mono) as RTP packets 20 ms apart (``rtp_packets``); returns the duration in s."""
+    packets = rtp_packets(pcm, sample_rate, payload_type, ssrc, keys)
     out = bytearray(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1))  # pcap header, Ethernet
     for i, rtp in enumerate(packets):
         udp = struct.pack("!HHHH", 40000, 40000, 8 + len(rtp), 0) + rtp
@@ -164,7 +192,7 @@ def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False,
     and plays nothing (``place_call`` sends the SRTP).
     ``hangup=False``: the caller vanishes after the audio, without a BYE.
     """
-    codec = "PCMU" if payload_type == PCMU else "PCMA"
+    codec = CODEC_NAMES[payload_type]
     names = {"from_name": "pbx", "from_user": from_user, "to_user": to_user, "from_uri_params": from_uri_params}
     if siprec:
         body = _SIPREC_BODY.format(pt=payload_type, codec=codec, caller=from_user, agent=agent)
@@ -234,19 +262,21 @@ def sipp_path() -> str:
 async def place_call(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate: int, *,
                      payload_type: int = PCMU, siprec: bool = False, second_pcm: np.ndarray | None = None,
                      hangup: bool = True, host: str = "127.0.0.1", timeout_s: float | None = None,
-                     call_tag: str | None = None, media_delay_ms: int = 0, srtp: SrtpKeys | None = None,
-                     srtp_send_key: bytes | None = None, **names: str) -> CallResult:  # fmt: skip
+                     call_tag: str | None = None, media_delay_ms: int = 0, keys: str = "",
+                     srtp: SrtpKeys | None = None, srtp_send_key: bytes | None = None,
+                     **names: str) -> CallResult:  # fmt: skip
     """One sipp call that streams ``pcm`` over RTP to our service, then hangs up.
 
     A SIPREC call streams ``second_pcm`` (default: ``pcm``) on its second leg;
     ``hangup=False`` leaves without a BYE; ``call_tag`` starts the SIP Call-ID (``TAG-...``),
     so the call's events can be found by their ``sip_call_id``; ``media_delay_ms`` holds the
-    RTP back after the ACK (the leg is open, nothing has latched it yet). ``srtp`` offers
-    RTP/SAVP with those keys and sends the audio as SRTP protected with ``srtp_send_key``
-    (default: the offered key; another one plays a misconfigured peer).
+    RTP back after the ACK (the leg is open, nothing has latched it yet); ``keys`` are sent as
+    RFC 4733 key presses after the audio. ``srtp`` offers RTP/SAVP with those keys and sends
+    the audio as SRTP protected with ``srtp_send_key`` (default: the offered key; another one
+    plays a misconfigured peer).
     """
     workdir.mkdir(parents=True, exist_ok=True)
-    seconds = write_rtp_pcap(workdir / "audio.pcap", pcm, sample_rate, payload_type)
+    seconds = write_rtp_pcap(workdir / "audio.pcap", pcm, sample_rate, payload_type, keys=keys)
     scenario = workdir / "scenario.xml"
     xml = scenario_xml(seconds, payload_type, siprec, hangup=hangup, media_delay_ms=media_delay_ms, srtp=srtp, **names)
     scenario.write_text(xml, encoding="latin-1")

@@ -40,7 +40,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from asr_common.latency import MeasurementRing
+from asr_common.latency import LATENCY_BUCKETS_S, Histogram, MeasurementRing
 from kb_hooks import events as ev
 from kb_hooks.config import RedisSettings
 from kb_hooks.connection import make_client
@@ -231,6 +231,7 @@ class Publisher:
         self.reconnects = 0
         self.ack_latency_s = MeasurementRing(_LATENCY_SAMPLES)
         self.audio_to_ack_s = MeasurementRing(_LATENCY_SAMPLES)
+        self.audio_to_ack_histogram = Histogram(LATENCY_BUCKETS_S)  # every one since start, for /metrics
 
     @property
     def partials_dropped(self) -> int:
@@ -675,6 +676,7 @@ class Publisher:
             self.ack_latency_s.append(now - item.submitted)
             if item.audio_end is not None:
                 self.audio_to_ack_s.append(now - item.audio_end)
+                self.audio_to_ack_histogram.observe(now - item.audio_end)
 
     # ---- observability ------------------------------------------------------------------
 

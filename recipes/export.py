@@ -19,14 +19,20 @@ import numpy as np
 import torch
 import yaml
 
+from asr_core.frontend import FrontendConfig
 from asr_core.model.asr_model import ASRModel
 from asr_core.model.cmvn import GlobalCMVN, load_cmvn
-from asr_core.model.config import load_model_config
+from asr_core.model.config import DatasetConf, load_model_config
 from recipes.data import FeatureSet
 
 MAX_MODEL_BYTES = 20 * 1024 * 1024
 SPECIAL_UNITS = ("<blank>", "<unk>")
 SOS_EOS = "<sos/eos>"
+
+
+def config_frontend(raw: dict[str, Any]) -> FrontendConfig:
+    """The front end a training config's ``dataset_conf`` defines (WeNet's 16 kHz, 80 bins when absent)."""
+    return DatasetConf.model_validate(raw.get("dataset_conf") or {}).frontend
 
 
 def build_units(transcripts: list[str]) -> list[str]:
@@ -45,11 +51,11 @@ def read_units(path: Path) -> dict[str, int]:
 
 def cmvn_stats(data: FeatureSet, max_frames: int = 2_000_000) -> dict[str, Any]:
     """WeNet JSON CMVN statistics (sums and sums of squares per bin) over up to ``max_frames`` frames."""
-    mean_stat = np.zeros(80, dtype=np.float64)
-    var_stat = np.zeros(80, dtype=np.float64)
+    mean_stat = np.zeros(data.num_mel_bins, dtype=np.float64)
+    var_stat = np.zeros(data.num_mel_bins, dtype=np.float64)
     frames = 0
     for i in range(len(data)):
-        feats = data.feats(i).astype(np.float64)  # (T, 80)
+        feats = data.feats(i).astype(np.float64)  # (T, mel bins)
         mean_stat += feats.sum(axis=0)
         var_stat += (feats**2).sum(axis=0)
         frames += len(feats)
@@ -59,10 +65,11 @@ def cmvn_stats(data: FeatureSet, max_frames: int = 2_000_000) -> dict[str, Any]:
 
 
 def model_yaml(raw: dict[str, Any], vocab_size: int) -> dict[str, Any]:
-    """The training config completed for a model dir: sizes, CMVN file and char tokenizer."""
+    """The training config completed for a model dir: sizes (``input_dim``: the mel bins of its
+    ``dataset_conf``), CMVN file and char tokenizer."""
     conf = copy.deepcopy(raw)
     conf.update(
-        input_dim=80,
+        input_dim=config_frontend(raw).num_mel_bins,
         output_dim=vocab_size,
         vocab_size=vocab_size,
         cmvn="global_cmvn",
@@ -92,6 +99,12 @@ def write_model_dir_skeleton(
     With ``init_from`` (a model dir whose weights start the run), its units and CMVN are kept, so
     the weights mean the same thing; characters of ``data`` outside those units train as ``<unk>``.
     """
+    bins = config_frontend(raw).num_mel_bins
+    if len(data) and data.num_mel_bins != bins:
+        raise ValueError(
+            f"the data's fbank has {data.num_mel_bins} bins, the config's dataset_conf.fbank_conf.num_mel_bins is "
+            f"{bins}: prepare the data with the config's front end"
+        )
     model_dir.mkdir(parents=True, exist_ok=True)
     if init_from is not None:
         for name in ("units.txt", "global_cmvn"):

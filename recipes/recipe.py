@@ -26,9 +26,14 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+import yaml
+
+from asr_core.frontend import DEFAULT_FRONTEND, FrontendConfig
 from asr_core.model.loader import load_units
 from recipes import data, textgen
+from recipes.export import config_frontend
 
 AVERAGE_UTTERANCE_SECONDS = 3.7
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "conf" / "demo.yaml"
@@ -40,8 +45,9 @@ TRAIN_SETS = ("train", "train_rare")
 
 
 def prepare_data(
-    work: Path, hours: float, num_test: int, seed: int, processes: int, rare_hours: float = 0.0
-) -> dict[str, int]:
+    work: Path, hours: float, num_test: int, seed: int, processes: int, rare_hours: float = 0.0,
+    frontend: FrontendConfig = DEFAULT_FRONTEND,
+) -> dict[str, int]:  # fmt: skip
     """Render the training sets and the two held-out test sets (unseen voices) under ``work``.
 
     ``train`` draws everyday words by count^0.3; ``train_rare`` (``rare_hours`` of speech by the
@@ -58,7 +64,7 @@ def prepare_data(
     if num_rare:
         sets["train_rare"] = (textgen.make_rare_set(num_rare, seed + 5, splits), False, False)
     frames = {
-        name: _render(work / name, sentences, seed + 100 * offset, f"{name}_", held_out, wavs, processes)
+        name: _render(work / name, sentences, seed + 100 * offset, f"{name}_", held_out, wavs, processes, frontend)
         for offset, (name, (sentences, held_out, wavs)) in enumerate(sets.items())
     }
     used, common = textgen.char_coverage(splits.train)
@@ -142,7 +148,9 @@ def more_sentences(
     return sets
 
 
-def prepare_more(work: Path, model: Path, processes: int, names: Sequence[str] = ()) -> dict[str, int]:
+def prepare_more(
+    work: Path, model: Path, processes: int, names: Sequence[str] = (), frontend: FrontendConfig = DEFAULT_FRONTEND
+) -> dict[str, int]:
     """Render :data:`MORE_SETS` and :data:`HELD_OUT_SETS` (or only ``names``) under ``work``,
     skipping those already there; returns fbank frames per set."""
     unknown = set(names) - set(MORE_SETS) - set(HELD_OUT_SETS)
@@ -158,19 +166,19 @@ def prepare_more(work: Path, model: Path, processes: int, names: Sequence[str] =
     }
     held_out = {name: name in HELD_OUT_SETS for name in texts}
     return {
-        name: _render(work / name, texts[name], seed, prefix, held_out[name], held_out[name], processes)
+        name: _render(work / name, texts[name], seed, prefix, held_out[name], held_out[name], processes, frontend)
         for name, (seed, prefix) in {**MORE_SETS, **HELD_OUT_SETS}.items()
         if not names or name in names
     }
 
 
-def render_sentence_file(work: Path, path: Path, processes: int) -> int:
+def render_sentence_file(work: Path, path: Path, processes: int, frontend: FrontendConfig = DEFAULT_FRONTEND) -> int:
     """Render a test set written by hand (one sentence per line, numbers in characters) into
     ``work/<file stem>`` the way the held-out sets are: held-out voices, the current channel,
     WAVs + ``text``; returns its fbank frames."""
     lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     sentences = [textgen.Sentence(line, f"file.{path.stem}") for line in lines]
-    return _render(work / path.stem, sentences, SENTENCE_FILE_SEED, f"{path.stem}_", True, True, processes)
+    return _render(work / path.stem, sentences, SENTENCE_FILE_SEED, f"{path.stem}_", True, True, processes, frontend)
 
 
 def train_rounds(
@@ -196,7 +204,7 @@ def train_rounds(
     needed = dict.fromkeys(name for _, sets, _ in chosen for name in sets)
     missing = [name for name in needed if not (work / name / "feats.npy").exists()]
     if missing:
-        prepare_more(work, init_from, processes, missing)
+        prepare_more(work, init_from, processes, missing, config_frontend(_read_yaml(config)))
     init = init_from
     for index, (release, sets, minutes) in enumerate(chosen):
         export = out if index == len(chosen) - 1 else work / f"release_{release}"
@@ -206,15 +214,23 @@ def train_rounds(
         init = export
 
 
+def _read_yaml(path: Path) -> dict[str, Any]:
+    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: not a YAML mapping")
+    return raw
+
+
 def _render(
-    out: Path, sentences: list[textgen.Sentence], seed: int, prefix: str, held_out: bool, wavs: bool, processes: int
-) -> int:
+    out: Path, sentences: list[textgen.Sentence], seed: int, prefix: str, held_out: bool, wavs: bool, processes: int,
+    frontend: FrontendConfig = DEFAULT_FRONTEND,
+) -> int:  # fmt: skip
     """``data.prepare`` unless ``out`` already holds the set (an interrupted recipe resumes);
     returns its fbank frames."""
     if (out / "feats.npy").exists():
         return sum(e.frames for e in data.FeatureSet(out))
     started = time.monotonic()
-    frames = data.prepare(out, sentences, seed, prefix, held_out, wavs, processes)
+    frames = data.prepare(out, sentences, seed, prefix, held_out, wavs, processes, frontend)
     print(f"{out.name}: {len(sentences)} utterances, {frames / 360000:.2f} h, {time.monotonic() - started:.0f} s")
     return frames
 
@@ -285,13 +301,15 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--bundle", type=Path, default=Path("tests/data/hotline_8k"), help="--stage bundle output")
     args = parser.parse_args(argv)
+    # Features are computed with the front end of the training config (its dataset_conf).
+    frontend = config_frontend(_read_yaml(args.serving_config if args.stage == "rounds" else args.config))
     if args.stage == "bundle":
         make_test_bundle(args.bundle)
         return
     if args.stage == "more":
-        frames = {path.stem: render_sentence_file(args.work, path, args.processes) for path in args.sentences}
+        frames = {path.stem: render_sentence_file(args.work, path, args.processes, frontend) for path in args.sentences}
         if args.sets or not args.sentences:
-            frames.update(prepare_more(args.work, args.init_from or args.out, args.processes, args.sets))
+            frames.update(prepare_more(args.work, args.init_from or args.out, args.processes, args.sets, frontend))
         print(json.dumps(frames))
         return
     if args.stage == "rounds":
@@ -300,7 +318,7 @@ def main(argv: list[str] | None = None) -> None:
                      minutes_scale=args.minutes_scale, seed=args.seed)  # fmt: skip
         return
     if args.stage in ("all", "data"):
-        stats = prepare_data(args.work, args.hours, args.num_test, args.seed, args.processes, args.rare_hours)
+        stats = prepare_data(args.work, args.hours, args.num_test, args.seed, args.processes, args.rare_hours, frontend)
         print(json.dumps(stats))
     if args.stage in ("all", "train"):
         train_dirs = [args.work / name for name in TRAIN_SETS if (args.work / name / "index.tsv").exists()]

@@ -1,5 +1,8 @@
 """One call leg's RTP receiver: UDP sockets (RTP on an even port, RTCP on the next) feeding
-parse -> reorder buffer -> G.711 decode -> 8->16 kHz resample -> sink.
+parse -> reorder buffer -> G.711 decode -> 8->16 kHz resample -> sink, or for G.722
+parse -> reorder buffer -> G.722 decode at 16 kHz -> sink (no 8 kHz step; a model at 8 kHz
+gets it resampled down). RFC 4733 telephone-events are counted and read as digits
+(`rtp.dtmf`), never decoded as audio.
 
 All protocol work is in the sans-IO modules (`packet`, `jitter`, `g711`, `resample`); this
 module adds the sockets (read by the event loop's shared `rtp.poller.DatagramPoller`), source
@@ -25,15 +28,18 @@ from typing import Any
 
 import numpy as np
 
+from rtp.dtmf import KeyPress, TelephoneEvents
 from rtp.fastpath import FastPath
 from rtp.g711 import DECODE_TABLES
+from rtp.g722 import SAMPLE_RATE as WIDEBAND_RATE
+from rtp.g722 import SAMPLES_PER_TICK, G722Decoder
 from rtp.jitter import Frame, FrameKind, LossFill, PacketKind, ReorderBuffer
 from rtp.latch import DropReason, LatchMode, SourcePolicy
 from rtp.packet import RTP_HEADER_LENGTH, RtpPacket, is_rtcp, parse_rtcp
 from rtp.poller import DatagramPoller
 from rtp.resample import PassThroughStream, SharedUpsampler, SoxrStream, UpsamplerStream
 from rtp.seq import timestamp_diff
-from rtp.sink import PcmSink
+from rtp.sink import DtmfSink, PcmSink
 from rtp.srtp import SrtpKeys, SrtpReceiver
 from rtp.stats import LegStats
 
@@ -185,6 +191,15 @@ class RtpLeg:
         self._kinds: dict[int, PacketKind] = {}
         self._tables: dict[int, np.ndarray] = {}
         self._telephone_events: set[int] = set()
+        self._key_presses = TelephoneEvents(CLOCK_RATE_HZ)
+        # G.722: payload types, the stream's decoder (made at its first packet), decoded 16 kHz
+        # PCM waiting for a batch and its length in ticks; `_narrow` for a model at 8 kHz.
+        self._wideband: set[int] = set()
+        self._wide_decoder: G722Decoder | None = None
+        self._wide_pcm: list[np.ndarray] = []
+        self._wide_ticks = 0
+        self._narrow = resampler == "none"
+        self._downsampler: SoxrStream | None = None
         self.set_payload_types(payload_types)
         self._policy = SourcePolicy(latch)
         self._policy.set_signalled(expected_remote)
@@ -257,16 +272,21 @@ class RtpLeg:
         kinds: dict[int, PacketKind] = {}
         tables: dict[int, np.ndarray] = {}
         events: set[int] = set()
+        wideband: set[int] = set()
         for number, name in payload_types.items():
             encoding = name.upper()
             if encoding in DECODE_TABLES:
                 kinds[number] = PacketKind.AUDIO
                 tables[number] = DECODE_TABLES[encoding]
+            elif encoding == "G722":
+                kinds[number] = PacketKind.AUDIO
+                wideband.add(number)
             elif encoding == "CN":
                 kinds[number] = PacketKind.COMFORT_NOISE
             elif encoding == "TELEPHONE-EVENT":
                 events.add(number)
         self._kinds, self._tables, self._telephone_events = kinds, tables, events
+        self._wideband = wideband
 
     def set_expected_remote(self, address: tuple[str, int] | None) -> None:
         """The peer's SDP connection address and port (offer, answer or re-INVITE); see the
@@ -388,7 +408,8 @@ class RtpLeg:
                 stats.comfort_noise_packets += 1
             elif payload_type in self._telephone_events:
                 stats.telephone_event_packets += 1
-            else:
+                self._key_pressed(ssrc, timestamp, payload)
+            elif kind is PacketKind.SKIP:
                 stats.unknown_payload_packets += 1
         frames = self._buffer.push(sequence_number, timestamp, ssrc, payload_type, payload, kind)
         if frames:
@@ -431,8 +452,14 @@ class RtpLeg:
             self._take_fast(disarm=self._fast.armed)
             self._fast.detach()
         self._deliver(self._buffer.flush())
+        last_press = self._key_presses.flush()
+        if last_press is not None:
+            self._report_presses([last_press])
         self._resample_queued()
         self._upsampler.flush()
+        self._emit_wideband()
+        if self._downsampler is not None:
+            self._downsampler.flush()
         self._sink.input_finished()
         for sock in self._sockets:
             if self._poller is not None:
@@ -484,6 +511,18 @@ class RtpLeg:
             self._raw.append(taken.pending)
             self._queued_samples += len(taken.pending)
 
+    def _key_pressed(self, ssrc: int, timestamp: int, payload: bytes) -> None:
+        """A telephone-event packet: read it as a key press (never as audio)."""
+        presses = self._key_presses.feed(ssrc, timestamp, payload)
+        if presses:
+            self._report_presses(presses)
+
+    def _report_presses(self, presses: list[KeyPress]) -> None:
+        self._stats.dtmf_events += len(presses)
+        if isinstance(self._sink, DtmfSink):
+            for press in presses:
+                self._sink.dtmf(press)
+
     def _drop(self, reason: DropReason) -> None:
         """Count a datagram the source policy refused (`LegStats.foreign_*`)."""
         stats = self._stats
@@ -495,8 +534,13 @@ class RtpLeg:
 
     def _deliver(self, frames: list[Frame]) -> None:
         """Queue the frames' audio (G.711 bytes, or silence for SILENCE frames and payload types
-        no longer known) and resample once a batch is full."""
+        no longer known) and resample once a batch is full; G.722 frames are decoded at 16 kHz."""
         for frame in frames:
+            if frame.payload_type in self._wideband:
+                self._queue_wideband(frame)
+                continue
+            if self._wide_pcm:
+                self._emit_wideband()
             table = self._tables.get(frame.payload_type) if frame.kind is not FrameKind.SILENCE else None
             if table is None:
                 self._decode_raw()
@@ -510,6 +554,36 @@ class RtpLeg:
             self._queued_samples += len(frame.payload)
         if self._queued_samples >= self._batch_samples:
             self._resample_queued()
+        if self._wide_ticks >= self._batch_samples:
+            self._emit_wideband()
+
+    def _queue_wideband(self, frame: Frame) -> None:
+        """Decode one G.722 frame (audio, a repeat for a lost packet, or silence) at 16 kHz.
+        Narrowband audio queued before it goes to the resampler first."""
+        if self._raw or self._pcm:
+            self._resample_queued()
+        if frame.kind is FrameKind.SILENCE:
+            pcm = np.zeros(frame.samples * SAMPLES_PER_TICK, dtype=np.int16)
+        else:
+            if self._wide_decoder is None:
+                self._wide_decoder = G722Decoder()
+            pcm = self._wide_decoder.decode(frame.payload)
+        self._wide_pcm.append(pcm)
+        self._wide_ticks += frame.samples
+
+    def _emit_wideband(self) -> None:
+        """Hand the decoded 16 kHz audio to the sink (resampled to 8 kHz for a model at 8 kHz)."""
+        pieces = self._wide_pcm
+        if not pieces:
+            return
+        pcm = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        self._wide_pcm, self._wide_ticks = [], 0
+        if not self._narrow:
+            self._emit(pcm)
+            return
+        if self._downsampler is None:
+            self._downsampler = SoxrStream(self._emit, WIDEBAND_RATE, CLOCK_RATE_HZ)
+        self._downsampler.submit(pcm)
 
     def _decode_raw(self) -> None:
         """Decode the queued G.711 bytes with one table lookup (`take` is cheaper than indexing)."""

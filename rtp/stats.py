@@ -34,6 +34,7 @@ class LegStats:
     sequence_resets: int = 0
     comfort_noise_packets: int = 0
     telephone_event_packets: int = 0
+    dtmf_events: int = 0  # RFC 4733 key presses read from the telephone-event packets (`rtp.dtmf`)
     unknown_payload_packets: int = 0
     concealed_samples: int = 0
     rtcp_packets: int = 0

@@ -11,8 +11,16 @@ from sip.message import Address, Message
 
 @dataclass(frozen=True)
 class SendMessage:
+    """Send ``message`` to ``dest`` (for TCP/TLS: on the connection from or to that address).
+
+    ``target``: for a request we send in a dialog over TCP/TLS, where a new connection goes
+    when ``dest``'s has closed (RFC 3261 18.1.1): the next hop from the route set or the
+    remote target (``Call.next_hop``); None for responses, which only use ``dest``.
+    """
+
     message: Message
     dest: Address
+    target: Address | None = None
 
 
 @dataclass(frozen=True)

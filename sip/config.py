@@ -62,6 +62,17 @@ class SipSettings(BaseModel):
     transports: list[Transport] = Field(default_factory=lambda: list(_DEFAULT_TRANSPORTS))
     tls_cert: str | None = Field(None, description="PEM certificate file; needed for the tls transport")
     tls_key: str | None = Field(None, description="PEM private key file; needed for the tls transport")
+    tls_ca: str | None = Field(
+        None,
+        description="PEM CA file that the certificates of peers we connect to over TLS must chain to "
+        "(a BYE after the peer closed its connection); the system's CAs when unset",
+    )
+    tls_verify_peer: bool = Field(
+        True, description="check the certificate (chain and host name or IP) of peers we connect to over TLS"
+    )
+    connect_timeout_s: float = Field(
+        5.0, gt=0, description="how long opening a TCP/TLS connection for a request we send may take"
+    )
     advertised_host: str | None = Field(
         None, description="address put in Contact/Via/SDP; defaults to host, or 127.0.0.1 when host is 0.0.0.0"
     )

@@ -75,6 +75,10 @@ class Profile(BaseModel):
     """SRTP policy of the routes using this profile (``sip.sdp``): ``off`` takes plain RTP/AVP
     only and refuses an SRTP-only offer (488 with a Warning), ``optional`` takes plain RTP/AVP
     and SDES-keyed RTP/SAVP (RFC 4568), ``required`` RTP/SAVP only (a plain offer: 488)."""
+    dtmf: Literal["off", "count", "publish"] = "count"
+    """RFC 4733 key presses of the routes using this profile: ``count`` (per leg, in
+    ``call.ended.stats.dtmf_events``), ``publish`` (also one ``dtmf`` event each, the key
+    masked unless ``redaction: keep``) or ``off``. Never decoded as audio in any mode."""
     rtp_latch: LatchName | None = None
     """RTP source policy of the routes using this profile, instead of the service's ``rtp.latch``
     (``rtp.latch`` module): ``first`` for peers behind NAT whose SDP names the wrong address."""

@@ -2,9 +2,12 @@
 
 We read offers with a small parser of our own because we need ``a=label`` (RFC 4574), which
 SIPREC uses to tie streams to participants. Each audio m-line is answered ``recvonly`` with
-the first G.711 codec it offers (PCMU or PCMA); ``telephone-event`` is accepted and ignored.
-A stream offered with port 0, or without G.711, is answered with port 0; when no stream is
-left the offer is refused with 488.
+G.722 (wideband) when it is offered, else the first G.711 codec it offers (PCMU or PCMA), plus
+``telephone-event`` (RFC 4733) when offered. A stream offered with port 0, or without a codec
+we take, is answered with port 0; when no stream is left the offer is refused with 488.
+
+G.722 keeps the RFC 3551 quirk: its rtpmap says ``G722/8000`` and its RTP timestamps count
+8000 per second although the audio is sampled at 16 kHz.
 
 When the peer sends no offer (a delayed-offer INVITE or re-INVITE, RFC 3261 13.2.1) we make
 one: ``build_offer`` lists the codecs we take (``OUR_PAYLOAD_TYPES``), ``recvonly``, and the
@@ -28,7 +31,9 @@ from sip.errors import SipParseError
 from sip.sdes import SUITES, SdesKey, answer_line, crypto_line, select_key
 
 G711 = {"PCMU": 0, "PCMA": 8}
-_STATIC_NAMES = {0: "PCMU", 8: "PCMA"}
+WIDEBAND = {"G722": 9}
+"""Codecs decoded to 16 kHz audio; preferred over G.711 when the peer offers one."""
+_STATIC_NAMES = {0: "PCMU", 8: "PCMA", 9: "G722"}
 DIRECTIONS = ("sendrecv", "sendonly", "recvonly", "inactive")
 PLAIN_RTP = frozenset({"RTP/AVP", "RTP/AVPF"})
 """Unencrypted RTP m-line protocols."""
@@ -37,8 +42,9 @@ SDES_SRTP = frozenset({"RTP/SAVP", "RTP/SAVPF"})
 never taken: answering it without its handshake would leave us decoding ciphertext."""
 SrtpPolicy = Literal["off", "optional", "required"]
 _TAKEN: dict[str, frozenset[str]] = {"off": PLAIN_RTP, "optional": PLAIN_RTP | SDES_SRTP, "required": SDES_SRTP}
-OUR_PAYLOAD_TYPES: dict[int, str] = {0: "PCMU", 8: "PCMA", 101: "telephone-event"}
-"""What our own offers list: both G.711 laws and RFC 4733 events on the customary 101."""
+OUR_PAYLOAD_TYPES: dict[int, str] = {9: "G722", 0: "PCMU", 8: "PCMA", 101: "telephone-event"}
+"""What our own offers list, most preferred first: G.722, both G.711 laws and RFC 4733 events
+on the customary 101."""
 
 
 @dataclass
@@ -161,20 +167,14 @@ def plan_streams(
         proto = media.proto.upper()
         if media.media != "audio" or media.port == 0 or proto not in taken:
             continue
-        payload_types: dict[int, str] = {}
-        codec: str | None = None
-        for fmt in media.formats:
-            if not fmt.isascii() or not fmt.isdigit():
-                continue
-            pt = int(fmt)
-            name = media.encoding(pt)
-            if name in G711 and codec is None:
-                codec = name
-                payload_types[pt] = name
-            elif name == "TELEPHONE-EVENT":
-                payload_types[pt] = "telephone-event"
-        if codec is None:
+        picked = _pick_codec(media)
+        if picked is None:
             continue
+        codec_pt, codec = picked
+        payload_types = {codec_pt: codec}
+        for pt in _payload_numbers(media):
+            if media.encoding(pt) == "TELEPHONE-EVENT":
+                payload_types[pt] = "telephone-event"
         direction = media.direction or offer.direction or "sendrecv"
         address = media.connection or offer.connection
         remote = (address, media.port) if address else None
@@ -189,6 +189,21 @@ def plan_streams(
 def offers_plain(offer: SessionDescription) -> bool:
     """True when the offer has an audio m-line of plain RTP/AVP(F)."""
     return any(m.media == "audio" and m.port != 0 and m.proto.upper() in PLAIN_RTP for m in offer.media)
+
+
+def _payload_numbers(media: MediaDescription) -> list[int]:
+    return [int(fmt) for fmt in media.formats if fmt.isascii() and fmt.isdigit()]
+
+
+def _pick_codec(media: MediaDescription) -> tuple[int, str] | None:
+    """The (payload type, name) we receive on ``media``: the first wideband codec offered,
+    else the first G.711 one; None when it offers neither."""
+    named = [(pt, media.encoding(pt)) for pt in _payload_numbers(media)]
+    for table in (WIDEBAND, G711):
+        for pt, name in named:
+            if name in table:
+                return pt, name
+    return None
 
 
 def offers_srtp(offer: SessionDescription) -> bool:

@@ -119,3 +119,12 @@ def test_hotwords_ab_reports_both_finals_cpu_numbers() -> None:
     assert ab["phrases"] == 200 and ab["graph_nodes"] > 200
     assert len(ab["finals_rtf"]) == 2 and all(v > 0 for v in ab["finals_rtf"])
     assert ab["finals_cpu_extra"] is not None
+
+
+def test_hotwords_file_ab_uses_that_list(tmp_path: Path) -> None:
+    phrases = tmp_path / "streets.txt"
+    phrases.write_text("一丁七\n丁丂 :3\n", encoding="utf-8")  # units of the random model
+    report = run_bench("--streams", "2", "--seconds", "2", "--finalizer", "process", "--hotwords", str(phrases))
+    ab = report["hotwords_ab"]
+    assert ab["phrases"] == 2 and ab["file"] == str(phrases) and ab["graph_nodes"] == 6
+    assert all(v > 0 for v in ab["finals_rtf"])

@@ -12,11 +12,13 @@ import asyncio
 import json
 import shutil
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import jsonschema
+import numpy as np
 import pytest
 import redis
 
@@ -87,11 +89,17 @@ def read_events(url: str) -> list[dict[str, Any]]:
     return events
 
 
+DRAIN_TIMEOUT_S = 60.0  # a slow 2-core runner decodes the calls' last audio seconds after they hang up
+
+
 async def wait_drained(service: Service) -> None:
-    """Wait (up to 10 s) until the engine has no stream and the bridge no call left."""
-    for _ in range(200):
-        if service.engine.active_streams == 0 and service.bridge.active_calls == 0:
-            return
+    """Wait until the engine has no stream and the bridge no call left; fail if that takes too long."""
+    deadline = time.monotonic() + DRAIN_TIMEOUT_S
+    while service.engine.active_streams or service.bridge.active_calls:
+        assert time.monotonic() < deadline, (
+            f"not drained {DRAIN_TIMEOUT_S:.0f} s after the calls hung up: {service.engine.active_streams} engine "
+            f"streams, {service.bridge.active_calls} calls open"
+        )
         await asyncio.sleep(0.05)
 
 
@@ -243,3 +251,63 @@ def test_cucm_built_in_bridge_two_invites_are_one_call(tmp_path: Path, redis_ser
     assert events[-1]["event_type"] == "call.ended"
     finals = [e for e in events if e["event_type"] == "transcript.final"]
     assert {e["participant"]["role"] for e in finals} == {"agent", "caller"}
+
+
+NAMES_SET = REPO / "recipes" / "testsets" / "names.txt"
+NAMES_LIST = REPO / "recipes" / "testsets" / "names_hotwords.txt"
+
+
+def names_sentence(index: int) -> tuple[str, np.ndarray]:
+    """Sentence ``index`` of the names test set, rendered as ``recipes.recipe --stage more``
+    renders it (espeak-ng, its held-out voice, the telephone channel): (text, 8 kHz samples)."""
+    from recipes import data
+    from recipes.recipe import SENTENCE_FILE_SEED
+    from recipes.textgen import Sentence
+
+    lines = [line.strip() for line in NAMES_SET.read_text(encoding="utf-8").splitlines() if line.strip()]
+    jobs = data.make_jobs([Sentence(line, "file.names") for line in lines], SENTENCE_FILE_SEED, "names_", True)
+    pcm, _ = data.render(jobs[index])
+    return lines[index], pcm
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng not installed (the Makefile installs it)")
+def test_a_routes_hotwords_fix_a_street_name_in_redis(tmp_path: Path, redis_server: RedisServer) -> None:
+    """The same recording of a caller naming a street, once to a route without and once to a route
+    with the names list: the bundled model mishears 金沙江路 as the more frequent 锦江路 without
+    the list and gets it right with it; the final in Redis shows it."""
+    text, pcm = names_sentence(1)
+    name = "金沙江路"
+    assert name in text
+    routes = tmp_path / "routes.yaml"
+    routes.write_text(
+        "profiles:\n  plain: {}\n"
+        f"  streets: {{hotwords: {NAMES_LIST}}}\n"
+        "routes:\n  - {name: streets, match: {to_user: '^4002$'}, profile: streets}\n"
+        "default_profile: plain\n",
+        encoding="utf-8",
+    )
+    config = load_config(write_config(tmp_path, redis_server.url, routes), {})
+
+    async def scenario() -> None:
+        service = Service(config)
+        ports = await service.start()
+        assert ports.sip_udp is not None
+        try:
+            results = await asyncio.gather(
+                place_call(tmp_path / "plain", ports.sip_udp, pcm, 8000, call_tag="plain", to_user="4001"),
+                place_call(tmp_path / "streets", ports.sip_udp, pcm, 8000, call_tag="streets", to_user="4002"),
+            )
+            for result in results:
+                assert result.returncode == 0, result.errors
+            await wait_drained(service)
+        finally:
+            await service.stop(grace_s=5)
+
+    asyncio.run(scenario())
+    finals: dict[str, str] = {}
+    for event in read_valid_events(redis_server.url):
+        if event["event_type"] == "transcript.final":
+            tag = event["sip_call_id"].split("-")[0]
+            finals[tag] = finals.get(tag, "") + event["text"]
+    assert name not in finals["plain"], finals
+    assert name in finals["streets"], finals

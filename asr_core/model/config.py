@@ -172,6 +172,17 @@ class DatasetConf(BaseModel):
     fbank_conf: FbankConf = FbankConf()
     resample_conf: ResampleConf = ResampleConf()
 
+    @property
+    def frontend(self) -> FrontendConfig:
+        """The front end these options define: sample rate and fbank, always without dither."""
+        fbank = self.fbank_conf
+        return FrontendConfig(
+            sample_rate=self.resample_conf.resample_rate,
+            num_mel_bins=fbank.num_mel_bins,
+            frame_length_ms=fbank.frame_length,
+            frame_shift_ms=fbank.frame_shift,
+        )
+
     @model_validator(mode="before")
     @classmethod
     def _none_is_default(cls, data: Any) -> Any:
@@ -203,13 +214,7 @@ class ModelConfig(BaseModel):
     @property
     def frontend(self) -> FrontendConfig:
         """The model's front end: its sample rate and fbank options, always without dither."""
-        fbank = self.dataset_conf.fbank_conf
-        return FrontendConfig(
-            sample_rate=self.dataset_conf.resample_conf.resample_rate,
-            num_mel_bins=fbank.num_mel_bins,
-            frame_length_ms=fbank.frame_length,
-            frame_shift_ms=fbank.frame_shift,
-        )
+        return self.dataset_conf.frontend
 
     @model_validator(mode="before")
     @classmethod

@@ -21,6 +21,24 @@ the service publishes; "rescore" with ``--attention-beam 0``). ``auto`` is the s
 on a CPU, ``torch-int8``. There is no full-context row in this mode. Running it for ``torch``
 and an INT8 backend on the same test set gives the CER change of INT8 under serving conditions.
 
+``--hotwords FILE`` (a phrase file as a route names it) decodes every mode twice, without and
+with the list (on every utterance, as a route's list reaches its calls' finals; greedy/partials
+are not biased), and reports per method the CER and the **name recall**: of the listed phrases'
+occurrences in the references, the share the output holds exactly (``names_added``: listed
+phrases the output holds where the reference does not), plus a few utterances the list changed.
+``--itn`` adds the exact-match rate per numeric class of the service's ITN
+(``asr_common.itn``) on hand-written ``class<TAB>spoken<TAB>expected`` pairs
+(``recipes/testsets/itn.tsv`` by default, ``--itn-set`` another), with what it got wrong; it
+runs alone too (no ``--model``). The street and district names set::
+
+    python -m recipes.recipe --stage more --out asr_core/demo_model --work exp/testsets \
+        --sentences recipes/testsets/names.txt
+    asr-bench accuracy --model asr_core/demo_model --testset exp/testsets/names --backend auto \
+        --chunk-ms 160 --hotwords recipes/testsets/names_hotwords.txt --itn
+
+Audio is read at the model's own rate and its fbank computed with the model's own front end
+(``train.yaml``'s ``dataset_conf``): 8 kHz recordings go to an 8 kHz model as they are.
+
 Texts are scored by ``asr_common.scoring`` (punctuation and spaces not counted, as WeNet's
 ``compute-cer.py``). The demo-model recipe (``recipes``) reads its test sets through
 ``read_audio`` here, so its features and this benchmark hear the same audio.
@@ -39,50 +57,59 @@ import soxr
 import torch
 
 from asr_common.audio import SAMPLE_RATE, TELEPHONE_RATE
-from asr_common.scoring import corpus_cer, scoring_text
+from asr_common.scoring import corpus_cer, name_hits, scoring_text
 from asr_core.audio_io import read_pcm16
+from asr_core.context_graph import ContextGraph, HotwordsError, load_graph, load_phrases
 from asr_core.ctc_search import ctc_greedy_batch, ctc_prefix_beam_search, ctc_topk
 from asr_core.finals import FinalRequest, FinalSearch, FinalSettings
-from asr_core.frontend import compute_fbank
+from asr_core.frontend import DEFAULT_FRONTEND, FrontendConfig, compute_fbank
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_core.tokens import tokens_to_text
 from asr_gateway.config import EngineSettings
 from rtp.resample import upsample_recording
 
 CHUNK_MODES = {"160ms": 4, "320ms": 8, "640ms": 16, "full": -1}
+EXAMPLES = 8  # utterances listed per mode where the hotwords changed the final
+ITN_SET = Path(__file__).resolve().parents[2] / "recipes" / "testsets" / "itn.tsv"
 
 
-def read_audio(testset: Path) -> list[tuple[str, str, np.ndarray]]:
-    """(utt_id, transcript, 16 kHz float32 samples at int16 scale) per line of ``<testset>/text``.
+def read_audio(testset: Path, rate: int = SAMPLE_RATE) -> list[tuple[str, str, np.ndarray]]:
+    """(utt_id, transcript, float32 samples at int16 scale at ``rate`` Hz) per line of
+    ``<testset>/text``; ``rate`` is the model's (``LoadedModel.frontend.sample_rate``).
 
-    8 kHz recordings go through the service's own upsampler (int16, as calls reach the engine);
-    other rates through soxr."""
+    A recording at the model's rate is used as it is; 8 kHz recordings for a 16 kHz model go
+    through the service's own upsampler (int16, as calls reach the engine); other rates through soxr."""
     items = []
     for line in (testset / "text").read_text(encoding="utf-8").splitlines():
         if not line.strip():
             continue
         utt_id, _, transcript = line.partition(" ")
-        samples, rate = read_pcm16(testset / f"{utt_id}.wav")
+        samples, source = read_pcm16(testset / f"{utt_id}.wav")
         audio = samples.astype(np.float32)
-        if rate == TELEPHONE_RATE:
+        if source == TELEPHONE_RATE and rate == SAMPLE_RATE:
             audio = upsample_recording(samples)
-        elif rate != SAMPLE_RATE:
-            audio = soxr.resample(audio, rate, SAMPLE_RATE).astype(np.float32)
+        elif source != rate:
+            audio = soxr.resample(audio, source, rate).astype(np.float32)
         items.append((utt_id, transcript.strip(), audio))
     return items
 
 
-def read_testset(testset: Path) -> list[tuple[str, str, np.ndarray]]:
-    """(utt_id, transcript, fbank (T, 80)) per line of ``<testset>/text``."""
-    return [(utt_id, text, compute_fbank(audio)) for utt_id, text, audio in read_audio(testset)]
+def read_testset(testset: Path, frontend: FrontendConfig = DEFAULT_FRONTEND) -> list[tuple[str, str, np.ndarray]]:
+    """(utt_id, transcript, fbank (T, num_mel_bins)) per line of ``<testset>/text``, with the
+    model's own front end (its rate, mel bins, frame length and shift)."""
+    return [
+        (utt_id, text, compute_fbank(audio, frontend))
+        for utt_id, text, audio in read_audio(testset, frontend.sample_rate)
+    ]
 
 
 def decode_streaming(
     loaded: LoadedModel, audio: list[np.ndarray], chunk_ms: int, backend: str, left_chunks: int,
-    dtype: str = "float32", attention_beam: int = 0,
+    dtype: str = "float32", attention_beam: int = 0, context: ContextGraph | None = None,
 ) -> dict[str, list[str]]:  # fmt: skip
     """Texts per method through the serving engine: every utterance one stream, all at once.
-    The finals are "rescore", or "joint" with ``attention_beam`` > 0."""
+    The finals are "rescore", or "joint" with ``attention_beam`` > 0; ``context``: every
+    stream's hotwords (as a route's list reaches its calls' finals)."""
     from asr_core.endpoint import EndpointRules
     from asr_core.engine import Engine, EngineOptions, resolve_dtype
     from asr_core.events import Event, Final, Partial
@@ -113,7 +140,7 @@ def decode_streaming(
 
     streams = []
     for i, samples in enumerate(audio):
-        config = StreamConfig(chunk_ms=chunk_ms, left_chunks=left_chunks, stream_id=f"utt{i}")
+        config = StreamConfig(chunk_ms=chunk_ms, left_chunks=left_chunks, stream_id=f"utt{i}", context=context)
         stream = engine.open_stream(config, collector(i))
         stream.accept_waveform(np.clip(np.rint(samples), -32768, 32767).astype(np.int16))
         stream.input_finished()
@@ -135,11 +162,13 @@ def _rescorer() -> Any:
 @torch.no_grad()
 def decode(
     loaded: LoadedModel, feats: list[np.ndarray], chunk: int, beam: int, batch_size: int = 16,
-    attention_beam: int = 0,
+    attention_beam: int = 0, context: ContextGraph | None = None,
 ) -> dict[str, list[str]]:  # fmt: skip
     """Texts per decoding method for each utterance: "greedy", and when available "rescore"
     (WeNet's attention rescoring) and, with ``attention_beam`` > 0, "joint" (the serving
-    engine's finals search: n-best plus attention proposals, ``asr_core.finals``)."""
+    engine's finals search: n-best plus attention proposals, ``asr_core.finals``). A
+    ``context`` graph biases the prefix search of "rescore" and "joint" (greedy is unbiased,
+    like the live partials) and its bonus joins their rescoring score."""
     model = loaded.model
     rescore = _rescorer() if beam > 0 else None
     out: dict[str, list[str]] = {"greedy": []}
@@ -161,7 +190,8 @@ def decode(
             out["greedy"].append(tokens_to_text(tokens, loaded.units))
         if rescore is not None:
             nbests = [
-                ctc_prefix_beam_search(log_probs[i, : enc_lens[i]], beam, loaded.blank_id) for i in range(len(part))
+                ctc_prefix_beam_search(log_probs[i, : enc_lens[i]], beam, loaded.blank_id, context)
+                for i in range(len(part))
             ]
             keep = [i for i, n in enumerate(nbests) if n]
             results = rescore(
@@ -170,6 +200,7 @@ def decode(
                 [nbests[i] for i in keep],
                 sos=loaded.sos_id,
                 eos=loaded.eos_id,
+                bonuses=[[h.context_score for h in nbests[i]] for i in keep] if context is not None else None,
             )
             texts = ["" for _ in part]
             for i, result in zip(keep, results, strict=True):
@@ -177,7 +208,7 @@ def decode(
             out["rescore"].extend(texts)
         if joint is not None:
             requests = [
-                FinalRequest(*ctc_topk(log_probs[i, : enc_lens[i]], beam), enc[i, : enc_lens[i]])
+                FinalRequest(*ctc_topk(log_probs[i, : enc_lens[i]], beam), enc[i, : enc_lens[i]], context)
                 for i in range(len(part))
             ]
             for result in joint.run(requests):
@@ -195,15 +226,21 @@ def _joint_search(loaded: LoadedModel, beam: int, attention_beam: int) -> FinalS
 def evaluate(
     model_dir: Path, testset: Path, beam: int = 10, limit: int | None = None, backend: str | None = None,
     left_chunks: int = 8, dtype: str = "float32", attention_beam: int = 4, chunk_ms: tuple[int, ...] = (),
+    hotwords: Path | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """CER per chunk mode and decoding method; ``chunk_ms`` keeps only those chunk sizes (all when empty)."""
+    """CER per chunk mode and decoding method; ``chunk_ms`` keeps only those chunk sizes (all when empty).
+
+    With ``hotwords`` (a phrase file, as a route names it) every mode is decoded twice, without
+    and with the list, and ``result["hotwords"]`` holds per mode and method the CER and the name
+    recall of both runs (the listed phrases are the names)."""
     if backend == "auto":
         backend = EngineSettings(backend="auto", device="cpu").resolved_backend
     loaded = load_wenet_model(model_dir)
-    items = read_audio(testset)[:limit]
+    items = read_audio(testset, loaded.frontend.sample_rate)[:limit]
     refs = [t for _, t, _ in items]
     audio = [a for _, _, a in items]
-    feats = [compute_fbank(a) for a in audio] if backend is None else []
+    feats = [compute_fbank(a, loaded.frontend) for a in audio] if backend is None else []
+    graph = load_graph(hotwords, loaded.units) if hotwords is not None else None
     ref_chars = sum(len(scoring_text(r)) for r in refs)
     result: dict[str, Any] = {
         "model": str(model_dir),
@@ -215,27 +252,95 @@ def evaluate(
     }
     if backend is not None:
         result.update(backend=backend, left_chunks=left_chunks, dtype=dtype)
+    names: list[str] = []
+    if hotwords is not None:
+        names = [phrase.text for phrase in load_phrases(hotwords)]
+        said = name_hits(refs, refs, names)[1]
+        result["hotwords"] = {"file": str(hotwords), "phrases": len(names), "names_in_references": said}
+
+    def run(mode: str, chunk: int, context: ContextGraph | None) -> dict[str, list[str]]:
+        if backend is None:
+            return decode(loaded, feats, chunk, beam, attention_beam=attention_beam, context=context)
+        ms = int(mode.removesuffix("ms"))
+        return decode_streaming(loaded, audio, ms, backend, left_chunks, dtype, attention_beam, context)
+
     for mode, chunk in CHUNK_MODES.items():
         no_full_context = backend is not None and chunk < 0
         if no_full_context or (chunk_ms and mode not in {f"{ms}ms" for ms in chunk_ms}):
             continue
         started = time.monotonic()
-        if backend is None:
-            hyps = decode(loaded, feats, chunk, beam, attention_beam=attention_beam)
-        else:
-            hyps = decode_streaming(
-                loaded, audio, int(mode.removesuffix("ms")), backend, left_chunks, dtype, attention_beam
-            )
+        hyps = run(mode, chunk, None)
         result["cer"][mode] = {method: round(corpus_cer(texts, refs), 4) for method, texts in hyps.items()}
         result["cer"][mode]["seconds"] = round(time.monotonic() - started, 1)
         result["examples"][mode] = [{"ref": r, "hyp": h} for r, h in list(zip(refs, hyps["greedy"], strict=True))[:3]]
+        if graph is not None:
+            biased = run(mode, chunk, graph)
+            result["hotwords"][mode] = {
+                "without": _name_scores(hyps, refs, names),
+                "with": _name_scores(biased, refs, names),
+                "changed": _changed_names(hyps, biased, refs, names),
+            }
     return result
+
+
+def _name_scores(hyps: dict[str, list[str]], refs: list[str], names: list[str]) -> dict[str, dict[str, float]]:
+    """Per method: CER, name recall (names recognized / names said) and names added where not said."""
+    scores = {}
+    for method, texts in hyps.items():
+        hits, said, added = name_hits(texts, refs, names)
+        scores[method] = {
+            "cer": round(corpus_cer(texts, refs), 4),
+            "name_recall": round(hits / max(1, said), 4),
+            "names_recognized": hits,
+            "names_added": added,
+        }
+    return scores
+
+
+def _changed_names(
+    without: dict[str, list[str]], biased: dict[str, list[str]], refs: list[str], names: list[str]
+) -> list[dict[str, str]]:
+    """A few utterances whose final ("joint", else "rescore") differs with the list: what it fixed or broke."""
+    method = "joint" if "joint" in biased else "rescore" if "rescore" in biased else "greedy"
+    changed = [
+        {"ref": ref, "without": a, "with": b}
+        for ref, a, b in zip(refs, without[method], biased[method], strict=True)
+        if a != b
+    ]
+    return changed[:EXAMPLES]
+
+
+def itn_accuracy(path: Path) -> dict[str, Any]:
+    """Exact-match rate per numeric class of the service's ITN (``asr_common.itn``) on a
+    hand-written set: ``class <TAB> spoken <TAB> expected`` per line (``#`` comments)."""
+    from asr_common.itn import normalize_numbers
+
+    per_class: dict[str, dict[str, Any]] = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        fields = line.split("\t")
+        if len(fields) != 3:
+            raise ValueError(f"{path}:{number}: expected 'class<TAB>spoken<TAB>expected', got {line!r}")
+        kind, spoken, expected = (field.strip() for field in fields)
+        got = normalize_numbers(spoken).text
+        entry = per_class.setdefault(kind, {"cases": 0, "exact": 0, "wrong": []})
+        entry["cases"] += 1
+        if got == expected:
+            entry["exact"] += 1
+        else:
+            entry["wrong"].append({"spoken": spoken, "expected": expected, "got": got})
+    for entry in per_class.values():
+        entry["exact_match"] = round(entry["exact"] / entry["cases"], 4)
+    cases = sum(e["cases"] for e in per_class.values())
+    exact = sum(e["exact"] for e in per_class.values())
+    return {"set": str(path), "cases": cases, "exact_match": round(exact / max(1, cases), 4), "classes": per_class}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, required=True, help="WeNet model dir")
-    parser.add_argument("--testset", type=Path, required=True, help="dir with WAVs and a text file")
+    parser.add_argument("--model", type=Path, help="WeNet model dir (needed unless only --itn)")
+    parser.add_argument("--testset", type=Path, help="dir with WAVs and a text file (needed unless only --itn)")
     parser.add_argument("--beam", type=int, default=10, help="n-best size for rescoring; 0 = greedy only")
     parser.add_argument("--limit", type=int, help="only the first N utterances")
     parser.add_argument("--threads", type=int, default=1)
@@ -250,14 +355,37 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--attention-beam", type=int, default=4, help="attention proposals of the joint finals (0: rescore only)"
     )
+    parser.add_argument(
+        "--hotwords", type=Path, metavar="FILE",
+        help="a route's phrase file: decode without and with it, and report name recall (the phrases are the names)",
+    )  # fmt: skip
+    parser.add_argument("--itn", action="store_true", help="also score the service's ITN per numeric class")
+    parser.add_argument(
+        "--itn-set", type=Path, default=ITN_SET, help="class<TAB>spoken<TAB>expected lines (default: the repo's set)"
+    )
     args = parser.parse_args(argv)
     if args.attention_beam < 0:
         parser.error("--attention-beam must be 0 or more")
-    torch.set_num_threads(args.threads)
-    result = evaluate(
-        args.model, args.testset, args.beam, args.limit, args.backend, args.left_chunks, args.dtype,
-        args.attention_beam, tuple(args.chunk_ms),
-    )  # fmt: skip
+    if (args.model is None) != (args.testset is None) or (args.model is None and not args.itn):
+        parser.error("give --model and --testset (or only --itn)")
+    result: dict[str, Any] = {}
+    try:
+        if args.hotwords is not None:
+            load_phrases(args.hotwords)  # a bad file fails before any decoding
+        itn = itn_accuracy(args.itn_set) if args.itn else None
+    except (OSError, ValueError) as exc:
+        parser.error(str(exc))
+    if args.model is not None:
+        torch.set_num_threads(args.threads)
+        try:
+            result = evaluate(
+                args.model, args.testset, args.beam, args.limit, args.backend, args.left_chunks, args.dtype,
+                args.attention_beam, tuple(args.chunk_ms), args.hotwords,
+            )  # fmt: skip
+        except HotwordsError as exc:  # a phrase the model's units cannot spell
+            parser.error(str(exc))
+    if itn is not None:
+        result["itn"] = itn
     print(json.dumps(result, ensure_ascii=False))
 
 

@@ -1,11 +1,11 @@
 """Capacity benchmark of the shared engine: many streams fed at real-time pace.
 
-``asr-bench engine`` opens N streams on one Engine, feeds each 20 ms of 16 kHz audio every
-20 ms (as RTP would), with start times spread over one chunk so chunks do not all line up,
-and reports one JSON object. ``--find-max`` searches the largest N that keeps up in real
-time with p95 partial latency <= 300 ms and p95 final latency <= 2 s, once batched and once
-with ``--max-batch 1``, and reports the ratio as ``batching_gain``. ``--fast`` feeds as fast
-as possible (throughput).
+``asr-bench engine`` opens N streams on one Engine, feeds each 20 ms of audio (at the model's
+own rate from train.yaml, 16 or 8 kHz) every 20 ms (as RTP would), with start times spread over
+one chunk so chunks do not all line up, and reports one JSON object. ``--find-max`` searches
+the largest N that keeps up in real time with p95 partial latency <= 300 ms and p95 final
+latency <= 2 s, once batched and once with ``--max-batch 1``, and reports the ratio as
+``batching_gain``. ``--fast`` feeds as fast as possible (throughput).
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from asr_common.audio import SAMPLE_RATE
 from asr_core.audio_io import read_wav
 from asr_core.backends import BACKENDS
-from asr_core.context_graph import DEFAULT_BONUS, ContextGraph
+from asr_core.context_graph import DEFAULT_BONUS, ContextGraph, HotwordsError, load_graph, load_phrases
 from asr_core.ctc_search import ctc_greedy_batch
 from asr_core.endpoint import EndpointRules
 from asr_core.engine import DTYPES, Engine, EngineOptions, resolve_dtype
@@ -65,16 +66,16 @@ class Trial:
     piece_ms: int = DEFAULT_PIECE_MS
     traced_step: bool = True
     step_threads: int = 1
-    context: ContextGraph | None = None  # hotwords on every stream (--hotwords-ab)
+    context: ContextGraph | None = None  # hotwords on every stream (--hotwords-ab, --hotwords)
 
 
-def synthetic_speech(seconds: float, seed: int) -> np.ndarray:
-    """Speech-like int16 audio: voiced bursts with formant-ish harmonics, pauses between."""
+def synthetic_speech(seconds: float, seed: int, rate: int = SAMPLE_RATE) -> np.ndarray:
+    """Speech-like int16 audio at ``rate`` Hz: voiced bursts with formant-ish harmonics, pauses between."""
     rng = np.random.default_rng(seed)
-    n = int(seconds * 16000)
-    t = np.arange(n) / 16000.0
+    n = int(seconds * rate)
+    t = np.arange(n) / float(rate)
     f0 = 110 + 60 * rng.random() + 20 * np.sin(2 * np.pi * 0.7 * t)
-    phase = 2 * np.pi * np.cumsum(f0) / 16000.0
+    phase = 2 * np.pi * np.cumsum(f0) / float(rate)
     voiced = sum(np.sin(k * phase) / k for k in range(1, 12))
     syllables = (np.sin(2 * np.pi * 4.0 * t + rng.random() * 6) > -0.2).astype(np.float64)
     pauses = (np.sin(2 * np.pi * 0.15 * t + rng.random() * 6) > -0.6).astype(np.float64)
@@ -120,7 +121,7 @@ def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray)
         chunk_ms=trial.chunk_ms, left_chunks=trial.left_chunks, rescore=trial.rescore, context=trial.context
     )
     streams = [engine.open_stream(config, on_event) for _ in range(trial.streams)]
-    piece_samples = trial.piece_ms * 16
+    piece_samples = trial.piece_ms * loaded.frontend.sample_rate // 1000
     piece_s = trial.piece_ms / 1000.0
     pieces_total = int(trial.seconds / piece_s)
     audio_pieces = len(audio) // piece_samples
@@ -310,13 +311,14 @@ def calibrate_ctc(
     the greedy path whose prefix trees hold about 4-5 nodes per token in each direction.
     Returns what was applied and reached.
     """
-    from asr_core.frontend import compute_fbank
+    from asr_core.frontend import compute_fbank, encoder_frame_ms
     from asr_core.offline import encode_streaming
 
-    seconds = min(len(audio), 16000 * 10) / 16000.0
+    rate = loaded.frontend.sample_rate
+    seconds = min(len(audio), rate * 10) / rate
     with torch.inference_mode():
-        fbank = torch.from_numpy(compute_fbank(audio[: 16000 * 10]))
-        chunk_frames = max(1, chunk_ms // (10 * loaded.subsampling))
+        fbank = torch.from_numpy(compute_fbank(audio[: rate * 10], loaded.frontend))
+        chunk_frames = max(1, chunk_ms // encoder_frame_ms(loaded.frontend, loaded.subsampling))
         encoder_out, _ = encode_streaming(loaded, fbank, chunk_frames, left_chunks)
         head = loaded.model.ctc.ctc_lo
         with torch.no_grad():
@@ -352,21 +354,31 @@ def calibrate_ctc(
     return CtcCalibration(scale, scale * threshold, len(tokens) / seconds, mean_peak(scale))
 
 
-def _load_model(args: argparse.Namespace, workdir: Path, audio: np.ndarray) -> tuple[LoadedModel, dict | None]:
-    """The model and, for a random one, its CTC calibration (for the report)."""
+def _load_model(args: argparse.Namespace, workdir: Path) -> tuple[LoadedModel, np.ndarray, dict | None]:
+    """The model, the audio to feed at the model's own rate (``--audio``, resampled where it
+    differs, or synthetic speech), and for a random model its CTC calibration (for the report)."""
     if args.model:
-        return load_wenet_model(args.model), None
-    from deploy.bench.make_random_model import make_random_model
+        loaded = load_wenet_model(args.model)
+    else:
+        from deploy.bench.make_random_model import make_random_model
 
-    model_dir = workdir / f"random_{args.arch}"
-    make_random_model(args.arch, model_dir, seed=0)
-    loaded = load_wenet_model(model_dir)
+        model_dir = workdir / f"random_{args.arch}"
+        make_random_model(args.arch, model_dir, seed=0)
+        loaded = load_wenet_model(model_dir)
+    rate = loaded.frontend.sample_rate
+    audio = read_wav(args.audio, rate).samples if args.audio else synthetic_speech(30.0, seed=1, rate=rate)
+    if args.model:
+        return loaded, audio, None
     calibration = calibrate_ctc(loaded, audio, args.blank_rate, args.peak_posterior, args.chunk_ms, args.left_chunks)
-    return loaded, {
-        "blank_rate": args.blank_rate,
-        "peak": round(calibration.peak, 3),
-        "greedy_tokens_per_s": round(calibration.tokens_per_second, 2),
-    }
+    return (
+        loaded,
+        audio,
+        {
+            "blank_rate": args.blank_rate,
+            "peak": round(calibration.peak, 3),
+            "greedy_tokens_per_s": round(calibration.tokens_per_second, 2),
+        },
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -422,12 +434,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "stream; reports both finals_rtf and the extra finals CPU (needs --finalizer process)",
     )  # fmt: skip
     parser.add_argument(
+        "--hotwords", type=Path, metavar="FILE",
+        help="A/B in one run as --hotwords-ab, with this phrase file (spelled in the model's units) on every stream",
+    )  # fmt: skip
+    parser.add_argument(
         "--piece-ms",
         type=int,
         default=DEFAULT_PIECE_MS,
         help="ms of audio handed to a stream per call (20: one RTP packet; default: the service's resampler batch)",
     )
-    parser.add_argument("--audio", type=Path, help="a 16 kHz mono WAV to feed instead of synthetic speech")
+    parser.add_argument(
+        "--audio", type=Path, help="a mono WAV to feed instead of synthetic speech (resampled to the model's rate)"
+    )
     parser.add_argument(
         "--max-utterance-ms",
         type=int,
@@ -462,11 +480,17 @@ def random_hotwords(units: list[str], count: int, seed: int) -> ContextGraph:
 def run(args: argparse.Namespace) -> int:
     if args.piece_ms <= 0:
         raise SystemExit(f"--piece-ms must be positive, got {args.piece_ms}")
+    if args.hotwords is not None and args.hotwords_ab > 0:
+        raise SystemExit("give --hotwords FILE or --hotwords-ab N, not both")
+    if args.hotwords is not None:
+        try:
+            load_phrases(args.hotwords)  # a bad file fails before the model is built
+        except HotwordsError as exc:
+            raise SystemExit(str(exc)) from None
     if args.threads:
         torch.set_num_threads(args.threads)
-    audio = read_wav(args.audio).samples if args.audio else synthetic_speech(30.0, seed=1)
     with tempfile.TemporaryDirectory() as tmp:
-        loaded, calibration = _load_model(args, Path(tmp), audio)
+        loaded, audio, calibration = _load_model(args, Path(tmp))
     max_utterance_ms = args.max_utterance_ms or (20000 if args.model else 6000)
     base = Trial(
         args.streams,
@@ -500,13 +524,20 @@ def run(args: argparse.Namespace) -> int:
         "step_threads": base.step_threads,
         "torch_threads": torch.get_num_threads(),
     }
-    if args.hotwords_ab > 0:
+    if args.hotwords_ab > 0 or args.hotwords is not None:
+        if args.hotwords is not None:
+            try:
+                graph, phrases = load_graph(args.hotwords, loaded.units), len(load_phrases(args.hotwords))
+            except HotwordsError as exc:  # a phrase the model's units cannot spell
+                raise SystemExit(str(exc)) from None
+        else:
+            graph, phrases = random_hotwords(loaded.units, args.hotwords_ab, seed=5), args.hotwords_ab
         without = run_trial(loaded, base, args.device, audio)
-        graph = random_hotwords(loaded.units, args.hotwords_ab, seed=5)
         with_list = run_trial(loaded, Trial(**{**base.__dict__, "context": graph}), args.device, audio)
         a, b = without["finals_rtf"], with_list["finals_rtf"]
         ab = {
-            "phrases": args.hotwords_ab,
+            "phrases": phrases,
+            "file": None if args.hotwords is None else str(args.hotwords),
             "graph_nodes": len(graph),
             "finals_rtf": [a, b],
             "finals_cpu_extra": None if not a or b is None else round(b / a - 1.0, 4),

@@ -201,7 +201,8 @@ def check_audio(
         name: {"ys": 0.0, "log_probs": 0.0, "argmax_agreement": 1.0} for name in runners
     }
     for wav in wavs:
-        fbank = torch.from_numpy(compute_fbank(read_wav(wav).samples))  # (T, n_mels)
+        audio = read_wav(wav, loaded.frontend.sample_rate).samples  # at the model's own rate
+        fbank = torch.from_numpy(compute_fbank(audio, loaded.frontend))  # (T, n_mels)
         want_ys, want_logp = stream_through_pool(graph, loaded, fbank, chunk, left_chunks)
         for name, runner in runners.items():
             ys, logp = stream_through_pool(runner.step, loaded, fbank, chunk, left_chunks)
@@ -241,7 +242,7 @@ def check_testset(
     graph = ChunkStepGraph(loaded).eval()
     steps: dict[str, ChunkStepFn] = {"torch": graph, **{name: r.step for name, r in runners.items()}}
     errors = dict.fromkeys(steps, 0)
-    items = read_testset(testset)
+    items = read_testset(testset, loaded.frontend)
     ref_chars = sum(len(scoring_text(text)) for _, text, _ in items)
     for _, text, fbank in items:
         for name, step in steps.items():
