@@ -11,6 +11,10 @@ here; the leg applies what comes back to its own reorder buffer and counters.
 The receiver also applies the leg's source policy (`rtp.latch`) to every datagram, armed or
 not: one from an address the policy refuses is counted and dropped in C, without a Python
 object and without disarming the leg (`FastPath.screen`).
+
+For an SRTP leg the receiver also gets the leg's libsrtp session (`FastPath.set_srtp`) and
+unprotects the in-order packets in place before taking them; a packet that fails goes to the
+leg's Python handler, which counts it.
 """
 
 from __future__ import annotations
