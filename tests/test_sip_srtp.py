@@ -15,10 +15,12 @@ from sip.actions import Action, SendMessage, StartMedia, UpdateMedia
 from sip.app import CountingCallHandler
 from sip.config import SipSettings
 from sip.message import NameAddr, Request
+from sip.multipart import BodyPart, build_multipart
 from sip.routing import Profile, Router, RoutesFile, load_routes
 from sip.sdes import SdesError, parse_crypto, select_key
 from sip.sdp import SessionDescription, SrtpPolicy
 from sip.uas import UasCore
+from tests.test_sip_fuzz import METADATA
 from tests.test_sip_support import OFFER_PCMU, SOURCE, FakePorts, ack, invite
 from tests.test_sip_uas import responses
 
@@ -201,3 +203,31 @@ def test_an_ack_answer_without_a_usable_key_ends_the_call_with_a_reason() -> Non
     (bye,) = [a.message for a in actions if isinstance(a, SendMessage) and isinstance(a.message, Request)]
     assert bye.method == "BYE" and "the suite needs 30" in (bye.headers.get("Reason") or "")
     assert core.counters["calls.answer_refused"] == 1
+
+
+def test_siprec_with_srtp_streams_gets_a_key_per_labelled_stream() -> None:
+    """SIPREC from an SBC as SRTP: each labelled RTP/SAVP stream is answered with its own
+    crypto line and its leg unprotects with that stream's key."""
+    other = bytes(range(50, 80))
+    sdp = (
+        "v=0\r\no=- 1 1 IN IP4 10.0.0.5\r\ns=-\r\nc=IN IP4 10.0.0.5\r\nt=0 0\r\n"
+        f"m=audio 40000 RTP/SAVP 0\r\n{CRYPTO_80}a=label:1\r\na=sendonly\r\n"
+        f"m=audio 40002 RTP/SAVP 0\r\na=crypto:1 AES_CM_128_HMAC_SHA1_32 inline:{base64.b64encode(other).decode()}\r\n"
+        "a=label:2\r\na=sendonly\r\n"
+    )
+    body = build_multipart(
+        [BodyPart("application/sdp", sdp.encode()), BodyPart("application/rs-metadata+xml", METADATA.encode())], "fz"
+    ).decode()
+    core = core_with("required")
+    actions = core.receive(
+        invite(extra="Require: siprec\r\n", body=body, content_type="multipart/mixed;boundary=fz"), SOURCE, 0.0
+    )
+    ok = responses(actions)[-1]
+    assert ok.status == 200
+    first, second = SessionDescription.parse(ok.body).media
+    assert [c.split()[:2] for c in first.crypto + second.crypto] == [
+        ["3", "AES_CM_128_HMAC_SHA1_80"],
+        ["1", "AES_CM_128_HMAC_SHA1_32"],
+    ]
+    keys = {start.leg.label: start.srtp.key for start in starts(actions) if start.srtp is not None}
+    assert keys == {"1": KEY, "2": other}
