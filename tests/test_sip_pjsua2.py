@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import shutil
+import subprocess
 import sys
 import wave
 from collections.abc import AsyncIterator
@@ -133,7 +135,9 @@ def assert_delivered(codec: str, sink: CountingSink, sent: np.ndarray) -> None:
 
 
 @asynccontextmanager
-async def sip_server(handler: CountingCallHandler, router: Router | None = None) -> AsyncIterator[SipServer]:
+async def sip_server(
+    handler: CountingCallHandler, router: Router | None = None, settings: SipSettings | None = None
+) -> AsyncIterator[SipServer]:
     """Our SipServer on a free loopback UDP port with real RtpLeg legs.
 
     The RTP range starts at a pair that is free now and is wide (the allocator skips pairs it
@@ -141,7 +145,8 @@ async def sip_server(handler: CountingCallHandler, router: Router | None = None)
     """
     base = min(free_port(pair=True), 65535 - 400)
     ports = PortAllocator("127.0.0.1", base, base + 400)
-    server = SipServer(SipSettings(host="127.0.0.1", port=0, transports=["udp"]), handler, ports, router)
+    settings = settings or SipSettings(host="127.0.0.1", port=0, transports=["udp"])
+    server = SipServer(settings, handler, ports, router)
     await server.start()
     try:
         yield server
@@ -156,9 +161,14 @@ async def call_with_pjsua2(
     timeout_s: float = 25.0,
     delayed_offer: bool = False,
     srtp: bool = False,
+    tls: bool = False,
 ) -> dict[str, Any]:
     """Run the caller to completion; returns its JSON report (asserting it succeeded)."""
-    args = [sys.executable, str(CALLER), "--target", f"sip:asr@127.0.0.1:{server.port('udp')}"]
+    target = (
+        f"sip:asr@127.0.0.1:{server.port('tls')};transport=tls" if tls else f"sip:asr@127.0.0.1:{server.port('udp')}"
+    )
+    args = [sys.executable, str(CALLER), "--target", target]
+    args += ["--tls"] if tls else []
     args += ["--delayed-offer"] if delayed_offer else []
     args += ["--srtp"] if srtp else []
     args += ["--codec", codec, "--calls", str(len(wavs)), "--sip-port", str(free_port())]
@@ -287,5 +297,35 @@ def test_srtp_from_pjsua2_reaches_sink_sample_accurate(tmp_path: Path, delayed_o
             assert server.counters["calls.answer_refused"] == 0
             (leg,) = handler.legs.values()
             assert_delivered("PCMU", handler.sinks[leg.leg_id], sent)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is needed to make a test certificate")
+def test_srtp_over_tls_from_pjsua2_reaches_sink_sample_accurate(tmp_path: Path) -> None:
+    """The way SDES keys should travel: SIP over TLS (pjsua2's TLS transport, our TLS listener)
+    with SRTP mandatory."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-days", "1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    settings = SipSettings(
+        host="127.0.0.1", port=0, tls_port=0, transports=["udp", "tls"], tls_cert=str(cert), tls_key=str(key)
+    )
+    sent = chirp(2.0, 200, 3400)
+    wav = write_wav(tmp_path / "chirp.wav", sent)
+    router = Router(RoutesFile(profiles={"default": Profile(srtp="required")}))
+
+    async def scenario() -> None:
+        handler = PcmKeepingHandler()
+        async with sip_server(handler, router, settings) as server:
+            await call_with_pjsua2(server, "PCMA", [wav], srtp=True, tls=True)
+            await settle(server, handler, 1)
+            (call,) = handler.calls.values()
+            assert call.source[2] == "tls"
+            (leg,) = handler.legs.values()
+            assert_delivered("PCMA", handler.sinks[leg.leg_id], sent)
 
     asyncio.run(scenario())
