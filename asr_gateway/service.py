@@ -186,7 +186,8 @@ def _files_signature(paths: list[Path]) -> str:
 
 
 RTP_COUNTERS = ("packets", "lost", "late", "duplicate", "reordered", "bad_packets", "foreign_packets", "dtmf_events",
-                "foreign_address", "foreign_port", "unknown_payload_packets", "concealed_samples")  # fmt: skip
+                "foreign_address", "foreign_port", "unknown_payload_packets", "concealed_samples",
+                "srtp_auth_failed", "srtp_replayed", "srtp_bad")  # fmt: skip
 
 
 class RtpTotals:

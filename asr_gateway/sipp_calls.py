@@ -10,12 +10,15 @@ call scenario.
 
 sipp's ``play_pcap_audio`` only feeds the first m-line. For the second SIPREC stream the
 scenario logs the port of our answer's second m-line (``<ereg>`` + ``<log>``) and
-``place_call`` streams that leg itself, paced at 20 ms per packet.
+``place_call`` streams that leg itself, paced at 20 ms per packet. An SRTP call
+(``srtp``: RTP/SAVP with an SDES ``a=crypto`` line) is streamed the same way, each packet
+protected by libsrtp (``rtp.srtp.SrtpSender``), since sipp cannot encrypt a pcap.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
 import shutil
 import socket
@@ -31,6 +34,7 @@ from rtp.dtmf import KEYS
 from rtp.g711 import encode_alaw, encode_ulaw
 from rtp.g722 import SAMPLE_RATE as G722_RATE
 from rtp.g722 import G722Encoder
+from rtp.srtp import SrtpKeys, SrtpSender
 
 SAMPLES_PER_PACKET = 160  # 20 ms at 8 kHz (and 20 ms of G.722: 160 ticks, RFC 3551)
 PACKET_S = 0.02
@@ -40,6 +44,7 @@ CODEC_NAMES = {PCMU: "PCMU", PCMA: "PCMA", G722: "G722"}
 KEY_PACKETS = 5  # a key press: 100 ms of event packets, then its End packet three times
 SECOND_LEG_MARK = "SECOND_LEG_PORT"
 ANSWERED_MARK = "CALL_ANSWERED"
+FIRST_LEG_MARK = "FIRST_LEG_PORT"
 
 
 def _ip_checksum(header: bytes) -> int:
@@ -183,7 +188,7 @@ def _along_route_set(request: str) -> str:
 def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False, to_user: str = "12345",
                  from_user: str = "citizen", agent: str = "1001", hangup: bool = True,
                  media_delay_ms: int = 0, extra_headers: str = "", from_uri_params: str = "",
-                 via_proxy: bool = False) -> str:  # fmt: skip
+                 via_proxy: bool = False, srtp: SrtpKeys | None = None) -> str:  # fmt: skip
     """A sipp UAC scenario: INVITE, ACK, (wait ``media_delay_ms``,) play ``audio.pcap`` for
     ``seconds`` (+1 s), BYE.
 
@@ -195,6 +200,8 @@ def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False,
     ``;x-nearend;x-refci=123``), on every request of the dialog.
 
     ``siprec``: logs ``SECOND_LEG_PORT <port>`` (the answer's second m-line) to sipp's log file.
+    ``srtp``: a plain call offering RTP/SAVP with these keys; logs ``FIRST_LEG_PORT <port>``
+    and plays nothing (``place_call`` sends the SRTP).
     ``hangup=False``: the caller vanishes after the audio, without a BYE.
     """
     codec = CODEC_NAMES[payload_type]
@@ -205,8 +212,13 @@ def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False,
         invite = _message("INVITE", 1, body, "multipart/mixed;boundary=hotline-boundary", extra,
                           contact_params=";+sip.src", **names)  # fmt: skip
     else:
-        invite = _message("INVITE", 1, _SDP_PLAIN.format(pt=payload_type, codec=codec), "application/sdp",
-                          extra_headers.strip(), **names)  # fmt: skip
+        sdp = _SDP_PLAIN.format(pt=payload_type, codec=codec)
+        if srtp is not None:
+            inline = base64.b64encode(srtp.key).decode("ascii")
+            sdp = sdp.replace(" RTP/AVP ", " RTP/SAVP ").replace(
+                "a=sendrecv", f"a=crypto:1 {srtp.suite} inline:{inline}\na=sendrecv"
+            )
+        invite = _message("INVITE", 1, sdp, "application/sdp", extra_headers.strip(), **names)
     ack = _message("ACK", 1, **names)
     bye = _message("BYE", 2, **names)
     if via_proxy:
@@ -221,6 +233,13 @@ def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False,
 <log message="{SECOND_LEG_MARK} [$p2]"/>
 </action></recv>
 <Reference variables="m,p1,x"/>"""
+    if srtp is not None:
+        answered = f"""<recv response="200" rtd="true"><action>
+<ereg regexp="m=audio ([0-9]+) RTP/SAVP" search_in="body" check_it="true" assign_to="m,p1"/>
+<log message="{FIRST_LEG_MARK} [$p1]"/>
+</action></recv>
+<Reference variables="m"/>"""
+    play = "" if srtp is not None else '<nop><action><exec play_pcap_audio="audio.pcap"/></action></nop>'
     ending = f"""<pause milliseconds="{int(seconds * 1000) + 1000}"/>
 <send retrans="500"><![CDATA[
 {bye}]]></send>
@@ -238,7 +257,7 @@ def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False,
 <send><![CDATA[
 {ack}]]></send>
 {f'<pause milliseconds="{media_delay_ms}"/>' if media_delay_ms > 0 else ""}
-<nop><action><exec play_pcap_audio="audio.pcap"/></action></nop>
+{play}
 {ending}
 </scenario>
 """
@@ -264,6 +283,7 @@ async def place_call(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate:
                      hangup: bool = True, host: str = "127.0.0.1", timeout_s: float | None = None,
                      call_tag: str | None = None, media_delay_ms: int = 0, keys: str = "",
                      via_proxy: bool = False, target_host: str | None = None,
+                     srtp: SrtpKeys | None = None, srtp_send_key: bytes | None = None,
                      **names: str) -> CallResult:  # fmt: skip
     """One sipp call that streams ``pcm`` over RTP to our service, then hangs up.
 
@@ -274,13 +294,22 @@ async def place_call(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate:
     ``hangup=False`` leaves without a BYE; ``call_tag`` starts the SIP Call-ID (``TAG-...``),
     so the call's events can be found by their ``sip_call_id``; ``media_delay_ms`` holds the
     RTP back after the ACK (the leg is open, nothing has latched it yet); ``keys`` are sent as
-    RFC 4733 key presses after the audio.
+    RFC 4733 key presses after the audio. ``srtp`` offers RTP/SAVP with those keys and sends
+    the audio as SRTP protected with ``srtp_send_key`` (default: the offered key; another one
+    plays a misconfigured peer).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     seconds = write_rtp_pcap(workdir / "audio.pcap", pcm, sample_rate, payload_type, keys=keys)
     scenario = workdir / "scenario.xml"
     xml = scenario_xml(
-        seconds, payload_type, siprec, hangup=hangup, media_delay_ms=media_delay_ms, via_proxy=via_proxy, **names
+        seconds,
+        payload_type,
+        siprec,
+        hangup=hangup,
+        media_delay_ms=media_delay_ms,
+        via_proxy=via_proxy,
+        srtp=srtp,
+        **names,
     )
     scenario.write_text(xml, encoding="latin-1")
     log_file = workdir / "sipp.log"
@@ -296,7 +325,11 @@ async def place_call(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate:
     sender: asyncio.Task[None] | None = None
     if siprec:
         packets = rtp_packets(pcm if second_pcm is None else second_pcm, sample_rate, payload_type, ssrc=0x5678)
-        sender = asyncio.create_task(_stream_second_leg(log_file, host, packets, process))
+        sender = asyncio.create_task(_stream_leg(log_file, SECOND_LEG_MARK, host, packets, process))
+    elif srtp is not None:
+        protector = SrtpSender(SrtpKeys(srtp.suite, srtp_send_key or srtp.key))
+        packets = [protector.protect(p) for p in rtp_packets(pcm, sample_rate, payload_type)]
+        sender = asyncio.create_task(_stream_leg(log_file, FIRST_LEG_MARK, host, packets, process))
     try:
         _, stderr = await process.communicate()
     except asyncio.CancelledError:
@@ -349,15 +382,15 @@ async def place_calls(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate
     return CallResult(process.returncode or 0, errors[-4000:])
 
 
-async def _stream_second_leg(
-    log_file: Path, host: str, packets: list[bytes], process: asyncio.subprocess.Process
+async def _stream_leg(
+    log_file: Path, mark: str, host: str, packets: list[bytes], process: asyncio.subprocess.Process
 ) -> None:
-    """Wait for sipp to log the second m-line's port, then send ``packets`` to it in real time."""
+    """Wait for sipp to log an m-line's port after ``mark``, then send ``packets`` to it in real time."""
     port = None
     while port is None and process.returncode is None:
         await asyncio.sleep(0.01)
         text = log_file.read_text(errors="replace") if log_file.exists() else ""
-        found = re.search(SECOND_LEG_MARK + r" (\d+)", text)
+        found = re.search(mark + r" (\d+)", text)
         port = int(found.group(1)) if found else None
     if port is None or port == 0:
         return

@@ -7,7 +7,10 @@ gets it resampled down). RFC 4733 telephone-events are counted and read as digit
 All protocol work is in the sans-IO modules (`packet`, `jitter`, `g711`, `resample`); this
 module adds the sockets (read by the event loop's shared `rtp.poller.DatagramPoller`), source
 latching, RFC 3550 jitter, RTCP BYE and the inactivity timer; handing in-order packets to the
-optional C receive path and taking its state back is `rtp.fastpath`.
+optional C receive path and taking its state back is `rtp.fastpath`. An SRTP leg (`set_srtp`)
+unprotects each admitted datagram (`rtp.srtp`) before parsing it; the C path, when built,
+unprotects the in-order ones itself with the same libsrtp session. A plain leg pays one
+attribute test per packet that leaves the C path.
 Malformed packets are counted in `stats.bad_packets` and dropped; nothing a peer sends can
 raise out of the datagram handlers.
 Kept whole (just over 500 lines): the datagram handlers, latching and the inactivity timer
@@ -37,6 +40,7 @@ from rtp.poller import DatagramPoller
 from rtp.resample import PassThroughStream, SharedUpsampler, SoxrStream, UpsamplerStream
 from rtp.seq import timestamp_diff
 from rtp.sink import DtmfSink, PcmSink
+from rtp.srtp import SrtpKeys, SrtpReceiver
 from rtp.stats import LegStats
 
 CLOCK_RATE_HZ = 8000
@@ -129,6 +133,12 @@ class RtpLeg:
     and in the C receive path alike. Until the address is known every mode acts like "first";
     a re-INVITE that changes it (`set_expected_remote`) releases the latch. RTCP is taken from
     the signalled IP, or in "first"-like operation from the latched or signalled host.
+
+    `srtp` (or `set_srtp` later): the SDES keys of an SRTP stream. Each datagram the source
+    rule admits is unprotected (`rtp.srtp`) before it is parsed, SRTCP too (also on the RTP
+    port); one failing authentication or the replay check is counted in `stats.srtp_*` and
+    dropped. The C receive path unprotects in-order packets with the same libsrtp session
+    (not with an MKI, whose packets all take the Python path).
     """
 
     def __init__(
@@ -147,8 +157,15 @@ class RtpLeg:
         fast_path: bool = True,
         expected_remote: tuple[str, int] | None = None,
         latch: LatchMode | str = LatchMode.ADDRESS,
+        srtp: SrtpKeys | None = None,
     ) -> None:
         self._stats = LegStats()
+        self._srtp_keys: SrtpKeys | None = None
+        self._srtp: SrtpReceiver | None = None
+        if srtp is not None:
+            self._srtp_keys, self._srtp = srtp, SrtpReceiver(srtp, self._stats)
+        # whether the C path may be armed: always for plain RTP; for SRTP when it unprotects too
+        self._fast_armable = srtp is None
         # The C receive path (`rtp._fastrtp`, through the poller) when built and `fast_path`;
         # `self._fast.armed` while it takes this leg's in-order packets (`rtp.fastpath`).
         self._use_fast = fast_path
@@ -242,6 +259,7 @@ class RtpLeg:
         if self._poller.add(rtp, self.handle_rtp, owner=self if self._use_fast else None, batch_bytes=batch_bytes):
             self._fast.attach(self._poller.fast, rtp.fileno())
             self._fast.screen(self._policy.screen_filter())
+            self._fast_armable = self._fast.set_srtp(self._srtp)
         self._poller.add(rtcp, self.handle_rtcp)
         self._sockets = (rtp, rtcp)
         self._last_seen = time.monotonic()
@@ -287,6 +305,17 @@ class RtpLeg:
         self._policy.set_mode(mode)
         self._fast.screen(self._policy.screen_filter())
 
+    def set_srtp(self, keys: SrtpKeys | None) -> None:
+        """Unprotect with `keys` from now on (SDP with SDES keys, or a re-INVITE that changes
+        them); None: plain RTP. The same keys again keep the session and its replay window."""
+        if keys == self._srtp_keys:
+            return
+        if self._fast.armed:
+            self._take_fast(disarm=True)
+        self._srtp_keys = keys
+        self._srtp = SrtpReceiver(keys, self._stats) if keys is not None else None
+        self._fast_armable = self._fast.set_srtp(self._srtp) if self._fast.available else keys is None
+
     def set_hold(self, on_hold: bool) -> None:
         """inactive/sendonly media suspends the inactivity timeout; resuming restarts it."""
         self._on_hold = on_hold
@@ -309,6 +338,15 @@ class RtpLeg:
                 return
         if self._fast.armed:  # a packet that bypassed the C path: take over its state first
             self._take_fast(disarm=True)
+        srtp = self._srtp
+        if srtp is not None:
+            if len(data) > 1 and _RTCP_SECOND_BYTE_MIN <= data[1] <= _RTCP_SECOND_BYTE_MAX:
+                self.handle_rtcp(data, addr)
+                return
+            unprotected = srtp.unprotect(data)
+            if unprotected is None:
+                return
+            data = unprotected
         if len(data) >= RTP_HEADER_LENGTH and data[0] == _PLAIN_RTP_FIRST_BYTE:
             _, second, sequence_number, timestamp, ssrc = _RTP_HEADER.unpack_from(data)
             if _RTCP_SECOND_BYTE_MIN <= second <= _RTCP_SECOND_BYTE_MAX:
@@ -360,7 +398,7 @@ class RtpLeg:
                 self._queued_samples += len(payload)
                 if self._queued_samples >= self._batch_samples:
                     self._resample_queued()
-                if self._fast.available:
+                if self._fast.available and self._fast_armable:
                     self._arm(payload_type, addr)
                 return
             kind = PacketKind.AUDIO
@@ -384,6 +422,11 @@ class RtpLeg:
         if not self._policy.admit_rtcp(addr):
             self._stats.foreign_packets += 1
             return
+        if self._srtp is not None:
+            unprotected = self._srtp.unprotect_rtcp(data)
+            if unprotected is None:
+                return
+            data = unprotected
         try:
             packets = parse_rtcp(data)
         except ValueError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rtp.srtp import SrtpKeys
 from sip.app import CallInfo, LegInfo, PcmSink
 from sip.message import Address, Message
 
@@ -26,7 +27,8 @@ class SendMessage:
 class StartMedia:
     """Open an RTP leg on ``port`` feeding ``sink``; when it ends, call ``UasCore.media_ended``.
 
-    ``remote`` is the peer's RTP (address, port) from its SDP offer, None when it gave none.
+    ``remote`` is the peer's RTP (address, port) from its SDP offer, None when it gave none;
+    ``srtp`` the keys its SRTP is unprotected with, None for plain RTP.
     """
 
     call: CallInfo
@@ -36,6 +38,7 @@ class StartMedia:
     on_hold: bool
     sink: PcmSink
     remote: tuple[str, int] | None = None
+    srtp: SrtpKeys | None = None
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,7 @@ class UpdateMedia:
     payload_types: dict[int, str]
     on_hold: bool
     remote: tuple[str, int] | None = None
+    srtp: SrtpKeys | None = None
 
 
 @dataclass(frozen=True)

@@ -82,10 +82,10 @@ class InviteGate:
             raise Reject(decision.reject_code or 404)
         profile = decision.profile
         if body.offer is not None:
-            plans = plan_streams(body.offer, sendonly_is_hold=not siprec)
+            plans = plan_streams(body.offer, sendonly_is_hold=not siprec, srtp=profile.srtp)
         else:
             self.counters["invites.offerless"] += 1
-            plans = [offered_plan(0, None)]
+            plans = [offered_plan(0, None, profile.srtp)]
         plain = None if siprec else cucm.plain_call(request, from_party.uri, profile.role, profile.join_by)
         streams = select_streams(plans, profile, body.metadata, siprec, from_party, plain.role if plain else "mixed")
         if not streams:

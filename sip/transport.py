@@ -23,6 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from rtp.leg import END_RTCP_BYE, RtpLeg
 from rtp.sink import PcmSink
+from rtp.srtp import SrtpKeys
 from sip.actions import Action, CallEnded, LegUpdated, SendMessage, StartMedia, StopMedia, UpdateMedia
 from sip.app import CallHandler
 from sip.call_media import PortSource
@@ -60,6 +61,14 @@ class AddressedMediaLeg(MediaLeg, Protocol):
     def set_expected_remote(self, address: tuple[str, int] | None) -> None: ...
 
     def set_latch(self, mode: str) -> None: ...
+
+
+@runtime_checkable
+class SrtpMediaLeg(MediaLeg, Protocol):
+    """A leg that can unprotect SRTP (``RtpLeg`` does). An SRTP stream given to a leg without
+    it is hung up (``srtp-unsupported``) rather than decoded as ciphertext."""
+
+    def set_srtp(self, keys: SrtpKeys | None) -> None: ...
 
 
 LegFactory = Callable[[PcmSink, dict[int, str], Callable[[str], None]], MediaLeg]
@@ -333,6 +342,8 @@ class SipServer:
                 entry[0].set_hold(action.on_hold)
                 if isinstance(entry[0], AddressedMediaLeg):
                     entry[0].set_expected_remote(action.remote)
+                if isinstance(entry[0], SrtpMediaLeg):
+                    entry[0].set_srtp(action.srtp)
         elif isinstance(action, StopMedia):
             self._close_leg(action.leg_id, action.call_id)
         elif isinstance(action, LegUpdated):
@@ -412,6 +423,13 @@ class SipServer:
             if action.call.profile.rtp_latch is not None:
                 leg.set_latch(action.call.profile.rtp_latch)
             leg.set_expected_remote(action.remote)
+        if isinstance(leg, SrtpMediaLeg):
+            leg.set_srtp(action.srtp)
+        elif action.srtp is not None:
+            log.warning("call %s: this media leg cannot unprotect SRTP; hanging up", call_id)
+            self.ports.release(action.port)
+            self._submit(self.core.media_ended(call_id, "srtp-unsupported", self._now()))
+            return
         try:
             await leg.open(self.media_host, action.port)
         except OSError as exc:

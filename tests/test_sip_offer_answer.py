@@ -171,18 +171,17 @@ def test_savp_only_offer_is_refused_488_with_a_warning_never_answered_without_ke
         assert statuses(make_core().receive(invite(body=body), SOURCE, 0.0))[-1] == 488, proto
 
 
-def test_offer_with_avp_and_savp_alternatives_takes_avp() -> None:
-    for policy in ("off", "optional"):
-        routes = RoutesFile(profiles={"default": Profile(srtp=policy)})  # type: ignore[arg-type]
-        core = UasCore(SipSettings(), CountingCallHandler(), FakePorts(), Router(routes))
-        actions = core.receive(invite(body=AVP_AND_SAVP), SOURCE, 0.0)
-        ok = responses(actions)[-1]
-        assert ok.status == 200
-        savp, avp = SessionDescription.parse(ok.body).media
-        assert (savp.port, savp.proto) == (0, "RTP/SAVP") and b"a=crypto" not in ok.body
-        assert avp.proto == "RTP/AVP" and avp.port != 0
-        (start,) = [a for a in actions if isinstance(a, StartMedia)]
-        assert start.remote == ("10.0.0.5", 40002)
+def test_offer_with_avp_and_savp_alternatives_takes_avp_when_srtp_is_off() -> None:
+    routes = RoutesFile(profiles={"default": Profile(srtp="off")})
+    core = UasCore(SipSettings(), CountingCallHandler(), FakePorts(), Router(routes))
+    actions = core.receive(invite(body=AVP_AND_SAVP), SOURCE, 0.0)
+    ok = responses(actions)[-1]
+    assert ok.status == 200
+    savp, avp = SessionDescription.parse(ok.body).media
+    assert (savp.port, savp.proto) == (0, "RTP/SAVP") and b"a=crypto" not in ok.body
+    assert avp.proto == "RTP/AVP" and avp.port != 0
+    (start,) = [a for a in actions if isinstance(a, StartMedia)]
+    assert start.remote == ("10.0.0.5", 40002) and start.srtp is None
 
 
 def test_reinvite_to_savp_only_is_refused_and_the_call_keeps_its_leg() -> None:
@@ -191,11 +190,6 @@ def test_reinvite_to_savp_only_is_refused_and_the_call_keeps_its_leg() -> None:
     assert statuses(actions) == [488]
     call = core.call(start.call.call_id)
     assert call is not None and list(call.legs) == [0]
-
-
-def test_srtp_required_is_a_config_error_until_decryption_exists() -> None:
-    with pytest.raises(ValidationError, match="srtp: required needs SRTP decryption"):
-        Profile(srtp="required")
 
 
 def test_bare_yaml_off_is_the_off_policy() -> None:

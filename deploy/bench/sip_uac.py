@@ -137,6 +137,7 @@ def stream_rtp(
     active: list[bool] | None = None,
     sent: list[int] | None = None,
     on_tick: Callable[[], None] | None = None,
+    protectors: list[Callable[[bytes], bytes]] | None = None,
 ) -> StreamReport:
     """Send one 20 ms packet to every target per tick for `seconds`, pacing by the clock.
 
@@ -144,6 +145,7 @@ def stream_rtp(
     turns False (its call ended) is skipped; `sent` counts packets per target. `on_tick`
     runs after each tick's packets (the UAC answers SIP there). A tick that starts more than
     one period late counts in `ticks_behind`; it is sent anyway, so nothing is skipped.
+    `protectors` (one per target) turn each packet into SRTP before it is sent.
     """
     payload_type = PAYLOAD_TYPES[codec]
     payloads = tone_payloads(codec)
@@ -164,7 +166,7 @@ def stream_rtp(
             if active is not None and not active[index]:
                 continue
             try:
-                sendto(packet, address)
+                sendto(packet if protectors is None else protectors[index](packet), address)
             except OSError:
                 report.send_errors += 1
                 continue
