@@ -5,9 +5,10 @@
         [--budget-s 420] [--arch aishell] [--dry-run-gpu]
 
 ``deploy/bench/gpu.sh`` installs the packed wheels and runs this. It checks the GPU
-(``nvidia-smi`` and ``torch.cuda``), then runs ``asr-bench engine`` once per trial, each in its
-own process with a timeout (160 ms chunks, 8 left chunks, the random-weight model of ``--arch``
-with the calibrated CTC head): every backend x dtype at the first stream count, then a batch-1
+(``nvidia-smi`` and ``torch.cuda``), then runs ``asr-bench engine`` (``deploy.bench.engine_bench``,
+without the service's imports) once per trial, each in its own process with a timeout (160 ms
+chunks, 8 left chunks, the random-weight model of ``--arch`` with the calibrated CTC head):
+every backend x dtype at the first stream count, then a batch-1
 search (``--max-batch 1``) for the batching gain, then the next stream count for the
 configurations that passed the previous one. A trial passes by ``engine_bench.meets_latency_rule``
 (partial p95 <= 300 ms, no chunk later than 1 s). A trial that would end past ``--budget-s`` is
@@ -155,7 +156,7 @@ def run_trial(
 ) -> dict[str, Any]:  # fmt: skip
     """One ``asr-bench engine`` trial in a child process; its JSON plus the GPU samples."""
     argv = [
-        sys.executable, "-m", "deploy.bench.cli", "engine", "--arch", plan.arch, "--device", plan.device,
+        sys.executable, "-m", "deploy.bench.engine_bench", "--arch", plan.arch, "--device", plan.device,
         "--backend", backend, "--dtype", dtype, "--streams", str(streams), "--seconds", str(plan.seconds),
         "--max-batch", str(max_batch), "--max-wait-ms", str(plan.max_wait_ms), *plan.extra,
     ]  # fmt: skip
@@ -166,17 +167,22 @@ def run_trial(
     record: dict[str, Any] = {"backend": backend, "dtype": dtype, "streams": streams, "max_batch": max_batch}
     with GpuSampler() as sampler:
         try:
-            out = subprocess.run(argv, stdout=subprocess.PIPE, stderr=log, text=True, timeout=timeout, check=False)
-        except subprocess.TimeoutExpired:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+            stderr = out.stderr
+        except subprocess.TimeoutExpired as exc:
             out = None
+            stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
+    log.write(stderr)
+    log.flush()
     record["wall_s"] = round(time.monotonic() - started, 1)
     plan.last_duration_s = record["wall_s"]
     record["gpu_sampled"] = sampler.summary()
+    last_error = stderr.strip().splitlines()[-1][-300:] if stderr.strip() else ""
     if out is None:
-        return {**record, "error": f"timeout after {timeout:.0f} s", "passed": False}
+        return {**record, "error": f"timeout after {timeout:.0f} s: {last_error}", "passed": False}
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not lines:
-        return {**record, "error": f"exit {out.returncode}", "passed": False}
+        return {**record, "error": f"exit {out.returncode}: {last_error}", "passed": False}
     result = json.loads(lines[-1])
     keys = (
         "realtime_ok", "latency_rule_ok", "partial_latency_ms", "tail_partial_latency_ms", "final_latency_ms",
