@@ -255,7 +255,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch1-streams", default="16 32 64 128", help="stream counts of the batch-1 search")
     parser.add_argument("--seconds", type=float, default=8.0, help="audio per trial (default: %(default)s)")
     parser.add_argument("--budget-s", type=float, default=420.0, help="no trial starts that would end later")
-    parser.add_argument("--trial-timeout-s", type=float, default=150.0)
+    parser.add_argument(
+        "--trial-timeout-s", type=float, help="a trial's limit (default: 150 s on a GPU, 480 s on a CPU)"
+    )
     parser.add_argument("--arch", choices=["aishell", "wenetspeech", "small"], default="aishell")
     parser.add_argument("--max-batch", type=int, default=1024)
     parser.add_argument("--max-wait-ms", type=float, default=10.0)
@@ -271,6 +273,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--streams and --batch1-streams take whole numbers separated by spaces")
     if not args.stream_levels or min(args.stream_levels) < 1:
         parser.error("--streams needs at least one positive stream count")
+    if args.trial_timeout_s is None:
+        args.trial_timeout_s = 150.0 if args.device.startswith("cuda") else 480.0
     return args
 
 
