@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from importlib.metadata import entry_points
 from pathlib import Path
 
 from asr_common.yamlconf import ConfigError
@@ -87,6 +89,18 @@ def _demo(argv: list[str]) -> int:
     return demo_main(argv)
 
 
+PLUGIN_GROUP = "hotline_asr.gateway_commands"
+
+
+def _plugin(name: str) -> Callable[[list[str]], int] | None:
+    """A subcommand another installed package registers (entry point group ``PLUGIN_GROUP``):
+    ``asr-gateway console`` is the console's, which sits above this package and is not imported here."""
+    for entry in entry_points(group=PLUGIN_GROUP, name=name):
+        command: Callable[[list[str]], int] = entry.load()
+        return command
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="asr-gateway", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -98,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=_serve)
     sub.add_parser("tail", help="print live events from Redis (`asr-gateway tail --help` for its options)")
     sub.add_parser("demo", help="run the whole pipeline once on this machine (`asr-gateway demo --help`)")
+    for entry in entry_points(group=PLUGIN_GROUP):
+        sub.add_parser(entry.name, help=f"provided by {entry.value.split(':')[0]} (`asr-gateway {entry.name} --help`)")
     return parser
 
 
@@ -107,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
         return _tail(argv[1:])
     if argv[:1] == ["demo"]:
         return _demo(argv[1:])
+    plugin = _plugin(argv[0]) if argv and not argv[0].startswith("-") else None
+    if plugin is not None:
+        return plugin(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     result: int = args.func(args)

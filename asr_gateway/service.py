@@ -36,6 +36,7 @@ from asr_core.engine import Engine, EngineOptions, resolve_dtype
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_gateway.bridge import CallBridge
 from asr_gateway.config import ServiceConfig
+from asr_gateway.heartbeat import Heartbeat, default_node_id
 from asr_gateway.hotwords import HotwordLists
 from asr_gateway.metrics import MetricsServer
 from kb_hooks.processor import TranscriptProcessor
@@ -267,6 +268,7 @@ class Service:
         self._reload_task: asyncio.Task[None] | None = None
         self.started_at = 0.0
         self.last_reload = ReloadStatus(time.time(), True)
+        self.heartbeat: Heartbeat | None = None
 
     def _rtp_leg(self, sink: PcmSink, payload_types: dict[int, str], on_end: Callable[[str], None]) -> RtpLeg:
         sip = self.config.sip
@@ -306,6 +308,10 @@ class Service:
             sip_tcp=self.sip.port("tcp") if "tcp" in transports else None,
             metrics=metrics_port,
         )
+        redis = self.config.redis
+        node_id = default_node_id(ports.sip_udp or ports.sip_tcp)
+        self.heartbeat = Heartbeat(redis.url, redis.key_prefix, node_id, self.node_report, self.reload)
+        self.heartbeat.start()
         log.info(
             "hotline-asr serving: sip udp %s tcp %s, metrics %s, engine %d slots (%.1f MB kv), model %s, backend %s, "
             "rtp receive path %s",
@@ -346,6 +352,8 @@ class Service:
         self.engine.stop()
         await asyncio.to_thread(self.bridge.stop, grace_s)
         await self.publisher.stop(flush_timeout_s=grace_s)
+        if self.heartbeat is not None:
+            await self.heartbeat.stop()
         self.metrics.stop()
         log.info("stopped")
 
@@ -382,6 +390,15 @@ class Service:
         for name in sorted(parts):
             digest.update(f"{name}={parts[name]};".encode())
         return digest.hexdigest()[:16]
+
+    def node_report(self) -> dict[str, object]:
+        """What the heartbeat tells the console: the version in force, the last reload, the load."""
+        last = self.last_reload
+        return {
+            "config_version": self.config_version,
+            "last_reload": {"at": last.at_unix, "ok": last.ok, "errors": list(last.errors)},
+            "active_calls": self.sip.active_calls,
+        }
 
     def reload(self) -> bool:
         """Reload routes, KB and tag files; keep the previous version of any invalid one."""
