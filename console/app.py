@@ -297,7 +297,7 @@ def build_app(settings: ConsoleSettings) -> Starlette:
 
     @need("admin")
     async def admin_files(request: Request) -> Response:
-        files = [{"key": key, "path": str(path)} for key, path in store().files().items()]
+        files = [{"key": key, "path": store().shown_path(key)} for key in store().files()]
         return JSONResponse({"files": files})
 
     @need("admin")
@@ -308,7 +308,7 @@ def build_app(settings: ConsoleSettings) -> Starlette:
         except UnknownFile:
             raise HTTPException(404, f"no such file key {key!r}") from None
         versions = [v.meta() for v in reversed(store().versions(key))]
-        return JSONResponse({"key": key, "path": str(store().path_of(key)), "content": content, "versions": versions})
+        return JSONResponse({"key": key, "path": store().shown_path(key), "content": content, "versions": versions})
 
     @need("admin")
     async def admin_validate(request: Request) -> Response:

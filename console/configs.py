@@ -116,6 +116,14 @@ class ConfigStore:
             raise UnknownFile(key)
         return path
 
+    def shown_path(self, key: str) -> str:
+        """The file's path as the admin page shows it: relative to the service config when below it."""
+        path = self.path_of(key)
+        try:
+            return str(path.relative_to(self.service_config_path.resolve().parent))
+        except ValueError:
+            return str(path)
+
     def read(self, key: str) -> str:
         return self.path_of(key).read_text(encoding="utf-8")
 

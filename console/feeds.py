@@ -275,7 +275,7 @@ class Hub:
             entries = (
                 await self.client.xrevrange(key, "+", "-", count=self.bootstrap_events) if self.bootstrap_events else []
             )
-            for sid, fields in reversed(entries):
+            for _sid, fields in reversed(entries):
                 event = decode_entry(fields)
                 if event is not None:
                     self.index.apply(prefix, event)

@@ -115,11 +115,12 @@
       if (event.status === "confirmed" && !card.hasAttribute("data-confirmed-at")) {
         card.setAttribute("data-confirmed-at", String(Date.now()));
       }
-      card.replaceChildren(
+      const parts = [
         el("div", { class: "title" }, event.title, el("span", { class: "badge" }, event.status)),
         event.summary ? el("div", {}, event.summary) : null,
         el("div", { class: "meta" }, `score ${event.score} · ${event.match_kind}${event.homophone ? " · homophone" : ""} · “${event.matched_text}”`),
-        event.url ? el("a", { href: event.url, target: "_blank", rel: "noopener" }, event.url) : null);
+        event.url ? el("a", { href: event.url, target: "_blank", rel: "noopener" }, event.url) : null];
+      card.replaceChildren(...parts.filter((p) => p !== null));
       if (event.span && event.status !== "withdrawn") {
         const u = utterance(event);
         u.spans.push({ begin: event.span.begin, end: event.span.end, final: !event.is_partial });
@@ -141,7 +142,7 @@
       const who = (event.participants || []).map((p) => `${p.role} ${p.name || p.aor || ""}`).join(" · ");
       const agent = (event.metadata || {})["X-Agent-Id"];
       document.getElementById("call-info").textContent =
-        `${time(event.ts)} · route ${event.route || "-"} · ${who}${agent ? " · agent " + agent : ""}`;
+        `${time(event.ts)} · route ${event.route || "(default)"} · ${who}${agent ? " · agent " + agent : ""}`;
     }
 
     function ended(event) {
