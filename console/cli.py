@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         proxy_headers=False,  # the peer address is what trusted_proxies is checked against
         log_level=args.log_level,
         access_log=False,
+        timeout_graceful_shutdown=5,  # live SSE streams never end by themselves
     )
     return 0
 

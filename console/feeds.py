@@ -180,10 +180,11 @@ class CallFeed:
         while True:
             try:
                 if not self.ready.is_set():
-                    for sid, fields in await self.client.xrange(key, "-", "+"):
+                    stored: Any = await self.client.xrange(key, "-", "+")
+                    for sid, fields in stored:
                         self._add_entry(_text(sid), fields)
                     self.ready.set()
-                reply = await self.client.xread({key: self.last_id}, count=500, block=BLOCK_MS)
+                reply: Any = await self.client.xread({key: self.last_id}, count=500, block=BLOCK_MS)
                 for _, entries in reply or []:
                     for sid, fields in entries:
                         self._add_entry(_text(sid), fields)
@@ -272,7 +273,7 @@ class Hub:
     async def _bootstrap(self) -> None:
         for prefix in self.prefixes:
             key = firehose_key(prefix)
-            entries = (
+            entries: Any = (
                 await self.client.xrevrange(key, "+", "-", count=self.bootstrap_events) if self.bootstrap_events else []
             )
             for _sid, fields in reversed(entries):
@@ -282,7 +283,7 @@ class Hub:
             if entries:
                 self.firehose_ids[prefix] = _text(entries[0][0])
             elif not self.bootstrap_events:
-                last = await self.client.xrevrange(key, "+", "-", count=1)
+                last: Any = await self.client.xrevrange(key, "+", "-", count=1)
                 self.firehose_ids[prefix] = _text(last[0][0]) if last else "0-0"
 
     async def _firehose(self) -> None:
@@ -293,7 +294,7 @@ class Hub:
                     await self._bootstrap()
                     self.ready.set()
                 streams = {key: self.firehose_ids[p] for key, p in keys.items()}
-                reply = await self.client.xread(streams, count=500, block=BLOCK_MS)  # type: ignore[arg-type]
+                reply: Any = await self.client.xread(streams, count=500, block=BLOCK_MS)  # type: ignore[arg-type]
                 for key, entries in reply or []:
                     prefix = keys[_text(key)]
                     for sid, fields in entries:
@@ -350,7 +351,8 @@ class Hub:
 async def call_snapshot(client: aioredis.Redis, prefix: str, call_id: str) -> list[tuple[str, dict[str, Any]]]:
     """The call's stored events with their stream ids (empty when Redis has no such call)."""
     out = []
-    for sid, fields in await client.xrange(stream_key(prefix, call_id), "-", "+"):
+    stored: Any = await client.xrange(stream_key(prefix, call_id), "-", "+")
+    for sid, fields in stored:
         event = decode_entry(fields)
         if event is not None:
             out.append((_text(sid), event))

@@ -42,8 +42,10 @@ NEW_TITLE = "井盖破损应急处置流程（2024修订）"
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp not installed (Debian package sip-tester)"),
-    pytest.mark.skipif(shutil.which("chromium") is None or not CHROMEDRIVER.is_file(),
-                       reason="chromium and chromium-driver not installed"),  # fmt: skip
+    pytest.mark.skipif(
+        shutil.which("chromium") is None or not CHROMEDRIVER.is_file(),
+        reason="chromium and chromium-driver not installed",
+    ),
 ]
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -197,12 +199,17 @@ def test_console_in_chromium(tmp_path: Path, redis_server: RedisServer, browser:
         driver.find_element(By.ID, "try-text").send_keys("新华路十二号警盖坏了，我电话13812345678")
         driver.find_element(By.ID, "try").click()
         tried = WebDriverWait(driver, 10).until(
-            lambda d: d.find_elements(By.CSS_SELECTOR, '.try-suggestions tr[data-entry-id="kb-municipal-manhole"]'))
+            lambda d: d.find_elements(By.CSS_SELECTOR, '.try-suggestions tr[data-entry-id="kb-municipal-manhole"]')
+        )
         assert NEW_TITLE in tried[0].text and "yes" in tried[0].text  # the draft, a homophone match
         driver.find_element(By.ID, "apply").click()
-        WebDriverWait(driver, 10).until(lambda d: d.find_element(By.ID, "apply-result").get_attribute("data-applied-version") == "2")
+        WebDriverWait(driver, 10).until(
+            lambda d: d.find_element(By.ID, "apply-result").get_attribute("data-applied-version") == "2"
+        )
         row_sel = "#nodes tr[data-node]"
-        WebDriverWait(driver, 10).until(lambda d: "running the applied version" in d.find_element(By.CSS_SELECTOR, row_sel).text)
+        WebDriverWait(driver, 10).until(
+            lambda d: "running the applied version" in d.find_element(By.CSS_SELECTOR, row_sel).text
+        )
         new_version = driver.find_element(By.CSS_SELECTOR, f"{row_sel} .node-version").text
         assert new_version == gateway.service.config_version != first_version
         driver.save_screenshot(str(REPO / "docs" / "console-admin.png"))
@@ -218,9 +225,12 @@ def test_console_in_chromium(tmp_path: Path, redis_server: RedisServer, browser:
 
         # -- rollback in the browser restores it -----------------------------------------------
         driver.find_element(By.CSS_SELECTOR, '#versions tr[data-version="1"] button.rollback').click()
-        WebDriverWait(driver, 10).until(lambda d: d.find_element(By.ID, "apply-result").get_attribute("data-applied-version") == "3")
         WebDriverWait(driver, 10).until(
-            lambda d: d.find_element(By.CSS_SELECTOR, f"{row_sel} .node-version").text == first_version)
+            lambda d: d.find_element(By.ID, "apply-result").get_attribute("data-applied-version") == "3"
+        )
+        WebDriverWait(driver, 10).until(
+            lambda d: d.find_element(By.CSS_SELECTOR, f"{row_sel} .node-version").text == first_version
+        )
         assert (conf / "kb.yaml").read_text(encoding="utf-8") == original_kb
         kb = gateway.service.processor.kb["hotline"].get()
         assert kb.match("新华路十二号井盖发生了破损")[0].entry.title == CARD_TITLE

@@ -35,7 +35,10 @@ PASSTHROUGH: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "publisher": (_module_main("publisher_bench"), "events/s and publish latency to a local Redis"),
     "sherpa-peer": (_module_main("sherpa_peer"), "sherpa-onnx vs our engine on the same exported model"),
     "soak": (_module_main("soak"), "N calls for M minutes: RSS, FDs and threads over time"),
-    "console-viewers": (_module_main("console_viewers"), "concurrent SSE viewers on one console: delivery latency, missed, CPU"),
+    "console-viewers": (
+        _module_main("console_viewers"),
+        "concurrent SSE viewers on one console: delivery latency, missed, CPU",
+    ),
     "crashloop": (_module_main("crash_loop"), "SIGKILL the service N times (Redis up and down): no durable event lost"),
     "accuracy": (
         _accuracy,
