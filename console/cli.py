@@ -9,8 +9,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
+
+import uvicorn
 
 from asr_common.yamlconf import ConfigError
+from console.settings import ConsoleSettings, load_settings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,6 +27,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def server_config(app: Any, settings: ConsoleSettings, log_level: str = "info") -> uvicorn.Config:
+    """uvicorn's settings for the console: listen address, TLS, no forwarded-for rewriting."""
+    host, port = settings.host_port
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        ssl_certfile=str(settings.tls_certfile) if settings.tls_certfile else None,
+        ssl_keyfile=str(settings.tls_keyfile) if settings.tls_keyfile else None,
+        proxy_headers=False,  # the peer address is what trusted_proxies is checked against
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=5,  # live SSE streams never end by themselves
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["hash-password"]:
@@ -30,10 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return hash_password_main(argv[1:])
     args = build_parser().parse_args(argv)
-    import uvicorn
-
     from console.app import build_app
-    from console.settings import load_settings
 
     try:
         settings = load_settings(args.config)
@@ -48,18 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"{args.config}: {exc}", file=sys.stderr)
         return 1
-    host, port = settings.host_port
-    uvicorn.run(
-        app,
-        host=host,
-        port=port,
-        ssl_certfile=str(settings.tls_certfile) if settings.tls_certfile else None,
-        ssl_keyfile=str(settings.tls_keyfile) if settings.tls_keyfile else None,
-        proxy_headers=False,  # the peer address is what trusted_proxies is checked against
-        log_level=args.log_level,
-        access_log=False,
-        timeout_graceful_shutdown=5,  # live SSE streams never end by themselves
-    )
+    uvicorn.Server(server_config(app, settings, args.log_level)).run()
     return 0
 
 

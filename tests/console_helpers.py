@@ -19,6 +19,7 @@ import uvicorn
 
 from asr_gateway.local_redis import free_tcp_port
 from console.app import build_app
+from console.cli import server_config
 from console.settings import load_settings
 from console.users import hash_password
 from kb_hooks.config import RedisSettings
@@ -67,8 +68,7 @@ def running_console(console_yaml: Path) -> Iterator[str]:
     """The console on uvicorn in a thread; yields its base URL."""
     settings = load_settings(console_yaml)
     host, port = settings.host_port
-    server = uvicorn.Server(uvicorn.Config(build_app(settings), host=host, port=port, log_level="warning",
-                                           proxy_headers=False))  # fmt: skip
+    server = uvicorn.Server(server_config(build_app(settings), settings, "warning"))
     thread = threading.Thread(target=server.run, name="console", daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
@@ -77,7 +77,7 @@ def running_console(console_yaml: Path) -> Iterator[str]:
             raise RuntimeError("console did not start")
         time.sleep(0.05)
     try:
-        yield f"http://{host}:{port}"
+        yield f"{'https' if settings.tls_certfile else 'http'}://{host}:{port}"
     finally:
         server.should_exit = True
         thread.join(10)
