@@ -45,8 +45,11 @@ def test_bad_console_config_names_file_and_line(tmp_path: Path) -> None:
 def test_tls_and_the_trusted_proxy_header(tmp_path: Path, redis_server: RedisServer) -> None:
     console_yaml = write_configs(tmp_path, redis_server.url)
     cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
     with console_yaml.open("a", encoding="utf-8") as out:
         out.write(f"tls_certfile: {cert}\ntls_keyfile: {key}\nproxy_header: X-Remote-User\n")
     with (
