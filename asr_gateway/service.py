@@ -6,7 +6,8 @@ run in the bridge's worker thread. Bounded queues sit between them.
 
 Signals: SIGTERM/SIGINT drain (new INVITEs and OPTIONS get 503, active calls get BYE within
 the grace period, their finals are decoded and published, the spool is flushed); SIGHUP
-reloads the routes, KB and tag files (also reloaded when their files change). An invalid
+reloads the routes, KB and tag files (also reloaded when their files change, and on ``reload``
+from the console on ``{prefix}:control``; see ``heartbeat``). An invalid
 file is rejected, logged with its errors, and the previous version stays in force.
 SIGUSR2 logs a memory report (RSS, Python objects by type, and, when the process was started
 with ``python -X tracemalloc``, the code lines holding the most Python memory).

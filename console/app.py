@@ -8,6 +8,7 @@ session's CSRF token in the ``X-CSRF-Token`` header (forms: the ``csrf_token`` f
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import ipaddress
@@ -41,6 +42,7 @@ from kb_hooks.connection import make_client
 log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
 SSE_PING_S = 15
+LIST_MIN_INTERVAL_S = 0.25
 SESSION_COOKIE = "asr_console"
 
 
@@ -235,6 +237,7 @@ def build_app(settings: ConsoleSettings) -> Starlette:
                 changed = index.changed
                 yield {"event": "calls", "data": json.dumps({"calls": visible_calls(user)}, ensure_ascii=False)}
                 await changed.wait()
+                await asyncio.sleep(LIST_MIN_INTERVAL_S)  # partials change the list often: batch them
 
         return EventSourceResponse(events(), ping=SSE_PING_S)
 

@@ -129,6 +129,8 @@ def test_agents_see_their_calls_supervisors_all(console: tuple[str, Path], redis
     mine = agent1.get("/api/calls").json()["calls"]
     assert [c["call_id"] for c in mine] == ["call-a"]
     assert mine[0]["suggestions"] == ["井盖破损应急处置流程"] and mine[0]["agent_id"] == "1001"
+    ((_, listed),) = sse(agent1, "/api/calls/stream", 1)
+    assert [c["call_id"] for c in listed["calls"]] == ["call-a"]
     assert agent1.get("/api/calls/call-b").status_code == 404
     assert agent1.get("/api/calls/call-b/events").status_code == 404
     snapshot = agent1.get("/api/calls/call-a").json()
