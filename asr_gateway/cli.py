@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from importlib.metadata import entry_points
 from pathlib import Path
 
 from asr_common.yamlconf import ConfigError
@@ -96,6 +98,18 @@ def _cluster(argv: list[str]) -> int:
     return cluster_main(argv)
 
 
+PLUGIN_GROUP = "hotline_asr.gateway_commands"
+
+
+def _plugin(name: str) -> Callable[[list[str]], int] | None:
+    """A subcommand another installed package registers (entry point group ``PLUGIN_GROUP``):
+    ``asr-gateway console`` is the console's, which sits above this package and is not imported here."""
+    for entry in entry_points(group=PLUGIN_GROUP, name=name):
+        command: Callable[[list[str]], int] = entry.load()
+        return command
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="asr-gateway", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -108,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("tail", help="print live events from Redis (`asr-gateway tail --help` for its options)")
     sub.add_parser("demo", help="run the whole pipeline once on this machine (`asr-gateway demo --help`)")
     sub.add_parser("cluster", help="Kamailio + N nodes + Redis on loopback: up|status|down (`cluster --help`)")
+    for entry in entry_points(group=PLUGIN_GROUP):
+        sub.add_parser(entry.name, help=f"provided by {entry.value.split(':')[0]} (`asr-gateway {entry.name} --help`)")
     return parser
 
 
@@ -119,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         return _demo(argv[1:])
     if argv[:1] == ["cluster"]:
         return _cluster(argv[1:])
+    plugin = _plugin(argv[0]) if argv and not argv[0].startswith("-") else None
+    if plugin is not None:
+        return plugin(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     result: int = args.func(args)

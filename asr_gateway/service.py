@@ -7,7 +7,8 @@ run in the bridge's worker thread. Bounded queues sit between them.
 Signals: SIGTERM/SIGINT drain (new INVITEs and OPTIONS get 503, calls may end on their own
 for ``sip.drain_wait_s``, then the rest get BYE within the grace period, their finals are
 decoded and published, the spool is flushed); SIGHUP reloads the routes, KB and tag files
-(also reloaded when their files change). An invalid file is rejected, logged with its
+(also reloaded when their files change, and on ``reload`` from the console on
+``{prefix}:control``; see ``heartbeat``). An invalid file is rejected, logged with its
 errors, and the previous version stays in force.
 SIGUSR2 logs a memory report (RSS, Python objects by type, and, when the process was started
 with ``python -X tracemalloc``, the code lines holding the most Python memory).
@@ -38,6 +39,7 @@ from asr_core.engine import Engine, EngineOptions, resolve_dtype
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_gateway.bridge import CallBridge
 from asr_gateway.config import ServiceConfig
+from asr_gateway.heartbeat import Heartbeat, default_node_id
 from asr_gateway.hotwords import HotwordLists
 from asr_gateway.metrics import MetricsServer
 from kb_hooks.processor import TranscriptProcessor
@@ -279,6 +281,7 @@ class Service:
         self.reload_failures = 0  # of which at least one file was rejected
         self.warm = False  # the engine has run its warm-up and its threads are started
         self.sip_listening = False
+        self.heartbeat: Heartbeat | None = None
 
     def _rtp_leg(self, sink: PcmSink, payload_types: dict[int, str], on_end: Callable[[str], None]) -> RtpLeg:
         sip = self.config.sip
@@ -320,6 +323,10 @@ class Service:
             sip_tcp=self.sip.port("tcp") if "tcp" in transports else None,
             metrics=metrics_port,
         )
+        redis = self.config.redis
+        node_id = default_node_id(ports.sip_udp or ports.sip_tcp)
+        self.heartbeat = Heartbeat(redis.url, redis.key_prefix, node_id, self.node_report, self.reload)
+        self.heartbeat.start()
         log.info(
             "hotline-asr serving: sip udp %s tcp %s, metrics %s, engine %d slots (%.1f MB kv), model %s, backend %s, "
             "rtp receive path %s",
@@ -377,6 +384,8 @@ class Service:
         await asyncio.to_thread(self.engine.stop, DRAIN_STALL_S)
         await asyncio.to_thread(self.bridge.stop, DRAIN_STALL_S)
         await self.publisher.stop(flush_timeout_s=grace_s)
+        if self.heartbeat is not None:
+            await self.heartbeat.stop()
         self.metrics.stop()
         log.info("stopped")
 
@@ -450,6 +459,15 @@ class Service:
         for name in sorted(parts):
             digest.update(f"{name}={parts[name]};".encode())
         return digest.hexdigest()[:16]
+
+    def node_report(self) -> dict[str, object]:
+        """What the heartbeat tells the console: the version in force, the last reload, the load."""
+        last = self.last_reload
+        return {
+            "config_version": self.config_version,
+            "last_reload": {"at": last.at_unix, "ok": last.ok, "errors": list(last.errors)},
+            "active_calls": self.sip.active_calls,
+        }
 
     def reload(self) -> bool:
         """Reload routes, KB and tag files; keep the previous version of any invalid one."""

@@ -39,6 +39,10 @@ PASSTHROUGH: dict[str, tuple[Callable[[list[str]], int], str]] = {
         _module_main("cluster_bench"),
         "calls through Kamailio to N nodes on Redis Sentinel; --drain-node | --kill-node | --kill-redis-master",
     ),
+    "console-viewers": (
+        _module_main("console_viewers"),
+        "concurrent SSE viewers on one console: delivery latency, missed, CPU",
+    ),
     "crashloop": (_module_main("crash_loop"), "SIGKILL the service N times (Redis up and down): no durable event lost"),
     "failover": (
         _module_main("failover_bench"),
