@@ -227,18 +227,20 @@ def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False,
     log_answer = f'<action><log message="{ANSWERED_MARK}"/></action>'
     answered = f'<recv response="200" rtd="true"{record_routes}>{log_answer}</recv>'
     if siprec:
-        answered = f"""<recv response="200" rtd="true"><action>
+        answered = f"""<recv response="200" rtd="true"{record_routes}><action>
 <ereg regexp="m=audio ([0-9]+)(.|\n)*m=audio ([0-9]+)" search_in="body" check_it="true" assign_to="m,p1,x,p2"/>
+<ereg regexp="c=IN IP4 ([0-9.]+)" search_in="body" check_it="true" assign_to="c,addr"/>
 <log message="{ANSWERED_MARK}"/>
-<log message="{SECOND_LEG_MARK} [$p2]"/>
+<log message="{SECOND_LEG_MARK} [$p2] [$addr]"/>
 </action></recv>
-<Reference variables="m,p1,x"/>"""
+<Reference variables="m,p1,x,c"/>"""
     if srtp is not None:
-        answered = f"""<recv response="200" rtd="true"><action>
+        answered = f"""<recv response="200" rtd="true"{record_routes}><action>
 <ereg regexp="m=audio ([0-9]+) RTP/SAVP" search_in="body" check_it="true" assign_to="m,p1"/>
-<log message="{FIRST_LEG_MARK} [$p1]"/>
+<ereg regexp="c=IN IP4 ([0-9.]+)" search_in="body" check_it="true" assign_to="c,addr"/>
+<log message="{FIRST_LEG_MARK} [$p1] [$addr]"/>
 </action></recv>
-<Reference variables="m"/>"""
+<Reference variables="m,c"/>"""
     play = "" if srtp is not None else '<nop><action><exec play_pcap_audio="audio.pcap"/></action></nop>'
     ending = f"""<pause milliseconds="{int(seconds * 1000) + 1000}"/>
 <send retrans="500"><![CDATA[
@@ -385,23 +387,25 @@ async def place_calls(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate
 async def _stream_leg(
     log_file: Path, mark: str, host: str, packets: list[bytes], process: asyncio.subprocess.Process
 ) -> None:
-    """Wait for sipp to log an m-line's port after ``mark``, then send ``packets`` to it in real time."""
-    port = None
+    """Wait for sipp to log an m-line's port and the answer's connection address after ``mark``,
+    then send ``packets`` there in real time from ``host`` (the address sipp's SDP gives)."""
+    port, media_host = None, host
     while port is None and process.returncode is None:
         await asyncio.sleep(0.01)
         text = log_file.read_text(errors="replace") if log_file.exists() else ""
-        found = re.search(mark + r" (\d+)", text)
-        port = int(found.group(1)) if found else None
+        found = re.search(mark + r" (\d+) ([0-9.]+)", text)
+        port, media_host = (int(found.group(1)), found.group(2)) if found else (None, host)
     if port is None or port == 0:
         return
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind((host, 0))
         sock.setblocking(False)
         start = time.monotonic()
         for index, packet in enumerate(packets):
             delay = start + index * PACKET_S - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            sock.sendto(packet, (host, port))
+            sock.sendto(packet, (media_host, port))
 
 
 def _free_udp_ports(count: int, host: str = "127.0.0.1") -> int:

@@ -139,6 +139,10 @@ class RtpLeg:
     port); one failing authentication or the replay check is counted in `stats.srtp_*` and
     dropped. The C receive path unprotects in-order packets with the same libsrtp session
     (not with an MKI, whose packets all take the Python path).
+
+    G.722 (`rtp.g722`) is decoded with one stateful decoder per stream: a new SSRC or a payload
+    type map that changes the G.722 types (a re-INVITE or UPDATE switching codecs) starts a
+    fresh one, as the sender's encoder does.
     """
 
     def __init__(
@@ -192,8 +196,9 @@ class RtpLeg:
         self._tables: dict[int, np.ndarray] = {}
         self._telephone_events: set[int] = set()
         self._key_presses = TelephoneEvents(CLOCK_RATE_HZ)
-        # G.722: payload types, the stream's decoder (made at its first packet), decoded 16 kHz
-        # PCM waiting for a batch and its length in ticks; `_narrow` for a model at 8 kHz.
+        # G.722: payload types, the stream's decoder (made at its first packet, made anew after
+        # an SSRC change or a codec switch), decoded 16 kHz PCM waiting for a batch and its
+        # length in ticks; `_narrow` for a model at 8 kHz.
         self._wideband: set[int] = set()
         self._wide_decoder: G722Decoder | None = None
         self._wide_pcm: list[np.ndarray] = []
@@ -286,6 +291,8 @@ class RtpLeg:
             elif encoding == "TELEPHONE-EVENT":
                 events.add(number)
         self._kinds, self._tables, self._telephone_events = kinds, tables, events
+        if wideband != self._wideband:
+            self._wide_decoder = None  # a codec switch: a G.722 stream after it starts afresh
         self._wideband = wideband
 
     def set_expected_remote(self, address: tuple[str, int] | None) -> None:
@@ -411,6 +418,12 @@ class RtpLeg:
                 self._key_pressed(ssrc, timestamp, payload)
             elif kind is PacketKind.SKIP:
                 stats.unknown_payload_packets += 1
+        if self._wide_decoder is not None and ssrc != self._buffer.ssrc:
+            # A new stream (RFC 3550 8.2: a restarted or another sender) comes with a fresh
+            # G.722 encoder: what the old one left plays with the old decoder state, the new
+            # stream starts from a fresh one.
+            self._deliver(self._buffer.flush())
+            self._wide_decoder = None
         frames = self._buffer.push(sequence_number, timestamp, ssrc, payload_type, payload, kind)
         if frames:
             self._deliver(frames)

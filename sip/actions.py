@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from rtp.srtp import SrtpKeys
 from sip.app import CallInfo, LegInfo, PcmSink
-from sip.message import Address, Message
+from sip.errors import SipParseError
+from sip.message import Address, Message, Response, Via, split_list
 
 
 @dataclass(frozen=True)
@@ -15,12 +16,30 @@ class SendMessage:
 
     ``target``: for a request we send in a dialog over TCP/TLS, where a new connection goes
     when ``dest``'s has closed (RFC 3261 18.1.1): the next hop from the route set or the
-    remote target (``Call.next_hop``); None for responses, which only use ``dest``.
+    remote target (``Call.next_hop``). None for responses: see ``connection_target``.
     """
 
     message: Message
     dest: Address
     target: Address | None = None
+
+    def connection_target(self) -> Address | None:
+        """Where a new TCP/TLS connection goes when ``dest``'s has closed: ``target`` for a
+        request; for a response (RFC 3261 18.2.2) the top Via's received address at its sent-by
+        port, else 5060 (TCP) or 5061 (TLS). The received address is the closed connection's
+        source (what 18.2.1 records as ``received``), so a NATed or named sent-by host still
+        reaches the peer. None over UDP or without a readable Via."""
+        if self.target is not None or self.dest.transport == "udp" or not isinstance(self.message, Response):
+            return self.target
+        vias = self.message.headers.get_all("Via")
+        try:
+            via = Via.parse(split_list(vias[0])[0]) if vias else None
+        except SipParseError:
+            return None
+        if via is None:
+            return None
+        port = via.port or (5061 if self.dest.transport == "tls" else 5060)
+        return Address(self.dest.transport, str(via.params.get("received") or self.dest.host), port)
 
 
 @dataclass(frozen=True)

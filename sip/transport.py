@@ -5,10 +5,13 @@
 flushed). The core's timers run on ``loop.call_at``; the core's clock is ``loop.time()``.
 
 Connections (RFC 3261 18, RFC 5923): a response goes back on the connection its request came
-on. A request we send in a dialog (BYE, session refresh UPDATE) over TCP/TLS uses, in order:
-the connection the dialog came on, a connection the peer offered for its address with a Via
-``alias``, an open connection to or from the next hop's address, or a new connection to the
-next hop (``Call.next_hop``), which is then read like an accepted one and kept for reuse.
+on; when that one has closed (a peer that hung up its TCP before our final answer), on an open
+or new connection to the top Via's address (``SendMessage.connection_target``, 18.2.2), found
+and opened the same way as a request's. A request we send in a dialog (BYE, session refresh
+UPDATE) over TCP/TLS uses, in order: the connection the dialog came on, a connection the peer
+offered for its address with a Via ``alias``, an open connection to or from the next hop's
+address, or a new connection to the next hop (``Call.next_hop``), which is then read like an
+accepted one and kept for reuse.
 """
 
 from __future__ import annotations
@@ -332,7 +335,7 @@ class SipServer:
 
     async def _perform(self, action: Action) -> None:
         if isinstance(action, SendMessage):
-            await self._send(bytes(action.message), action.dest, action.target)
+            await self._send(action)
         elif isinstance(action, StartMedia):
             await self._start_media(action)
         elif isinstance(action, UpdateMedia):
@@ -351,12 +354,14 @@ class SipServer:
         elif isinstance(action, CallEnded):
             self._spawn(self._end_call(action))
 
-    async def _send(self, data: bytes, dest: Address, target: Address | None = None) -> None:
+    async def _send(self, action: SendMessage) -> None:
+        data, dest = bytes(action.message), action.dest
         if dest.transport == "udp":
             if self._udp is not None:
                 self._udp.sendto(data, (dest.host, dest.port))
             return
         writer = self._open_stream(dest)
+        target = action.connection_target() if writer is None else None
         if writer is None and target is not None:
             writer = self._open_stream(self.core.connection_aliases.get(target)) or self._open_stream(target)
             if writer is not None:
@@ -374,7 +379,7 @@ class SipServer:
         return writer if writer is not None and not writer.is_closing() else None
 
     async def _connect(self, target: Address) -> asyncio.StreamWriter | None:
-        """A new connection to ``target`` for a request (RFC 3261 18.1.1), read like an accepted
+        """A new connection to ``target`` (RFC 3261 18.1.1, 18.2.2), read like an accepted
         one; None (counted, logged) when it cannot be opened in ``connect_timeout_s``."""
         settings = self.settings
         context: ssl.SSLContext | None = None

@@ -7,8 +7,9 @@ Run as a subprocess (pjsua2's Endpoint is process-wide and owns native threads):
 Each call plays one WAV (16-bit mono; the last one is reused when there are fewer WAVs than
 calls) into its audio stream once its media is active, then hangs up (BYE) when the WAV has
 ended plus ``--tail-ms``. The media path is kept free of processing so that the RTP carries the
-WAV's samples exactly: null sound device, 8 kHz conference bridge (no resampling for 8 kHz WAVs),
-no VAD, no echo canceller, and only the requested G.711 codec offered.
+WAV's samples exactly: null sound device, conference bridge at the codec's rate (8 kHz for G.711,
+16 kHz for G.722; no resampling for WAVs at that rate), no VAD, no echo canceller, and only the
+requested codec offered.
 
 Prints one JSON line to stdout: {"ok": bool, "codec": ..., "calls": [per-call results], "error": ...}
 and exits 0 when every call was answered (200), played its whole WAV and ended with our BYE;
@@ -30,13 +31,15 @@ from typing import Any
 import pjsua2 as pj
 
 CLOCK_RATE_HZ = 8000
-CODEC_IDS = {"PCMU": "PCMU/8000/1", "PCMA": "PCMA/8000/1"}
+CODEC_IDS = {"PCMU": "PCMU/8000/1", "PCMA": "PCMA/8000/1", "G722": "G722/16000/1"}
+CODEC_RATES_HZ = {"PCMU": CLOCK_RATE_HZ, "PCMA": CLOCK_RATE_HZ, "G722": 16000}
+"""The conference bridge's (and the WAV's, to stay sample-exact) rate per codec."""
 # PJSUA_MAX_CALLS in the pjsua2-python wheel: a fifth call fails with PJ_ETOOMANY.
 MAX_CALLS = 4
 POLL_MS = 10
 
 
-SAMPLES_PER_PACKET = CLOCK_RATE_HZ // 50  # 20 ms
+PACKETS_PER_SECOND = 50  # 20 ms
 
 
 class CallerError(Exception):
@@ -49,6 +52,7 @@ class CallResult:
 
     index: int
     wav: str
+    clock_rate: int = CLOCK_RATE_HZ
     sip_call_id: str = ""
     status_codes: list[int] = field(default_factory=list)
     confirmed: bool = False
@@ -61,7 +65,7 @@ class CallResult:
     error: str = ""
 
 
-def wav_samples(path: Path) -> int:
+def wav_samples(path: Path, clock_rate: int = CLOCK_RATE_HZ) -> int:
     """The WAV's frame count; CallerError unless it is 16-bit mono (what pjmedia's player accepts)."""
     try:
         with wave.open(str(path), "rb") as reader:
@@ -70,9 +74,9 @@ def wav_samples(path: Path) -> int:
                     f"{path}: {reader.getnchannels()} channel(s) of {8 * reader.getsampwidth()} bits; "
                     "pjmedia's player needs 16-bit mono"
                 )
-            if reader.getframerate() != CLOCK_RATE_HZ:
+            if reader.getframerate() != clock_rate:
                 print(
-                    f"warning: {path} is {reader.getframerate()} Hz; pjmedia resamples it to {CLOCK_RATE_HZ} Hz",
+                    f"warning: {path} is {reader.getframerate()} Hz; pjmedia resamples it to {clock_rate} Hz",
                     file=sys.stderr,
                 )
             return reader.getnframes()
@@ -126,7 +130,7 @@ class Call(pj.Call):
             self.result.error = f"cannot play {self.result.wav}: {describe(exc)}"
 
 
-def make_endpoint(log_level: int) -> pj.Endpoint:
+def make_endpoint(log_level: int, clock_rate: int = CLOCK_RATE_HZ) -> pj.Endpoint:
     """An Endpoint whose callbacks all run in our thread (libHandleEvents), with a plain media path."""
     endpoint = pj.Endpoint()
     endpoint.libCreate()
@@ -137,8 +141,8 @@ def make_endpoint(log_level: int) -> pj.Endpoint:
     config.uaConfig.userAgent = "hotline-asr-interop-pjsua2"
     config.logConfig.level = log_level
     config.logConfig.consoleLevel = log_level
-    config.medConfig.clockRate = CLOCK_RATE_HZ
-    config.medConfig.sndClockRate = CLOCK_RATE_HZ
+    config.medConfig.clockRate = clock_rate
+    config.medConfig.sndClockRate = clock_rate
     config.medConfig.channelCount = 1
     config.medConfig.noVad = True
     config.medConfig.ecTailLen = 0
@@ -188,9 +192,10 @@ def make_account(
 
 def plan_calls(args: argparse.Namespace) -> list[CallResult]:
     """One result record per call with its WAV (the last WAV serves the calls beyond the list)."""
-    results = [CallResult(index=i, wav=args.wav[min(i, len(args.wav) - 1)]) for i in range(args.calls)]
+    rate = CODEC_RATES_HZ[args.codec]
+    results = [CallResult(index=i, wav=args.wav[min(i, len(args.wav) - 1)], clock_rate=rate) for i in range(args.calls)]
     for result in results:
-        result.wav_samples = wav_samples(Path(result.wav))
+        result.wav_samples = wav_samples(Path(result.wav), rate)
     return results
 
 
@@ -246,8 +251,8 @@ def hang_up_when_played(call: Call, tail_s: float) -> None:
         if position >= result.played_samples:
             result.played_samples = position
             return
-        near_end = result.played_samples >= result.wav_samples - 2 * SAMPLES_PER_PACKET
-        overdue = call.started_at is not None and now - call.started_at > result.wav_samples / CLOCK_RATE_HZ + 1.0
+        near_end = result.played_samples >= result.wav_samples - 2 * result.clock_rate // PACKETS_PER_SECOND
+        overdue = call.started_at is not None and now - call.started_at > result.wav_samples / result.clock_rate + 1.0
         if not (near_end or overdue):
             return
         call.ended_at = now
@@ -258,7 +263,9 @@ def hang_up_when_played(call: Call, tail_s: float) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("wav", nargs="+", help="16-bit mono WAV(s), 8 kHz to stay sample-exact; one per call")
+    parser.add_argument(
+        "wav", nargs="+", help="16-bit mono WAV(s), at the codec's rate (8 kHz, G.722 16 kHz) to stay sample-exact"
+    )
     parser.add_argument("--target", required=True, help="request URI, e.g. sip:asr@127.0.0.1:5060")
     parser.add_argument("--codec", choices=sorted(CODEC_IDS), default="PCMU")
     parser.add_argument("--calls", type=int, default=1, help=f"concurrent calls, 1..{MAX_CALLS}")
@@ -295,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     account: pj.Account | None = None
     try:
         results = plan_calls(args)
-        endpoint = make_endpoint(args.log_level)
+        endpoint = make_endpoint(args.log_level, CODEC_RATES_HZ[args.codec])
         restrict_codecs(endpoint, args.codec)
         account = make_account(endpoint, args.sip_port, args.rtp_port, args.srtp, args.tls)
         run_calls(endpoint, account, results, args)

@@ -1,4 +1,8 @@
-"""Random and mutated RTP/RTCP datagrams: parsers raise only ValueError, leg handlers never raise."""
+"""Random and mutated RTP/RTCP datagrams: parsers raise only ValueError, leg handlers never raise.
+
+The seeds include G.722 and RFC 4733 telephone-event packets (keys, a hook flash, unknown
+events, several event blocks, cut-short payloads): key presses stay well-formed and never audio.
+"""
 
 import asyncio
 import contextlib
@@ -9,12 +13,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rtp import g711
+from rtp.dtmf import TelephoneEvents, key_name
+from rtp.g722 import G722Encoder
 from rtp.leg import RtpLeg
 from rtp.packet import RtpPacket, parse_rtcp
 from rtp.sink import CountingSink
 
 MUTATED_DATAGRAMS = 100_000
-PAYLOAD_TYPES = {0: "PCMU", 8: "PCMA", 101: "telephone-event", 13: "CN"}
+PAYLOAD_TYPES = {0: "PCMU", 8: "PCMA", 9: "G722", 101: "telephone-event", 13: "CN"}
+KEY_NAMES = {key_name(code) for code in range(256)}
 ADDRESSES = [("127.0.0.1", 5000), ("127.0.0.1", 5002), ("10.0.0.9", 5000)]
 
 
@@ -24,9 +31,23 @@ class CheckingSink(CountingSink):
         super().accept_waveform(samples)
 
 
+def telephone_event(code: int, flags: int, duration: int, *, timestamp: int = 8000, extra: bytes = b"") -> bytes:
+    """An RFC 4733 packet: event code, E bit and volume, duration; ``extra``: more event blocks."""
+    payload = bytes([code, flags]) + duration.to_bytes(2, "big") + extra
+    return bytes(RtpPacket(payload_type=101, sequence_number=9, timestamp=timestamp, ssrc=5, payload=payload))
+
+
 def seeds(rng: random.Random) -> list[bytes]:
     payload = g711.encode_ulaw((np.sin(np.arange(160) / 3) * 8000).astype(np.int16))
+    wideband = G722Encoder().encode((np.sin(np.arange(320) / 5) * 8000).astype(np.int16))
     return [
+        bytes(RtpPacket(payload_type=9, sequence_number=7, timestamp=1, ssrc=5, payload=wideband)),
+        telephone_event(1, 0x0A, 160),
+        telephone_event(1, 0x8A, 800),  # its End packet
+        telephone_event(16, 0x80, 0, timestamp=9600),  # a hook flash of no duration
+        telephone_event(200, 0xBF, 0xFFFF, timestamp=0xFFFFFFFF),  # an unknown event, longest duration
+        telephone_event(11, 0x0A, 320, extra=bytes.fromhex("0b8a0140")),  # two event blocks in one payload
+        telephone_event(5, 0x0A, 160)[:14],  # cut short
         bytes(RtpPacket(payload_type=0, sequence_number=65535, timestamp=1, ssrc=5, payload=payload)),
         bytes(RtpPacket(payload_type=8, sequence_number=1, ssrc=5, marker=True, csrc=[1, 2], payload=payload)),
         bytes(RtpPacket(payload_type=0, ssrc=5, extension_profile=0xBEDE, extension_data=b"\x10\x01\x00\x00")),
@@ -83,6 +104,8 @@ def test_mutation_loop() -> None:
     assert stats.packets > 0 and stats.bad_packets > 0
     assert sink.finished == 1
     assert stats.samples_out == sink.samples
+    assert stats.telephone_event_packets > 0 and stats.dtmf_events == len(sink.presses) > 0
+    assert all(press.key in KEY_NAMES and 0 <= press.duration_ms <= 0xFFFF * 1000 // 8000 for press in sink.presses)
 
 
 @settings(max_examples=300, deadline=None)
@@ -96,3 +119,23 @@ def test_arbitrary_datagrams(datagrams: list[bytes]) -> None:
         leg.handle_rtp(b"\x80" + data, ADDRESSES[0])
         leg.handle_rtcp(data, ADDRESSES[0])
     asyncio.run(leg.close())
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([5, 6]), st.sampled_from([0, 160, 8000, 0xFFFFFFFF]), st.binary(max_size=12)),
+        max_size=30,
+    )
+)
+def test_telephone_event_payloads(packets: list[tuple[int, int, bytes]]) -> None:
+    """Any run of telephone-event payloads gives at most one press per (SSRC, timestamp) event,
+    each with a known key name and a duration the 16-bit field allows; short ones are counted."""
+    events = TelephoneEvents()
+    presses = [press for ssrc, timestamp, payload in packets for press in events.feed(ssrc, timestamp, payload)]
+    last = events.flush()
+    presses += [last] if last is not None else []
+    assert events.presses == len(presses)
+    assert events.bad_payloads == sum(1 for _, _, payload in packets if len(payload) < 4)
+    assert len(presses) <= len(packets) - events.bad_payloads
+    assert all(p.key in KEY_NAMES and 0 <= p.duration_ms <= 0xFFFF * 1000 // 8000 for p in presses)

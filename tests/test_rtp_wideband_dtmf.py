@@ -8,7 +8,7 @@ import struct
 import numpy as np
 
 from rtp.dtmf import TelephoneEvents, key_name
-from rtp.g722 import G722Encoder
+from rtp.g722 import G722Decoder, G722Encoder
 from rtp.leg import RtpLeg
 from rtp.packet import RtpPacket
 from rtp.ports import PortAllocator
@@ -23,8 +23,9 @@ def tone(hz: float, seconds: float, rate: int = 16000) -> np.ndarray:
     return (np.sin(2 * np.pi * hz * np.arange(int(rate * seconds)) / rate) * 9000).astype(np.int16)
 
 
-def g722_packets(pcm16k: np.ndarray, first_seq: int = 100, first_ts: int = 8000) -> list[bytes]:
-    """20 ms packets: 320 samples at 16 kHz -> 160 payload bytes, timestamp +160 (RFC 3551)."""
+def g722_packets(pcm16k: np.ndarray, first_seq: int = 100, first_ts: int = 8000, ssrc: int = SSRC) -> list[bytes]:
+    """20 ms packets: 320 samples at 16 kHz -> 160 payload bytes, timestamp +160 (RFC 3551),
+    from a fresh encoder (a sender starting a stream)."""
     encoder = G722Encoder()
     return [
         bytes(
@@ -32,7 +33,7 @@ def g722_packets(pcm16k: np.ndarray, first_seq: int = 100, first_ts: int = 8000)
                 payload_type=9,
                 sequence_number=(first_seq + n) & 0xFFFF,
                 timestamp=(first_ts + 160 * n) & 0xFFFFFFFF,
-                ssrc=SSRC,
+                ssrc=ssrc,
                 payload=encoder.encode(pcm16k[320 * n : 320 * (n + 1)]),
             )
         )
@@ -129,3 +130,62 @@ def test_lost_end_packets_still_give_one_press_each() -> None:
 def _ts_payload(data: bytes) -> tuple[int, bytes]:
     packet = RtpPacket.parse(data)
     return packet.timestamp, packet.payload
+
+
+def fresh_decode(packets: list[bytes]) -> np.ndarray:
+    """What a decoder that starts with the stream makes of its payloads."""
+    decoder = G722Decoder()
+    return np.concatenate([decoder.decode(RtpPacket.parse(data).payload) for data in packets])
+
+
+def test_a_new_ssrc_starts_a_fresh_g722_decoder() -> None:
+    """A sender that restarts (new SSRC, new encoder) is decoded from a fresh decoder state:
+    the leg's output is sample for sample each stream decoded on its own. Carrying the old
+    ADPCM predictors over would make the second stream's start differ."""
+    first = g722_packets(tone(900, 0.6))
+    second = g722_packets(tone(2500, 0.6), first_seq=7000, first_ts=90000, ssrc=SSRC + 1)
+    leg, sink = asyncio.run(run_leg(first + second))
+    assert leg.stats.ssrc_changes == 1
+    expected = np.concatenate([fresh_decode(first), fresh_decode(second)])
+    assert sink.pcm.shape == expected.shape
+    assert np.array_equal(sink.pcm, expected)
+    carried = G722Decoder()
+    carried.decode(b"".join(RtpPacket.parse(data).payload for data in first))
+    stale = carried.decode(RtpPacket.parse(second[0]).payload)
+    assert not np.array_equal(stale, expected[len(fresh_decode(first)) :][: len(stale)])
+
+
+def test_a_codec_switch_by_re_invite_restarts_the_g722_decoder() -> None:
+    """G.722, a re-INVITE to PCMU (same SSRC), PCMU packets, a re-INVITE back to G.722 whose
+    sender starts a fresh encoder: the second G.722 stretch reaches the sink exactly as a fresh
+    decoder makes it."""
+    wide_again = g722_packets(tone(3000, 0.4), first_seq=150, first_ts=8000 + 160 * 50)
+    pcmu = [
+        bytes(RtpPacket(0, 130 + n, 8000 + 160 * (30 + n), SSRC, payload=bytes([0x55 + n % 7]) * 160))
+        for n in range(20)
+    ]
+
+    async def scenario() -> CountingSink:
+        sink = CountingSink(keep=True)
+        leg = RtpLeg(sink=sink, payload_types=PAYLOAD_TYPES, resample_batch_ms=0, poll_interval_ms=0)
+        port = PortAllocator(HOST, 40000, 60000).allocate()
+        await leg.open(HOST, port)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+            stretches = [(PAYLOAD_TYPES, g722_packets(tone(700, 0.6))), ({0: "PCMU"}, pcmu)]
+            stretches.append((PAYLOAD_TYPES, wide_again))
+            sent = 0
+            for payload_types, packets in stretches:
+                leg.set_payload_types(payload_types)  # what the re-INVITE's answer applies
+                for data in packets:
+                    sender.sendto(data, (HOST, port))
+                    await asyncio.sleep(0.001)
+                sent += len(packets)
+                await wait_for(lambda count=sent: leg.stats.packets == count)  # type: ignore[misc]
+                await asyncio.sleep(0.05)  # let the shared upsampler hand over the PCMU stretch
+        await leg.close()
+        return sink
+
+    sink = asyncio.run(scenario())
+    expected = fresh_decode(wide_again)
+    starts = np.flatnonzero(sink.pcm == expected[0])
+    assert any(np.array_equal(sink.pcm[i : i + len(expected)], expected) for i in starts)

@@ -20,12 +20,13 @@ from sip.app import CountingCallHandler
 from sip.config import SipSettings
 from sip.message import Address, Request, Response, StreamFramer, parse
 from sip.multipart import BodyPart, build_multipart
-from sip.routing import Profile, Router, RoutesFile
+from sip.routing import Match, Profile, Route, Router, RoutesFile
 from sip.sdes import SdesError, parse_crypto
 from sip.uas import UasCore
 from tests.test_sip_support import OFFER_PCMU, FakePorts, ack, invite
 
 MESSAGES = int(os.environ.get("SIP_FUZZ_MESSAGES", "100000"))
+SECURE_USER = "5000"  # routed to a profile with srtp: required
 METADATA = (
     '<recording xmlns="urn:ietf:params:xml:ns:recording:1"><participant participant_id="p">'
     '<nameID aor="sip:a@b"/></participant><stream stream_id="s"><label>1</label></stream>'
@@ -56,6 +57,19 @@ ANSWER_SAVP = (
     + CRYPTO_LINES[1]
     + "a=sendonly\r\n"
 )
+G722_DTMF = (
+    "v=0\r\no=- 1 1 IN IP4 10.0.0.5\r\ns=-\r\nc=IN IP4 10.0.0.5\r\nt=0 0\r\n"
+    "m=audio 40000 RTP/AVP 9 0 101\r\na=rtpmap:9 G722/8000\r\na=rtpmap:101 telephone-event/8000\r\n"
+    "a=fmtp:101 0-16\r\na=ptime:20\r\na=sendonly\r\n"
+)
+TELEPHONE_EVENT_LINES = [
+    "a=rtpmap:96 telephone-event/16000\r\na=fmtp:96 0-15,66,70\r\n",
+    "a=rtpmap:101 telephone-event/8000\r\na=fmtp:101 0-16,99-\r\n",
+    "a=rtpmap:101 telephone-event\r\na=fmtp:101\r\n",
+    "a=rtpmap:9 telephone-event/8000\r\n",
+    "a=rtpmap:127 G722/16000/2\r\n",
+]
+G722_VARIANTS = [G722_DTMF.replace("a=fmtp:101 0-16\r\n", line) for line in TELEPHONE_EVENT_LINES]
 ANSWER_PCMA = (
     "v=0\r\no=- 2 1 IN IP4 10.0.0.5\r\ns=-\r\nc=IN IP4 10.0.0.5\r\nt=0 0\r\nm=audio 40000 RTP/AVP 8\r\na=sendonly\r\n"
 )
@@ -89,6 +103,21 @@ def corpus() -> list[bytes]:
         invite(to_tag="t1", cseq=7, body=SAVP_BOTH.replace("RTP/SAVP", "RTP/SAVPF")),
         invite(method="UPDATE", to_tag="t1", cseq=8, body=SAVP_OFFER),
         invite(method="ACK", to_tag="t1", branch="z9hG4bK-ack2", body=ANSWER_SAVP),
+        # wideband and key presses: G.722 offers, telephone-event maps, re-INVITE/UPDATE with DTMF
+        invite(body=G722_DTMF),
+        *(invite(body=variant) for variant in G722_VARIANTS),
+        invite(to_tag="t1", cseq=9, body=G722_DTMF.replace("RTP/AVP 9 0 101", "RTP/AVP 101 0")),
+        invite(to_tag="t1", cseq=10, body=OFFER_PCMU.replace("RTP/AVP 0 8 101", "RTP/AVP 9 101")),
+        invite(method="UPDATE", to_tag="t1", cseq=11, body=G722_VARIANTS[0]),
+        invite(method="ACK", to_tag="t1", branch="z9hG4bK-ack3", body=G722_DTMF.replace("9 0 101", "9 101")),
+        # the srtp: required route: offerless INVITEs (we offer SAVP), their ACK answers, plain offers
+        invite(to_user=SECURE_USER, body=""),
+        invite(to_user=SECURE_USER, body="", extra="Require: siprec\r\n"),
+        invite(to_user=SECURE_USER, body=OFFER_PCMU),
+        invite(to_user=SECURE_USER, body=SAVP_BOTH),
+        invite(to_user=SECURE_USER, to_tag="t1", cseq=12, body=""),
+        invite(to_user=SECURE_USER, method="ACK", to_tag="t1", branch="z9hG4bK-ack4", body=ANSWER_SAVP),
+        invite(to_user=SECURE_USER, method="ACK", to_tag="t1", branch="z9hG4bK-ack5", body=ANSWER_PCMA),
     ]
 
 
@@ -127,6 +156,10 @@ TOKENS = [
     b"To: <sip:x@y>;tag=t1",
     b"CSeq: 0 INVITE",
     b"\xe4\xb8\xad",
+    b"a=rtpmap:9 G722/8000",
+    b"a=rtpmap:101 telephone-event/8000",
+    b"a=fmtp:101 0-16",
+    b"RTP/AVP 9 101",
 ]
 
 
@@ -186,8 +219,17 @@ def check_parser(data: bytes) -> None:
 def test_fuzz_parser_framer_and_core() -> None:
     rng = random.Random(20240601)
     seeds = corpus()
-    # srtp: optional, so that both plain and SDES offers reach the SDP and a=crypto parsers.
-    router = Router(RoutesFile(profiles={"default": Profile(srtp="optional")}))
+    # srtp: optional, so that both plain and SDES offers reach the SDP and a=crypto parsers;
+    # calls to SECURE_USER take a profile with srtp: required and published key presses.
+    router = Router(
+        RoutesFile(
+            profiles={
+                "default": Profile(srtp="optional"),
+                "secure": Profile(name="secure", srtp="required", dtmf="publish"),
+            },
+            routes=[Route(name="secure", match=Match(to_user=SECURE_USER), profile="secure")],
+        )
+    )
     core = UasCore(SipSettings(max_calls=50), CountingCallHandler(capacity=60), FakePorts(count=200), router)
     framer = StreamFramer(max_message_bytes=8192)
     sources = [Address("udp", f"10.0.0.{i}", 5060 + i) for i in range(1, 9)]
@@ -299,3 +341,29 @@ def test_crypto_attribute_parses_or_says_why(pieces: list[str]) -> None:
         assert exc.status_hint == 488 and str(exc)
         return
     assert len(key.keys.key) == 30
+
+
+def test_wideband_dtmf_and_srtp_required_seeds_reach_their_code_paths() -> None:
+    """The seeds added for G.722, telephone-event and srtp: required, sent as they are, are
+    answered the way they should be, so the mutations around them explore those paths."""
+    router = Router(
+        RoutesFile(
+            profiles={"default": Profile(), "secure": Profile(name="secure", srtp="required")},
+            routes=[Route(name="secure", match=Match(to_user=SECURE_USER), profile="secure")],
+        )
+    )
+    source = Address("udp", "10.0.0.5", 5060)
+
+    def final(data: bytes) -> Response:
+        core = UasCore(SipSettings(), CountingCallHandler(), FakePorts(), router)
+        finals = [a.message for a in core.receive(data, source, 0.0) if isinstance(a, SendMessage) and is_final(a)]
+        assert len(finals) == 1 and isinstance(finals[0], Response)
+        return finals[0]
+
+    g722 = final(invite(body=G722_DTMF))
+    assert g722.status == 200 and "m=audio" in g722.body.decode() and "G722/8000" in g722.body.decode()
+    assert "telephone-event/8000" in g722.body.decode()
+    offer = final(invite(to_user=SECURE_USER, body=""))
+    assert offer.status == 200 and "RTP/SAVP" in offer.body.decode() and "a=crypto:" in offer.body.decode()
+    plain = final(invite(to_user=SECURE_USER, body=OFFER_PCMU))
+    assert plain.status == 488 and "Warning" in plain.headers

@@ -1,8 +1,14 @@
-"""Our BYE through a real record-routing proxy after the connection the dialog came on has
-closed: sipp (the PBX) calls over TCP through Kamailio, which record-routes and relays to us
-over TCP. Our idle timeout closes Kamailio's connection; when the RTP inactivity timeout ends
-the call, the BYE must open a new connection to the first Record-Route hop (Kamailio, RFC 3261
-18.1.1), which relays it to sipp on sipp's own connection.
+"""Calls through a real record-routing proxy (Kamailio).
+
+Our BYE after the connection the dialog came on has closed: sipp (the PBX) calls over TCP
+through Kamailio, which record-routes and relays to us over TCP. Our idle timeout closes
+Kamailio's connection; when the RTP inactivity timeout ends the call, the BYE must open a new
+connection to the first Record-Route hop (Kamailio, RFC 3261 18.1.1), which relays it to sipp
+on sipp's own connection.
+
+A SIPREC session through the proxy (RFC 7866 over UDP): our 200 carries the Record-Route set
+and a ``+sip.srs`` Contact, so the SRC's ACK and BYE come back through Kamailio; the service
+admits SIP only from Kamailio's address, so a request that bypassed it would be refused.
 """
 
 from __future__ import annotations
@@ -14,8 +20,10 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from asr_gateway.sipp_calls import place_call
 from rtp.ports import PortAllocator
 from sip.app import CountingCallHandler
 from sip.config import SipSettings
@@ -35,7 +43,7 @@ log_stderror=yes
 children=1
 tcp_children=1
 auto_aliases=no
-listen=tcp:127.0.0.1:{proxy_port}
+listen={transport}:127.0.0.1:{proxy_port}
 mpath="{modules}"
 loadmodule "tm.so"
 loadmodule "sl.so"
@@ -49,10 +57,26 @@ request_route {{
         exit;
     }}
     record_route();
-    $du = "sip:127.0.0.1:{asr_port};transport=tcp";
+    $du = "sip:127.0.0.1:{asr_port};transport={transport}";
     t_relay();
 }}
 """
+
+
+PBX_HOST = "127.0.0.100"  # sipp; Kamailio and the service are on 127.0.0.1
+
+
+def start_kamailio(tmp_path: Path, transport: str, proxy_port: int, asr_port: int) -> subprocess.Popen[bytes]:
+    """Kamailio record-routing every dialog-creating request to us on ``transport`` (tcp/udp)."""
+    config = tmp_path / "kamailio.cfg"
+    text = CONFIG.format(transport=transport, proxy_port=proxy_port, asr_port=asr_port, modules=modules_dir())
+    config.write_text(text, encoding="utf-8")
+    assert KAMAILIO is not None
+    return subprocess.Popen(
+        [KAMAILIO, "-f", str(config), "-DD", "-E", "-m", "32", "-M", "4", "-Y", str(tmp_path), "-w", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 def modules_dir() -> str:
@@ -84,16 +108,7 @@ def test_bye_reopens_a_connection_to_the_record_route_proxy(tmp_path: Path) -> N
         server = SipServer(settings, handler, PortAllocator("127.0.0.1", 42000, 42999))
         await server.start()
         proxy_port = free_port(socket.SOCK_STREAM)
-        config = tmp_path / "kamailio.cfg"
-        config.write_text(
-            CONFIG.format(proxy_port=proxy_port, asr_port=server.port("tcp"), modules=modules_dir()), encoding="utf-8"
-        )
-        assert KAMAILIO is not None
-        proxy = subprocess.Popen(
-            [KAMAILIO, "-f", str(config), "-DD", "-E", "-m", "32", "-M", "4", "-Y", str(tmp_path), "-w", str(tmp_path)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
+        proxy = start_kamailio(tmp_path, "tcp", proxy_port, server.port("tcp"))
         try:
             wait_listening(proxy_port)
             rc, errors = await run_sipp(
@@ -109,5 +124,43 @@ def test_bye_reopens_a_connection_to_the_record_route_proxy(tmp_path: Path) -> N
         assert counters["dropped.stream_idle_timeout"] >= 1  # we closed Kamailio's idle connection
         assert counters["connections.opened"] == 1 and counters["bye.sent"] == 1
         assert counters["bye.timeout"] == 0 and counters["dropped.no_connection"] == 0
+
+    asyncio.run(scenario())
+
+
+def test_siprec_session_through_the_record_routing_proxy(tmp_path: Path) -> None:
+    seconds = 2.0
+    t = np.arange(int(8000 * seconds)) / 8000
+    caller, agent = ((np.sin(2 * np.pi * hz * t) * 6000).astype(np.float32) for hz in (440, 900))
+
+    async def scenario() -> None:
+        settings = SipSettings(host="127.0.0.1", port=0, transports=["udp"], acl_cidrs=["127.0.0.1/32"])
+        handler = CountingCallHandler()
+        server = SipServer(settings, handler, PortAllocator("127.0.0.1", 43000, 43999))
+        await server.start()
+        proxy_port = free_port()
+        proxy = start_kamailio(tmp_path, "udp", proxy_port, server.port("udp"))
+        try:
+            await asyncio.sleep(0.5)  # kamailio binds its UDP socket
+            result = await place_call(
+                tmp_path / "sipp", proxy_port, caller, 8000, siprec=True, second_pcm=agent, host=PBX_HOST,
+                target_host="127.0.0.1", via_proxy=True, call_tag="rec", timeout_s=30,
+            )  # fmt: skip
+            assert result.returncode == 0, result.errors[-3000:]
+            for _ in range(100):
+                if handler.ended:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            proxy.terminate()
+            _, stderr = proxy.communicate(timeout=10)
+            await server.stop(0.5)
+        assert list(handler.ended.values()) == ["bye"], stderr[-2000:]
+        (call,) = handler.calls.values()
+        assert call.siprec and call.source[0] == "127.0.0.1"  # it came from Kamailio
+        assert sorted(leg.role for leg in handler.legs.values()) == ["agent", "caller"]
+        assert all(sink.samples >= 16000 * (seconds - 0.2) for sink in handler.sinks.values())
+        counters = server.counters
+        assert counters["acl.denied"] == 0 and counters["calls.ack_timeout"] == 0
 
     asyncio.run(scenario())

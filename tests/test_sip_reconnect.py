@@ -255,3 +255,68 @@ def test_next_hop_of_our_bye(extra: str, target: Address) -> None:
     core.receive(tcp(ack(to_tag=tag)), source, 0.1)
     (bye,) = [a for a in core.hangup_all("test", 0.2) if isinstance(a, SendMessage)]
     assert (bye.dest, bye.target) == (source, target)
+
+
+async def collect_messages(reader: asyncio.StreamReader, into: asyncio.Queue[str]) -> None:
+    with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError, TimeoutError):
+        while True:
+            await into.put(await read_message(reader))
+
+
+def test_final_answer_after_the_peer_closed_opens_a_connection_to_its_via() -> None:
+    """RFC 3261 18.2.2: the PBX closes its TCP connection while we still ring; our 200 OK goes on
+    a new connection to its Via sent-by, the ACK comes back on it, and a second call's 200 and
+    our BYEs reuse that connection rather than opening others."""
+
+    async def scenario() -> None:
+        settings = SipSettings(host=HOST, port=0, transports=["tcp"], answer_delay_ms=300)
+        async with running(settings) as (server, handler, _):
+            got: asyncio.Queue[str] = asyncio.Queue()
+            accepted: list[asyncio.StreamWriter] = []
+
+            async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+                accepted.append(writer)
+                await collect_messages(reader, got)
+
+            listener = await asyncio.start_server(accept, HOST, 0)
+            via_port = listener.sockets[0].getsockname()[1]
+            pbx = Pbx("tcp")
+            pbx.port = via_port
+            for call in ("early-1", "early-2"):
+                reader, writer = await asyncio.open_connection(HOST, server.port("tcp"))
+                writer.write(invite(pbx, call))
+                assert (await read_message(reader)).startswith("SIP/2.0 1")  # 100 Trying or 180 Ringing
+                writer.close()
+                await writer.wait_closed()
+            answers = [await asyncio.wait_for(got.get(), 5) for _ in range(2)]
+            assert all(answer.startswith("SIP/2.0 200 OK") for answer in answers)
+            for answer in answers:
+                call = re.search(r"(?im)^call-id:\s*(\S+)", answer).group(1)  # type: ignore[union-attr]
+                to = re.search(r"(?im)^to:.*$", answer).group(0).strip()  # type: ignore[union-attr]
+                lines = [
+                    f"ACK sip:rec@{HOST} SIP/2.0",
+                    f"Via: SIP/2.0/TCP {HOST}:{via_port};branch=z9hG4bK-a{call}",
+                    f"From: <sip:pbx@{HOST}>;tag=f-{call}",
+                    to,
+                    f"Call-ID: {call}",
+                    "CSeq: 1 ACK",
+                    "Content-Length: 0",
+                ]
+                accepted[0].write(("\r\n".join(lines) + "\r\n\r\n").encode())
+            stopping = asyncio.create_task(server.stop(grace_s=0.5))  # BYE each answered call
+            byes = [await asyncio.wait_for(got.get(), 5) for _ in range(2)]
+            await asyncio.wait_for(stopping, 5)
+            listener.close()
+            for _ in range(100):  # call_ended runs once the calls' legs are closed
+                if len(handler.ended) == 2:
+                    break
+                await asyncio.sleep(0.01)
+        assert sorted(re.search(r"Call-ID: (\S+)", bye).group(1) for bye in byes) == ["early-1", "early-2"]  # type: ignore[union-attr]
+        assert all(bye.startswith("BYE ") for bye in byes)
+        assert len(accepted) == 1  # one connection opened for the first 200; the rest reused it
+        counters = server.counters
+        assert (counters["connections.opened"], counters["connections.reused"]) == (1, 3)
+        assert counters["dropped.no_connection"] == 0 and counters["calls.ack_timeout"] == 0
+        assert sorted(handler.calls[call].sip_call_id for call in handler.ended) == ["early-1", "early-2"]
+
+    asyncio.run(scenario())
