@@ -1,4 +1,5 @@
-"""``asr-gateway``: the service's command line (serve, check-config, tail, demo, cluster)."""
+"""``asr-gateway``: the service's command line (serve, check-config, tail, demo, cluster, and the
+subcommands installed packages register, such as ``console``)."""
 
 from __future__ import annotations
 
