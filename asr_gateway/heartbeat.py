@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 RELOAD_MESSAGE = "reload"
 HASH_TTL_S = 60
+STOP_STEP_S = 3.0  # the most each step of stop() waits
 
 
 def nodes_key(prefix: str) -> str:
@@ -72,13 +73,19 @@ class Heartbeat:
         ]
 
     async def stop(self) -> None:
+        """Cancel both tasks, take this node out of the hash, close the client. Bounded: a
+        service's shutdown must not wait on Redis (a pub/sub teardown in redis-py can outlive a
+        cancel), so every step gives up after ``STOP_STEP_S``."""
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        with contextlib.suppress(RedisError, OSError):
-            await self._client.hdel(nodes_key(self.prefix), self.node_id)
-        with contextlib.suppress(RedisError, OSError):
-            await self._client.aclose()
+        if self._tasks:
+            _, pending = await asyncio.wait(self._tasks, timeout=STOP_STEP_S)
+            if pending:
+                log.warning("heartbeat: %d task(s) still closing after %.0f s; not waiting", len(pending), STOP_STEP_S)
+        with contextlib.suppress(RedisError, OSError, TimeoutError):
+            await asyncio.wait_for(self._client.hdel(nodes_key(self.prefix), self.node_id), STOP_STEP_S)
+        with contextlib.suppress(RedisError, OSError, TimeoutError):
+            await asyncio.wait_for(self._client.aclose(), STOP_STEP_S)
 
     def payload(self) -> str:
         return json.dumps({"node": self.node_id, "ts": time.time(), **self._report()}, ensure_ascii=False)
