@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -40,27 +41,26 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
         server.stop()
 
 
-@pytest.fixture
-def sentinel_group(tmp_path: Path) -> Iterator[LocalSentinelGroup]:
-    group = LocalSentinelGroup(tmp_path / "sentinel-group")
+L = TypeVar("L", LocalSentinelGroup, LocalRedisCluster)
+
+
+def _started(launcher: L) -> Iterator[L]:
+    """Start ``launcher`` (skip the test without redis-server), yield it, stop it."""
     try:
-        group.start()
+        launcher.start()
     except RedisNotInstalled as exc:
         pytest.skip(str(exc))
     try:
-        yield group
+        yield launcher
     finally:
-        group.stop()
+        launcher.stop()
+
+
+@pytest.fixture
+def sentinel_group(tmp_path: Path) -> Iterator[LocalSentinelGroup]:
+    yield from _started(LocalSentinelGroup(tmp_path / "sentinel-group"))
 
 
 @pytest.fixture
 def redis_cluster(tmp_path: Path) -> Iterator[LocalRedisCluster]:
-    cluster = LocalRedisCluster(tmp_path / "redis-cluster")
-    try:
-        cluster.start()
-    except RedisNotInstalled as exc:
-        pytest.skip(str(exc))
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from _started(LocalRedisCluster(tmp_path / "redis-cluster"))

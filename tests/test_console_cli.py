@@ -13,6 +13,7 @@ import httpx
 import pytest
 from argon2 import PasswordHasher
 
+from tests.certs import self_signed_cert
 from tests.console_helpers import running_console, write_configs
 from tests.redis_server import RedisServer, redis_server
 
@@ -44,12 +45,7 @@ def test_bad_console_config_names_file_and_line(tmp_path: Path) -> None:
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
 def test_tls_and_the_trusted_proxy_header(tmp_path: Path, redis_server: RedisServer) -> None:
     console_yaml = write_configs(tmp_path, redis_server.url)
-    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    cert, key = self_signed_cert(tmp_path)
     with console_yaml.open("a", encoding="utf-8") as out:
         out.write(f"tls_certfile: {cert}\ntls_keyfile: {key}\nproxy_header: X-Remote-User\n")
     with (

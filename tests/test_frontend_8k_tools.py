@@ -10,27 +10,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from asr_core.frontend import num_fbank_frames
-from asr_core.model.loader import LoadedModel, load_wenet_model
+from asr_core.model.loader import LoadedModel
 from asr_core.tokens import tokens_to_text
 from deploy.bench import accuracy
 from tests.bench_json import run_bench_module
-from tests.test_frontend_8k import MEL_BINS, RATE, greedy_reference, telephony_yaml, write_model
+from tests.test_frontend_8k import MEL_BINS, RATE, greedy_reference, loaded, model_dir, telephony_yaml
+
+__all__ = ["loaded", "model_dir"]  # the module-scoped fixtures of test_frontend_8k, used by name
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_model(tmp_path_factory.mktemp("tel8k_tools") / "model", telephony_yaml())
-
-
-@pytest.fixture(scope="module")
-def loaded(model_dir: Path) -> LoadedModel:
-    torch.set_num_threads(1)
-    return load_wenet_model(model_dir)
 
 
 @pytest.fixture(scope="module")

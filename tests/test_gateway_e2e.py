@@ -8,107 +8,28 @@ the bundled recordings, and a change that stops it from doing so must fail here.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
-import socket
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import numpy as np
 import pytest
-import redis
 
 from asr_common.scoring import cer
 from asr_core.audio_io import read_wav
 from asr_gateway.config import load_config
-from asr_gateway.service import DEMO_MODEL_DIR, Service
 from asr_gateway.sipp_calls import PCMA, PCMU, place_call
-from kb_hooks import events as ev
 from tests.demo_quality import GOOD_ENOUGH_CER
-from tests.redis_server import RedisServer
-
-REPO = Path(__file__).resolve().parents[1]
-DATA = REPO / "tests" / "data" / "hotline_8k"
+from tests.redis_server import RedisServer, redis_server
+from tests.service_calls import DATA, REPO, read_events, read_valid_events, run_calls, write_config
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp not installed (Debian package sip-tester)"),
     pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed"),
 ]
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-@pytest.fixture()
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-EXAMPLE_ROUTES = REPO / "deploy" / "config" / "routes.example.yaml"
-
-
-def write_config(tmp_path: Path, redis_url: str, routes: Path = EXAMPLE_ROUTES) -> Path:
-    model_dir = DEMO_MODEL_DIR
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        f"""
-sip: {{host: 127.0.0.1, port: {free_port()}, transports: [udp], rtp_inactivity_timeout_s: 20}}
-rtp: {{host: 127.0.0.1, port_min: 41000, port_max: 41999}}
-engine: {{model_dir: {model_dir}, max_streams: 8, max_batch: 8, left_chunks: 8}}
-redis: {{url: "{redis_url}", spool_dir: {tmp_path / "spool"}}}
-metrics: {{host: 127.0.0.1, port: 0}}
-routes: {routes}
-kb_hooks:
-  kb_sets: {{hotline: {REPO / "deploy" / "config" / "kb.example.yaml"}}}
-  tag_rule_sets: {{hotline: {REPO / "deploy" / "config" / "tags.example.yaml"}}}
-""",
-        encoding="utf-8",
-    )
-    return config
-
-
-def read_events(url: str) -> list[dict[str, Any]]:
-    client = redis.Redis.from_url(url)
-    entries = client.xrange("asr:events")
-    events = []
-    for _, fields in entries:
-        raw = fields.get(b"event") or next(iter(fields.values()))
-        events.append(json.loads(raw))
-    return events
-
-
-DRAIN_TIMEOUT_S = 60.0  # a slow 2-core runner decodes the calls' last audio seconds after they hang up
-
-
-async def wait_drained(service: Service) -> None:
-    """Wait until the engine has no stream and the bridge no call left; fail if that takes too long."""
-    deadline = time.monotonic() + DRAIN_TIMEOUT_S
-    while service.engine.active_streams or service.bridge.active_calls:
-        assert time.monotonic() < deadline, (
-            f"not drained {DRAIN_TIMEOUT_S:.0f} s after the calls hung up: {service.engine.active_streams} engine "
-            f"streams, {service.bridge.active_calls} calls open"
-        )
-        await asyncio.sleep(0.05)
-
-
-def read_valid_events(url: str) -> list[dict[str, Any]]:
-    """Every event in Redis, each checked against the v1 JSON schema."""
-    events = read_events(url)
-    for event in events:
-        jsonschema.validate(event, ev.schema())
-    return events
+__all__ = ["redis_server"]  # the fixture, used by name
 
 
 def test_calls_through_the_whole_service(tmp_path: Path, redis_server: RedisServer) -> None:
@@ -117,23 +38,14 @@ def test_calls_through_the_whole_service(tmp_path: Path, redis_server: RedisServ
     other = read_wav(DATA / "hotline_1.wav")
     config = load_config(write_config(tmp_path, redis_server.url), {})
 
-    async def scenario() -> None:
-        service = Service(config)
-        ports = await service.start()
-        assert ports.sip_udp is not None
-        try:
-            results = await asyncio.gather(
-                place_call(tmp_path / "c1", ports.sip_udp, seed.samples, 16000, payload_type=PCMU),
-                place_call(tmp_path / "c2", ports.sip_udp, other.samples, 16000, payload_type=PCMA),
-                place_call(tmp_path / "c3", ports.sip_udp, seed.samples, 16000, payload_type=PCMU, siprec=True),
-            )
-            for result in results:
-                assert result.returncode == 0, result.errors
-            await wait_drained(service)
-        finally:
-            await service.stop(grace_s=5)
-
-    asyncio.run(scenario())
+    run_calls(
+        config,
+        lambda port: [
+            place_call(tmp_path / "c1", port, seed.samples, 16000, payload_type=PCMU),
+            place_call(tmp_path / "c2", port, other.samples, 16000, payload_type=PCMA),
+            place_call(tmp_path / "c3", port, seed.samples, 16000, payload_type=PCMU, siprec=True),
+        ],
+    )
     events = read_events(redis_server.url)
     by_call: dict[str, list[dict[str, Any]]] = {}
     for event in events:
@@ -172,24 +84,15 @@ def test_metadata_headers_reach_call_started(tmp_path: Path, redis_server: Redis
     seed = read_wav(DATA / "hotline_seed.wav")
     headers = "X-Agent-Id: 1001\nx-ucid: 00001002121700000042"
 
-    async def scenario() -> None:
-        service = Service(config)
-        ports = await service.start()
-        assert ports.sip_udp is not None
-        try:
-            results = await asyncio.gather(
-                place_call(tmp_path / "plain", ports.sip_udp, seed.samples, 16000, call_tag="plain",
-                           to_user="4008001234", extra_headers=headers),
-                place_call(tmp_path / "rec", ports.sip_udp, seed.samples, 16000, siprec=True, call_tag="rec",
-                           extra_headers="X-Agent-Id: 2002"),
-            )  # fmt: skip
-            for result in results:
-                assert result.returncode == 0, result.errors
-            await wait_drained(service)
-        finally:
-            await service.stop(grace_s=5)
-
-    asyncio.run(scenario())
+    run_calls(
+        config,
+        lambda port: [
+            place_call(tmp_path / "plain", port, seed.samples, 16000, call_tag="plain",
+                       to_user="4008001234", extra_headers=headers),
+            place_call(tmp_path / "rec", port, seed.samples, 16000, siprec=True, call_tag="rec",
+                       extra_headers="X-Agent-Id: 2002"),
+        ],
+    )  # fmt: skip
     events = read_valid_events(redis_server.url)
     started = {e["sip_call_id"].split("-")[0]: e for e in events if e["event_type"] == "call.started"}
     plain = started["plain"]["metadata"]
@@ -223,24 +126,15 @@ def test_cucm_built_in_bridge_two_invites_are_one_call(tmp_path: Path, redis_ser
     seed = read_wav(DATA / "hotline_seed.wav")
     other = read_wav(DATA / "hotline_1.wav")
 
-    async def scenario() -> None:
-        service = Service(config)
-        ports = await service.start()
-        assert ports.sip_udp is not None
-        try:
-            results = await asyncio.gather(
-                place_call(tmp_path / "near", ports.sip_udp, seed.samples, 16000, call_tag="near", to_user="rec",
-                           from_user="1001", from_uri_params=";x-nearend;x-refci=25396399;x-nearenddevice=SEP001"),
-                place_call(tmp_path / "far", ports.sip_udp, other.samples, 16000, call_tag="far", to_user="rec",
-                           from_user="citizen", from_uri_params=";x-farend;x-refci=25396399;x-farendaddr=citizen"),
-            )  # fmt: skip
-            for result in results:
-                assert result.returncode == 0, result.errors
-            await wait_drained(service)
-        finally:
-            await service.stop(grace_s=5)
-
-    asyncio.run(scenario())
+    run_calls(
+        config,
+        lambda port: [
+            place_call(tmp_path / "near", port, seed.samples, 16000, call_tag="near", to_user="rec",
+                       from_user="1001", from_uri_params=";x-nearend;x-refci=25396399;x-nearenddevice=SEP001"),
+            place_call(tmp_path / "far", port, other.samples, 16000, call_tag="far", to_user="rec",
+                       from_user="citizen", from_uri_params=";x-farend;x-refci=25396399;x-farendaddr=citizen"),
+        ],
+    )  # fmt: skip
     events = read_valid_events(redis_server.url)
     started = [e for e in events if e["event_type"] == "call.started"]
     assert len(started) == 1, started
@@ -288,22 +182,13 @@ def test_a_routes_hotwords_fix_a_street_name_in_redis(tmp_path: Path, redis_serv
     )
     config = load_config(write_config(tmp_path, redis_server.url, routes), {})
 
-    async def scenario() -> None:
-        service = Service(config)
-        ports = await service.start()
-        assert ports.sip_udp is not None
-        try:
-            results = await asyncio.gather(
-                place_call(tmp_path / "plain", ports.sip_udp, pcm, 8000, call_tag="plain", to_user="4001"),
-                place_call(tmp_path / "streets", ports.sip_udp, pcm, 8000, call_tag="streets", to_user="4002"),
-            )
-            for result in results:
-                assert result.returncode == 0, result.errors
-            await wait_drained(service)
-        finally:
-            await service.stop(grace_s=5)
-
-    asyncio.run(scenario())
+    run_calls(
+        config,
+        lambda port: [
+            place_call(tmp_path / "plain", port, pcm, 8000, call_tag="plain", to_user="4001"),
+            place_call(tmp_path / "streets", port, pcm, 8000, call_tag="streets", to_user="4002"),
+        ],
+    )
     finals: dict[str, str] = {}
     for event in read_valid_events(redis_server.url):
         if event["event_type"] == "transcript.final":

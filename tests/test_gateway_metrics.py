@@ -14,7 +14,6 @@ import socket
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,9 @@ from asr_core.audio_io import read_wav
 from asr_gateway.demo import DATA_DIR, EventCollector, demo_config
 from asr_gateway.service import DEMO_MODEL_DIR, Service
 from asr_gateway.sipp_calls import place_call
-from tests.redis_server import RedisServer
+from tests.redis_server import RedisServer, redis_server
+
+__all__ = ["redis_server"]  # the fixture, used by name
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE_MODEL = REPO.parent / "shared" / "fixtures" / "wenet_u2pp_small" / "model"
@@ -38,16 +39,6 @@ pytestmark = [
 ]
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-@pytest.fixture()
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def http_get(port: int, path: str) -> tuple[int, str]:

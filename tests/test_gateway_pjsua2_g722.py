@@ -24,8 +24,8 @@ from asr_gateway.config import load_config
 from asr_gateway.service import Service
 from sip.app import CallInfo, LegInfo, PcmSink
 from tests.demo_quality import GOOD_ENOUGH_CER
-from tests.redis_server import RedisServer
-from tests.test_gateway_e2e import DATA, read_valid_events, redis_server, wait_drained, write_config
+from tests.redis_server import RedisServer, redis_server
+from tests.service_calls import DATA, read_valid_events, wait_drained, write_config
 from tests.test_sip_pjsua2 import call_with_pjsua2
 
 __all__ = ["redis_server"]  # the fixture, used by name

@@ -20,11 +20,11 @@ import pytest
 
 from asr_core.audio_io import read_wav
 from asr_gateway.config import load_config
-from asr_gateway.service import Service
+from asr_gateway.service import Ports, Service
 from asr_gateway.sipp_calls import place_call
 from rtp.srtp import SrtpKeys
-from tests.redis_server import RedisServer
-from tests.test_gateway_e2e import DATA, read_valid_events, redis_server, wait_drained, write_config
+from tests.redis_server import RedisServer, redis_server
+from tests.service_calls import DATA, read_valid_events, run_calls, write_config
 
 __all__ = ["redis_server"]  # the fixture, imported for pytest
 
@@ -49,27 +49,21 @@ def test_srtp_call_reads_like_the_plain_call_and_a_wrong_key_reads_nothing(
     totals: dict[str, int] = {}
     metrics: list[str] = []
 
-    async def scenario() -> None:
-        service = Service(config)
-        ports = await service.start()
-        assert ports.sip_udp is not None
-        try:
-            results = await asyncio.gather(
-                place_call(tmp_path / "plain", ports.sip_udp, seed.samples, 16000, call_tag="plain"),
-                place_call(tmp_path / "srtp", ports.sip_udp, seed.samples, 16000, call_tag="srtp", srtp=keys),
-                place_call(tmp_path / "wrong", ports.sip_udp, seed.samples, 16000, call_tag="wrong", srtp=keys,
-                           srtp_send_key=WRONG_KEY),
-            )  # fmt: skip
-            for result in results:
-                assert result.returncode == 0, result.errors
-            await wait_drained(service)
-            totals.update(service.rtp_totals.snapshot())
-            url = f"http://127.0.0.1:{ports.metrics}/metrics"
-            metrics.append(await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode()))
-        finally:
-            await service.stop(grace_s=5)
+    async def read_counters(service: Service, ports: Ports) -> None:
+        totals.update(service.rtp_totals.snapshot())
+        url = f"http://127.0.0.1:{ports.metrics}/metrics"
+        metrics.append(await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode()))
 
-    asyncio.run(scenario())
+    run_calls(
+        config,
+        lambda port: [
+            place_call(tmp_path / "plain", port, seed.samples, 16000, call_tag="plain"),
+            place_call(tmp_path / "srtp", port, seed.samples, 16000, call_tag="srtp", srtp=keys),
+            place_call(tmp_path / "wrong", port, seed.samples, 16000, call_tag="wrong", srtp=keys,
+                       srtp_send_key=WRONG_KEY),
+        ],
+        after=read_counters,
+    )  # fmt: skip
     events = read_valid_events(redis_server.url)
     tag_of = {e["call_id"]: e["sip_call_id"].split("-")[0] for e in events if e["event_type"] == "call.started"}
     finals: dict[str, str] = {"plain": "", "srtp": "", "wrong": ""}

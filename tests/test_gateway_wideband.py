@@ -8,7 +8,6 @@ and as counts in ``call.ended.stats``; no key press is decoded as audio.
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 from pathlib import Path
 
@@ -17,11 +16,11 @@ import pytest
 from asr_common.scoring import cer
 from asr_core.audio_io import read_wav
 from asr_gateway.config import load_config
-from asr_gateway.service import Service
+from asr_gateway.service import Ports, Service
 from asr_gateway.sipp_calls import G722, PCMU, place_call
 from tests.demo_quality import GOOD_ENOUGH_CER
-from tests.redis_server import RedisServer
-from tests.test_gateway_e2e import DATA, read_valid_events, redis_server, wait_drained, write_config
+from tests.redis_server import RedisServer, redis_server
+from tests.service_calls import DATA, read_valid_events, run_calls, write_config
 
 __all__ = ["redis_server"]  # the fixture, used by name
 
@@ -47,28 +46,21 @@ def test_g722_call_reads_like_pcmu_and_keys_are_published(tmp_path: Path, redis_
     config = load_config(write_config(tmp_path, redis_server.url, routes), {})
     seed = read_wav(DATA / "hotline_seed.wav")
 
-    async def scenario() -> None:
-        service = Service(config)
-        ports = await service.start()
-        assert ports.sip_udp is not None
-        port = ports.sip_udp
-        try:
-            results = await asyncio.gather(
-                place_call(tmp_path / "u", port, seed.samples, 16000, payload_type=PCMU, call_tag="pcmu",
-                           to_user="count", keys="12"),
-                place_call(tmp_path / "w", port, seed.samples, 16000, payload_type=G722, call_tag="g722", keys="4#"),
-                place_call(tmp_path / "k", port, seed.samples[:16000], 16000, payload_type=G722, call_tag="keys",
-                           to_user="keys", keys="90*"),
-            )  # fmt: skip
-            for result in results:
-                assert result.returncode == 0, result.errors
-            await wait_drained(service)
-            totals = service.rtp_totals.snapshot()
-            assert totals["dtmf_events"] == 7 and totals["unknown_payload_packets"] == 0
-        finally:
-            await service.stop(grace_s=5)
+    async def check_totals(service: Service, ports: Ports) -> None:
+        totals = service.rtp_totals.snapshot()
+        assert totals["dtmf_events"] == 7 and totals["unknown_payload_packets"] == 0
 
-    asyncio.run(scenario())
+    run_calls(
+        config,
+        lambda port: [
+            place_call(tmp_path / "u", port, seed.samples, 16000, payload_type=PCMU, call_tag="pcmu",
+                       to_user="count", keys="12"),
+            place_call(tmp_path / "w", port, seed.samples, 16000, payload_type=G722, call_tag="g722", keys="4#"),
+            place_call(tmp_path / "k", port, seed.samples[:16000], 16000, payload_type=G722, call_tag="keys",
+                       to_user="keys", keys="90*"),
+        ],
+        after=check_totals,
+    )  # fmt: skip
     events = read_valid_events(redis_server.url)
     by_call: dict[str, list[dict[str, object]]] = {}
     for event in events:

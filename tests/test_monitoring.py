@@ -10,7 +10,6 @@ import re
 import shutil
 import subprocess
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from asr_gateway.demo import demo_config
 from asr_gateway.service import DEMO_MODEL_DIR, Service
-from tests.redis_server import RedisServer
+from tests.redis_server import RedisServer, redis_server
+
+__all__ = ["redis_server"]  # the fixture, used by name
 
 MONITORING = Path(__file__).resolve().parents[1] / "deploy" / "monitoring"
 RULES = MONITORING / "alerts.yml"
@@ -86,16 +87,6 @@ def test_the_dashboard_shows_what_operators_asked_for() -> None:
     assert "sum by (le)" in text, "a latency p95 across all nodes, from the summed histograms"
 
 
-@pytest.fixture()
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
 def test_every_metric_the_rules_and_dashboard_use_is_exported(tmp_path: Path, redis_server: RedisServer) -> None:
     async def scrape() -> set[str]:
@@ -106,7 +97,7 @@ def test_every_metric_the_rules_and_dashboard_use_is_exported(tmp_path: Path, re
             text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
         finally:
             await service.stop(grace_s=1)
-        names = set()
+        names: set[str] = set()
         for family in text_string_to_metric_families(text):
             names.update(sample.name for sample in family.samples)
             if family.type == "counter":  # a labelled counter has no sample before its first event

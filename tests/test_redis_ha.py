@@ -26,7 +26,6 @@ from redis.cluster import ClusterNode, RedisCluster, key_slot
 from asr_core.audio_io import read_wav
 from asr_gateway.config import load_config
 from asr_gateway.local_redis import LocalRedisCluster, LocalSentinelGroup
-from asr_gateway.service import Service
 from asr_gateway.sipp_calls import place_call
 from kb_hooks import events as ev
 from kb_hooks import tail
@@ -36,7 +35,7 @@ from kb_hooks.keys import SINGLE, KeyLayout
 from kb_hooks.publisher import Publisher
 from kb_hooks.types import CallContext
 from tests.redis_server import redis_cluster, sentinel_group
-from tests.test_gateway_e2e import DATA, wait_drained, write_config
+from tests.service_calls import DATA, run_calls, write_config
 from tests.test_publisher import CALLER, settings, transcript, wait_until
 
 __all__ = ["redis_cluster", "sentinel_group"]
@@ -117,18 +116,7 @@ def test_cluster_whole_call_through_the_service(redis_cluster: LocalRedisCluster
     assert layout.shards == 16
     seed = read_wav(DATA / "hotline_seed.wav")
 
-    async def scenario() -> None:
-        service = Service(config)
-        ports = await service.start()
-        assert ports.sip_udp is not None
-        try:
-            result = await place_call(tmp_path / "call", ports.sip_udp, seed.samples, 16000, call_tag="cluster")
-            assert result.returncode == 0, result.errors
-            await wait_drained(service)
-        finally:
-            await service.stop(grace_s=5)
-
-    asyncio.run(scenario())
+    run_calls(config, lambda port: [place_call(tmp_path / "call", port, seed.samples, 16000, call_tag="cluster")])
     client = cluster_client(redis_cluster)
     try:
         fire = firehose_events(client, layout)

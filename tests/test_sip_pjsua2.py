@@ -15,7 +15,6 @@ import asyncio
 import importlib.util
 import json
 import shutil
-import subprocess
 import sys
 import wave
 from collections.abc import AsyncIterator
@@ -34,6 +33,7 @@ from sip.app import CallInfo, CountingCallHandler, LegInfo
 from sip.config import SipSettings
 from sip.routing import Profile, Router, RoutesFile
 from sip.transport import SipServer
+from tests.certs import self_signed_cert
 from tests.test_sip_sipp import free_port
 
 CALLER = Path(__file__).resolve().parent / "pjsua2_caller.py"
@@ -305,12 +305,7 @@ def test_srtp_from_pjsua2_reaches_sink_sample_accurate(tmp_path: Path, delayed_o
 def test_srtp_over_tls_from_pjsua2_reaches_sink_sample_accurate(tmp_path: Path) -> None:
     """The way SDES keys should travel: SIP over TLS (pjsua2's TLS transport, our TLS listener)
     with SRTP mandatory."""
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-days", "1",
-         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    cert, key = self_signed_cert(tmp_path)
     settings = SipSettings(
         host="127.0.0.1", port=0, tls_port=0, transports=["udp", "tls"], tls_cert=str(cert), tls_key=str(key)
     )

@@ -12,7 +12,6 @@ import contextlib
 import re
 import shutil
 import ssl
-import subprocess
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from sip.config import SipSettings
 from sip.message import Address, NameAddr
 from sip.transport import SipServer
 from sip.uas import UasCore
+from tests.certs import self_signed_cert
 from tests.test_sip_support import FakePorts, ack
 from tests.test_sip_support import invite as udp_invite
 from tests.test_sip_transport import FakeLeg
@@ -205,12 +205,7 @@ def test_unreachable_contact_is_counted_and_the_call_still_ends() -> None:
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is needed to make a test certificate")
 def test_bye_over_tls_opens_a_verified_connection(tmp_path: Path) -> None:
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-days", "1",
-         "-addext", f"subjectAltName=IP:{HOST},DNS:localhost", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    cert, key = self_signed_cert(tmp_path, HOST)
     server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_context.load_cert_chain(cert, key)
     client = ssl.create_default_context(cafile=str(cert))

@@ -190,7 +190,7 @@ def test_leg_gets_the_sdp_address_and_the_profiles_latch(profile_latch: str | No
             legs.append(AddressedFakeLeg(sink))
             return legs[-1]
 
-        routes = RoutesFile(profiles={"default": Profile(rtp_latch=profile_latch)})  # type: ignore[arg-type]
+        routes = RoutesFile(profiles={"default": Profile(rtp_latch=profile_latch)})
         server = SipServer(
             SipSettings(host="127.0.0.1", port=0, transports=["udp"]),
             CountingCallHandler(),

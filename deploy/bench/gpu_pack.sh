@@ -53,18 +53,9 @@ rm -rf "$REPO"/build/lib.* "$REPO"/build/bdist.*  # no stale build output in the
 "$PY" -m pip wheel -q --no-deps -w "$OUT" "$REPO" >&2
 
 echo "== dependencies the GPU image lacks" >&2
-REQS="$("$PY" - "$REPO/setup.cfg" "$IMAGE_PACKAGES $LEFT_OUT" <<'PYTHON'
-import configparser, re, sys
-
-config = configparser.ConfigParser()
-config.read(sys.argv[1])
-skip = {re.sub(r"[-_.]+", "-", n).lower() for n in sys.argv[2].split()}
-for line in config["options"]["install_requires"].strip().splitlines():
-    name = re.sub(r"[-_.]+", "-", re.split(r"[<>=!~;\[ ]", line.strip(), maxsplit=1)[0]).lower()
-    if name and name not in skip:
-        print(line.strip())
-PYTHON
-)"
+# The package names, one word each:
+# shellcheck disable=SC2086
+REQS="$("$PY" "$REPO/deploy/bench/runtime_requirements.py" "$REPO/setup.cfg" $IMAGE_PACKAGES $LEFT_OUT)"
 echo "$REQS" > "$DL/requirements.txt"
 "$PY" -m pip download -q --only-binary=:all: --python-version "$PYVER" --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \

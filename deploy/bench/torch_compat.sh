@@ -49,16 +49,7 @@ if ! "$VENV/bin/python" -c "import sys, torch; sys.exit(not torch.__version__.st
     echo "== installing torch $TORCH into $VENV" >&2
     "$VENV/bin/pip" install -q "torch==$TORCH" >&2
 fi
-REQS="$("$VENV/bin/python" - "$REPO/setup.cfg" <<'PYTHON'
-import configparser, sys
-
-config = configparser.ConfigParser()
-config.read(sys.argv[1])
-for line in config["options"]["install_requires"].strip().splitlines():
-    if not line.strip().startswith("torch"):
-        print(line.strip())
-PYTHON
-)"
+REQS="$("$VENV/bin/python" "$REPO/deploy/bench/runtime_requirements.py" "$REPO/setup.cfg" torch)"
 echo "$REQS" > "$OUT/requirements.txt"
 echo "== runtime dependencies and test tools" >&2
 "$VENV/bin/pip" install -q -r "$OUT/requirements.txt" pytest pytest-timeout hypothesis jsonschema kaldi-native-fbank >&2
