@@ -73,3 +73,15 @@ def test_int8_two_workers_and_two_backends(capsys: pytest.CaptureFixture[str]) -
         assert peer["workers"] == workers and peer["chunks"] == 3 * 5 and peer["cores_used"] > 0
     assert report["ours_torch-int8_step_threads_1"]["rtf"] > 0 and report["ours_torch_step_threads_1"]["rtf"] > 0
     assert report["ours_backend"] == "torch-int8" and report["ours"]["cores_used"] > 0
+
+
+def test_cores_at_reads_the_trial_at_the_maximum() -> None:
+    # --find-max reports the cores each engine used at its maximum: the trial of that stream count
+    # (bisection may have tried larger counts that failed, with more cores used).
+    trials = [
+        {"streams": 16, "cores_used": 1.1},
+        {"streams": 32, "cores_used": 1.9},
+        {"streams": 24, "cores_used": 1.6},
+    ]
+    assert sherpa_peer.cores_at(trials, 24) == 1.6
+    assert sherpa_peer.cores_at(trials, 0) is None  # nothing passed: no trial of 0 streams

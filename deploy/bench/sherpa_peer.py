@@ -17,7 +17,8 @@ and no chunk later than 1 s over the last quarter) and, here, no backlog at the 
 ``--find-max`` searches the largest passing N for sherpa-onnx at each ``--workers`` count and
 (unless ``--no-ours``) for our engine at each ``--backend`` x ``--step-threads`` (default
 backend ``onnxruntime``, or ``torch-int8`` with ``--int8``), and prints one JSON object with
-every configuration's maximum, each engine's best and the ratio of the bests. With
+every configuration's maximum and the cores it used there, each engine's best and the ratio
+of the bests. With
 ``--streams N`` both run N streams once and the JSON also gives
 each one's CPU seconds per audio second (``cpu_rtf`` / ``rtf``) and their ratio: the compute cost
 per stream, which a busy shared machine distorts less than the real-time search.
@@ -177,7 +178,14 @@ def find_peer_max(
         result = run_peer_trial(make_recognizer, loaded, PeerTrial(**{**base.__dict__, "streams": n}), audio)
         trials.append(result)
         print(
-            json.dumps({"peer_trial": n, "ok": result["realtime_ok"], "p95": result["chunk_latency_ms"]["p95"]}),
+            json.dumps(
+                {
+                    "peer_trial": n,
+                    "ok": result["realtime_ok"],
+                    "p95": result["chunk_latency_ms"]["p95"],
+                    "cores": result["cores_used"],
+                }
+            ),
             file=sys.stderr,
         )
         return bool(result["realtime_ok"])
@@ -211,6 +219,11 @@ def best_of(maxima: dict[str, int]) -> tuple[str | None, int]:
         return None, 0
     name = max(maxima, key=lambda key: maxima[key])
     return name, maxima[name]
+
+
+def cores_at(trials: list[dict[str, Any]], streams: int) -> float | None:
+    """CPU cores the measured trial of ``streams`` streams used (None when none ran: a max of 0)."""
+    return next((t["cores_used"] for t in trials if t["streams"] == streams), None)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -332,27 +345,33 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(result))
             return 0
         peer_maxima: dict[str, int] = {}
+        peer_cores: dict[str, float | None] = {}
         for workers in args.workers:
             base = PeerTrial(args.streams, args.seconds, chunk, args.left_chunks, args.threads, workers)
-            peer_maxima[f"workers={workers}"], _ = find_peer_max(make_recognizer, loaded, base, audio, args.start)
+            name = f"workers={workers}"
+            peer_maxima[name], trials = find_peer_max(make_recognizer, loaded, base, audio, args.start)
+            peer_cores[name] = cores_at(trials, peer_maxima[name])
     peer_best, peer_max = best_of(peer_maxima)
     result = {
         **header,
         "sherpa_onnx_max_realtime_streams_by_config": peer_maxima,
         "sherpa_onnx_best_config": peer_best,
         "sherpa_onnx_max_realtime_streams": peer_max,
+        "sherpa_onnx_cores_used_at_max_by_config": peer_cores,
     }
     if not args.no_ours:
         ours_maxima: dict[str, int] = {}
+        ours_cores: dict[str, float | None] = {}
         for backend, threads in ours_configs:
             trial = ours_trial(args, 8, backend, threads)
-            ours_maxima[f"{backend} step_threads={threads}"], _ = find_max(
-                loaded, trial, "cpu", audio, max(8, peer_max)
-            )
+            name = f"{backend} step_threads={threads}"
+            ours_maxima[name], trials = find_max(loaded, trial, "cpu", audio, max(8, peer_max))
+            ours_cores[name] = cores_at(trials, ours_maxima[name])
         ours_best, ours_max = best_of(ours_maxima)
         result["ours_max_realtime_streams_by_config"] = ours_maxima
         result["ours_best_config"] = ours_best
         result["ours_max_realtime_streams"] = ours_max
+        result["ours_cores_used_at_max_by_config"] = ours_cores
         result["ours_vs_sherpa_onnx"] = round(ours_max / peer_max, 2) if peer_max else None
     print(json.dumps(result))
     return 0
