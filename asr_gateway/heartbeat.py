@@ -65,6 +65,7 @@ class Heartbeat:
         self._client = make_client(url, 2.0, 2.0)
         self._tasks: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
+        self._stopping = False
 
     def start(self) -> None:
         self._tasks = [
@@ -76,6 +77,8 @@ class Heartbeat:
         """Cancel both tasks, take this node out of the hash, close the client. Bounded: a
         service's shutdown must not wait on Redis (a pub/sub teardown in redis-py can outlive a
         cancel), so every step gives up after ``STOP_STEP_S``."""
+        self._stopping = True
+        self._wake.set()
         for task in self._tasks:
             task.cancel()
         if self._tasks:
@@ -92,7 +95,7 @@ class Heartbeat:
 
     async def _beat(self) -> None:
         key = nodes_key(self.prefix)
-        while True:
+        while not self._stopping:
             try:
                 async with self._client.pipeline(transaction=True) as pipe:
                     pipe.hset(key, self.node_id, self.payload())
@@ -101,15 +104,19 @@ class Heartbeat:
             except (RedisError, OSError) as exc:  # Redis down: the publisher logs outages already
                 log.debug("heartbeat not written: %s", exc)
             self._wake.clear()
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancel that
+            # arrives as the event is set (a reload right before stop), and this loop would
+            # then run on; stop() also sets _stopping for the same reason.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.interval_s)
+                async with asyncio.timeout(self.interval_s):
+                    await self._wake.wait()
 
     async def _listen(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 async with self._client.pubsub() as pubsub:
                     await pubsub.subscribe(control_channel(self.prefix))
-                    while True:
+                    while not self._stopping:
                         message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                         if message is not None and _text(message.get("data")) == RELOAD_MESSAGE:
                             log.info("reload requested on %s", control_channel(self.prefix))
