@@ -36,3 +36,40 @@ def test_peer_benchmark_without_rescoring(capsys: pytest.CaptureFixture[str]) ->
     report = json.loads(capsys.readouterr().out)
     assert report["ours_rescore"] is False
     assert report["ours"]["rtf"] > 0
+
+
+def test_one_latency_rule_for_both_engines() -> None:
+    from deploy.bench.engine_bench import meets_latency_rule
+
+    on_time = [100.0] * 95 + [290.0] * 5
+    assert meets_latency_rule(on_time, 160)
+    assert not meets_latency_rule([100.0] * 90 + [310.0] * 10, 160)  # p95 over 300 ms
+    assert not meets_latency_rule([100.0] * 99 + [1001.0], 160)  # one chunk later than 1 s
+    assert meets_latency_rule([100.0] * 99 + [1500.0], 640)  # 3 chunks of 640 ms allowed
+    assert not meets_latency_rule([], 160)  # nothing judged: fails
+
+
+def test_best_of_picks_the_largest_first_on_ties() -> None:
+    assert sherpa_peer.best_of({"workers=1": 8, "workers=2": 12, "workers=3": 12}) == ("workers=2", 12)
+    assert sherpa_peer.best_of({}) == (None, 0)
+
+
+def test_bad_counts_are_refused() -> None:
+    pytest.importorskip("sherpa_onnx", reason="sherpa-onnx is not installed (pip install sherpa-onnx)")
+    with pytest.raises(SystemExit):
+        sherpa_peer.parse_args(["--workers", "0"])
+    assert sherpa_peer.parse_args(["--int8"]).backend == ["torch-int8"]
+    assert sherpa_peer.parse_args([]).backend == ["onnxruntime"]
+
+
+def test_int8_two_workers_and_two_backends(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("sherpa_onnx", reason="sherpa-onnx is not installed (pip install sherpa-onnx)")
+    argv = ["--arch", "small", "--streams", "3", "--seconds", "1", "--int8", "--workers", "1", "2"]
+    assert sherpa_peer.main([*argv, "--backend", "torch-int8", "torch", "--no-rescore"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["int8"] is True and report["sherpa_onnx_model"].endswith(".int8.onnx")
+    for workers in (1, 2):
+        peer = report[f"sherpa_onnx_workers_{workers}"]
+        assert peer["workers"] == workers and peer["chunks"] == 3 * 5 and peer["cores_used"] > 0
+    assert report["ours_torch-int8_step_threads_1"]["rtf"] > 0 and report["ours_torch_step_threads_1"]["rtf"] > 0
+    assert report["ours_backend"] == "torch-int8" and report["ours"]["cores_used"] > 0

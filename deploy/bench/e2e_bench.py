@@ -11,8 +11,9 @@ process times every event.
 - ``first_partial_latency_ms``: call.started -> the call's first partial.
 - ``final_latency_ms``: the engine's endpoint (or hang-up) -> final decoded (rescoring included).
 - ``realtime_ok``: every call completed, and at most 1 % of chunks were behind real time.
-- ``rss_mb``, ``cpu_percent``: this process (service + subscriber) during the calls; the
-  CPU includes the engine's finals process (``engine.finalizer: process``), the RSS does not.
+- ``rss_mb``, ``cpu_percent``, ``cores_used`` (CPU seconds per wall second): this process
+  (service + subscriber) during the calls; the CPU includes the engine's finals process
+  (``engine.finalizer: process``), the RSS does not.
 """
 
 from __future__ import annotations
@@ -158,6 +159,7 @@ async def run_bench(
         "partials_dropped": service.publisher.partials_dropped + service.bridge.partials_dropped,
         "rss_mb": rss_peak,
         "cpu_percent": round(100 * cpu_s / max(1e-9, wall_after - wall_before), 1),
+        "cores_used": round(cpu_s / max(1e-9, wall_after - wall_before), 2),
         "torch_threads": torch.get_num_threads(),
     }
 

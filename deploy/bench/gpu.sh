@@ -1,135 +1,101 @@
 #!/usr/bin/env bash
-# GPU capacity run: torch fp16, torch fp16 + CUDA graphs, TensorRT fp16 and INT8, at increasing
-# stream counts; prints ONE JSON summary on stdout (progress goes to stderr). Offline: our
-# package and its dependencies come from a folder of wheels carried to the machine.
+# GPU capacity run on a machine that already has Python 3.12 with a CUDA build of torch (and
+# numpy, PyYAML, threadpoolctl) and no network: installs the folder made by gpu_pack.sh, checks
+# the GPU, runs the torch and torch-cudagraph backends in bf16/fp16 at increasing stream counts
+# inside a time budget, and prints ONE JSON summary on stdout (also OUT/gpu_summary.json).
 #
-#   deploy/bench/gpu.sh --wheels DIR [--venv DIR] [--streams "256 1024 4096"] [--seconds 6]
-#                       [--budget-s 420] [--backends "torch torch-cudagraph tensorrt-fp16 tensorrt-int8"]
-#                       [--arch aishell] [--device cuda] [--skip-install] [--dry-run]
+#   deploy/bench/gpu.sh --pack DIR --out OUT [--python PY] [--skip-install] [--dry-run]
+#                       [--device cuda] [--streams "1000 4000 10000"] [--backends "torch torch-cudagraph"]
+#                       [--dtypes "bfloat16 float16"] [--seconds 8] [--budget-s 420] [--arch aishell]
+#                       [--batch1-streams "16 32 64 128"] [--engine-args "..."] [--dry-run-gpu]
 #
-# Fill the wheels folder on a connected machine with the target's Python version, e.g.
-#   pip wheel . -w wheels/  &&  pip download 'torch' 'tensorrt' 'cuda-python' onnx onnxruntime -d wheels/
-# (a CUDA build of torch). The whole run stays under --budget-s plus one trial: once the budget is
-# spent, remaining trials are skipped and listed in the summary.
+# --pack DIR: wheels from deploy/bench/gpu_pack.sh, installed with pip --no-index --no-deps into
+#   a folder on PYTHONPATH (the machine's own torch stays in use). --skip-install: this checkout's
+#   code with the current python. --dry-run: print the steps only. --dry-run-gpu: rehearse on a
+#   machine without a GPU (with --device cpu). The remaining options go to deploy/bench/gpu_run.py
+#   (its --help). TensorRT backends are optional (--backends tensorrt-fp16 needs tensorrt and
+#   cuda-python, which the pack does not carry).
 set -euo pipefail
 
-WHEELS=""
-VENV="${TMPDIR:-/tmp}/hotline-asr-gpu-venv"
-STREAMS="256 1024 4096"
-SECONDS_PER_TRIAL=6
-BUDGET_S=420
-BACKENDS="torch torch-cudagraph tensorrt-fp16 tensorrt-int8"
-ARCH=aishell
-DEVICE=cuda
+PACK=""
+OUT=""
+PY="${PYTHON:-python3}"
 SKIP_INSTALL=0
 DRY_RUN=0
+DRIVER_ARGS=()
 
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
 
 while [ $# -gt 0 ]; do
     case "$1" in
-        --wheels) WHEELS="$2"; shift 2 ;;
-        --venv) VENV="$2"; shift 2 ;;
-        --streams) STREAMS="$2"; shift 2 ;;
-        --seconds) SECONDS_PER_TRIAL="$2"; shift 2 ;;
-        --budget-s) BUDGET_S="$2"; shift 2 ;;
-        --backends) BACKENDS="$2"; shift 2 ;;
-        --arch) ARCH="$2"; shift 2 ;;
-        --device) DEVICE="$2"; shift 2 ;;
+        --pack) PACK="$2"; shift 2 ;;
+        --out) OUT="$2"; shift 2 ;;
+        --python) PY="$2"; shift 2 ;;
         --skip-install) SKIP_INSTALL=1; shift ;;
         --dry-run) DRY_RUN=1; shift ;;
+        --dry-run-gpu) DRIVER_ARGS+=("$1"); shift ;;
+        --device|--streams|--backends|--dtypes|--seconds|--budget-s|--arch|--batch1-streams|--engine-args|\
+        --trial-timeout-s|--max-batch|--max-wait-ms)
+            [ $# -ge 2 ] || { echo "gpu.sh: $1 needs a value" >&2; exit 2; }
+            DRIVER_ARGS+=("$1" "$2"); shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "gpu.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
 
+if [ -z "$OUT" ]; then
+    echo "gpu.sh: --out DIR is required (the summary and logs go there)" >&2
+    exit 2
+fi
+if [ "$SKIP_INSTALL" -eq 0 ] && [ -z "$PACK" ]; then
+    echo "gpu.sh: --pack DIR is required (a folder made by deploy/bench/gpu_pack.sh), or pass --skip-install" >&2
+    exit 2
+fi
+if [ "$SKIP_INSTALL" -eq 0 ] && [ "$DRY_RUN" -eq 0 ] && ! ls "$PACK"/hotline_asr-*.whl >/dev/null 2>&1; then
+    echo "gpu.sh: $PACK holds no hotline_asr wheel; build the folder with deploy/bench/gpu_pack.sh" >&2
+    exit 2
+fi
+
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-cd "$REPO"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/hotline-asr-gpu.XXXXXX")"
-RESULTS="$WORK/results.jsonl"
-: > "$RESULTS"
-START=$(date +%s)
+LOG="$OUT/gpu_run.log"
+: > "$LOG"
+say() { echo "$*" | tee -a "$LOG" >&2; }
 
 run() {
-    echo "+ $*" >&2
-    if [ "$DRY_RUN" -eq 0 ]; then "$@"; fi
+    say "+ $*"
+    if [ "$DRY_RUN" -eq 0 ]; then "$@" 2>&1 | tee -a "$LOG" >&2; fi
 }
 
 if [ "$SKIP_INSTALL" -eq 1 ]; then
-    PY="$(command -v python3)"
+    export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 else
-    if [ -z "$WHEELS" ] && [ "$DRY_RUN" -eq 0 ]; then
-        echo "gpu.sh: --wheels DIR is required (a folder of wheels: hotline-asr, torch with CUDA, tensorrt, ...)," \
-             "or pass --skip-install to use the current python3" >&2
-        exit 2
-    fi
-    run python3 -m venv "$VENV"
-    run "$VENV/bin/pip" install --no-index --find-links "${WHEELS:-WHEELS}" "hotline-asr[onnx,gpu]"
-    PY="$VENV/bin/python"
+    PACK="$(cd "$PACK" && pwd)"
+    SITE="$WORK/site"
+    # --no-deps: the pack holds exactly what the machine lacks; torch and numpy are the machine's.
+    run "$PY" -m pip install -q --no-index --find-links "$PACK" --no-deps --no-compile --no-cache-dir \
+        --target "$SITE" "$PACK"/*.whl
+    export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 fi
-
-# ONNX graphs and TensorRT plans are built on the first trial of a backend and reused after.
-export ASR_ONNX_CACHE="$WORK/onnx-cache"
-export ASR_TRT_CALIBRATION_DIR="$WORK/calibration"
-run "$PY" - "$ASR_TRT_CALIBRATION_DIR" <<'PYTHON'
-import sys, wave
-from pathlib import Path
-from deploy.bench.engine_bench import synthetic_speech
-
-folder = Path(sys.argv[1])
-folder.mkdir(parents=True, exist_ok=True)
-for seed in range(8):
-    with wave.open(str(folder / f"calib{seed}.wav"), "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(16000)
-        out.writeframes(synthetic_speech(20.0, seed=seed + 100).tobytes())
-PYTHON
-
-SKIPPED=()
-for backend in $BACKENDS; do
-    for streams in $STREAMS; do
-        elapsed=$(( $(date +%s) - START ))
-        if [ "$elapsed" -ge "$BUDGET_S" ]; then
-            SKIPPED+=("$backend:$streams")
-            continue
-        fi
-        echo "== $backend, $streams streams (${elapsed}s elapsed)" >&2
-        if [ "$DRY_RUN" -eq 1 ]; then
-            run "$PY" -m deploy.bench.cli engine --arch "$ARCH" --device "$DEVICE" --backend "$backend" \
-                --streams "$streams" --seconds "$SECONDS_PER_TRIAL" --max-batch 1024 --max-wait-ms 10
-            continue
-        fi
-        timeout $(( BUDGET_S + 120 - elapsed )) "$PY" -m deploy.bench.cli engine --arch "$ARCH" \
-            --device "$DEVICE" --backend "$backend" --streams "$streams" --seconds "$SECONDS_PER_TRIAL" \
-            --max-batch 1024 --max-wait-ms 10 >> "$RESULTS" \
-            || echo "{\"backend\": \"$backend\", \"streams\": $streams, \"error\": \"exit $?\"}" >> "$RESULTS"
-    done
-done
+say "== $(date -u +%FT%TZ) python: $("$PY" -c 'import sys; print(sys.version.split()[0])')"
+# Run outside the checkout so that the installed package (C extensions included) is the one imported.
+cd "$WORK"
+run "$PY" -c 'import asr_core, torch; from asr_core import ctc_search as c
+print("hotline-asr from", asr_core.__file__, "| torch", torch.__version__, "| cuda", torch.cuda.is_available(),
+      "| C prefix search:", c._native_prefix_beam_search is not None)'
+if command -v nvidia-smi >/dev/null; then run nvidia-smi; else say "nvidia-smi: not found"; fi
 
 if [ "$DRY_RUN" -eq 1 ]; then
-    echo "{\"dry_run\": true, \"backends\": \"$BACKENDS\", \"streams\": \"$STREAMS\", \"workdir\": \"$WORK\"}"
+    say "+ $PY -m deploy.bench.gpu_run --out $OUT ${DRIVER_ARGS[*]+"${DRIVER_ARGS[*]}"}"
+    echo "{\"dry_run\": true, \"out\": \"$OUT\", \"workdir\": \"$WORK\"}"
     exit 0
 fi
-
-"$PY" - "$RESULTS" "$(( $(date +%s) - START ))" "${SKIPPED[@]+"${SKIPPED[@]}"}" <<'PYTHON'
-import json, subprocess, sys
-
-lines = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
-try:
-    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-                         capture_output=True, text=True, check=False).stdout.strip()
-except OSError:
-    gpu = None
-summary = {"gpu": gpu, "elapsed_s": int(sys.argv[2]), "skipped": sys.argv[3:], "max_realtime_streams": {},
-           "trials": []}
-for r in lines:
-    latency = r.get("partial_latency_ms", {})
-    summary["trials"].append({k: r.get(k) for k in ("backend", "streams", "realtime_ok", "error", "forward_ms_mean",
-                                                     "batch_size_mean", "throughput_x_realtime", "kv_bytes_per_stream")}
-                             | {"p95_ms": latency.get("p95"), "p99_ms": latency.get("p99")})
-    if r.get("realtime_ok") and (latency.get("p95") or 1e9) <= 150:
-        best = summary["max_realtime_streams"]
-        best[r["backend"]] = max(best.get(r["backend"], 0), r["streams"])
-print(json.dumps(summary))
-PYTHON
+set +e
+"$PY" -m deploy.bench.gpu_run --out "$OUT" ${DRIVER_ARGS[@]+"${DRIVER_ARGS[@]}"} 2> >(tee -a "$LOG" >&2) \
+    | tee -a "$LOG"
+status=${PIPESTATUS[0]}
+set -e
+say "== $(date -u +%FT%TZ) gpu_run exit $status; summary: $OUT/gpu_summary.json"
+exit "$status"

@@ -2,19 +2,23 @@
 
     python -m deploy.bench.sherpa_peer --arch aishell --streams N --seconds S
     python -m deploy.bench.sherpa_peer --arch aishell --find-max [--no-ours]
+    python -m deploy.bench.sherpa_peer --find-max --int8 --workers 1 2 --backend torch-int8 --step-threads 1 2
 
 The model (random weights of the chosen shape, blank-calibrated as in ``asr-bench engine``, or
 ``--model DIR``) is exported with ``asr-export sherpa-onnx`` and run by sherpa-onnx's
-``OnlineRecognizer`` with the same chunk size and left chunks. N streams get 20 ms pieces of
-the same synthetic speech at real-time pace (staggered over one chunk); one decoder thread
-calls ``decode_streams`` on every ready stream. A chunk's latency runs from the arrival of its
-last sample to the end of the ``decode_streams`` call that decoded it. A load passes with the
-same rule as ``asr-bench engine --find-max`` (p95 <= 300 ms, no chunk later than 1 s, no backlog
-at the end).
-``--find-max`` searches both the largest passing N for sherpa-onnx and (unless ``--no-ours``)
-for our engine with ``--backend`` (default ``onnxruntime``: the runtime sherpa-onnx uses, so the
-comparison is batching against one-stream-at-a-time on equal kernels), and prints one JSON object
-with both and their ratio. With ``--streams N`` both run N streams once and the JSON also gives
+``OnlineRecognizer`` with the same chunk size and left chunks (``--int8``: the INT8 export,
+against our INT8 backend). N streams get 20 ms pieces of the same synthetic speech at
+real-time pace (staggered over one chunk); ``--workers N`` decode threads (the pool of
+sherpa-onnx's own server) each take the ready streams no other worker holds and call
+``decode_streams`` on them. A chunk's latency runs from the arrival of its
+last sample to the end of the ``decode_streams`` call that decoded it. A load passes by the
+rule ``asr-bench engine --find-max`` applies (``engine_bench.meets_latency_rule``: p95 <= 300 ms
+and no chunk later than 1 s over the last quarter) and, here, no backlog at the end.
+``--find-max`` searches the largest passing N for sherpa-onnx at each ``--workers`` count and
+(unless ``--no-ours``) for our engine at each ``--backend`` x ``--step-threads`` (default
+backend ``onnxruntime``, or ``torch-int8`` with ``--int8``), and prints one JSON object with
+every configuration's maximum, each engine's best and the ratio of the bests. With
+``--streams N`` both run N streams once and the JSON also gives
 each one's CPU seconds per audio second (``cpu_rtf`` / ``rtf``) and their ratio: the compute cost
 per stream, which a busy shared machine distorts less than the real-time search.
 """
@@ -35,23 +39,28 @@ from typing import Any
 import numpy as np
 import torch
 
+from asr_core import cpu_isa
 from asr_core.backends import BACKENDS
+from asr_core.backends.onnx_graph import int8_mode_for, quantize_int8
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from deploy.bench.engine_bench import (
     BLANK_RATE,
-    LATENCY_LIMIT_MS,
     Trial,
     calibrate_ctc,
     find_max,
     largest_passing,
+    meets_latency_rule,
     run_trial,
     synthetic_speech,
 )
-from deploy.export.sherpa import MODEL_FILE, TOKENS_FILE, export_sherpa_model, write_tokens
+from deploy.export.sherpa import MODEL_FILE, MODEL_INT8_FILE, TOKENS_FILE, export_sherpa_model, write_tokens
 
 PIECE_SAMPLES = 320  # both recognisers get 20 ms pieces at 16 kHz: one RTP packet each
 PIECE_S = PIECE_SAMPLES / 16000
-OURS_KEYS = ("realtime_ok", "rtf", "partial_latency_ms", "batch_size_mean", "forward_ms_mean", "drain_s")
+OURS_KEYS = (
+    "realtime_ok", "latency_rule_ok", "rtf", "cores_used", "partial_latency_ms", "tail_partial_latency_ms",
+    "batch_size_mean", "forward_ms_mean", "drain_s",
+)  # fmt: skip
 FBANK_SHIFT_SAMPLES = 160
 FBANK_FIRST_FRAME_END = 280
 """sherpa-onnx's fbank (snip_edges off): frame j is complete once 160*j + 280 samples arrived.
@@ -65,6 +74,7 @@ class PeerTrial:
     chunk: int  # encoder frames per chunk
     left_chunks: int
     threads: int
+    workers: int = 1
 
 
 def _chunk_ready_sample(chunk_index: int, chunk: int, subsampling: int, right_context: int) -> int:
@@ -91,28 +101,33 @@ def run_peer_trial(
     lock = threading.Lock()
     feeding_done = threading.Event()
     calls = [0]
+    held: set[int] = set()  # streams a worker is decoding
 
     def decode_loop() -> None:
         while True:
             with lock:
-                ready = [i for i, s in enumerate(streams) if recognizer.is_ready(s)]
+                ready = [i for i, s in enumerate(streams) if i not in held and recognizer.is_ready(s)]
+                held.update(ready)
             if not ready:
-                if feeding_done.is_set():
+                if feeding_done.is_set() and not held:
                     return
                 time.sleep(0.002)
                 continue
             recognizer.decode_streams([streams[i] for i in ready])
-            calls[0] += 1
             done = time.monotonic()
-            for i in ready:
-                need = _chunk_ready_sample(int(decoded[i]), trial.chunk, loaded.subsampling, loaded.right_context)
-                piece = min(need // PIECE_SAMPLES, len(piece_time[i]) - 1)
-                latencies.append((done - piece_time[i][piece]) * 1000.0)
-                decoded[i] += 1
+            with lock:
+                calls[0] += 1
+                for i in ready:
+                    need = _chunk_ready_sample(int(decoded[i]), trial.chunk, loaded.subsampling, loaded.right_context)
+                    piece = min(need // PIECE_SAMPLES, len(piece_time[i]) - 1)
+                    latencies.append((done - piece_time[i][piece]) * 1000.0)
+                    decoded[i] += 1
+                held.difference_update(ready)
 
     cpu0 = time.process_time()
-    decoder = threading.Thread(target=decode_loop, name="sherpa-decode")
-    decoder.start()
+    workers = [threading.Thread(target=decode_loop, name=f"sherpa-decode-{n}") for n in range(max(1, trial.workers))]
+    for worker in workers:
+        worker.start()
     wall0 = time.monotonic()
     latency_mark = 0
     while True:
@@ -132,21 +147,23 @@ def run_peer_trial(
         time.sleep(0.004)
     feed_end = time.monotonic()
     feeding_done.set()
-    decoder.join()
+    for worker in workers:
+        worker.join()
     wall = time.monotonic() - wall0
+    cpu = time.process_time() - cpu0
     tail = latencies[latency_mark:] or latencies[len(latencies) * 3 // 4 :]
     drain_s = wall - (feed_end - wall0)
-    p95 = float(np.percentile(tail, 95)) if tail else float("nan")
-    chunk_limit_ms = max(1000.0, 3 * trial.chunk * loaded.subsampling * 10.0)
-    keeps_up = bool(tail) and max(tail) <= chunk_limit_ms and drain_s < 2.0
+    chunk_ms = trial.chunk * loaded.subsampling * 10
     return {
         "streams": trial.streams,
-        "realtime_ok": keeps_up and p95 <= LATENCY_LIMIT_MS,
+        "workers": trial.workers,
+        "realtime_ok": meets_latency_rule(tail, chunk_ms) and drain_s < 2.0,
         "chunks": int(decoded.sum()),
         "decode_calls": calls[0],
         "chunk_latency_ms": {f"p{q}": round(float(np.percentile(tail, q)), 2) if tail else None for q in (50, 95, 99)},
         "drain_s": round(drain_s, 3),
-        "cpu_rtf": round((time.process_time() - cpu0) / (trial.streams * pieces_total * PIECE_S), 4),
+        "cpu_rtf": round(cpu / (trial.streams * pieces_total * PIECE_S), 4),
+        "cores_used": round(cpu / wall, 2),
     }
 
 
@@ -179,16 +196,24 @@ def _load(args: argparse.Namespace, workdir: Path, audio: np.ndarray) -> LoadedM
     return loaded
 
 
-def ours_trial(args: argparse.Namespace, streams: int) -> Trial:
+def ours_trial(args: argparse.Namespace, streams: int, backend: str, step_threads: int = 1) -> Trial:
     """Our engine's trial with the peer's load settings (pieces of audio included) and the
     command's engine options."""
     return Trial(
         streams, args.seconds, args.chunk_ms, args.left_chunks, max_batch=64, max_wait_ms=args.max_wait_ms,
-        fast=False, backend=args.backend, rescore=args.rescore, piece_ms=PIECE_SAMPLES // 16,
+        fast=False, backend=backend, rescore=args.rescore, piece_ms=PIECE_SAMPLES // 16, step_threads=step_threads,
     )  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> int:
+def best_of(maxima: dict[str, int]) -> tuple[str | None, int]:
+    """The configuration with the most real-time streams (the first listed on a tie)."""
+    if not maxima:
+        return None, 0
+    name = max(maxima, key=lambda key: maxima[key])
+    return name, maxima[name]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m deploy.bench.sherpa_peer", description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--model", type=Path, help="WeNet model directory")
@@ -200,15 +225,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--chunk-ms", type=int, default=160, choices=[160, 240, 320, 640])
     parser.add_argument("--left-chunks", type=int, default=8)
-    parser.add_argument("--threads", type=int, default=1, help="sherpa-onnx and torch threads")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="ONNX Runtime threads per sherpa-onnx decode call, and torch's"
+    )
+    parser.add_argument(
+        "--workers", type=int, nargs="+", default=[1], metavar="N",
+        help="sherpa-onnx decode worker threads (its server's pool); several values: each is measured, "
+        "the best reported (default: 1)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--int8", action="store_true",
+        help="sherpa-onnx runs the INT8 export (asr-export sherpa-onnx --int8); our default backend becomes torch-int8",
+    )  # fmt: skip
     parser.add_argument(
         "--blank-rate",
         type=float,
         default=BLANK_RATE,
         help="share of frames the random model is calibrated to decode as blank (asr-bench engine --blank-rate)",
     )
-    parser.add_argument("--no-ours", action="store_true", help="with --find-max: skip our engine's search")
-    parser.add_argument("--backend", default="onnxruntime", choices=list(BACKENDS), help="our engine's backend")
+    parser.add_argument("--no-ours", action="store_true", help="skip our engine")
+    parser.add_argument(
+        "--backend", nargs="+", choices=list(BACKENDS), metavar="BACKEND",
+        help="our engine's backend(s); several: each is measured, the best reported "
+        "(default: onnxruntime, or torch-int8 with --int8)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--step-threads", type=int, nargs="+", default=[1], metavar="N",
+        help="our engine's step threads (asr-bench engine --step-threads); several: each is measured",
+    )  # fmt: skip
     parser.add_argument(
         "--no-rescore",
         dest="rescore",
@@ -219,29 +263,43 @@ def main(argv: list[str] | None = None) -> int:
         "--max-wait-ms", type=float, default=80.0, help="our engine's batching wait (asr-bench engine --max-wait-ms)"
     )
     args = parser.parse_args(argv)
+    if min(args.workers) < 1 or min(args.step_threads) < 1 or args.threads < 1:
+        parser.error("--workers, --step-threads and --threads take counts of at least 1")
+    args.backend = args.backend or (["torch-int8"] if args.int8 else ["onnxruntime"])
     try:
-        import sherpa_onnx
+        import sherpa_onnx  # noqa: F401
     except ModuleNotFoundError:
-        parser.error("sherpa-onnx is not installed: pip install sherpa-onnx")
+        parser.error("sherpa-onnx is not installed: pip install sherpa-onnx (or the test extra)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import sherpa_onnx
+
     torch.set_num_threads(args.threads)
     audio = synthetic_speech(30.0, seed=1)
+    ours_configs = [(backend, threads) for backend in args.backend for threads in args.step_threads]
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         loaded = _load(args, workdir, audio)
         chunk = args.chunk_ms // (10 * loaded.subsampling)
         export_sherpa_model(loaded, workdir / MODEL_FILE, chunk, args.left_chunks)
         write_tokens(loaded, workdir / TOKENS_FILE)
+        model_file = MODEL_FILE
+        if args.int8:
+            quantize_int8(workdir / MODEL_FILE, workdir / MODEL_INT8_FILE, int8_mode_for(cpu_isa.detect()))
+            model_file = MODEL_INT8_FILE
 
         def make_recognizer() -> Any:
             return sherpa_onnx.OnlineRecognizer.from_wenet_ctc(
                 tokens=str(workdir / TOKENS_FILE),
-                model=str(workdir / MODEL_FILE),
+                model=str(workdir / model_file),
                 chunk_size=chunk,
                 num_left_chunks=args.left_chunks,
                 num_threads=args.threads,
             )
 
-        base = PeerTrial(args.streams, args.seconds, chunk, args.left_chunks, args.threads)
         header = {
             "arch": None if args.model else args.arch,
             "model": str(args.model) if args.model else None,
@@ -249,29 +307,51 @@ def main(argv: list[str] | None = None) -> int:
             "left_chunks": args.left_chunks,
             "seconds": args.seconds,
             "threads": args.threads,
+            "int8": args.int8,
+            "sherpa_onnx_model": model_file,
             "sherpa_onnx_version": getattr(sherpa_onnx, "__version__", None),
+            "ours_rescore": args.rescore,
+            "latency_rule": "p95 <= 300 ms and no chunk later than 1 s over the last quarter (meets_latency_rule)",
         }
         if not args.find_max:
-            peer = run_peer_trial(make_recognizer, loaded, base, audio)
-            result: dict[str, Any] = {**header, "sherpa_onnx": peer}
+            result: dict[str, Any] = dict(header)
+            for workers in args.workers:
+                base = PeerTrial(args.streams, args.seconds, chunk, args.left_chunks, args.threads, workers)
+                result[f"sherpa_onnx_workers_{workers}"] = run_peer_trial(make_recognizer, loaded, base, audio)
+            peer = result[f"sherpa_onnx_workers_{args.workers[0]}"]
+            result["sherpa_onnx"] = peer
             if not args.no_ours:
-                ours = run_trial(loaded, ours_trial(args, args.streams), "cpu", audio)
-                result["ours_backend"] = args.backend
-                result["ours_rescore"] = args.rescore
-                result["ours"] = {key: ours[key] for key in OURS_KEYS}
-                result["cpu_per_stream_ratio"] = round(peer["cpu_rtf"] / ours["rtf"], 2) if ours["rtf"] else None
+                for backend, threads in ours_configs:
+                    ours = run_trial(loaded, ours_trial(args, args.streams, backend, threads), "cpu", audio)
+                    result[f"ours_{backend}_step_threads_{threads}"] = {key: ours[key] for key in OURS_KEYS}
+                backend, threads = ours_configs[0]
+                first = result[f"ours_{backend}_step_threads_{threads}"]
+                result["ours_backend"] = backend
+                result["ours"] = first
+                result["cpu_per_stream_ratio"] = round(peer["cpu_rtf"] / first["rtf"], 2) if first["rtf"] else None
             print(json.dumps(result))
             return 0
-        peer_max, peer_trials = find_peer_max(make_recognizer, loaded, base, audio, args.start)
+        peer_maxima: dict[str, int] = {}
+        for workers in args.workers:
+            base = PeerTrial(args.streams, args.seconds, chunk, args.left_chunks, args.threads, workers)
+            peer_maxima[f"workers={workers}"], _ = find_peer_max(make_recognizer, loaded, base, audio, args.start)
+    peer_best, peer_max = best_of(peer_maxima)
     result = {
         **header,
+        "sherpa_onnx_max_realtime_streams_by_config": peer_maxima,
+        "sherpa_onnx_best_config": peer_best,
         "sherpa_onnx_max_realtime_streams": peer_max,
-        "sherpa_onnx_best": next((t for t in peer_trials if t["streams"] == peer_max), None),
     }
     if not args.no_ours:
-        ours_max, _ = find_max(loaded, ours_trial(args, 8), "cpu", audio, max(8, peer_max))
-        result["ours_backend"] = args.backend
-        result["ours_rescore"] = args.rescore
+        ours_maxima: dict[str, int] = {}
+        for backend, threads in ours_configs:
+            trial = ours_trial(args, 8, backend, threads)
+            ours_maxima[f"{backend} step_threads={threads}"], _ = find_max(
+                loaded, trial, "cpu", audio, max(8, peer_max)
+            )
+        ours_best, ours_max = best_of(ours_maxima)
+        result["ours_max_realtime_streams_by_config"] = ours_maxima
+        result["ours_best_config"] = ours_best
         result["ours_max_realtime_streams"] = ours_max
         result["ours_vs_sherpa_onnx"] = round(ours_max / peer_max, 2) if peer_max else None
     print(json.dumps(result))
