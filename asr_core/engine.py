@@ -2,13 +2,15 @@
 
 The ``Engine`` owns the weights, the cache pool (``kv_ring.KvPool``) and the chunk runner,
 opens streams, and runs two collaborators, each with one job: the ``Scheduler``
-(``asr_core.scheduler``: the batching loop, partials, endpoints; one thread) and the
-``Finalizer`` (``asr_core.finalizer``: the finals' job queue and thread, searching and
-rescoring ended utterances in that thread or a child process, ``asr_core.finals``).
+(``asr_core.scheduler``: the batching loop, partials, endpoints; one thread each, and with
+``schedulers`` > 1 as many of them over disjoint sets of streams) and the ``Finalizer``
+(``asr_core.finalizer``: the finals' job queue and thread, searching and rescoring ended
+utterances in that thread or a child process, ``asr_core.finals``).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -65,6 +67,10 @@ class EngineOptions:
     # Traced steps of large batches are cut into this many parts run at once in as many threads
     # (one core each; asr_core/backends TorchChunkRunner); 1 = one thread runs every step.
     step_threads: int = 1
+    # Schedulers, each on its own thread over its own streams (a new stream joins the one with
+    # the fewest): their chunk steps and most of their tensor work run at once on as many
+    # cores. 1 = one thread runs every batch (the library's default; the service's is a core each).
+    schedulers: int = 1
 
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -89,7 +95,8 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
 
 @dataclass(slots=True)
 class EngineStats:
-    """Counters and bounded samples for metrics and benchmarks (read from any thread)."""
+    """Counters and bounded samples for metrics and benchmarks (read from any thread; the
+    schedulers update theirs under ``lock``, the finalizer is the only writer of its own)."""
 
     chunks: int = 0
     batches: int = 0
@@ -100,6 +107,7 @@ class EngineStats:
     forward_ms: MeasurementRing = field(default_factory=lambda: MeasurementRing(100_000))
     partial_latency_ms: MeasurementRing = field(default_factory=lambda: MeasurementRing(500_000))
     final_latency_ms: MeasurementRing = field(default_factory=lambda: MeasurementRing(100_000))
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
 
 class Engine:
@@ -115,6 +123,8 @@ class Engine:
         self.runner = runner or make_runner(
             self.options.backend, loaded, traced=self.options.traced_step, step_threads=self.options.step_threads
         )
+        if self.options.schedulers < 1:
+            raise ValueError(f"schedulers must be at least 1, got {self.options.schedulers}")
         if self.options.finalizer not in ("thread", "process"):
             raise ValueError(f"finalizer {self.options.finalizer!r} unknown; choose thread or process")
         settings = FinalSettings.for_model(
@@ -151,30 +161,36 @@ class Engine:
         self.stats = EngineStats()
         self._blank = loaded.blank_id
         self.finalizer = Finalizer(FinalSearch(decoder, settings), self._text, self.frame_ms, self.stats)
-        self.scheduler = Scheduler(
-            self.options,
-            pool=self.pool,
-            runner=self.runner,
-            finalizer=self.finalizer,
-            text=self._text,
-            stats=self.stats,
-            device=self.device,
-            subsampling=self.subsampling,
-            right_context=loaded.right_context,
-            blank=self._blank,
-            frontend=loaded.frontend,
-        )
+        self.schedulers = [
+            Scheduler(
+                self.options,
+                pool=self.pool,
+                runner=self.runner,
+                finalizer=self.finalizer,
+                text=self._text,
+                stats=self.stats,
+                device=self.device,
+                subsampling=self.subsampling,
+                right_context=loaded.right_context,
+                blank=self._blank,
+                frontend=loaded.frontend,
+                name="asr-engine" if self.options.schedulers == 1 else f"asr-engine-{index}",
+            )
+            for index in range(self.options.schedulers)
+        ]
+        self._open_lock = threading.Lock()
 
     # -- lifecycle ------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the finalizer (and its child process, if configured) and the scheduler thread."""
-        if self.scheduler.running:
+        """Start the finalizer (and its child process, if configured) and the scheduler threads."""
+        if self.schedulers[0].running:
             return
         # A GPU decoder stays in this process: a child would need its own device context.
         in_process = self.options.finalizer == "process" and self.device.type == "cpu"
         self.finalizer.start(process_decoder=self.model.decoder if in_process else None, backend=self.options.backend)
-        self.scheduler.start()
+        for scheduler in self.schedulers:
+            scheduler.start()
 
     @torch.inference_mode()
     def warm_up(self) -> float:
@@ -205,7 +221,8 @@ class Engine:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the scheduler (finals already queued are still emitted); open streams get no more events."""
-        self.scheduler.stop(timeout)
+        for scheduler in self.schedulers:
+            scheduler.stop(timeout)
         self.finalizer.stop(timeout)
         self.runner.close()
 
@@ -250,23 +267,28 @@ class Engine:
         if not 1 <= config.left_chunks <= self.options.max_left_chunks:
             raise ValueError(f"left_chunks must be 1..{self.options.max_left_chunks}, got {config.left_chunks}")
         chunk_frames = config.chunk_frames(self.subsampling, self.frame_ms // self.subsampling)
-        slot = self.pool.allocate(chunk_frames * config.left_chunks)
-        stream = Stream(
-            stream_id=config.stream_id or uuid.uuid4().hex,
-            config=config,
-            slot=slot,
-            chunk_frames=chunk_frames,
-            subsampling=self.subsampling,
-            right_context=self.loaded.right_context,
-            on_event=on_event,
-            frontend=self.frontend,
-            wake=self.scheduler.wakeup.set,
-        )
-        try:
-            self.scheduler.add(stream)
-        except ValueError:
-            self.pool.release(slot)
-            raise
+        stream_id = config.stream_id or uuid.uuid4().hex
+        with self._open_lock:
+            if any(stream_id in scheduler.streams for scheduler in self.schedulers):
+                raise ValueError(f"stream id {stream_id!r} is already open")
+            slot = self.pool.allocate(chunk_frames * config.left_chunks)
+            try:
+                scheduler = min(self.schedulers, key=lambda s: s.open_streams)
+                stream = Stream(
+                    stream_id=stream_id,
+                    config=config,
+                    slot=slot,
+                    chunk_frames=chunk_frames,
+                    subsampling=self.subsampling,
+                    right_context=self.loaded.right_context,
+                    on_event=on_event,
+                    frontend=self.frontend,
+                    wake=scheduler.wakeup.set,
+                )
+                scheduler.add(stream)
+            except ValueError:
+                self.pool.release(slot)
+                raise
         return stream
 
     # -- driving without threads ----------------------------------------------------
@@ -274,9 +296,9 @@ class Engine:
     def run_once(self) -> float:
         """One scheduler tick; returns how long to wait for new audio (0: work may remain).
 
-        Public so tests and offline tools can drive the engine without its thread.
+        Public so tests and offline tools can drive the engine without its threads.
         """
-        return self.scheduler.run_once()
+        return min([scheduler.run_once() for scheduler in self.schedulers])
 
     def finalize_pending(self) -> None:
         """Run queued finalizations in the caller's thread (when the engine thread is not running)."""

@@ -153,16 +153,25 @@ def test_many_streams_batched_equal_each_stream_alone(loaded: LoadedModel, audio
         assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
 
 
-@pytest.mark.parametrize("finalizer", ["thread", "process"])
-def test_engine_thread_with_concurrent_producers(loaded: LoadedModel, audio: list[np.ndarray], finalizer: str) -> None:
+@pytest.mark.parametrize(("finalizer", "schedulers"), [("thread", 1), ("process", 1), ("process", 2)])
+def test_engine_thread_with_concurrent_producers(
+    loaded: LoadedModel, audio: list[np.ndarray], finalizer: str, schedulers: int
+) -> None:
+    """With ``schedulers`` 2 the streams are shared between two scheduler threads that run
+    their batches (the same traced graphs, one cache pool) at once."""
     collector = Collector()
-    options = EngineOptions(max_streams=6, max_batch=4, max_wait_ms=5, endpoint=NO_ENDPOINTS, finalizer=finalizer)
+    options = EngineOptions(
+        max_streams=6, max_batch=4, max_wait_ms=5, endpoint=NO_ENDPOINTS, finalizer=finalizer, schedulers=schedulers
+    )
     with Engine(loaded, options) as engine:
         assert (engine.finalizer_pid is not None) == (finalizer == "process")
         streams = [
             engine.open_stream(StreamConfig(chunk_ms=320, left_chunks=4, stream_id=f"t{i}"), collector)
             for i in range(6)
         ]
+        assert [scheduler.open_streams for scheduler in engine.schedulers] == [6 // schedulers] * schedulers
+        with pytest.raises(ValueError, match="already open"):
+            engine.open_stream(StreamConfig(chunk_ms=320, left_chunks=4, stream_id="t1"), collector)
 
         def produce(stream, samples: np.ndarray) -> None:
             for k in range(0, len(samples), 320):
@@ -177,11 +186,13 @@ def test_engine_thread_with_concurrent_producers(loaded: LoadedModel, audio: lis
         for s in streams:
             assert s.done.wait(60)
     assert engine.finalizer_pid is None  # the finals process is stopped with the engine
+    assert engine.free_slots == 6 and engine.stats.chunks > 0
     refs = [reference(loaded, audio[k], 320, 4) for k in range(2)]
     for i in range(6):
         (final,) = collector.finals(f"t{i}")
         assert final.tokens == refs[i % 2].best
         ref = refs[i % 2]
+        assert list(collector.partials(f"t{i}")[-1].tokens) == ref.greedy
         assert abs(final.nbest[0].score - ref.score) <= max(1e-3, 1e-5 * abs(ref.score))
         assert sorted(entry.tokens for entry in final.nbest) == sorted(ref.nbest)
 

@@ -161,6 +161,7 @@ async def run_bench(
         "cpu_percent": round(100 * cpu_s / max(1e-9, wall_after - wall_before), 1),
         "cores_used": round(cpu_s / max(1e-9, wall_after - wall_before), 2),
         "torch_threads": torch.get_num_threads(),
+        "schedulers": len(service.engine.schedulers),
     }
 
 
@@ -225,6 +226,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="engine.traced_step: false (the chunk step in eager PyTorch, for A/B against the default)",
     )
     parser.add_argument("--step-threads", type=int, help="engine.step_threads (default: the service's)")
+    parser.add_argument(
+        "--schedulers", type=int, help="engine.schedulers (default: the service's, one per usable core on a CPU)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -246,6 +250,10 @@ def run(args: argparse.Namespace) -> int:
                 engine["traced_step"] = False
             if args.step_threads is not None:
                 engine["step_threads"] = args.step_threads
+            if args.schedulers is not None:
+                engine["schedulers"] = args.schedulers
+            if args.threads:
+                engine["threads"] = args.threads  # the service sets it (else its own default with its schedulers)
             result = asyncio.run(run_bench(model_dir, redis_url, workdir, args.calls, args.seconds, **engine))
         except (DemoError, LocalRedisError, FileNotFoundError) as exc:
             print(json.dumps({"error": str(exc)}))
