@@ -259,6 +259,17 @@ class Engine:
     def free_slots(self) -> int:
         return self.pool.free_slots
 
+    @property
+    def lag_ms(self) -> float:
+        """How long the oldest chunk waiting for a step had waited at its scheduler's latest tick."""
+        return max(scheduler.lag_s for scheduler in self.schedulers) * 1000.0
+
+    @property
+    def overloaded(self) -> bool:
+        """Behind real time now: a chunk has waited longer than ``behind_ms`` for its step. The
+        gateway then admits no new calls, so the calls it has are not made later still."""
+        return self.lag_ms > self.options.behind_ms
+
     def open_stream(self, config: StreamConfig, on_event: Callable[[Event], None]) -> Stream:
         """A new stream in a free cache slot; raises ``CapacityError`` when none is free."""
         if config.chunk_ms not in self.options.allowed_chunk_ms:

@@ -90,6 +90,7 @@ class Scheduler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_behind_log = 0.0
+        self.lag_s = 0.0  # how long the oldest chunk ready at the latest tick had waited (0: none)
 
     @property
     def running(self) -> bool:
@@ -165,6 +166,7 @@ class Scheduler:
             elif stream.finishing:
                 ending.append((stream, "input_finished"))
 
+        self.lag_s = now - min(stream.ready_since for stream, _ in ready) if ready else 0.0
         wait = self.options.max_wait_ms / 1000.0
         ran = False
         for batch in self._form_batches(ready, now):

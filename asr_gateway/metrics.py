@@ -46,6 +46,14 @@ class ServiceCollector(Collector):
             "chunks whose latency exceeded the real-time budget",
             value=stats.behind_realtime_chunks,
         )
+        yield GaugeMetricFamily(
+            "asr_engine_lag_seconds", "oldest ready chunk's wait for a step (latest tick)", value=engine.lag_ms / 1e3
+        )
+        yield CounterMetricFamily(
+            "asr_engine_overload_refusals",
+            "calls and OPTIONS refused (503) while the engine was behind real time",
+            value=bridge.overload_refusals,
+        )
         yield _quantiles("asr_engine_batch_size", "streams per batched forward (recent)", stats.batch_sizes, 1.0)
         yield _quantiles("asr_engine_forward_seconds", "batched forward time (recent)", stats.forward_ms, 1e-3)
         yield _quantiles(

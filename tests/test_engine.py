@@ -237,6 +237,33 @@ def test_the_last_short_chunk_is_timed_from_the_end_of_input(loaded: LoadedModel
     assert engine.stats.behind_realtime_chunks == 0
 
 
+def test_an_engine_behind_real_time_reports_its_lag_and_the_bridge_refuses_new_calls(
+    loaded: LoadedModel, audio: list[np.ndarray], tmp_path: Path
+) -> None:
+    """Back-pressure: chunks left waiting past ``behind_ms`` make the engine ``overloaded``;
+    the gateway's admission check then refuses new calls (and counts it) until it caught up."""
+    from asr_gateway.bridge import CallBridge
+    from kb_hooks.config import KbHooksSettings, RedisSettings
+    from kb_hooks.processor import TranscriptProcessor
+    from kb_hooks.publisher import Publisher
+
+    engine = Engine(loaded, EngineOptions(max_streams=2, behind_ms=200, endpoint=NO_ENDPOINTS, schedulers=2))
+    publisher = Publisher(RedisSettings(url="redis://127.0.0.1:1", spool_dir=tmp_path))  # not started: unused here
+    bridge = CallBridge(engine, TranscriptProcessor.from_settings(KbHooksSettings()), publisher)
+    stream = engine.open_stream(StreamConfig(stream_id="a"), Collector())
+    assert engine.lag_ms == 0.0 and not engine.overloaded and bridge.has_capacity(1)
+    stream.accept_waveform(audio[0][:32000])  # 2 s at once: many chunks ready
+    time.sleep(0.3)  # nobody ran them: the oldest waits 300 ms > behind_ms
+    engine.run_once()
+    assert engine.lag_ms >= 300.0 and engine.overloaded
+    assert not bridge.has_capacity(1) and bridge.overload_refusals == 1
+    while engine.run_once() == 0.0:
+        pass
+    engine.run_once()
+    assert engine.lag_ms < 200.0 and not engine.overloaded
+    assert bridge.has_capacity(1) and bridge.overload_refusals == 1
+
+
 def test_bad_stream_configs_are_refused(loaded: LoadedModel) -> None:
     engine = Engine(loaded, EngineOptions(max_streams=1, allowed_chunk_ms=(160, 320)))
     with pytest.raises(ValueError, match="chunk_ms 640 is not one of"):
