@@ -178,6 +178,8 @@ class Engine:
             )
             for index in range(self.options.schedulers)
         ]
+        for scheduler in self.schedulers[1:]:
+            scheduler.trims_heap = False  # malloc_trim is process-wide: once a minute is enough
         self._open_lock = threading.Lock()
 
     # -- lifecycle ------------------------------------------------------------------

@@ -90,6 +90,7 @@ class Scheduler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_behind_log = 0.0
+        self.trims_heap = True  # returns freed heap to the OS (one of an engine's schedulers does)
         self.lag_s = 0.0  # how long the oldest chunk ready at the latest tick had waited (0: none)
 
     @property
@@ -123,7 +124,7 @@ class Scheduler:
         torch.set_grad_enabled(False)
         next_trim = time.monotonic() + self.options.trim_interval_s
         while not self._stop.is_set():
-            if self.options.trim_interval_s > 0 and time.monotonic() >= next_trim:
+            if self.trims_heap and self.options.trim_interval_s > 0 and time.monotonic() >= next_trim:
                 memtrim.trim()
                 next_trim = time.monotonic() + self.options.trim_interval_s
             try:
