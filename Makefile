@@ -3,8 +3,8 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-APT_PACKAGES := redis-server redis-sentinel sip-tester espeak-ng sox kamailio chromium chromium-driver prometheus
-APT_BINARIES := redis-server redis-sentinel sipp espeak-ng sox kamailio chromium chromedriver promtool
+APT_PACKAGES := redis-server redis-sentinel sip-tester espeak-ng sox kamailio chromium chromium-driver prometheus fonts-wqy-microhei
+APT_BINARIES := redis-server redis-sentinel redis-cli sipp espeak-ng sox kamailio chromium chromedriver promtool
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
@@ -14,6 +14,7 @@ setup: apt-deps $(STAMP)
 
 apt-deps:
 	@missing=0; for b in $(APT_BINARIES); do command -v $$b >/dev/null || missing=1; done; \
+	[ -f /usr/share/fonts/truetype/wqy/wqy-microhei.ttc ] || missing=1; \
 	if [ $$missing = 1 ]; then \
 	  echo "installing Debian packages: $(APT_PACKAGES)"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
@@ -37,7 +38,7 @@ test: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy asr_common asr_gateway kv_ring sip rtp kb_hooks asr_core rescoring recipes deploy
+	$(VENV)/bin/mypy asr_common asr_gateway kv_ring sip rtp kb_hooks asr_core rescoring recipes deploy console
 	$(VENV)/bin/lint-imports
 
 # The demo-model recipe end to end (about 3 h on 2 CPU cores with these budgets; the bundled

@@ -1,6 +1,7 @@
 """What several layers share, below all of them: YAML config files with ``file:line`` errors
 (``yamlconf``), rings of recent measurements (``latency``), the audio rates (``audio``), the
-capacity-error family (``errors``) and character error rates (``scoring``).
+capacity-error family (``errors``), character error rates (``scoring``) and the stop-time
+wait that gives up only on work that stalls (``draining``).
 
 Imports nothing of the project's other packages, so every package may import it.
 """

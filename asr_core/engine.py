@@ -10,6 +10,7 @@ utterances in that thread or a child process, ``asr_core.finals``).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from asr_common.errors import CapacityError
-from asr_common.latency import MeasurementRing
+from asr_common.latency import BATCH_BUCKETS, LATENCY_BUCKETS_S, STEP_BUCKETS_S, Histogram, MeasurementRing
 from asr_core.backends import ChunkRunner, make_runner, rescoring_decoder
 from asr_core.endpoint import EndpointRules
 from asr_core.events import Event
@@ -31,6 +32,8 @@ from asr_core.scheduler import Scheduler
 from asr_core.stream import Stream, StreamConfig, chunk_input_frames
 from asr_core.tokens import tokens_to_text
 from kv_ring import KvPool
+
+log = logging.getLogger(__name__)
 
 __all__ = ["CapacityError", "Engine", "EngineOptions", "EngineStats", "StreamConfig"]
 
@@ -107,6 +110,11 @@ class EngineStats:
     forward_ms: MeasurementRing = field(default_factory=lambda: MeasurementRing(100_000))
     partial_latency_ms: MeasurementRing = field(default_factory=lambda: MeasurementRing(500_000))
     final_latency_ms: MeasurementRing = field(default_factory=lambda: MeasurementRing(100_000))
+    # Every measurement since start, for /metrics (the rings above keep recent samples for benchmarks).
+    batch_size_histogram: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))
+    step_seconds: Histogram = field(default_factory=lambda: Histogram(STEP_BUCKETS_S))
+    partial_latency_seconds: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))
+    final_latency_seconds: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
 
@@ -222,9 +230,26 @@ class Engine:
         return time.perf_counter() - started
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the scheduler (finals already queued are still emitted); open streams get no more events."""
+        """Stop the schedulers, end the streams still open, emit every queued Final, stop.
+
+        A stream still open is ended with what was decoded of it (a Final of its current
+        utterance, then Ended), so its owner always learns that it ended; audio it held that
+        was not decoded yet is lost (logged). To lose nothing, finish every stream's input and
+        wait for ``active_streams`` to reach 0 first. ``timeout`` (s) bounds the wait for each
+        scheduler's current tick, and for the finalizer to finish its next job.
+        """
         for scheduler in self.schedulers:
-            scheduler.stop(timeout)
+            if scheduler.stop(timeout):
+                cut = scheduler.end_open_streams()
+                if cut:
+                    log.warning(
+                        "engine stopped with %d streams still open: they end with what was decoded of them", cut
+                    )
+            else:
+                log.error("engine tick still running after %.0f s; its %d open streams get no Ended", timeout,
+                          scheduler.open_streams)  # fmt: skip
+        if not self.finalizer.running:
+            self.finalizer.finalize_pending()  # driven without threads: emit the cut streams' events now
         self.finalizer.stop(timeout)
         self.runner.close()
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from asr_common.draining import wait_while_progressing
 from asr_core.ctc_search import Hypothesis
 from asr_core.events import Ended, Event, Final, NBestEntry
 from asr_core.finals import FinalRequest, FinalSearch, ProcessFinalSearch
@@ -101,6 +102,7 @@ class Finalizer:
         self._jobs: queue.Queue[Job] = queue.Queue()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.completed = 0  # jobs the thread has finished (progress, for stop)
 
     @property
     def running(self) -> bool:
@@ -123,11 +125,13 @@ class Finalizer:
         self._thread.start()
 
     def stop(self, timeout: float) -> None:
-        """Finish the jobs already queued, stop the thread and the child process, if any."""
+        """Finish the jobs already queued, however many (giving up only when no job finished
+        for ``timeout`` s), stop the thread and the child process, if any."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        self._thread = None
+        thread, self._thread = self._thread, None
+        if thread is not None and not wait_while_progressing(lambda: not thread.is_alive(), lambda: self.completed,
+                                                             timeout):  # fmt: skip
+            log.error("finalizer stalled for %.0f s; %d queued utterances get no Final", timeout, self._jobs.qsize())
         if self.search is not self.local_search:
             self.search.close()
             self.search = self.local_search
@@ -143,11 +147,15 @@ class Finalizer:
                 first = self._jobs.get(timeout=0.1)
             except queue.Empty:
                 continue
+            jobs = [first, *self._drain(FINALIZE_BATCH - 1)]
             try:
-                self._finalize([first, *self._drain(FINALIZE_BATCH - 1)])
+                self._finalize(jobs)
             except Exception:
-                self.stats.errors += 1
+                with self.stats.lock:  # shared with the schedulers
+                    self.stats.errors += 1
                 log.exception("finalizing utterances failed")
+                self._end_streams(jobs)  # their Finals are lost; their owners still learn the streams ended
+            self.completed += len(jobs)
 
     def _drain(self, limit: int) -> list[Job]:
         jobs: list[Job] = []
@@ -163,6 +171,16 @@ class Finalizer:
         jobs = self._drain(limit=1 << 30)
         if jobs:
             self._finalize(jobs)
+
+    def _end_streams(self, jobs: list[Job]) -> None:
+        """Ended for each retired stream among ``jobs`` that did not get it yet."""
+        for job in jobs:
+            if isinstance(job, EndJob) and not job.stream.done.is_set():
+                self._end(job)
+
+    def _end(self, job: EndJob) -> None:
+        deliver(job.stream, Ended(job.stream.stream_id, job.stream.next_seq(), job.reason, job.audio_ms))
+        job.stream.done.set()
 
     def _finalize(self, jobs: list[Job]) -> None:
         """Prefix beam search per utterance, ONE rescoring call for all of them, events in job order."""
@@ -183,8 +201,7 @@ class Finalizer:
         index = {id(job): i for i, job in enumerate(finals)}
         for job in jobs:
             if isinstance(job, EndJob):
-                deliver(job.stream, Ended(job.stream.stream_id, job.stream.next_seq(), job.reason, job.audio_ms))
-                job.stream.done.set()
+                self._end(job)
                 continue
             i = index[id(job)]
             self._emit_final(job, nbests[i], rescored.get(i))
@@ -204,6 +221,7 @@ class Finalizer:
         now = time.monotonic()
         latency_ms = (now - job.detected) * 1000.0
         self.stats.final_latency_ms.append(latency_ms)
+        self.stats.final_latency_seconds.observe(latency_ms / 1000.0)
         self.stats.finals += 1
         event = Final(
             stream_id=stream.stream_id,

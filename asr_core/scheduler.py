@@ -113,12 +113,29 @@ class Scheduler:
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float) -> None:
+    def stop(self, timeout: float) -> bool:
+        """Stop the thread after its current tick; False if it is still in it after ``timeout`` s."""
         self._stop.set()
         self.wakeup.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        self._thread = None
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout)
+            return not thread.is_alive()
+        return True
+
+    def end_open_streams(self) -> int:
+        """After ``stop``: end every stream still open with what was decoded of it (a Final of
+        its current utterance, then Ended), so that its owner always learns that it ended.
+        Audio not decoded yet is lost. Returns how many streams were cut short."""
+        with self.lock:
+            streams = list(self.streams.values())
+        detected = time.monotonic()
+        for stream in streams:
+            utt = stream.utterance
+            if utt.tokens:
+                self.finalizer.submit(FinalJob(stream, "closed", UtteranceSnapshot.of(utt), detected))
+            self._retire(stream)
+        return len(streams)
 
     def _run(self) -> None:
         torch.set_grad_enabled(False)
@@ -254,10 +271,13 @@ class Scheduler:
         with self.stats.lock:
             for latency_ms in latencies:
                 self.stats.partial_latency_ms.append(latency_ms)
+                self.stats.partial_latency_seconds.observe(latency_ms / 1000.0)
             self.stats.chunks += size
             self.stats.batches += 1
             self.stats.batch_sizes.append(size)
+            self.stats.batch_size_histogram.observe(size)
             self.stats.forward_ms.append(forward_ms)
+            self.stats.step_seconds.observe(forward_ms / 1000.0)
             self.stats.behind_realtime_chunks += len(behind)
         if behind:
             self._note_behind(max(behind))

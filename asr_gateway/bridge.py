@@ -20,18 +20,22 @@ import asyncio
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from asr_common.draining import wait_while_progressing
 from asr_core.engine import Engine
 from asr_core.events import Ended, Event, Final, Partial
 from asr_core.stream import Stream, StreamConfig
 from asr_gateway.hotwords import HotwordLists
+from kb_hooks import events as ev
 from kb_hooks.processor import TranscriptProcessor
 from kb_hooks.publisher import Publisher
 from kb_hooks.types import CallContext, Participant, RedactionMode, TranscriptUpdate
+from rtp.dtmf import KeyPress
 from sip.app import CallInfo, LegInfo
 
 log = logging.getLogger(__name__)
@@ -40,16 +44,22 @@ _STOP = object()
 
 
 class StreamSink:
-    """``rtp.sink.PcmSink`` that feeds an engine stream."""
+    """``rtp.sink.PcmSink`` that feeds an engine stream; key presses (``rtp.sink.DtmfSink``) go
+    to ``on_dtmf`` (None: ignored, the route's ``dtmf: off``)."""
 
-    def __init__(self, stream: Stream) -> None:
+    def __init__(self, stream: Stream, on_dtmf: Callable[[KeyPress], None] | None = None) -> None:
         self.stream = stream
+        self.on_dtmf = on_dtmf
 
     def accept_waveform(self, samples: np.ndarray) -> None:
         self.stream.accept_waveform(samples)
 
     def input_finished(self) -> None:
         self.stream.input_finished()
+
+    def dtmf(self, press: KeyPress) -> None:
+        if self.on_dtmf is not None:
+            self.on_dtmf(press)
 
 
 @dataclass
@@ -65,6 +75,7 @@ class _CallState:
     ended_members: set[str] = field(default_factory=set)
     join_key: str | None = None  # open for a partner INVITE while set
     waiting: bool = False  # call.started held back for the partner
+    dtmf: dict[str, int] = field(default_factory=dict)  # leg_id -> key presses (route dtmf: count/publish)
 
 
 class CallBridge:
@@ -94,6 +105,7 @@ class CallBridge:
         self.partials_dropped = 0
         self.overload_refusals = 0  # admission checks refused while the engine was behind real time
         self.worker_errors = 0
+        self._handled = 0  # queue items the worker has handled (progress, for stop)
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -102,12 +114,15 @@ class CallBridge:
         self._worker.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Process what is queued, then stop the worker."""
-        if self._worker is None:
+        """Process everything queued, however much (giving up only when the worker handled
+        nothing for ``timeout`` s), then stop the worker."""
+        worker, self._worker = self._worker, None
+        if worker is None:
             return
         self._queue.put(_STOP)
-        self._worker.join(timeout)
-        self._worker = None
+        if not wait_while_progressing(lambda: not worker.is_alive(), lambda: self._handled, timeout):
+            log.error("kb-hooks worker stalled for %.0f s; %d queued events are not published", timeout,
+                      self._queue.qsize())  # fmt: skip
 
     @property
     def active_calls(self) -> int:
@@ -150,7 +165,10 @@ class CallBridge:
         else:
             state.waiting = False
             self._queue_put(("started", call_id))
-        return StreamSink(stream)
+        if profile.dtmf == "off":
+            return StreamSink(stream)
+        publish = profile.dtmf == "publish"
+        return StreamSink(stream, lambda press: self._queue_put(("dtmf", leg.leg_id, press, publish)))
 
     def _state_for(self, call: CallInfo) -> tuple[str, _CallState, bool]:
         """(call id, state, whether this INVITE opened a new call waiting for a partner) of a
@@ -213,6 +231,7 @@ class CallBridge:
             except Exception:
                 self.worker_errors += 1
                 log.exception("transcript post-processing failed for %r", item)
+            self._handled += 1
 
     def _handle(self, item: Any) -> None:
         if isinstance(item, tuple):
@@ -220,6 +239,8 @@ class CallBridge:
                 self._publish_started(item[1])
             elif item[0] == "join_timeout":
                 self._join_timed_out(item[1])
+            elif item[0] == "dtmf":
+                self._key_pressed(*item[1:])
             else:
                 self._mark_call_ended(item[1], item[2])
             return
@@ -240,6 +261,22 @@ class CallBridge:
         participant = state.participants.get(item.stream_id, Participant("mixed"))
         for out in self.processor.process(_update(state.ctx, participant, item, self.engine.loaded.units)):
             self.publisher.submit(out, audio_end_monotonic=item.audio_end_monotonic)
+
+    def _key_pressed(self, leg_id: str, press: KeyPress, publish: bool) -> None:
+        """Count a leg's key press; with ``publish``, send a ``dtmf`` event (redacted per route)."""
+        call_id = self._leg_call.get(leg_id)
+        state = self._calls.get(call_id) if call_id else None
+        if state is None:
+            return
+        index = state.dtmf.get(leg_id, 0)
+        state.dtmf[leg_id] = index + 1
+        if not publish:
+            return
+        if not state.started:
+            state.waiting = False
+            self._publish_started(state.ctx.call_id)
+        participant = state.participants.get(leg_id, Participant("mixed"))
+        self.publisher.submit(ev.dtmf(state.ctx, participant, press.key, index, press.duration_ms))
 
     def _publish_started(self, call_id: str) -> None:
         state = self._calls.get(call_id)
@@ -282,7 +319,9 @@ class CallBridge:
         with self._lock:
             self._calls.pop(state.ctx.call_id, None)
         self._publish_started(state.ctx.call_id)
-        stats = {"audio_ms": dict(state.audio_ms)}
+        stats: dict[str, object] = {"audio_ms": dict(state.audio_ms)}
+        if state.dtmf:
+            stats["dtmf_events"] = dict(state.dtmf)
         self.publisher.call_ended(state.ctx, state.ended_reason, stats)
         self.processor.end_call(state.ctx.call_id)
 

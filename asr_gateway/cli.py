@@ -1,13 +1,16 @@
-"""``asr-gateway``: the service's command line (serve, check-config, tail, demo)."""
+"""``asr-gateway``: the service's command line (serve, check-config, tail, demo, cluster)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from importlib.metadata import entry_points
 from pathlib import Path
 
 from asr_common.yamlconf import ConfigError
 from asr_gateway.config import ServiceConfig, load_config
+from asr_gateway.state_dir import writable_problems
 
 
 def _check_config(args: argparse.Namespace) -> int:
@@ -27,7 +30,8 @@ def _check_config(args: argparse.Namespace) -> int:
 
 
 def check_referenced_files(config: ServiceConfig) -> list[str]:
-    """Validate the files the config points at (routes, KB, tag rules, model); one line per problem."""
+    """Validate the files the config points at (routes, KB, tag rules, model) and that the spool
+    directory is writable; one line per problem."""
     from asr_gateway.service import load_router
     from kb_hooks.kb import load_kb
     from kb_hooks.tags import load_tag_rules
@@ -47,6 +51,7 @@ def check_referenced_files(config: ServiceConfig) -> list[str]:
             load_tag_rules(path)
         except ConfigError as exc:
             problems += exc.errors
+    problems += writable_problems(config.redis.spool_dir, "redis.spool_dir")
     model_dir = config.engine.model_dir
     if model_dir is not None:
         missing = [name for name in MODEL_FILES if not (Path(model_dir) / name).is_file()]
@@ -87,6 +92,24 @@ def _demo(argv: list[str]) -> int:
     return demo_main(argv)
 
 
+def _cluster(argv: list[str]) -> int:
+    from asr_gateway.cluster import main as cluster_main
+
+    return cluster_main(argv)
+
+
+PLUGIN_GROUP = "hotline_asr.gateway_commands"
+
+
+def _plugin(name: str) -> Callable[[list[str]], int] | None:
+    """A subcommand another installed package registers (entry point group ``PLUGIN_GROUP``):
+    ``asr-gateway console`` is the console's, which sits above this package and is not imported here."""
+    for entry in entry_points(group=PLUGIN_GROUP, name=name):
+        command: Callable[[list[str]], int] = entry.load()
+        return command
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="asr-gateway", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -98,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=_serve)
     sub.add_parser("tail", help="print live events from Redis (`asr-gateway tail --help` for its options)")
     sub.add_parser("demo", help="run the whole pipeline once on this machine (`asr-gateway demo --help`)")
+    sub.add_parser("cluster", help="Kamailio + N nodes + Redis on loopback: up|status|down (`cluster --help`)")
+    for entry in entry_points(group=PLUGIN_GROUP):
+        sub.add_parser(entry.name, help=f"provided by {entry.value.split(':')[0]} (`asr-gateway {entry.name} --help`)")
     return parser
 
 
@@ -107,6 +133,11 @@ def main(argv: list[str] | None = None) -> int:
         return _tail(argv[1:])
     if argv[:1] == ["demo"]:
         return _demo(argv[1:])
+    if argv[:1] == ["cluster"]:
+        return _cluster(argv[1:])
+    plugin = _plugin(argv[0]) if argv and not argv[0].startswith("-") else None
+    if plugin is not None:
+        return plugin(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     result: int = args.func(args)

@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from asr_common.yamlconf import ConfigError, read_yaml, validate_data
+from asr_gateway.state_dir import default_state_dir
 from kb_hooks.config import KbHooksSettings, RedisSettings
 from rtp.latch import LatchName
 from sip.config import SipSettings
@@ -214,7 +215,7 @@ class LoggingSettings(_Section):
 class MetricsSettings(_Section):
     host: str = Field("127.0.0.1", description="address of /metrics; it has no auth, so keep it on loopback")
     enabled: bool = True
-    port: int = Field(9108, ge=0, le=65535, description="Prometheus /metrics and /health; 0 picks a free port")
+    port: int = Field(9108, ge=0, le=65535, description="/metrics and the /health probes; 0 picks a free port")
 
     def open_settings(self) -> list[str]:
         """A warning when /metrics (no auth) listens beyond loopback."""
@@ -302,8 +303,12 @@ def load_config(path: Path | str | None, environ: Mapping[str, str] | None = Non
         config = validate_data(where, merged, ServiceConfig, index)
     except ConfigError as exc:
         raise ConfigError([_attribute_env(line, overrides) for line in exc.errors]) from None
+    spool_set = "spool_dir" in config.redis.model_fields_set
     if path is not None:
         config = _resolve_paths(config, Path(path).resolve().parent)
+    if not spool_set:  # not beside the config file: /etc is read-only under systemd (state_dir.py)
+        spool = default_state_dir(environ) / "spool"
+        config = config.model_copy(update={"redis": config.redis.model_copy(update={"spool_dir": spool})})
     return config
 
 

@@ -1,26 +1,43 @@
-"""Prometheus ``/metrics`` and ``/health`` on a small HTTP server thread.
+"""Prometheus ``/metrics`` and the ``/health`` probes on a small HTTP server thread.
 
 Everything is read at scrape time from the components' own counters (no work in the media or
-engine hot paths). Latency distributions are exported as summaries with quantiles over the
-most recent samples the components keep.
+engine hot paths). Latency distributions are histograms of every measurement since start
+(``asr_common.latency.Histogram``), so they sum across nodes: the p95 of a cluster is
+``histogram_quantile(0.95, sum by (le) (rate(asr_partial_latency_seconds_bucket[5m])))``.
+The process collector adds CPU, memory, open files and start time. Metric names and the probes
+are documented in docs/operations.md.
+
+Paths: ``/metrics``; ``/health/live`` (200 while the process serves HTTP: restart it only when
+this fails); ``/health/ready`` (200 when the node takes new calls, 503 with the reasons when it
+is full, draining, not started or cannot publish); ``/health``, the ready probe under its old
+name.
 """
 
 from __future__ import annotations
 
+import socket
 import threading
-from collections.abc import Iterable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Iterable, Iterator
+from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-import numpy as np
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+)
 from prometheus_client.registry import Collector
+
+from asr_common.latency import Histogram
 
 if TYPE_CHECKING:
     from asr_gateway.service import Service
 
-QUANTILES = (0.5, 0.95, 0.99)
+JOURNAL_COUNTERS = ("spooled", "replayed", "duplicates_suppressed", "spool_full_dropped", "spool_corrupt_skipped",
+                    "spool_torn_records", "calls_ended_on_restart")  # fmt: skip
 
 
 class ServiceCollector(Collector):
@@ -29,18 +46,24 @@ class ServiceCollector(Collector):
 
     def collect(self) -> Iterator[Any]:
         s = self.service
-        engine, pool, sip, publisher, bridge = s.engine, s.engine.pool, s.sip, s.publisher, s.bridge
-        yield GaugeMetricFamily("asr_active_calls", "SIP calls in progress", value=sip.active_calls)
+        yield from self._calls_and_engine(s)
+        yield from self._sip_and_rtp(s)
+        yield from self._redis(s)
+        yield from self._config(s)
+
+    def _calls_and_engine(self, s: Service) -> Iterator[Any]:
+        engine, pool = s.engine, s.engine.pool
+        yield GaugeMetricFamily("asr_active_calls", "SIP calls in progress", value=s.sip.active_calls)
         yield GaugeMetricFamily("asr_engine_streams", "engine streams (call legs) open", value=engine.active_streams)
         yield GaugeMetricFamily("asr_kv_pool_slots", "cache pool slots in total", value=pool.num_slots)
         yield GaugeMetricFamily("asr_kv_pool_used_slots", "cache pool slots in use", value=pool.used_slots)
         yield GaugeMetricFamily("asr_kv_pool_bytes", "cache pool memory", value=pool.total_bytes)
-        yield GaugeMetricFamily("asr_healthy", "1 while new calls are accepted", value=int(s.healthy))
+        yield GaugeMetricFamily("asr_healthy", "1 while the node is ready for new calls", value=int(s.healthy))
         stats = engine.stats
         yield CounterMetricFamily("asr_engine_chunks", "stream-chunks decoded", value=stats.chunks)
-        yield CounterMetricFamily("asr_engine_batches", "batched forwards run", value=stats.batches)
+        yield CounterMetricFamily("asr_engine_batches", "batched chunk steps run", value=stats.batches)
         yield CounterMetricFamily("asr_engine_finals", "final transcripts produced", value=stats.finals)
-        yield CounterMetricFamily("asr_engine_errors", "engine ticks that failed", value=stats.errors)
+        yield CounterMetricFamily("asr_engine_errors", "engine ticks or final batches that failed", value=stats.errors)
         yield CounterMetricFamily(
             "asr_engine_behind_realtime_chunks",
             "chunks whose latency exceeded the real-time budget",
@@ -52,69 +75,113 @@ class ServiceCollector(Collector):
         yield CounterMetricFamily(
             "asr_engine_overload_refusals",
             "calls and OPTIONS refused (503) while the engine was behind real time",
-            value=bridge.overload_refusals,
+            value=s.bridge.overload_refusals,
         )
-        yield _quantiles("asr_engine_batch_size", "streams per batched forward (recent)", stats.batch_sizes, 1.0)
-        yield _quantiles("asr_engine_forward_seconds", "batched forward time (recent)", stats.forward_ms, 1e-3)
-        yield _quantiles(
+        yield histogram("asr_engine_batch_size", "streams per batched chunk step", stats.batch_size_histogram)
+        yield histogram("asr_engine_step_seconds", "time of one batched chunk step (forward)", stats.step_seconds)
+        yield histogram(
             "asr_partial_latency_seconds",
-            "chunk's last sample handed to the engine -> partial produced (recent)",
-            stats.partial_latency_ms,
-            1e-3,
+            "a chunk's last sample handed to the engine -> its partial produced",
+            stats.partial_latency_seconds,
         )
-        yield _quantiles(
-            "asr_final_latency_seconds", "endpoint -> final produced (recent)", stats.final_latency_ms, 1e-3
+        yield histogram("asr_final_latency_seconds", "endpoint -> final produced", stats.final_latency_seconds)
+        yield CounterMetricFamily(
+            "asr_partials_dropped",
+            "partials dropped under backpressure",
+            value=s.publisher.partials_dropped + s.bridge.partials_dropped,
         )
-        yield _quantiles(
-            "asr_publish_latency_seconds",
-            "chunk's last sample handed to the engine -> acknowledged by Redis (recent)",
-            publisher.audio_to_ack_s,
-            1.0,
-        )
+
+    def _sip_and_rtp(self, s: Service) -> Iterator[Any]:
         responses = CounterMetricFamily("asr_sip_responses", "SIP responses sent", labels=["code"])
-        for key, value in sorted(sip.counters.items()):
+        sip_events = CounterMetricFamily("asr_sip_events", "SIP core counters", labels=["event"])
+        for key, value in sorted(s.sip.counters.items()):
             if key.startswith("responses."):
                 responses.add_metric([key.split(".", 1)[1]], value)
-        yield responses
-        sip_events = CounterMetricFamily("asr_sip_events", "SIP core counters", labels=["event"])
-        for key, value in sorted(sip.counters.items()):
-            if not key.startswith("responses."):
+            else:
                 sip_events.add_metric([key], value)
+        yield responses
         yield sip_events
-        rtp = CounterMetricFamily("asr_rtp", "RTP receive counters over all legs", labels=["counter"])
-        for key, value in s.rtp_totals.snapshot().items():
-            rtp.add_metric([key], value)
-        yield rtp
+        yield labelled("asr_rtp", "RTP receive counters over all legs", s.rtp_totals.snapshot().items())
+
+    def _redis(self, s: Service) -> Iterator[Any]:
+        publisher = s.publisher
         yield GaugeMetricFamily("asr_redis_connected", "1 while Redis answers", value=int(publisher.connected))
         yield GaugeMetricFamily("asr_redis_queue_depth", "events waiting for Redis", value=publisher.queued())
         yield GaugeMetricFamily("asr_redis_spool_bytes", "journal bytes not yet acknowledged by Redis",
                                 value=publisher.spool_pending_bytes())  # fmt: skip
-        journal = CounterMetricFamily("asr_redis_journal", "spool journal and replay counters", labels=["counter"])
-        for name in ("spooled", "replayed", "duplicates_suppressed", "spool_full_dropped", "spool_corrupt_skipped",
-                     "spool_torn_records", "calls_ended_on_restart"):  # fmt: skip
-            journal.add_metric([name], getattr(publisher, name))
-        yield journal
+        yield GaugeMetricFamily("asr_redis_spool_max_bytes", "redis.spool_max_bytes",
+                                value=s.config.redis.spool_max_bytes)  # fmt: skip
+        counters = ((name, getattr(publisher, name)) for name in JOURNAL_COUNTERS)
+        yield labelled("asr_redis_journal", "spool journal and replay counters", counters)
         yield CounterMetricFamily("asr_redis_published", "events published", value=publisher.published)
         yield CounterMetricFamily("asr_redis_errors", "Redis errors", value=publisher.redis_errors)
-        yield CounterMetricFamily(
-            "asr_partials_dropped",
-            "partials dropped under backpressure",
-            value=publisher.partials_dropped + bridge.partials_dropped,
+        yield histogram(
+            "asr_publish_latency_seconds",
+            "a chunk's last sample handed to the engine -> its event acknowledged by Redis",
+            publisher.audio_to_ack_histogram,
         )
 
+    def _config(self, s: Service) -> Iterator[Any]:
+        yield InfoMetricFamily("asr_config", "version (hash) of the routes, KB, tag and hotword files in force",
+                               value={"version": s.config_version})  # fmt: skip
+        reload = s.last_reload
+        yield GaugeMetricFamily("asr_config_last_reload_success", "1 if the last config load put every file in force",
+                                value=int(reload.ok))  # fmt: skip
+        yield GaugeMetricFamily("asr_config_last_reload_timestamp_seconds", "Unix time of the last config load",
+                                value=reload.at_unix)  # fmt: skip
+        yield CounterMetricFamily("asr_config_reloads", "config reloads tried (SIGHUP or a file change)",
+                                  value=s.reloads)  # fmt: skip
+        yield CounterMetricFamily("asr_config_reload_failures", "config reloads that rejected a file",
+                                  value=s.reload_failures)  # fmt: skip
 
-def _quantiles(name: str, doc: str, samples: Iterable[float], scale: float) -> GaugeMetricFamily:
-    """Recent-window quantiles as a gauge with a ``quantile`` label (cheap to compute at scrape)."""
-    values = np.fromiter(samples, dtype=np.float64)
-    family = GaugeMetricFamily(name, doc, labels=["quantile"])
-    if values.size:
-        for q in QUANTILES:
-            family.add_metric([str(q)], float(np.quantile(values, q)) * scale)
+
+def histogram(name: str, doc: str, source: Histogram) -> HistogramMetricFamily:
+    buckets = source.cumulative()
+    bounds = [("+Inf" if bound == float("inf") else repr(bound), count) for bound, count in buckets]
+    return HistogramMetricFamily(name, doc, buckets=bounds, sum_value=source.sum)
+
+
+def labelled(name: str, doc: str, values: Iterable[tuple[str, int]]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=["counter"])
+    for key, value in values:
+        family.add_metric([key], value)
     return family
 
 
+def health_app(service: Service, metrics: Callable[..., Any]) -> Callable[..., Any]:
+    """WSGI app: the probes, and prometheus_client's own exposition under ``/metrics``."""
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/metrics" or path.startswith("/metrics/"):
+            result: list[bytes] = metrics(environ, start_response)
+            return result
+        if path == "/health/live":
+            status, body = "200 OK", "live\n"
+        elif path in ("/health/ready", "/health"):
+            reasons = service.not_ready()
+            status = "503 Service Unavailable" if reasons else "200 OK"
+            body = f"not ready: {'; '.join(reasons)}\n" if reasons else "ready\n"
+        else:
+            status, body = "404 Not Found", "not found: /metrics, /health/live, /health/ready\n"
+        data = body.encode()
+        start_response(status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(data)))])
+        return [data]
+
+    return app
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+
 class MetricsServer:
-    """Serves ``/metrics`` (Prometheus text format) and ``/health`` (200 ok / 503 unavailable)."""
+    """Serves ``/metrics`` (prometheus_client) and the health probes on ``host:port``."""
 
     def __init__(self, service: Service, host: str, port: int) -> None:
         self.service = service
@@ -122,33 +189,15 @@ class MetricsServer:
         self.port = port
         self.registry = CollectorRegistry()
         self.registry.register(ServiceCollector(service))
-        self._server: ThreadingHTTPServer | None = None
+        ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
+        self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> int:
-        registry, service = self.registry, self.service
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path.startswith("/metrics"):
-                    body, status, ctype = generate_latest(registry), 200, CONTENT_TYPE_LATEST
-                elif self.path.startswith("/health"):
-                    ok = service.healthy
-                    body = b"ok\n" if ok else b"unavailable\n"
-                    status, ctype = (200 if ok else 503), "text/plain"
-                else:
-                    body, status, ctype = b"not found\n", 404, "text/plain"
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return
-
-        self._server = ThreadingHTTPServer((self.host, self.port), Handler)
-        self._server.daemon_threads = True
+        """Listen and serve in a thread; returns the port (chosen by the OS when configured as 0)."""
+        server_class = type("Server", (_ThreadingServer,), {"address_family": _family(self.host)})
+        app = health_app(self.service, make_wsgi_app(self.registry))
+        self._server = make_server(self.host, self.port, app, server_class, handler_class=_QuietHandler)
         self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True)
         self._thread.start()
         return int(self._server.server_address[1])
@@ -158,3 +207,8 @@ class MetricsServer:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+def _family(host: str) -> socket.AddressFamily:
+    """IPv6 for an IPv6 address (``::1``, ``::``), else IPv4."""
+    return socket.AF_INET6 if ":" in host else socket.AF_INET

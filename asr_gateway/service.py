@@ -4,10 +4,12 @@ Threads: the asyncio loop (uvloop when installed) runs SIP, the RTP legs, the pu
 the health/metrics HTTP server; the engine runs its scheduler thread; KB matching and tagging
 run in the bridge's worker thread. Bounded queues sit between them.
 
-Signals: SIGTERM/SIGINT drain (new INVITEs and OPTIONS get 503, active calls get BYE within
-the grace period, their finals are decoded and published, the spool is flushed); SIGHUP
-reloads the routes, KB and tag files (also reloaded when their files change). An invalid
-file is rejected, logged with its errors, and the previous version stays in force.
+Signals: SIGTERM/SIGINT drain (new INVITEs and OPTIONS get 503, calls may end on their own
+for ``sip.drain_wait_s``, then the rest get BYE within the grace period, their finals are
+decoded and published, the spool is flushed); SIGHUP reloads the routes, KB and tag files
+(also reloaded when their files change, and on ``reload`` from the console on
+``{prefix}:control``; see ``heartbeat``). An invalid file is rejected, logged with its
+errors, and the previous version stays in force.
 SIGUSR2 logs a memory report (RSS, Python objects by type, and, when the process was started
 with ``python -X tracemalloc``, the code lines holding the most Python memory).
 """
@@ -29,6 +31,7 @@ from typing import Any
 import torch
 
 from asr_common.audio import SAMPLE_RATE, TELEPHONE_RATE
+from asr_common.draining import wait_while_progressing
 from asr_common.yamlconf import ConfigError
 from asr_core import memtrim
 from asr_core.endpoint import EndpointRules
@@ -36,6 +39,7 @@ from asr_core.engine import Engine, EngineOptions, resolve_dtype
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_gateway.bridge import CallBridge
 from asr_gateway.config import ServiceConfig
+from asr_gateway.heartbeat import Heartbeat, default_node_id
 from asr_gateway.hotwords import HotwordLists
 from asr_gateway.metrics import MetricsServer
 from kb_hooks.processor import TranscriptProcessor
@@ -71,6 +75,11 @@ def log_memory_report() -> None:
 
 DEMO_MODEL_DIR = Path(__file__).resolve().parents[1] / "asr_core" / "demo_model"
 RELOAD_POLL_S = 2.0
+# A stopping node waits for its engine, finalizer and KB worker to finish the work already
+# accepted, without a total deadline; it gives up on one that did nothing for this long (s).
+DRAIN_STALL_S = 30.0
+# While Redis is unreachable a node stays ready until its spool is this full (of redis.spool_max_bytes).
+SPOOL_READY_SHARE = 0.9
 
 
 def model_dir_of(config: ServiceConfig) -> Path:
@@ -179,8 +188,9 @@ def _files_signature(paths: list[Path]) -> str:
     return digest.hexdigest()
 
 
-RTP_COUNTERS = ("packets", "lost", "late", "duplicate", "reordered", "bad_packets", "foreign_packets",
-                "foreign_address", "foreign_port", "unknown_payload_packets", "concealed_samples")  # fmt: skip
+RTP_COUNTERS = ("packets", "lost", "late", "duplicate", "reordered", "bad_packets", "foreign_packets", "dtmf_events",
+                "foreign_address", "foreign_port", "unknown_payload_packets", "concealed_samples",
+                "srtp_auth_failed", "srtp_replayed", "srtp_bad")  # fmt: skip
 
 
 class RtpTotals:
@@ -268,6 +278,11 @@ class Service:
         self._reload_task: asyncio.Task[None] | None = None
         self.started_at = 0.0
         self.last_reload = ReloadStatus(time.time(), True)
+        self.reloads = 0  # reloads tried since start (SIGHUP or a watched file changed)
+        self.reload_failures = 0  # of which at least one file was rejected
+        self.warm = False  # the engine has run its warm-up and its threads are started
+        self.sip_listening = False
+        self.heartbeat: Heartbeat | None = None
 
     def _rtp_leg(self, sink: PcmSink, payload_types: dict[int, str], on_end: Callable[[str], None]) -> RtpLeg:
         sip = self.config.sip
@@ -296,7 +311,9 @@ class Service:
         warm_s = await asyncio.get_running_loop().run_in_executor(None, self.engine.warm_up)
         log.info("engine warmed up in %.1f s", warm_s)
         self.engine.start()
+        self.warm = True
         await self.sip.start()
+        self.sip_listening = True
         metrics_port = self.metrics.start() if self.config.metrics.enabled else None
         for warning in self.config.metrics.open_settings():
             log.warning("open setting: %s", warning)
@@ -307,6 +324,10 @@ class Service:
             sip_tcp=self.sip.port("tcp") if "tcp" in transports else None,
             metrics=metrics_port,
         )
+        redis = self.config.redis
+        node_id = default_node_id(ports.sip_udp or ports.sip_tcp)
+        self.heartbeat = Heartbeat(redis.url, redis.key_prefix, node_id, self.node_report, self.reload)
+        self.heartbeat.start()
         log.info(
             "hotline-asr serving: sip udp %s tcp %s, metrics %s, engine %d slots (%.1f MB kv), model %s, backend %s, "
             "rtp receive path %s",
@@ -322,7 +343,7 @@ class Service:
         return ports
 
     def request_stop(self) -> None:
-        """Start draining now: OPTIONS, new INVITEs and /health answer 503 from this moment."""
+        """Start draining now: OPTIONS, new INVITEs and /health/ready answer 503 from this moment."""
         self.sip.set_draining()
         self._stopping.set()
 
@@ -333,33 +354,89 @@ class Service:
         loop.add_signal_handler(signal.SIGHUP, self.reload)
         loop.add_signal_handler(signal.SIGUSR2, log_memory_report)
         await self._stopping.wait()
+        await self.wait_for_calls()
         await self.stop()
 
+    async def wait_for_calls(self) -> None:
+        """Draining: let the calls end on their own for up to ``sip.drain_wait_s``, and keep answering
+        OPTIONS 503 for at least ``sip.drain_linger_s`` of it, so a dispatcher sees the node leave."""
+        settings = self.config.sip
+        start = time.monotonic()
+        linger_s = min(settings.drain_linger_s, settings.drain_wait_s)
+        if settings.drain_wait_s > 0:
+            log.info("draining: waiting up to %.0f s for %d calls to end", settings.drain_wait_s, self.sip.active_calls)
+        while time.monotonic() - start < settings.drain_wait_s:
+            if not self.sip.active_calls and time.monotonic() - start >= linger_s:
+                break
+            await asyncio.sleep(0.1)
+
     async def stop(self, grace_s: float = 10.0) -> None:
-        """Drain: refuse new calls, BYE active ones, decode and publish their finals, flush Redis."""
+        """Drain: refuse new calls, BYE active ones (they get ``grace_s`` to end), decode the
+        audio already received however far behind real time the engine is, publish every
+        final and call.ended, flush Redis (what it does not take within ``grace_s`` stays in
+        the spool for the next start)."""
         log.info("draining: %d active calls", self.sip.active_calls)
         if self._reload_task is not None:
             self._reload_task.cancel()
+        self._stopping.set()  # not ready from now on (request_stop may not have come first)
+        self.sip_listening = False
         await self.sip.stop(grace_s)
-        deadline = time.monotonic() + grace_s
-        while self.engine.active_streams and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        self.engine.stop()
-        await asyncio.to_thread(self.bridge.stop, grace_s)
+        await asyncio.to_thread(self._finish_decoding)
+        await asyncio.to_thread(self.engine.stop, DRAIN_STALL_S)
+        await asyncio.to_thread(self.bridge.stop, DRAIN_STALL_S)
         await self.publisher.stop(flush_timeout_s=grace_s)
+        if self.heartbeat is not None:
+            await self.heartbeat.stop()
         self.metrics.stop()
         log.info("stopped")
 
+    def _finish_decoding(self) -> None:
+        """Every stream's input has ended (SIP has stopped): wait until the engine has decoded
+        all of it, as long as it keeps moving, so that a slow machine loses no final."""
+        engine, stats = self.engine, self.engine.stats
+        behind = engine.active_streams
+        started = time.monotonic()
+        if not wait_while_progressing(
+            lambda: engine.active_streams == 0,
+            lambda: (stats.chunks, stats.errors, engine.active_streams),
+            DRAIN_STALL_S,
+        ):
+            log.error("engine decoded nothing for %.0f s with %d streams open; they end with what was decoded",
+                      DRAIN_STALL_S, engine.active_streams)  # fmt: skip
+        elif behind:
+            log.info("decoded the last audio of %d streams in %.1f s", behind, time.monotonic() - started)
+
     # -- health -----------------------------------------------------------------------
+
+    def not_ready(self) -> list[str]:
+        """Why this node should get no new call now (empty: ready): ``/health/ready``.
+
+        Ready means SIP listens, the engine is warm, events reach Redis or the spool has room
+        for them, and a new call would be taken (not full, not draining), i.e. what the SIP
+        OPTIONS answer says and more. A full or draining node is still live: it must not be
+        restarted in the middle of its calls.
+        """
+        reasons = []
+        if self._stopping.is_set():
+            reasons.append("draining")
+        if not self.sip_listening:
+            reasons.append("SIP not listening")
+        if not self.warm:
+            reasons.append("engine not warmed up")
+        if self.engine.free_slots <= 0:
+            reasons.append(f"full: all {self.engine.pool.num_slots} engine slots in use")
+        if self.sip.active_calls >= self.config.sip.max_calls:
+            reasons.append(f"full: {self.sip.active_calls} calls, sip.max_calls {self.config.sip.max_calls}")
+        if not self.publisher.connected:
+            pending, limit = self.publisher.spool_pending_bytes(), self.config.redis.spool_max_bytes
+            if pending >= limit * SPOOL_READY_SHARE:
+                reasons.append(f"Redis unreachable and the spool {pending} of {limit} bytes full")
+        return reasons
 
     @property
     def healthy(self) -> bool:
-        """Mirrors the OPTIONS answer: 200 while calls are accepted, 503 when full or draining."""
-        return (
-            not self._stopping.is_set()
-            and self.engine.free_slots > 0
-            and (self.sip.active_calls < self.config.sip.max_calls)
-        )
+        """Ready for new calls (``not_ready()`` is empty); ``asr_healthy`` in /metrics."""
+        return not self.not_ready()
 
     # -- reload -----------------------------------------------------------------------
 
@@ -383,6 +460,15 @@ class Service:
         for name in sorted(parts):
             digest.update(f"{name}={parts[name]};".encode())
         return digest.hexdigest()[:16]
+
+    def node_report(self) -> dict[str, object]:
+        """What the heartbeat tells the console: the version in force, the last reload, the load."""
+        last = self.last_reload
+        return {
+            "config_version": self.config_version,
+            "last_reload": {"at": last.at_unix, "ok": last.ok, "errors": list(last.errors)},
+            "active_calls": self.sip.active_calls,
+        }
 
     def reload(self) -> bool:
         """Reload routes, KB and tag files; keep the previous version of any invalid one."""
@@ -412,6 +498,8 @@ class Service:
                 log.info("%s reloaded, content hash %s", name, result.content_hash)
         self._reload_signature = _files_signature(self._watched_files())
         self.last_reload = ReloadStatus(time.time(), ok, tuple(errors))
+        self.reloads += 1
+        self.reload_failures += not ok
         log.info("config version %s", self.config_version)
         return ok
 

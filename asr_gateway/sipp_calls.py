@@ -4,17 +4,21 @@ sipp plays the PBX: it sends an INVITE offering G.711 (``sendrecv`` for a plain 
 ``sendonly`` offer means hold, which pauses the RTP inactivity timer), replays a pcap of RTP packets to the
 port our SDP answer names (``play_pcap_audio``), waits, and hangs up (or, to test RTP
 timeouts, vanishes without a BYE). ``write_rtp_pcap`` turns 16-bit PCM into such a pcap
-(G.711 at 8 kHz, 20 ms packets), and ``scenario_xml`` writes a plain or SIPREC (two labelled
-streams, rs-metadata) call scenario.
+(G.711 at 8 kHz or G.722 at 16 kHz, 20 ms packets, optionally followed by RFC 4733 key
+presses), and ``scenario_xml`` writes a plain or SIPREC (two labelled streams, rs-metadata)
+call scenario.
 
 sipp's ``play_pcap_audio`` only feeds the first m-line. For the second SIPREC stream the
 scenario logs the port of our answer's second m-line (``<ereg>`` + ``<log>``) and
-``place_call`` streams that leg itself, paced at 20 ms per packet.
+``place_call`` streams that leg itself, paced at 20 ms per packet. An SRTP call
+(``srtp``: RTP/SAVP with an SDES ``a=crypto`` line) is streamed the same way, each packet
+protected by libsrtp (``rtp.srtp.SrtpSender``), since sipp cannot encrypt a pcap.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
 import shutil
 import socket
@@ -26,12 +30,21 @@ from pathlib import Path
 import numpy as np
 import soxr
 
+from rtp.dtmf import KEYS
 from rtp.g711 import encode_alaw, encode_ulaw
+from rtp.g722 import SAMPLE_RATE as G722_RATE
+from rtp.g722 import G722Encoder
+from rtp.srtp import SrtpKeys, SrtpSender
 
-SAMPLES_PER_PACKET = 160  # 20 ms at 8 kHz
+SAMPLES_PER_PACKET = 160  # 20 ms at 8 kHz (and 20 ms of G.722: 160 ticks, RFC 3551)
 PACKET_S = 0.02
-PCMU, PCMA = 0, 8
+PCMU, PCMA, G722 = 0, 8, 9
+TELEPHONE_EVENT = 101
+CODEC_NAMES = {PCMU: "PCMU", PCMA: "PCMA", G722: "G722"}
+KEY_PACKETS = 5  # a key press: 100 ms of event packets, then its End packet three times
 SECOND_LEG_MARK = "SECOND_LEG_PORT"
+ANSWERED_MARK = "CALL_ANSWERED"
+FIRST_LEG_MARK = "FIRST_LEG_PORT"
 
 
 def _ip_checksum(header: bytes) -> int:
@@ -41,25 +54,46 @@ def _ip_checksum(header: bytes) -> int:
     return ~total & 0xFFFF
 
 
-def rtp_packets(pcm: np.ndarray, sample_rate: int, payload_type: int = PCMU, ssrc: int = 0x1234) -> list[bytes]:
-    """``pcm`` (int16-range mono, any rate) as G.711 RTP packets of 20 ms (160 samples at 8 kHz)."""
-    if sample_rate != 8000:
-        pcm = soxr.resample(np.asarray(pcm, dtype=np.float32), sample_rate, 8000)
+def _payload(pcm: np.ndarray, sample_rate: int, payload_type: int) -> bytes:
+    """The whole recording encoded: G.711 at 8 kHz or G.722 at 16 kHz (64 kbit/s, 1 byte per tick)."""
+    rate = G722_RATE if payload_type == G722 else 8000
+    if sample_rate != rate:
+        pcm = soxr.resample(np.asarray(pcm, dtype=np.float32), sample_rate, rate)
     samples = np.clip(np.asarray(pcm, dtype=np.float64), -32768, 32767).astype(np.int16)
-    encode = encode_ulaw if payload_type == PCMU else encode_alaw
-    payload = encode(samples)
-    return [
+    if payload_type == G722:
+        return G722Encoder().encode(samples)
+    return bytes((encode_ulaw if payload_type == PCMU else encode_alaw)(samples))
+
+
+def rtp_packets(pcm: np.ndarray, sample_rate: int, payload_type: int = PCMU, ssrc: int = 0x1234,
+                keys: str = "") -> list[bytes]:  # fmt: skip
+    """``pcm`` (int16-range mono, any rate) as RTP packets of 20 ms (160 timestamp ticks), in
+    G.711 or G.722 (``payload_type``), then ``keys`` (``0-9*#A-D``) as RFC 4733 events."""
+    payload = _payload(pcm, sample_rate, payload_type)
+    packets = [
         struct.pack("!BBHII", 0x80, payload_type, i & 0xFFFF, i * SAMPLES_PER_PACKET, ssrc)
-        + bytes(payload[i * SAMPLES_PER_PACKET : (i + 1) * SAMPLES_PER_PACKET])
+        + payload[i * SAMPLES_PER_PACKET : (i + 1) * SAMPLES_PER_PACKET]
         for i in range(len(payload) // SAMPLES_PER_PACKET)
     ]
+    for key in keys:
+        if key not in KEYS:
+            raise ValueError(f"not a DTMF key: {key!r} (use 0-9 * # A-D)")
+        start = len(packets) * SAMPLES_PER_PACKET
+        for n in range(KEY_PACKETS + 3):
+            end = n >= KEY_PACKETS
+            duration = SAMPLES_PER_PACKET * min(n + 1, KEY_PACKETS)
+            event = struct.pack("!BBH", KEYS.index(key), (0x80 if end else 0) | 10, duration)
+            marker = 0x80 if n == 0 else 0
+            header = struct.pack("!BBHII", 0x80, marker | TELEPHONE_EVENT, len(packets) & 0xFFFF, start, ssrc)
+            packets.append(header + event)
+    return packets
 
 
 def write_rtp_pcap(
-    path: Path, pcm: np.ndarray, sample_rate: int, payload_type: int = PCMU, ssrc: int = 0x1234
+    path: Path, pcm: np.ndarray, sample_rate: int, payload_type: int = PCMU, ssrc: int = 0x1234, keys: str = ""
 ) -> float:
-    """Write ``pcm`` (int16-range mono) as G.711 RTP packets 20 ms apart; returns the duration in s."""
-    packets = rtp_packets(pcm, sample_rate, payload_type, ssrc)
+    """Write ``pcm`` (int16-range mono) as RTP packets 20 ms apart (``rtp_packets``); returns the duration in s."""
+    packets = rtp_packets(pcm, sample_rate, payload_type, ssrc, keys)
     out = bytearray(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1))  # pcap header, Ethernet
     for i, rtp in enumerate(packets):
         udp = struct.pack("!HHHH", 40000, 40000, 8 + len(rtp), 0) + rtp
@@ -143,20 +177,34 @@ def _message(method: str, cseq: int, body: str = "", content_type: str = "", ext
     return head
 
 
+def _along_route_set(request: str) -> str:
+    """An in-dialog request sent to the answer's Contact along the Record-Route set (``[next_url]``,
+    ``[routes]``), as a call through a proxy needs."""
+    request_line, _, rest = request.partition("\n")
+    method = request_line.split(" ", 1)[0]
+    return f"{method} [next_url] SIP/2.0\n[routes]\n" + rest
+
+
 def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False, to_user: str = "12345",
                  from_user: str = "citizen", agent: str = "1001", hangup: bool = True,
-                 media_delay_ms: int = 0, extra_headers: str = "", from_uri_params: str = "") -> str:  # fmt: skip
+                 media_delay_ms: int = 0, extra_headers: str = "", from_uri_params: str = "",
+                 via_proxy: bool = False, srtp: SrtpKeys | None = None) -> str:  # fmt: skip
     """A sipp UAC scenario: INVITE, ACK, (wait ``media_delay_ms``,) play ``audio.pcap`` for
     ``seconds`` (+1 s), BYE.
+
+    ``via_proxy``: the INVITE goes to a record-routing proxy (Kamailio); ACK and BYE follow the
+    route set to the node that answered.
 
     ``extra_headers``: header lines (``X-Agent-Id: 1001``, one a line) added to the INVITE.
     ``from_uri_params``: parameters inside the From URI (CUCM built-in bridge:
     ``;x-nearend;x-refci=123``), on every request of the dialog.
 
     ``siprec``: logs ``SECOND_LEG_PORT <port>`` (the answer's second m-line) to sipp's log file.
+    ``srtp``: a plain call offering RTP/SAVP with these keys; logs ``FIRST_LEG_PORT <port>``
+    and plays nothing (``place_call`` sends the SRTP).
     ``hangup=False``: the caller vanishes after the audio, without a BYE.
     """
-    codec = "PCMU" if payload_type == PCMU else "PCMA"
+    codec = CODEC_NAMES[payload_type]
     names = {"from_name": "pbx", "from_user": from_user, "to_user": to_user, "from_uri_params": from_uri_params}
     if siprec:
         body = _SIPREC_BODY.format(pt=payload_type, codec=codec, caller=from_user, agent=agent)
@@ -164,17 +212,34 @@ def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False,
         invite = _message("INVITE", 1, body, "multipart/mixed;boundary=hotline-boundary", extra,
                           contact_params=";+sip.src", **names)  # fmt: skip
     else:
-        invite = _message("INVITE", 1, _SDP_PLAIN.format(pt=payload_type, codec=codec), "application/sdp",
-                          extra_headers.strip(), **names)  # fmt: skip
+        sdp = _SDP_PLAIN.format(pt=payload_type, codec=codec)
+        if srtp is not None:
+            inline = base64.b64encode(srtp.key).decode("ascii")
+            sdp = sdp.replace(" RTP/AVP ", " RTP/SAVP ").replace(
+                "a=sendrecv", f"a=crypto:1 {srtp.suite} inline:{inline}\na=sendrecv"
+            )
+        invite = _message("INVITE", 1, sdp, "application/sdp", extra_headers.strip(), **names)
     ack = _message("ACK", 1, **names)
     bye = _message("BYE", 2, **names)
-    answered = '<recv response="200" rtd="true"/>'
+    if via_proxy:
+        ack, bye = _along_route_set(ack), _along_route_set(bye)
+    record_routes = ' rrs="true"' if via_proxy else ""
+    log_answer = f'<action><log message="{ANSWERED_MARK}"/></action>'
+    answered = f'<recv response="200" rtd="true"{record_routes}>{log_answer}</recv>'
     if siprec:
         answered = f"""<recv response="200" rtd="true"><action>
 <ereg regexp="m=audio ([0-9]+)(.|\n)*m=audio ([0-9]+)" search_in="body" check_it="true" assign_to="m,p1,x,p2"/>
+<log message="{ANSWERED_MARK}"/>
 <log message="{SECOND_LEG_MARK} [$p2]"/>
 </action></recv>
 <Reference variables="m,p1,x"/>"""
+    if srtp is not None:
+        answered = f"""<recv response="200" rtd="true"><action>
+<ereg regexp="m=audio ([0-9]+) RTP/SAVP" search_in="body" check_it="true" assign_to="m,p1"/>
+<log message="{FIRST_LEG_MARK} [$p1]"/>
+</action></recv>
+<Reference variables="m"/>"""
+    play = "" if srtp is not None else '<nop><action><exec play_pcap_audio="audio.pcap"/></action></nop>'
     ending = f"""<pause milliseconds="{int(seconds * 1000) + 1000}"/>
 <send retrans="500"><![CDATA[
 {bye}]]></send>
@@ -192,7 +257,7 @@ def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False,
 <send><![CDATA[
 {ack}]]></send>
 {f'<pause milliseconds="{media_delay_ms}"/>' if media_delay_ms > 0 else ""}
-<nop><action><exec play_pcap_audio="audio.pcap"/></action></nop>
+{play}
 {ending}
 </scenario>
 """
@@ -202,6 +267,8 @@ def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False,
 class CallResult:
     returncode: int
     errors: str
+    answered: bool | None = None
+    """``place_call``: whether a 200 answered the INVITE (a call may be answered and still fail later)."""
 
 
 def sipp_path() -> str:
@@ -214,33 +281,55 @@ def sipp_path() -> str:
 async def place_call(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate: int, *,
                      payload_type: int = PCMU, siprec: bool = False, second_pcm: np.ndarray | None = None,
                      hangup: bool = True, host: str = "127.0.0.1", timeout_s: float | None = None,
-                     call_tag: str | None = None, media_delay_ms: int = 0, **names: str) -> CallResult:  # fmt: skip
+                     call_tag: str | None = None, media_delay_ms: int = 0, keys: str = "",
+                     via_proxy: bool = False, target_host: str | None = None,
+                     srtp: SrtpKeys | None = None, srtp_send_key: bytes | None = None,
+                     **names: str) -> CallResult:  # fmt: skip
     """One sipp call that streams ``pcm`` over RTP to our service, then hangs up.
+
+    sipp sends from ``host`` to ``target_host`` (default: ``host``) at ``sip_port``;
+    ``via_proxy``: that is a record-routing proxy in front of the service (``scenario_xml``).
 
     A SIPREC call streams ``second_pcm`` (default: ``pcm``) on its second leg;
     ``hangup=False`` leaves without a BYE; ``call_tag`` starts the SIP Call-ID (``TAG-...``),
     so the call's events can be found by their ``sip_call_id``; ``media_delay_ms`` holds the
-    RTP back after the ACK (the leg is open, nothing has latched it yet).
+    RTP back after the ACK (the leg is open, nothing has latched it yet); ``keys`` are sent as
+    RFC 4733 key presses after the audio. ``srtp`` offers RTP/SAVP with those keys and sends
+    the audio as SRTP protected with ``srtp_send_key`` (default: the offered key; another one
+    plays a misconfigured peer).
     """
     workdir.mkdir(parents=True, exist_ok=True)
-    seconds = write_rtp_pcap(workdir / "audio.pcap", pcm, sample_rate, payload_type)
+    seconds = write_rtp_pcap(workdir / "audio.pcap", pcm, sample_rate, payload_type, keys=keys)
     scenario = workdir / "scenario.xml"
-    xml = scenario_xml(seconds, payload_type, siprec, hangup=hangup, media_delay_ms=media_delay_ms, **names)
+    xml = scenario_xml(
+        seconds,
+        payload_type,
+        siprec,
+        hangup=hangup,
+        media_delay_ms=media_delay_ms,
+        via_proxy=via_proxy,
+        srtp=srtp,
+        **names,
+    )
     scenario.write_text(xml, encoding="latin-1")
     log_file = workdir / "sipp.log"
     log_file.unlink(missing_ok=True)
-    media_base = _free_udp_ports(4)
+    media_base = _free_udp_ports(4, host)
     process = await asyncio.create_subprocess_exec(
-        sipp_path(), "-sf", str(scenario), "-m", "1", "-l", "1", "-i", host, "-p", str(_free_udp_ports(1)),
+        sipp_path(), "-sf", str(scenario), "-m", "1", "-l", "1", "-i", host, "-p", str(_free_udp_ports(1, host)),
         "-mp", str(media_base), "-timeout", f"{int(timeout_s or seconds + 30)}s", "-timeout_error", "-nostdin",
         "-trace_err", "-error_file", str(workdir / "errors.log"), "-trace_logs", "-log_file", str(log_file),
-        *(["-cid_str", f"{call_tag}-%u-%p@%s"] if call_tag else []), f"{host}:{sip_port}",
+        *(["-cid_str", f"{call_tag}-%u-%p@%s"] if call_tag else []), f"{target_host or host}:{sip_port}",
         cwd=workdir, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     sender: asyncio.Task[None] | None = None
     if siprec:
         packets = rtp_packets(pcm if second_pcm is None else second_pcm, sample_rate, payload_type, ssrc=0x5678)
-        sender = asyncio.create_task(_stream_second_leg(log_file, host, packets, process))
+        sender = asyncio.create_task(_stream_leg(log_file, SECOND_LEG_MARK, host, packets, process))
+    elif srtp is not None:
+        protector = SrtpSender(SrtpKeys(srtp.suite, srtp_send_key or srtp.key))
+        packets = [protector.protect(p) for p in rtp_packets(pcm, sample_rate, payload_type)]
+        sender = asyncio.create_task(_stream_leg(log_file, FIRST_LEG_MARK, host, packets, process))
     try:
         _, stderr = await process.communicate()
     except asyncio.CancelledError:
@@ -256,7 +345,8 @@ async def place_call(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate:
     error_log = workdir / "errors.log"
     if error_log.exists():
         errors += error_log.read_text(errors="replace")
-    return CallResult(process.returncode or 0, errors[-4000:])
+    answered = log_file.exists() and ANSWERED_MARK in log_file.read_text(errors="replace")
+    return CallResult(process.returncode or 0, errors[-4000:], answered)
 
 
 async def place_calls(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate: int, count: int, *,
@@ -272,7 +362,7 @@ async def place_calls(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate
     scenario.write_text(scenario_xml(seconds, payload_type), encoding="latin-1")
     process = await asyncio.create_subprocess_exec(
         sipp_path(), "-sf", str(scenario), "-m", str(count), "-l", str(count), "-r", str(rate_per_s),
-        "-i", host, "-p", str(_free_udp_ports(1)), "-mp", str(_free_udp_ports(4)),
+        "-i", host, "-p", str(_free_udp_ports(1, host)), "-mp", str(_free_udp_ports(4, host)),
         "-timeout", f"{int(seconds + 30 + count / rate_per_s)}s", "-timeout_error", "-nostdin",
         "-trace_err", "-error_file", str(workdir / "errors.log"), "-cid_str", f"{call_tag}-%u-%p@%s",
         f"{host}:{sip_port}",
@@ -292,15 +382,15 @@ async def place_calls(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate
     return CallResult(process.returncode or 0, errors[-4000:])
 
 
-async def _stream_second_leg(
-    log_file: Path, host: str, packets: list[bytes], process: asyncio.subprocess.Process
+async def _stream_leg(
+    log_file: Path, mark: str, host: str, packets: list[bytes], process: asyncio.subprocess.Process
 ) -> None:
-    """Wait for sipp to log the second m-line's port, then send ``packets`` to it in real time."""
+    """Wait for sipp to log an m-line's port after ``mark``, then send ``packets`` to it in real time."""
     port = None
     while port is None and process.returncode is None:
         await asyncio.sleep(0.01)
         text = log_file.read_text(errors="replace") if log_file.exists() else ""
-        found = re.search(SECOND_LEG_MARK + r" (\d+)", text)
+        found = re.search(mark + r" (\d+)", text)
         port = int(found.group(1)) if found else None
     if port is None or port == 0:
         return
@@ -314,22 +404,23 @@ async def _stream_second_leg(
             sock.sendto(packet, (host, port))
 
 
-def _free_udp_ports(count: int) -> int:
-    """The first of ``count`` consecutive free loopback UDP ports (even when count > 1)."""
+def _free_udp_ports(count: int, host: str = "127.0.0.1") -> int:
+    """The first of ``count`` consecutive UDP ports free on ``host`` (even when count > 1): probed on
+    that very address, since a port taken on 127.0.0.100 is still free on 127.0.0.1."""
     for _ in range(100):
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.bind(("127.0.0.1", 0))
+            probe.bind((host, 0))
             base = probe.getsockname()[1] & (~1 if count > 1 else ~0)
         sockets: list[socket.socket] = []
         try:
             for offset in range(count):
                 sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
                 sockets.append(sock)
-                sock.bind(("127.0.0.1", base + offset))
+                sock.bind((host, base + offset))
         except OSError:
             continue
         finally:
             for sock in sockets:
                 sock.close()
         return base
-    raise RuntimeError(f"no {count} free consecutive UDP ports on loopback")
+    raise RuntimeError(f"no {count} free consecutive UDP ports on {host}")

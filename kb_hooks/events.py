@@ -16,10 +16,12 @@ from functools import cache
 from importlib import resources
 from typing import Any, Literal
 
-from kb_hooks.types import CallContext, Participant
+from kb_hooks.types import CallContext, Participant, RedactionMode
 
 SCHEMA_VERSION = "1"
-EventType = Literal["call.started", "transcript.partial", "transcript.final", "kb.suggestion", "tags", "call.ended"]
+EventType = Literal[
+    "call.started", "transcript.partial", "transcript.final", "kb.suggestion", "tags", "call.ended", "dtmf"
+]
 EVENT_TYPES: tuple[EventType, ...] = (
     "call.started",
     "transcript.partial",
@@ -27,6 +29,7 @@ EVENT_TYPES: tuple[EventType, ...] = (
     "kb.suggestion",
     "tags",
     "call.ended",
+    "dtmf",
 )
 Event = dict[str, Any]
 
@@ -64,6 +67,19 @@ def call_ended(ctx: CallContext, reason: str, stats: Mapping[str, Any] | None = 
     event = envelope("call.ended", ctx, None)
     event["reason"] = reason
     event["stats"] = dict(stats or {})
+    return event
+
+
+def dtmf(ctx: CallContext, participant: Participant, key: str, index: int, duration_ms: int) -> Event:
+    """One RFC 4733 key press of ``participant``. The key is published only where the call's
+    redaction is ``keep``: callers key in ID and card numbers, and a keyed hash of one of
+    sixteen keys would hide nothing, so ``hash`` masks like ``mask``."""
+    event = envelope("dtmf", ctx, participant)
+    shown = ctx.redaction is RedactionMode.KEEP
+    event["digit"] = key if shown else None
+    event["redacted"] = not shown
+    event["index"] = index
+    event["duration_ms"] = duration_ms
     return event
 
 

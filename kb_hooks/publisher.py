@@ -20,6 +20,15 @@ and publishes ``call.ended`` (reason ``node_restart``) for every call it shows a
 Kept whole (about 700 lines) on purpose: the intake, journal and sender tasks share one
 ordering state (the memory mirror, the journal read-back position, the batch in flight), and the
 per-call order guarantee is easiest to check when that state lives in one class.
+
+High availability. Sentinel: the client asks the sentinels for the master on every new
+connection; a dead master (connection error) or a demoted one (READONLY) fails the batch, which
+is retried on the new master. With ``wait_replicas`` > 0 (default 1 with a Sentinel URL) a
+batch leaves the journal only once ``WAIT`` says a replica has it; if the master dies before
+that, the sender rewinds to the last confirmed journal offset and sends everything after it
+again, and the event-id sets (replicated with the streams, in the same script) make what the
+new master already has a no-op. Cluster: the keys carry hash tags (``kb_hooks.keys``) and a
+batch becomes one script call per shard, each touching a single slot.
 """
 
 from __future__ import annotations
@@ -36,15 +45,26 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 import redis.asyncio as aioredis
+from redis.asyncio.sentinel import SentinelConnectionPool
+from redis.exceptions import (
+    ClusterDownError,
+    MovedError,
+    NoScriptError,
+    ReadOnlyError,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from asr_common.latency import MeasurementRing
+from asr_common.latency import LATENCY_BUCKETS_S, Histogram, MeasurementRing
 from kb_hooks import events as ev
 from kb_hooks.config import RedisSettings
-from kb_hooks.connection import make_client
+from kb_hooks.connection import make_client, shown
+from kb_hooks.keys import event_ids_key, firehose_key, live_channel, stream_key
 from kb_hooks.ledger import CHECKPOINT_KEY, NODE_RESTART, CallLedger
+from kb_hooks.replicas import MasterChanged, ReplicaConfirmations
 from kb_hooks.spool import Spool
 from kb_hooks.types import CallContext, Participant
 
@@ -55,6 +75,10 @@ RETRYABLE: tuple[type[BaseException], ...] = (
     RedisTimeoutError,
     ReadOnlyError,  # a replica after a Sentinel failover: reconnect to the new master
     NoScriptError,  # Redis restarted between SCRIPT LOAD and EVALSHA
+    ClusterDownError,  # Cluster: a master failed, its replica not yet promoted
+    TryAgainError,
+    SlotNotCoveredError,
+    MovedError,  # Cluster: redirects kept changing (slots moving); ask again later
     OSError,
     asyncio.TimeoutError,
 )
@@ -74,8 +98,10 @@ COUNTERS = (
     "inbox_full_dropped",
     "redis_errors",
     "reconnects",
+    "replica_ack_timeouts",
 )
 _ENDED_CALLS_REMEMBERED = 10_000
+_PROBE_INTERVAL_S = 0.5  # idle with an unconfirmed batch: look at the replicas' offsets this often
 _LATENCY_SAMPLES = 100_000
 
 # One call publishes a whole batch. KEYS: the call streams, firehoses and event-id sets of the
@@ -130,6 +156,12 @@ return out
 """
 
 
+def _no_replicas(exc: BaseException) -> bool:
+    """``NOREPLICAS``: a master with ``min-replicas-to-write`` that has lost its replicas (or a
+    master cut off from them in a failover) refuses writes; retry like a lost connection."""
+    return isinstance(exc, ResponseError) and "NOREPLICAS" in str(exc)
+
+
 @dataclass
 class _Item:
     event: dict[str, Any]
@@ -160,21 +192,7 @@ class _Item:
         return f'{head[:-1]}, "event": {self.payload()}}}'
 
 
-def stream_key(prefix: str, call_id: str) -> str:
-    return f"{prefix}:call:{call_id}"
-
-
-def firehose_key(prefix: str) -> str:
-    return f"{prefix}:events"
-
-
-def event_ids_key(prefix: str, call_id: str) -> str:
-    """The set of event_ids a call's stream has received (for replay de-duplication)."""
-    return f"{prefix}:call:{call_id}:ids"
-
-
-def live_channel(prefix: str, call_id: str | None = None) -> str:
-    return f"{prefix}:live" if call_id is None else f"{prefix}:live:{call_id}"
+__all__ = ["COUNTERS", "Publisher", "event_ids_key", "firehose_key", "live_channel", "percentile", "stream_key"]
 
 
 def percentile(samples: Iterable[float], q: float) -> float | None:
@@ -189,6 +207,7 @@ class Publisher:
 
     def __init__(self, settings: RedisSettings, client: aioredis.Redis | None = None) -> None:
         self.settings = settings
+        self._layout = settings.layout
         self._client = client
         self._own_client = client is None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -229,8 +248,11 @@ class Publisher:
         self.inbox_full_dropped = 0
         self.redis_errors = 0
         self.reconnects = 0
+        self.replica_ack_timeouts = 0
+        self._replicas = ReplicaConfirmations(settings.wait_replicas, settings.replica_ack_grace_s)
         self.ack_latency_s = MeasurementRing(_LATENCY_SAMPLES)
         self.audio_to_ack_s = MeasurementRing(_LATENCY_SAMPLES)
+        self.audio_to_ack_histogram = Histogram(LATENCY_BUCKETS_S)  # every one since start, for /metrics
 
     @property
     def partials_dropped(self) -> int:
@@ -530,28 +552,64 @@ class Publisher:
                 continue
             if not self._has_work():
                 self._work.clear()
-                await self._work.wait()
+                if self._replicas.pending is None:
+                    await self._work.wait()
+                else:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._work.wait(), _PROBE_INTERVAL_S)
+                    if not self._work.is_set() and not self._stopping:
+                        await self._probe_replicas()
                 continue
             batch, source, ack = await self._next_batch()
             try:
-                await self._send(batch)
-            except RETRYABLE as exc:
-                self._lost_connection(exc)
-                if source == "spool":
-                    self._send_offset = self._ack_offset  # read those records again
+                confirmed = await self._send(batch, ack)
+            except Exception as exc:
+                if not isinstance(exc, RETRYABLE) and not _no_replicas(exc):
+                    # a server-side script error or a bug: retrying would fail the same way
+                    self.rejected += len(batch)
+                    log.exception("redis rejected a batch of %d events; dropping it", len(batch))
+                    confirmed = True
                 else:
-                    self._retry = [i for i in batch if not i.best_effort]
-                    self._retry_ack = ack
-                    self._loop_partials_dropped += sum(i.best_effort for i in batch)
-                continue
-            except Exception:  # a server-side script error or a bug: retrying would fail the same way
-                self.rejected += len(batch)
-                log.exception("redis rejected a batch of %d events; dropping it", len(batch))
+                    self._lost_connection(exc)
+                    self._loop_partials_dropped += sum(i.best_effort for i in batch) if source != "spool" else 0
+                    durable = [i for i in batch if not i.best_effort]
+                    if source == "spool" or self._unconfirmed_before(durable):
+                        self._rewind(durable if source != "spool" else [])
+                    else:
+                        self._retry = durable
+                        self._retry_ack = ack
+                    continue
             if source == "spool":
                 self.replayed += len(batch)
             elif source == "retry":
                 self._retry = []
-            self._acknowledge(ack)
+            if confirmed or self._must_trim_unconfirmed():
+                self._acknowledge(ack)
+
+    def _unconfirmed_before(self, durable: list[_Item]) -> bool:
+        """Whether journal records before ``durable`` were sent but not confirmed by a replica."""
+        if self._ack_gen != self._journal_gen:
+            return False
+        first = durable[0].start if durable and durable[0].gen == self._journal_gen else self._send_offset
+        return self._ack_offset < first
+
+    def _rewind(self, durable: list[_Item]) -> None:
+        """After a lost connection: send again from the last confirmed journal offset (the old
+        master may have died before a replica had those records); ``durable`` (the failed batch)
+        goes back to the front of the memory mirror, and what lies before it is read back."""
+        self._retry, self._retry_ack = [], None
+        self._replicas.reset()
+        self._mirror.extendleft(reversed([i for i in durable if i.gen == self._journal_gen]))
+        self._send_offset = self._ack_offset
+
+    def _must_trim_unconfirmed(self) -> bool:
+        """No replica confirms (none connected, or lagging): trim the journal anyway once half
+        of it is waiting, rather than fill it and refuse new events."""
+        if self.spool_pending_bytes() < self.settings.spool_max_bytes // 2:
+            return False
+        log.warning("no replica confirmed the last %d journal bytes; trimming the journal without it",
+                    self.spool_pending_bytes())  # fmt: skip
+        return True
 
     def _acknowledge(self, ack: tuple[int, int] | None) -> None:
         """Redis has the journal records up to ``ack`` = (generation, offset)."""
@@ -570,16 +628,18 @@ class Publisher:
         try:
             await asyncio.wait_for(self._client.ping(), self.settings.connect_timeout_s + self.settings.op_timeout_s)
             for group in self.settings.firehose_groups:
-                with contextlib.suppress(ResponseError):  # BUSYGROUP: exists already
-                    await self._client.xgroup_create(firehose_key(self.settings.key_prefix), group, "0", mkstream=True)
+                for key in self._layout.firehoses(self.settings.key_prefix):
+                    with contextlib.suppress(ResponseError):  # BUSYGROUP: exists already
+                        await self._client.xgroup_create(key, group, "0", mkstream=True)
         except RETRYABLE as exc:
             self.redis_errors += 1
-            log.warning("redis %s unreachable: %s", self.settings.url.split("@")[-1], exc)
+            log.warning("redis %s unreachable: %s", shown(self.settings.url), exc)
             return False
         if self.reconnects or self._has_work():
             log.info("redis connection up")
         self.reconnects += 1
         self.connected = True
+        self._replicas.reset()
         return True
 
     def _lost_connection(self, exc: BaseException) -> None:
@@ -631,13 +691,15 @@ class Publisher:
             log.error("skipping a corrupt spool record: %.200s", line)
             return None
 
-    async def _send(self, batch: list[_Item]) -> None:
-        """One EVALSHA for the whole batch (the Script object reloads it after a Redis restart)."""
+    async def _send(self, batch: list[_Item], ack: tuple[int, int] | None = None) -> bool:
+        """One EVALSHA per slot group (the whole batch on a single Redis; one per shard on a
+        Cluster), then ``WAIT`` when replicas must confirm. Returns whether they did (or none
+        had to); the Script object reloads the script after a Redis restart."""
         assert self._client is not None
         s = self.settings
-        keys: dict[str, int] = {}
-        args: list[str | int] = [s.stream_maxlen, s.firehose_maxlen, s.orphan_ttl_s]
-        for item in batch:
+        groups: dict[str, tuple[dict[str, int], list[str | int], list[int]]] = {}  # keys, argv, batch indexes
+        sent: list[int] = []
+        for index, item in enumerate(batch):
             call_id = str(item.event["call_id"])
             kind = str(item.event["event_type"])
             if item.partial and not s.partials_to_stream:
@@ -646,17 +708,80 @@ class Publisher:
                 mode = "s" if s.partials_to_pubsub or not item.partial else "n"
             if mode == "-":
                 continue
-            call_key = keys.setdefault(stream_key(item.prefix, call_id), len(keys) + 1)
-            fire_key = keys.setdefault(firehose_key(item.prefix), len(keys) + 1)
-            ids_key = 0 if item.partial else keys.setdefault(event_ids_key(item.prefix, call_id), len(keys) + 1)
+            fire = self._layout.firehose_of(item.prefix, call_id)
+            group = fire if self._layout.shards else ""  # Cluster: one slot per script call
+            keys, args, members = groups.setdefault(
+                group, ({}, [s.stream_maxlen, s.firehose_maxlen, s.orphan_ttl_s], [])
+            )
+            call_key = keys.setdefault(self._layout.call_stream(item.prefix, call_id), len(keys) + 1)
+            fire_key = keys.setdefault(fire, len(keys) + 1)
+            ids_key = (
+                0 if item.partial else keys.setdefault(self._layout.event_ids(item.prefix, call_id), len(keys) + 1)
+            )
             args += [mode, call_key, fire_key, ids_key, str(item.event["event_id"]), item.stream_id,
                      item.payload(), kind,
                      s.call_ttl_s if kind == "call.ended" else 0,
                      live_channel(item.prefix, call_id), live_channel(item.prefix), call_id]  # fmt: skip
-        results: list[Any] = []
-        if keys:
-            results = await asyncio.wait_for(self._script(keys=list(keys), args=args), s.op_timeout_s * 2)
-        self._account(batch, results)
+            members.append(index)
+            sent.append(index)
+        outcome: dict[int, Any] = {}
+        confirmed = True
+        for keys, args, members in groups.values():
+            results, acked = await asyncio.wait_for(self._call_script(list(keys), args, ack), s.op_timeout_s * 2)
+            confirmed = confirmed and acked
+            outcome.update(zip(members, results, strict=True))
+        self._account(batch, [outcome[i] for i in sent])
+        return confirmed
+
+    async def _call_script(
+        self, keys: list[str], args: list[str | int], ack: tuple[int, int] | None
+    ) -> tuple[list[Any], bool]:
+        """The script, and with ``wait_replicas`` a ``WAIT`` and ``INFO replication`` on the same connection
+        (a pipeline); the script's results and whether the batch counts as confirmed
+        (``kb_hooks.replicas``)."""
+        assert self._client is not None
+        if not self.settings.wait_replicas:
+            return await self._script(keys=keys, args=args), True
+        wanted = self._replicas.wanted()
+        pipe = self._client.pipeline(transaction=False)
+        await self._script(keys=keys, args=args, client=pipe)
+        if wanted:
+            pipe.wait(wanted, self.settings.replica_ack_timeout_ms)
+        pipe.info("replication")
+        replies = await pipe.execute()
+        acked = int(replies[1]) if wanted else 0
+        if wanted and acked < wanted:
+            self.replica_ack_timeouts += 1
+        confirmed = self._replicas.after_batch(wanted, acked, replies[-1], ack)
+        if not confirmed:
+            await self._check_sentinels()
+        return replies[0], confirmed
+
+    async def _check_sentinels(self) -> None:
+        """A master without enough replicas may be one the sentinels have just replaced (they
+        demote it only seconds later): ask them, and on a new master raise ``MasterChanged`` (the
+        pool drops its idle connections, so the next ones go to the new master)."""
+        pool = getattr(self._client, "connection_pool", None)
+        if not isinstance(pool, SentinelConnectionPool) or pool.master_address is None:
+            return
+        before = pool.master_address
+        if await pool.get_master_address() != before:
+            self._replicas.reset()
+            raise MasterChanged(f"the sentinels name a new master instead of {before[0]}:{before[1]}")
+
+    async def _probe_replicas(self) -> None:
+        """Idle with a batch no replica has confirmed yet: look at INFO again (replicas report
+        their offset every second) and acknowledge the journal once it is confirmed."""
+        assert self._client is not None
+        try:
+            info = await asyncio.wait_for(self._client.info("replication"), self.settings.op_timeout_s * 2)
+            confirmed = self._replicas.probe(info)
+            if confirmed is None:
+                await asyncio.wait_for(self._check_sentinels(), self.settings.op_timeout_s * 2)
+            self._acknowledge(confirmed)
+        except RETRYABLE as exc:
+            self._lost_connection(exc)
+            self._rewind([])
 
     def _account(self, batch: list[_Item], results: list[Any]) -> None:
         now = time.monotonic()
@@ -675,6 +800,7 @@ class Publisher:
             self.ack_latency_s.append(now - item.submitted)
             if item.audio_end is not None:
                 self.audio_to_ack_s.append(now - item.audio_end)
+                self.audio_to_ack_histogram.observe(now - item.audio_end)
 
     # ---- observability ------------------------------------------------------------------
 

@@ -3,6 +3,8 @@
 Finals, KB suggestions, tags and call events come from the firehose (or one call's stream)
 with ``XREAD BLOCK``, so a restarted tail can resume with ``--from-id``; partials come from
 pub/sub. In a terminal a partial is rewritten in place (``\\r``) until its final replaces it.
+With a ``redis+cluster://`` URL the firehose is ``--shards`` streams (``kb_hooks.keys``), each
+read on its own; ``--from-id`` then applies to every shard (stream ids are times).
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from typing import Any, TextIO
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from kb_hooks.connection import make_client
-from kb_hooks.publisher import firehose_key, live_channel, stream_key
+from kb_hooks.config import RedisSettings
+from kb_hooks.connection import make_client, shown, url_kind
+from kb_hooks.keys import KeyLayout, live_channel
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 _BLOCK_MS = 500
@@ -36,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="Redis URL (default: $ASR_REDIS_URL or %(default)s)")  # fmt: skip
     parser.add_argument("--prefix", default="asr", help="key prefix of the service (default: %(default)s)")
     parser.add_argument("--call", metavar="ID", help="only this call (reads its stream)")
+    shards = RedisSettings.model_fields["firehose_shards"].default
+    parser.add_argument("--shards", type=int, metavar="N", default=shards,
+                        help="firehose shards with a redis+cluster:// URL (default %(default)s)")  # fmt: skip
     start = parser.add_mutually_exclusive_group()
     start.add_argument("--from-start", action="store_true", help="print what the stream already holds first")
     start.add_argument("--from-id", metavar="STREAM_ID", help="resume after this stream entry id")
@@ -143,17 +149,25 @@ async def _read_partials(client: aioredis.Redis, channel: str, queue: asyncio.Qu
 
 
 async def _tail(args: argparse.Namespace, out: TextIO) -> int:
-    client = make_client(args.redis, 2.0, _BLOCK_MS / 1000 + 5.0)
-    key = stream_key(args.prefix, args.call) if args.call else firehose_key(args.prefix)
+    try:
+        layout = KeyLayout(args.shards if url_kind(args.redis) == "cluster" else 0)
+        client = make_client(args.redis, 2.0, _BLOCK_MS / 1000 + 5.0)
+    except ValueError as exc:
+        print(f"asr-gateway tail: {exc}", file=sys.stderr)
+        return 2
+    keys = [layout.call_stream(args.prefix, args.call)] if args.call else layout.firehoses(args.prefix)
     printer = Printer(out, args.json, out.isatty())
     queue: asyncio.Queue[tuple[dict[str, Any], str | None]] = asyncio.Queue(maxsize=1000)
     tasks: list[asyncio.Task[None]] = []
+    readers = 0
     seen: deque[str] = deque(maxlen=_SEEN_IDS)
     stop = asyncio.Event()
     printed = 0
     try:
-        start = await _start_id(client, key, args)
-        tasks.append(asyncio.create_task(_read_stream(client, key, start, queue, stop)))
+        for key in keys:
+            start = await _start_id(client, key, args)
+            tasks.append(asyncio.create_task(_read_stream(client, key, start, queue, stop)))
+        readers = len(tasks)
         if not args.no_partials:
             tasks.append(asyncio.create_task(_read_partials(client, live_channel(args.prefix, args.call), queue)))
         deadline = None if args.timeout is None else asyncio.get_running_loop().time() + args.timeout
@@ -175,15 +189,16 @@ async def _tail(args: argparse.Namespace, out: TextIO) -> int:
             printer.show(event, stream_id)
             printed += 1
     except (RedisError, OSError) as exc:
-        print(f"asr-gateway tail: cannot read from {args.redis.split('@')[-1]}: {exc}", file=sys.stderr)
+        print(f"asr-gateway tail: cannot read from {shown(args.redis)}: {exc}", file=sys.stderr)
         return 2
     finally:
         stop.set()
-        for task in tasks[1:]:
+        for task in tasks[readers:]:
             task.cancel()
-        if tasks:
-            await asyncio.wait(tasks[:1], timeout=_BLOCK_MS / 1000 + 1.0)
-            tasks[0].cancel()  # still waiting on a full queue
+        if tasks[:readers]:
+            await asyncio.wait(tasks[:readers], timeout=_BLOCK_MS / 1000 + 1.0)
+            for task in tasks[:readers]:
+                task.cancel()  # still waiting on a full queue
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, RedisError, OSError):
                 await task

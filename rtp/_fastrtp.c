@@ -10,6 +10,10 @@
  * Before all that, each leg's source screen (`rtp.latch`, set by `screen()`) drops datagrams
  * from addresses the leg's policy refuses, armed or not, counting them: a stranger's packets
  * never reach Python, never disarm the leg.
+ * An SRTP leg (`set_srtp()`: libsrtp's `srtp_unprotect` and the leg's session, both from
+ * `rtp.srtp`) is taken the same way: a packet whose clear header continues the stream and
+ * whose size is the payload's plus the authentication tag is unprotected in place; one that
+ * fails (authentication, replay) is left as it was and goes to Python, which counts it.
  *
  * One `poll()` call is one epoll pass: each ready socket is read once, as the Python poller
  * does (the set is level-triggered; a socket with more data is reported again next pass).
@@ -37,6 +41,11 @@
 #define MAX_DATAGRAM 65536
 #define MAX_EVENTS 1024
 #define CLOCK_RATE 8000.0
+
+/* libsrtp 2's srtp_unprotect(srtp_t, void *packet, int *length): 0 when authentic and fresh,
+ * the packet then decrypted in place and *length less its tag; on failure the packet is
+ * untouched (the tag and replay checks come before decryption). */
+typedef int (*unprotect_fn)(void *session, void *packet, int *length);
 
 typedef struct {
     PyObject *owner; /* the leg: strong reference while registered */
@@ -70,6 +79,11 @@ typedef struct {
     uint16_t screen_port;
     unsigned long long foreign_address; /* since the last take */
     unsigned long long foreign_port;
+    /* SRTP: set by set_srtp(); `srtp_owner` keeps the session object (and so `srtp_session`) alive */
+    PyObject *srtp_owner;
+    void *srtp_session;
+    unprotect_fn unprotect;
+    uint32_t srtp_trailer; /* bytes after the payload: the authentication tag */
     unsigned char last_payload[MAX_FAST_PAYLOAD];
 } Leg;
 
@@ -104,6 +118,7 @@ static Leg *leg_or_error(Receiver *self, int fd) {
 
 static void free_leg(Leg *leg) {
     Py_XDECREF(leg->owner);
+    Py_XDECREF(leg->srtp_owner);
     PyMem_Free(leg->batch);
     PyMem_Free(leg);
 }
@@ -129,6 +144,7 @@ static int Receiver_traverse(Receiver *self, visitproc visit, void *arg) {
     for (int fd = 0; fd < self->capacity; fd++) {
         if (self->legs[fd] != NULL) {
             Py_VISIT(self->legs[fd]->owner);
+            Py_VISIT(self->legs[fd]->srtp_owner);
         }
     }
     return 0;
@@ -251,6 +267,42 @@ static PyObject *Receiver_arm(Receiver *self, PyObject *args) {
     leg->batch_start = queued < 0 ? 0 : queued;
     leg->armed = 1;
     Py_RETURN_TRUE;
+}
+
+/* set_srtp(fd, owner or None, session, unprotect, trailer): unprotect the leg's packets with
+ * `unprotect` (the address of libsrtp's srtp_unprotect) on `session` (an srtp_t), both kept
+ * valid by `owner`; `trailer` is the tag's length. None: plain RTP. Disarms the leg. */
+static PyObject *Receiver_set_srtp(Receiver *self, PyObject *args) {
+    int fd;
+    PyObject *owner;
+    unsigned long long session, unprotect;
+    unsigned int trailer;
+    if (!PyArg_ParseTuple(args, "iOKKI", &fd, &owner, &session, &unprotect, &trailer)) {
+        return NULL;
+    }
+    Leg *leg = leg_or_error(self, fd);
+    if (leg == NULL) {
+        return NULL;
+    }
+    int plain = owner == Py_None;
+    if (!plain && (session == 0 || unprotect == 0 || trailer > MAX_FAST_PAYLOAD)) {
+        PyErr_SetString(PyExc_ValueError, "set_srtp needs a session, an unprotect function and a tag length");
+        return NULL;
+    }
+    leg->armed = 0;
+    Py_XDECREF(leg->srtp_owner);
+    leg->srtp_owner = NULL;
+    leg->srtp_session = NULL;
+    leg->unprotect = NULL;
+    leg->srtp_trailer = 0;
+    if (!plain) {
+        Py_INCREF(owner);
+        leg->srtp_owner = owner;
+        leg->srtp_session = (void *)(uintptr_t)session;
+        leg->unprotect = (unprotect_fn)(uintptr_t)unprotect;
+        leg->srtp_trailer = trailer;
+    }
+    Py_RETURN_NONE;
 }
 
 /* screen(fd, address or None, port): drop datagrams unless from `address` (packed, 4 or 16
@@ -387,10 +439,10 @@ static PyObject *address_tuple(const struct sockaddr_storage *source) {
     return Py_BuildValue("(sH)", host, ntohs(in4->sin_port));
 }
 
-/* Take one datagram into the armed leg's batch if it continues the stream; 1 if taken. */
-static int take_in_order(Leg *leg, const unsigned char *data, Py_ssize_t size,
-                         const struct sockaddr_storage *source) {
-    if (!leg->armed || size != HEADER_BYTES + (Py_ssize_t)leg->payload_bytes || data[0] != 0x80 ||
+/* Take one datagram into the armed leg's batch if it continues the stream; 1 if taken. An
+ * SRTP leg's datagram is unprotected in place first (left as it was when that fails). */
+static int take_in_order(Leg *leg, unsigned char *data, Py_ssize_t size, const struct sockaddr_storage *source) {
+    if (!leg->armed || size != HEADER_BYTES + (Py_ssize_t)leg->payload_bytes + leg->srtp_trailer || data[0] != 0x80 ||
         (data[1] & 0x7F) != leg->payload_type) {
         return 0;
     }
@@ -400,6 +452,13 @@ static int take_in_order(Leg *leg, const unsigned char *data, Py_ssize_t size,
     if (seq != leg->next_seq || timestamp != leg->next_timestamp || ssrc != leg->ssrc ||
         !source_matches(leg, source)) {
         return 0;
+    }
+    if (leg->unprotect != NULL) {
+        int length = (int)size;
+        if (leg->unprotect(leg->srtp_session, data, &length) != 0 || length != HEADER_BYTES + (int)leg->payload_bytes) {
+            return 0;
+        }
+        size = length;
     }
     double now = monotonic_seconds();
     double transit_change = (now - leg->jitter_arrival) * CLOCK_RATE - (double)(int32_t)(timestamp - leg->jitter_timestamp);
@@ -506,6 +565,7 @@ static PyMethodDef Receiver_methods[] = {
     {"unregister", (PyCFunction)Receiver_unregister, METH_VARARGS, "unregister(fd)"},
     {"arm", (PyCFunction)Receiver_arm, METH_VARARGS, "arm(fd, ...) -> bool"},
     {"screen", (PyCFunction)Receiver_screen, METH_VARARGS, "screen(fd, address or None, port)"},
+    {"set_srtp", (PyCFunction)Receiver_set_srtp, METH_VARARGS, "set_srtp(fd, owner, session, unprotect, trailer)"},
     {"take", (PyCFunction)Receiver_take, METH_VARARGS, "take(fd, disarm) -> tuple"},
     {"poll", (PyCFunction)Receiver_poll, METH_NOARGS, "poll() -> (batches, slow, others, events)"},
     {NULL, NULL, 0, NULL},

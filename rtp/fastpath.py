@@ -11,6 +11,10 @@ here; the leg applies what comes back to its own reorder buffer and counters.
 The receiver also applies the leg's source policy (`rtp.latch`) to every datagram, armed or
 not: one from an address the policy refuses is counted and dropped in C, without a Python
 object and without disarming the leg (`FastPath.screen`).
+
+For an SRTP leg the receiver also gets the leg's libsrtp session (`FastPath.set_srtp`) and
+unprotects the in-order packets in place before taking them; a packet that fails goes to the
+leg's Python handler, which counts it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 from typing import Any
+
+from rtp.srtp import SrtpReceiver
 
 Address = tuple[Any, ...]
 
@@ -59,6 +65,20 @@ class FastPath:
     def attach(self, receiver: Any, fd: int) -> None:
         """Use `receiver` (the poller's `rtp._fastrtp.Receiver`) for the RTP socket `fd`."""
         self._receiver, self._fd = receiver, fd
+
+    def set_srtp(self, receiver: SrtpReceiver | None) -> bool:
+        """Let the C receiver unprotect the leg's in-order SRTP packets with `receiver`'s session
+        (None: plain RTP); disarms. Whether the leg may arm the C path from now on: False for
+        SRTP the C receiver cannot unprotect (an older build, an MKI)."""
+        self.armed = False
+        set_srtp = getattr(self._receiver, "set_srtp", None)
+        native = receiver.native() if receiver is not None else None
+        if set_srtp is not None:
+            if native is None:
+                set_srtp(self._fd, None, 0, 0, 0)
+            else:
+                set_srtp(self._fd, *native)
+        return receiver is None or (set_srtp is not None and native is not None)
 
     def detach(self) -> None:
         """The socket left the receiver (the leg closed): nothing more to arm or take."""

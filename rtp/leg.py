@@ -1,10 +1,16 @@
 """One call leg's RTP receiver: UDP sockets (RTP on an even port, RTCP on the next) feeding
-parse -> reorder buffer -> G.711 decode -> 8->16 kHz resample -> sink.
+parse -> reorder buffer -> G.711 decode -> 8->16 kHz resample -> sink, or for G.722
+parse -> reorder buffer -> G.722 decode at 16 kHz -> sink (no 8 kHz step; a model at 8 kHz
+gets it resampled down). RFC 4733 telephone-events are counted and read as digits
+(`rtp.dtmf`), never decoded as audio.
 
 All protocol work is in the sans-IO modules (`packet`, `jitter`, `g711`, `resample`); this
 module adds the sockets (read by the event loop's shared `rtp.poller.DatagramPoller`), source
 latching, RFC 3550 jitter, RTCP BYE and the inactivity timer; handing in-order packets to the
-optional C receive path and taking its state back is `rtp.fastpath`.
+optional C receive path and taking its state back is `rtp.fastpath`. An SRTP leg (`set_srtp`)
+unprotects each admitted datagram (`rtp.srtp`) before parsing it; the C path, when built,
+unprotects the in-order ones itself with the same libsrtp session. A plain leg pays one
+attribute test per packet that leaves the C path.
 Malformed packets are counted in `stats.bad_packets` and dropped; nothing a peer sends can
 raise out of the datagram handlers.
 Kept whole (just over 500 lines): the datagram handlers, latching and the inactivity timer
@@ -22,15 +28,19 @@ from typing import Any
 
 import numpy as np
 
+from rtp.dtmf import KeyPress, TelephoneEvents
 from rtp.fastpath import FastPath
 from rtp.g711 import DECODE_TABLES
+from rtp.g722 import SAMPLE_RATE as WIDEBAND_RATE
+from rtp.g722 import SAMPLES_PER_TICK, G722Decoder
 from rtp.jitter import Frame, FrameKind, LossFill, PacketKind, ReorderBuffer
 from rtp.latch import DropReason, LatchMode, SourcePolicy
 from rtp.packet import RTP_HEADER_LENGTH, RtpPacket, is_rtcp, parse_rtcp
 from rtp.poller import DatagramPoller
 from rtp.resample import PassThroughStream, SharedUpsampler, SoxrStream, UpsamplerStream
 from rtp.seq import timestamp_diff
-from rtp.sink import PcmSink
+from rtp.sink import DtmfSink, PcmSink
+from rtp.srtp import SrtpKeys, SrtpReceiver
 from rtp.stats import LegStats
 
 CLOCK_RATE_HZ = 8000
@@ -123,6 +133,12 @@ class RtpLeg:
     and in the C receive path alike. Until the address is known every mode acts like "first";
     a re-INVITE that changes it (`set_expected_remote`) releases the latch. RTCP is taken from
     the signalled IP, or in "first"-like operation from the latched or signalled host.
+
+    `srtp` (or `set_srtp` later): the SDES keys of an SRTP stream. Each datagram the source
+    rule admits is unprotected (`rtp.srtp`) before it is parsed, SRTCP too (also on the RTP
+    port); one failing authentication or the replay check is counted in `stats.srtp_*` and
+    dropped. The C receive path unprotects in-order packets with the same libsrtp session
+    (not with an MKI, whose packets all take the Python path).
     """
 
     def __init__(
@@ -141,8 +157,15 @@ class RtpLeg:
         fast_path: bool = True,
         expected_remote: tuple[str, int] | None = None,
         latch: LatchMode | str = LatchMode.ADDRESS,
+        srtp: SrtpKeys | None = None,
     ) -> None:
         self._stats = LegStats()
+        self._srtp_keys: SrtpKeys | None = None
+        self._srtp: SrtpReceiver | None = None
+        if srtp is not None:
+            self._srtp_keys, self._srtp = srtp, SrtpReceiver(srtp, self._stats)
+        # whether the C path may be armed: always for plain RTP; for SRTP when it unprotects too
+        self._fast_armable = srtp is None
         # The C receive path (`rtp._fastrtp`, through the poller) when built and `fast_path`;
         # `self._fast.armed` while it takes this leg's in-order packets (`rtp.fastpath`).
         self._use_fast = fast_path
@@ -168,6 +191,15 @@ class RtpLeg:
         self._kinds: dict[int, PacketKind] = {}
         self._tables: dict[int, np.ndarray] = {}
         self._telephone_events: set[int] = set()
+        self._key_presses = TelephoneEvents(CLOCK_RATE_HZ)
+        # G.722: payload types, the stream's decoder (made at its first packet), decoded 16 kHz
+        # PCM waiting for a batch and its length in ticks; `_narrow` for a model at 8 kHz.
+        self._wideband: set[int] = set()
+        self._wide_decoder: G722Decoder | None = None
+        self._wide_pcm: list[np.ndarray] = []
+        self._wide_ticks = 0
+        self._narrow = resampler == "none"
+        self._downsampler: SoxrStream | None = None
         self.set_payload_types(payload_types)
         self._policy = SourcePolicy(latch)
         self._policy.set_signalled(expected_remote)
@@ -227,6 +259,7 @@ class RtpLeg:
         if self._poller.add(rtp, self.handle_rtp, owner=self if self._use_fast else None, batch_bytes=batch_bytes):
             self._fast.attach(self._poller.fast, rtp.fileno())
             self._fast.screen(self._policy.screen_filter())
+            self._fast_armable = self._fast.set_srtp(self._srtp)
         self._poller.add(rtcp, self.handle_rtcp)
         self._sockets = (rtp, rtcp)
         self._last_seen = time.monotonic()
@@ -239,16 +272,21 @@ class RtpLeg:
         kinds: dict[int, PacketKind] = {}
         tables: dict[int, np.ndarray] = {}
         events: set[int] = set()
+        wideband: set[int] = set()
         for number, name in payload_types.items():
             encoding = name.upper()
             if encoding in DECODE_TABLES:
                 kinds[number] = PacketKind.AUDIO
                 tables[number] = DECODE_TABLES[encoding]
+            elif encoding == "G722":
+                kinds[number] = PacketKind.AUDIO
+                wideband.add(number)
             elif encoding == "CN":
                 kinds[number] = PacketKind.COMFORT_NOISE
             elif encoding == "TELEPHONE-EVENT":
                 events.add(number)
         self._kinds, self._tables, self._telephone_events = kinds, tables, events
+        self._wideband = wideband
 
     def set_expected_remote(self, address: tuple[str, int] | None) -> None:
         """The peer's SDP connection address and port (offer, answer or re-INVITE); see the
@@ -266,6 +304,17 @@ class RtpLeg:
             self._take_fast(disarm=True)
         self._policy.set_mode(mode)
         self._fast.screen(self._policy.screen_filter())
+
+    def set_srtp(self, keys: SrtpKeys | None) -> None:
+        """Unprotect with `keys` from now on (SDP with SDES keys, or a re-INVITE that changes
+        them); None: plain RTP. The same keys again keep the session and its replay window."""
+        if keys == self._srtp_keys:
+            return
+        if self._fast.armed:
+            self._take_fast(disarm=True)
+        self._srtp_keys = keys
+        self._srtp = SrtpReceiver(keys, self._stats) if keys is not None else None
+        self._fast_armable = self._fast.set_srtp(self._srtp) if self._fast.available else keys is None
 
     def set_hold(self, on_hold: bool) -> None:
         """inactive/sendonly media suspends the inactivity timeout; resuming restarts it."""
@@ -289,6 +338,15 @@ class RtpLeg:
                 return
         if self._fast.armed:  # a packet that bypassed the C path: take over its state first
             self._take_fast(disarm=True)
+        srtp = self._srtp
+        if srtp is not None:
+            if len(data) > 1 and _RTCP_SECOND_BYTE_MIN <= data[1] <= _RTCP_SECOND_BYTE_MAX:
+                self.handle_rtcp(data, addr)
+                return
+            unprotected = srtp.unprotect(data)
+            if unprotected is None:
+                return
+            data = unprotected
         if len(data) >= RTP_HEADER_LENGTH and data[0] == _PLAIN_RTP_FIRST_BYTE:
             _, second, sequence_number, timestamp, ssrc = _RTP_HEADER.unpack_from(data)
             if _RTCP_SECOND_BYTE_MIN <= second <= _RTCP_SECOND_BYTE_MAX:
@@ -340,7 +398,7 @@ class RtpLeg:
                 self._queued_samples += len(payload)
                 if self._queued_samples >= self._batch_samples:
                     self._resample_queued()
-                if self._fast.available:
+                if self._fast.available and self._fast_armable:
                     self._arm(payload_type, addr)
                 return
             kind = PacketKind.AUDIO
@@ -350,7 +408,8 @@ class RtpLeg:
                 stats.comfort_noise_packets += 1
             elif payload_type in self._telephone_events:
                 stats.telephone_event_packets += 1
-            else:
+                self._key_pressed(ssrc, timestamp, payload)
+            elif kind is PacketKind.SKIP:
                 stats.unknown_payload_packets += 1
         frames = self._buffer.push(sequence_number, timestamp, ssrc, payload_type, payload, kind)
         if frames:
@@ -363,6 +422,11 @@ class RtpLeg:
         if not self._policy.admit_rtcp(addr):
             self._stats.foreign_packets += 1
             return
+        if self._srtp is not None:
+            unprotected = self._srtp.unprotect_rtcp(data)
+            if unprotected is None:
+                return
+            data = unprotected
         try:
             packets = parse_rtcp(data)
         except ValueError:
@@ -388,8 +452,14 @@ class RtpLeg:
             self._take_fast(disarm=self._fast.armed)
             self._fast.detach()
         self._deliver(self._buffer.flush())
+        last_press = self._key_presses.flush()
+        if last_press is not None:
+            self._report_presses([last_press])
         self._resample_queued()
         self._upsampler.flush()
+        self._emit_wideband()
+        if self._downsampler is not None:
+            self._downsampler.flush()
         self._sink.input_finished()
         for sock in self._sockets:
             if self._poller is not None:
@@ -441,6 +511,18 @@ class RtpLeg:
             self._raw.append(taken.pending)
             self._queued_samples += len(taken.pending)
 
+    def _key_pressed(self, ssrc: int, timestamp: int, payload: bytes) -> None:
+        """A telephone-event packet: read it as a key press (never as audio)."""
+        presses = self._key_presses.feed(ssrc, timestamp, payload)
+        if presses:
+            self._report_presses(presses)
+
+    def _report_presses(self, presses: list[KeyPress]) -> None:
+        self._stats.dtmf_events += len(presses)
+        if isinstance(self._sink, DtmfSink):
+            for press in presses:
+                self._sink.dtmf(press)
+
     def _drop(self, reason: DropReason) -> None:
         """Count a datagram the source policy refused (`LegStats.foreign_*`)."""
         stats = self._stats
@@ -452,8 +534,13 @@ class RtpLeg:
 
     def _deliver(self, frames: list[Frame]) -> None:
         """Queue the frames' audio (G.711 bytes, or silence for SILENCE frames and payload types
-        no longer known) and resample once a batch is full."""
+        no longer known) and resample once a batch is full; G.722 frames are decoded at 16 kHz."""
         for frame in frames:
+            if frame.payload_type in self._wideband:
+                self._queue_wideband(frame)
+                continue
+            if self._wide_pcm:
+                self._emit_wideband()
             table = self._tables.get(frame.payload_type) if frame.kind is not FrameKind.SILENCE else None
             if table is None:
                 self._decode_raw()
@@ -467,6 +554,36 @@ class RtpLeg:
             self._queued_samples += len(frame.payload)
         if self._queued_samples >= self._batch_samples:
             self._resample_queued()
+        if self._wide_ticks >= self._batch_samples:
+            self._emit_wideband()
+
+    def _queue_wideband(self, frame: Frame) -> None:
+        """Decode one G.722 frame (audio, a repeat for a lost packet, or silence) at 16 kHz.
+        Narrowband audio queued before it goes to the resampler first."""
+        if self._raw or self._pcm:
+            self._resample_queued()
+        if frame.kind is FrameKind.SILENCE:
+            pcm = np.zeros(frame.samples * SAMPLES_PER_TICK, dtype=np.int16)
+        else:
+            if self._wide_decoder is None:
+                self._wide_decoder = G722Decoder()
+            pcm = self._wide_decoder.decode(frame.payload)
+        self._wide_pcm.append(pcm)
+        self._wide_ticks += frame.samples
+
+    def _emit_wideband(self) -> None:
+        """Hand the decoded 16 kHz audio to the sink (resampled to 8 kHz for a model at 8 kHz)."""
+        pieces = self._wide_pcm
+        if not pieces:
+            return
+        pcm = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        self._wide_pcm, self._wide_ticks = [], 0
+        if not self._narrow:
+            self._emit(pcm)
+            return
+        if self._downsampler is None:
+            self._downsampler = SoxrStream(self._emit, WIDEBAND_RATE, CLOCK_RATE_HZ)
+        self._downsampler.submit(pcm)
 
     def _decode_raw(self) -> None:
         """Decode the queued G.711 bytes with one table lookup (`take` is cheaper than indexing)."""

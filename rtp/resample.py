@@ -356,13 +356,14 @@ class Upsampler:
 
 class SoxrStream:
     """One leg's soxr HQ stream (fixed ratio) behind the `UpsamplerStream` interface: output
-    lags input by 63 ms on average and comes in soxr's blocks of ~60-120 ms."""
+    lags input by 63 ms on average and comes in soxr's blocks of ~60-120 ms. 8 -> 16 kHz by
+    default; a leg receiving G.722 for a model at 8 kHz uses one from 16 to 8 kHz."""
 
     __slots__ = ("_deliver", "_finished", "_stream")
 
-    def __init__(self, deliver: Deliver) -> None:
+    def __init__(self, deliver: Deliver, in_rate: int = TELEPHONE_RATE, out_rate: int = SAMPLE_RATE) -> None:
         self._deliver = deliver
-        self._stream = soxr.ResampleStream(TELEPHONE_RATE, SAMPLE_RATE, 1, dtype="int16", quality="HQ")
+        self._stream = soxr.ResampleStream(in_rate, out_rate, 1, dtype="int16", quality="HQ")
         self._finished = False
 
     def submit(self, samples: np.ndarray) -> None:

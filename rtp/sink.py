@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
+
+from rtp.dtmf import KeyPress
 
 
 class PcmSink(Protocol):
@@ -15,6 +17,14 @@ class PcmSink(Protocol):
         """No more audio will come; called exactly once per leg."""
 
 
+@runtime_checkable
+class DtmfSink(Protocol):
+    """A sink that also wants the leg's RFC 4733 key presses (the leg checks with isinstance)."""
+
+    def dtmf(self, press: KeyPress) -> None:
+        """One key press, called on the event loop. Must not block."""
+
+
 class CountingSink:
     """Counts what arrives; keeps the PCM itself only when `keep` is set (tests)."""
 
@@ -22,6 +32,7 @@ class CountingSink:
         self.samples = 0
         self.pieces = 0
         self.finished = 0
+        self.presses: list[KeyPress] = []
         self._keep = keep
         self._kept: list[np.ndarray] = []
 
@@ -33,6 +44,9 @@ class CountingSink:
 
     def input_finished(self) -> None:
         self.finished += 1
+
+    def dtmf(self, press: KeyPress) -> None:
+        self.presses.append(press)
 
     @property
     def pcm(self) -> np.ndarray:

@@ -12,6 +12,7 @@ class LegStats:
     `lost` counts sequence numbers declared missing (a late arrival afterwards also counts as
     `late`); `jitter_ms` is the RFC 3550 section 6.4.1 interarrival jitter estimate;
     `foreign_*` count datagrams dropped unread because of their source (`rtp.latch`);
+    `srtp_*` count packets of an SRTP leg dropped before parsing (`rtp.srtp`);
     `samples_out` counts 16 kHz samples handed to the sink; times are `time.monotonic()`.
     """
 
@@ -33,9 +34,13 @@ class LegStats:
     sequence_resets: int = 0
     comfort_noise_packets: int = 0
     telephone_event_packets: int = 0
+    dtmf_events: int = 0  # RFC 4733 key presses read from the telephone-event packets (`rtp.dtmf`)
     unknown_payload_packets: int = 0
     concealed_samples: int = 0
     rtcp_packets: int = 0
+    srtp_auth_failed: int = 0  # SRTP/SRTCP packets dropped: authentication failed (wrong key, tampering)
+    srtp_replayed: int = 0  # SRTP/SRTCP packets dropped by the replay check (repeated or too old)
+    srtp_bad: int = 0  # SRTP/SRTCP packets refused otherwise (too short, before the keys were known ...)
 
     def as_dict(self) -> dict[str, int | float | None]:
         return asdict(self)

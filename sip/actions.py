@@ -4,21 +4,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rtp.srtp import SrtpKeys
 from sip.app import CallInfo, LegInfo, PcmSink
 from sip.message import Address, Message
 
 
 @dataclass(frozen=True)
 class SendMessage:
+    """Send ``message`` to ``dest`` (for TCP/TLS: on the connection from or to that address).
+
+    ``target``: for a request we send in a dialog over TCP/TLS, where a new connection goes
+    when ``dest``'s has closed (RFC 3261 18.1.1): the next hop from the route set or the
+    remote target (``Call.next_hop``); None for responses, which only use ``dest``.
+    """
+
     message: Message
     dest: Address
+    target: Address | None = None
 
 
 @dataclass(frozen=True)
 class StartMedia:
     """Open an RTP leg on ``port`` feeding ``sink``; when it ends, call ``UasCore.media_ended``.
 
-    ``remote`` is the peer's RTP (address, port) from its SDP offer, None when it gave none.
+    ``remote`` is the peer's RTP (address, port) from its SDP offer, None when it gave none;
+    ``srtp`` the keys its SRTP is unprotected with, None for plain RTP.
     """
 
     call: CallInfo
@@ -28,6 +38,7 @@ class StartMedia:
     on_hold: bool
     sink: PcmSink
     remote: tuple[str, int] | None = None
+    srtp: SrtpKeys | None = None
 
 
 @dataclass(frozen=True)
@@ -37,6 +48,7 @@ class UpdateMedia:
     payload_types: dict[int, str]
     on_hold: bool
     remote: tuple[str, int] | None = None
+    srtp: SrtpKeys | None = None
 
 
 @dataclass(frozen=True)

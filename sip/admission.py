@@ -6,6 +6,11 @@ Budgets are per source IP so that one sender cannot shut out the others; trusted
 (``trusted_cidrs`` and the routes file's trunks) get ``trusted_budget_factor`` times as much
 and are exempt from the node-wide caps, which exist to bound memory against everyone else.
 
+Behind a SIP proxy (``trusted_proxies``, e.g. Kamailio's dispatcher) every request seems to come
+from the proxy; the proxy states the caller's address in ``source_header`` and ``origin`` takes
+it from there, for the ACL, the INVITE rate and routing. The header is believed from a trusted
+proxy only; from anyone else it is ignored (the UAS counts and logs it at debug level).
+
 Sans-IO like the rest of ``sip/``: the caller passes ``now`` (seconds) and acts on the answers.
 Only real capacity errors count as "full": ``CAPACITY_ERRORS`` names them, so a bug in the
 application is never mistaken for a busy node.
@@ -19,6 +24,7 @@ from collections.abc import Iterable
 from rtp.ports import PortsExhausted
 from sip.app import CallHandler, CapacityError
 from sip.config import Network, SipSettings
+from sip.message import Request
 from sip.responses import HeaderPairs
 
 MAX_RATE_SOURCES = 4096
@@ -62,6 +68,7 @@ class Admission:
         self.max_connections = settings.max_calls * 2 + 64
         self._source_transactions = min(settings.source_max_transactions, self.max_transactions // 2)
         self._source_connections = min(settings.source_max_connections, self.max_connections // 2)
+        self._proxies: tuple[Network, ...] = tuple(settings.trusted_proxies)
         self._trusted: tuple[Network, ...] = ()
         self.set_trusted_trunks(trusted)
         self._invites = TokenBuckets(settings.invite_rate_per_s, settings.invite_burst)
@@ -69,11 +76,27 @@ class Admission:
 
     def set_trusted_trunks(self, trunks: Iterable[Network]) -> None:
         """Trusted sources: ``trusted_cidrs`` plus the routes file's ``trunks`` (again after a reload)."""
-        self._trusted = (*self.settings.trusted_cidrs, *trunks)
+        self._trusted = (*self.settings.trusted_cidrs, *self._proxies, *trunks)
 
     def allowed(self, host: str) -> bool:
-        """Whether ``host`` (an IP address) is inside the ACL (``SipSettings.effective_acl``)."""
-        return _inside(host, self._acl)
+        """Whether ``host`` (an IP address) is inside the ACL (``SipSettings.effective_acl``) or a trusted proxy."""
+        return _inside(host, self._acl) or self.is_proxy(host)
+
+    def is_proxy(self, host: str) -> bool:
+        """Whether ``host`` is one of ``trusted_proxies``."""
+        return bool(self._proxies) and _inside(host, self._proxies)
+
+    def stated_source(self, request: Request) -> str | None:
+        """The raw ``source_header`` of ``request``, if it has one."""
+        return request.headers.get(self.settings.source_header)
+
+    def origin(self, request: Request, host: str) -> str:
+        """Where ``request``, received from ``host``, comes from: the address a trusted proxy states in
+        ``source_header``, else ``host`` (no header, an unreadable one, or a sender that is no trusted proxy)."""
+        value = self.stated_source(request)
+        if value is None or not self.is_proxy(host):
+            return host
+        return parse_source_address(value) or host
 
     def trusted(self, host: str) -> bool:
         """Whether ``host`` is a trusted proxy or a routing trunk."""
@@ -109,6 +132,19 @@ class Admission:
     def retry_after(self) -> HeaderPairs:
         """The ``Retry-After`` header of a 503 for "full" or "draining"."""
         return (("Retry-After", str(self.settings.retry_after_s)),)
+
+
+def parse_source_address(value: str) -> str | None:
+    """The IP address of a ``source_header`` value (``IP``, ``IPv4:port`` or ``[IPv6]:port``); None if unreadable."""
+    text = value.strip()
+    if text.startswith("["):
+        text = text[1 : text.find("]")] if "]" in text else ""
+    elif text.count(":") == 1:
+        text = text.partition(":")[0]
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        return None
 
 
 def _inside(host: str, networks: Iterable[Network]) -> bool:

@@ -31,6 +31,7 @@ from sip.sdp import (
     StreamPlan,
     build_answer,
     build_offer,
+    offers_plain,
     offers_srtp,
     plan_answer,
     plan_streams,
@@ -39,14 +40,20 @@ from sip.siprec import RecordingMetadata, Role, assign_roles, split_body
 
 log = logging.getLogger(__name__)
 
-NO_AUDIO = warning("no PCMU or PCMA audio stream to record", 304)
+NO_AUDIO = warning("no G722, PCMU or PCMA audio stream to record", 304)
 
 
 def no_stream(offer: SessionDescription | None, profile: Profile) -> Reject:
-    """The 488 for an offer with nothing we record: an SRTP-only offer says so (Warning 302,
-    incompatible transport protocol) instead of the codec warning."""
-    if offer is not None and offers_srtp(offer):
-        text = f"SRTP (RTP/SAVP) is not taken on this route (srtp: {profile.srtp}); offer plain RTP/AVP"
+    """The 488 for an offer with nothing we record: an offer the route's SRTP policy refuses
+    says so (Warning 302, incompatible transport protocol) instead of the codec warning."""
+    if offer is not None and profile.srtp == "off" and offers_srtp(offer) and not offers_plain(offer):
+        text = "SRTP (RTP/SAVP) is not taken on this route (srtp: off); offer plain RTP/AVP"
+        return Reject(488, (warning(text, 302),))
+    if offer is not None and profile.srtp == "required" and not offers_srtp(offer):
+        text = "plain RTP/AVP is not taken on this route (srtp: required); offer RTP/SAVP with SDES a=crypto keys"
+        return Reject(488, (warning(text, 302),))
+    if offer is not None and offers_srtp(offer) and not offers_plain(offer):
+        text = "only SDES-keyed RTP/SAVP(F) is taken (a=crypto, RFC 4568), not DTLS-SRTP"
         return Reject(488, (warning(text, 302),))
     return Reject(488, (NO_AUDIO,))
 
@@ -170,7 +177,14 @@ class CallMedia:
             raise Reject(503, self.retry_after) if full else Reject(500) from exc
         return [
             StartMedia(
-                call.info, leg.info, leg.port, dict(leg.plan.payload_types), leg.plan.on_hold, sink, leg.plan.remote
+                call.info,
+                leg.info,
+                leg.port,
+                dict(leg.plan.payload_types),
+                leg.plan.on_hold,
+                sink,
+                leg.plan.remote,
+                leg.plan.srtp.keys if leg.plan.srtp else None,
             )
             for leg, sink in opened
         ]
@@ -204,6 +218,7 @@ class CallMedia:
                 plan.payload_types != leg.plan.payload_types
                 or plan.on_hold != leg.plan.on_hold
                 or plan.remote != leg.plan.remote
+                or plan.srtp != leg.plan.srtp
             )
             leg.plan = plan
             if info != leg.info:
@@ -211,8 +226,9 @@ class CallMedia:
                 call.info = call.info.with_legs(call.leg_infos())
                 actions.append(LegUpdated(call.info, info))
             if changed_media:
+                keys = plan.srtp.keys if plan.srtp else None
                 actions.append(
-                    UpdateMedia(call.info.call_id, info, dict(plan.payload_types), plan.on_hold, plan.remote)
+                    UpdateMedia(call.info.call_id, info, dict(plan.payload_types), plan.on_hold, plan.remote, keys)
                 )
         call.info = call.info.with_legs(call.leg_infos())
         if new_streams:
@@ -232,7 +248,7 @@ class CallMedia:
         our answer (488 when nothing is left to record); metadata alone re-maps the roles."""
         if body.offer is None:
             return self.apply_metadata(call) if body.metadata is not None else []
-        plans = plan_streams(body.offer, sendonly_is_hold=not call.info.siprec)
+        plans = plan_streams(body.offer, sendonly_is_hold=not call.info.siprec, srtp=call.info.profile.srtp)
         streams = select_streams(
             plans, call.info.profile, call.metadata, call.info.siprec, call.remote_party, plain_role(call)
         )
@@ -260,7 +276,8 @@ class CallMedia:
         plans = [leg.plan for leg in call.legs.values()]
         ports = {index: leg.port for index, leg in call.legs.items()}
         call.sdp_version += 1
-        return build_offer(layout, plans, ports, host, call.sdp_session_id, call.sdp_version)
+        srtp = call.info.profile.srtp
+        return build_offer(layout, plans, ports, host, call.sdp_session_id, call.sdp_version, srtp)
 
     def take_answer(self, call: Call, body: Body) -> list[Action]:
         """The ACK's answer to our offer: the legs take its codecs, direction and address.
@@ -278,14 +295,14 @@ class CallMedia:
             raise Reject(488, (warning(text, 304),))
         plans = [
             replace(plan, label=plan.label or call.legs[plan.index].plan.label)
-            for plan in plan_answer(answer)
+            for plan in plan_answer(answer, call.info.profile.srtp)
             if plan.index in call.legs
         ]
         streams = select_streams(
             plans, call.info.profile, call.metadata, call.info.siprec, call.remote_party, plain_role(call)
         )
         if not streams:
-            raise Reject(488, (warning("the SDP answer accepts no PCMU or PCMA stream we offered", 304),))
+            raise Reject(488, (warning("the SDP answer accepts no G722, PCMU or PCMA stream we offered", 304),))
         call.offer = answer
         call.awaiting_answer = False
         return self.apply_streams(call, streams)

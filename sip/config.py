@@ -62,6 +62,17 @@ class SipSettings(BaseModel):
     transports: list[Transport] = Field(default_factory=lambda: list(_DEFAULT_TRANSPORTS))
     tls_cert: str | None = Field(None, description="PEM certificate file; needed for the tls transport")
     tls_key: str | None = Field(None, description="PEM private key file; needed for the tls transport")
+    tls_ca: str | None = Field(
+        None,
+        description="PEM CA file that the certificates of peers we connect to over TLS must chain to "
+        "(a BYE after the peer closed its connection); the system's CAs when unset",
+    )
+    tls_verify_peer: bool = Field(
+        True, description="check the certificate (chain and host name or IP) of peers we connect to over TLS"
+    )
+    connect_timeout_s: float = Field(
+        5.0, gt=0, description="how long opening a TCP/TLS connection for a request we send may take"
+    )
     advertised_host: str | None = Field(
         None, description="address put in Contact/Via/SDP; defaults to host, or 127.0.0.1 when host is 0.0.0.0"
     )
@@ -81,6 +92,17 @@ class SipSettings(BaseModel):
         "the per-source budgets and are exempt from the global transaction and connection caps",
     )
     trusted_budget_factor: int = Field(10, ge=1, description="budget multiplier of trusted sources and trunks")
+    trusted_proxies: list[Network] = Field(
+        default_factory=list,
+        description="SIP proxies in front of this node (Kamailio's dispatcher): they are admitted themselves, "
+        "and the caller address they state in source_header replaces theirs for routing (trunk, source_cidrs), "
+        "the ACL and the INVITE rate; the header from any other source is ignored",
+    )
+    source_header: str = Field(
+        "X-Source-Addr",
+        pattern=r"^[A-Za-z0-9-]{1,64}$",
+        description="header in which a trusted proxy states the caller's address (IP, IP:port or [IPv6]:port)",
+    )
     source_rate_per_s: float = Field(
         200.0, gt=0, description="requests per second per source IP, all methods; more are dropped"
     )
@@ -101,6 +123,19 @@ class SipSettings(BaseModel):
     session_expires_s: int = Field(1800, ge=90, description="session interval we ask for (RFC 4028)")
     min_se_s: int = Field(90, ge=90, description="smallest session interval we accept; less gets 422")
     retry_after_s: int = Field(5, ge=1, description="Retry-After of 503 answers")
+    drain_wait_s: float = Field(
+        0.0,
+        ge=0,
+        description="on SIGTERM, keep running this long at most (OPTIONS and new INVITEs answered 503, so a "
+        "dispatcher probing every few seconds sees the node leave) while the calls end on their own; the calls "
+        "still up then get BYE. 0: BYE them at once",
+    )
+    drain_linger_s: float = Field(
+        0.0,
+        ge=0,
+        description="on SIGTERM, keep answering OPTIONS 503 at least this long (at most drain_wait_s), also with "
+        "no call left, so a dispatcher's next probe gets a 503 rather than no answer; set it to the probe interval",
+    )
     answer_delay_ms: int = Field(0, ge=0, description="ring this long (180) before answering; tests use it")
     user_agent: str = "hotline-asr"
     t1_ms: int = Field(500, ge=10, description="RFC 3261 T1 (RTT estimate)")

@@ -14,8 +14,8 @@ import secrets
 from dataclasses import dataclass, field
 
 from sip.app import CallInfo, LegInfo
-from sip.errors import LocalProtocolError, RemoteProtocolError
-from sip.message import BRANCH_MAGIC, Address, Headers, NameAddr, Request
+from sip.errors import LocalProtocolError, RemoteProtocolError, SipParseError
+from sip.message import BRANCH_MAGIC, Address, Headers, NameAddr, Request, SipUri, split_list
 from sip.sdp import SessionDescription, StreamPlan
 from sip.siprec import RecordingMetadata, Role
 
@@ -113,6 +113,24 @@ class Call:
 
     def leg_infos(self) -> tuple[LegInfo, ...]:
         return tuple(leg.info for leg in self.legs.values())
+
+    def next_hop(self) -> Address | None:
+        """Where a new connection for our in-dialog request goes (RFC 3261 8.1.2, 18.1.1): the
+        first Record-Route entry (loose routing), else the remote target (Contact). Its
+        ``transport`` parameter, else ``tls`` for a sips URI, else the dialog's own transport;
+        its port, else 5061 for TLS and 5060 otherwise. Host names are resolved as A/AAAA
+        records (no NAPTR/SRV). None when the URI is not a SIP URI we can read."""
+        try:
+            text = NameAddr.parse(split_list(self.route_set[0])[0]).uri if self.route_set else self.remote_target
+            uri = SipUri.parse(text)
+        except (SipParseError, IndexError):
+            return None
+        if uri.scheme == "tel":
+            return None
+        maddr = uri.params.get("maddr")
+        transport = (uri.params.get("transport") or ("tls" if uri.scheme == "sips" else self.source.transport)).lower()
+        host = (maddr or uri.host).strip("[]")
+        return Address(transport, host, uri.port or (5061 if transport == "tls" else 5060))
 
     def next_request(
         self, method: str, via_host: str, user_agent: str, extra: tuple[tuple[str, str], ...] = ()

@@ -52,14 +52,19 @@ class InviteGate:
         self.router = router
         self.counters = counters
 
-    def admit(self, request: Request, peer: Address, tx_key: Hashable, active_calls: int, now: float) -> Call:
-        """The new call (ringing, legs not yet open) for ``request`` from ``peer``, or ``Reject``."""
+    def admit(
+        self, request: Request, peer: Address, origin: str, tx_key: Hashable, active_calls: int, now: float
+    ) -> Call:
+        """The new call (ringing, legs not yet open) for ``request`` from ``peer``, or ``Reject``.
+
+        ``origin`` is the caller's address (``Admission.origin``: ``peer``'s, or the one a trusted
+        proxy states); the INVITE rate and the routing rules look at it."""
         if self.admission.draining:
             raise Reject(503, self.admission.retry_after())
         unsupported = [o for o in request.headers.get_all("Require") if o.lower() not in SUPPORTED_OPTIONS]
         if unsupported:
             raise Reject(420, (("Unsupported", ", ".join(unsupported)),))
-        if not self.admission.rate_ok(peer.host, now):
+        if not self.admission.rate_ok(origin, now):
             self.counters["invites.rate_limited"] += 1
             raise Reject(503, (("Retry-After", "1"),))
         if self.auth is not None and not self.auth.authorized(request, now):
@@ -72,15 +77,15 @@ class InviteGate:
         session_expires = session_timer.session_interval(request, self.settings.min_se_s)
         to = NameAddr.parse(request.headers.get("To") or "")
         from_party = NameAddr.parse(request.headers.get("From") or "")
-        decision = self.router.decide(_facts(request, peer, from_party, to, siprec))
+        decision = self.router.decide(_facts(request, origin, from_party, to, siprec))
         if decision.profile is None:
             raise Reject(decision.reject_code or 404)
         profile = decision.profile
         if body.offer is not None:
-            plans = plan_streams(body.offer, sendonly_is_hold=not siprec)
+            plans = plan_streams(body.offer, sendonly_is_hold=not siprec, srtp=profile.srtp)
         else:
             self.counters["invites.offerless"] += 1
-            plans = [offered_plan(0, None)]
+            plans = [offered_plan(0, None, profile.srtp)]
         plain = None if siprec else cucm.plain_call(request, from_party.uri, profile.role, profile.join_by)
         streams = select_streams(plans, profile, body.metadata, siprec, from_party, plain.role if plain else "mixed")
         if not streams:
@@ -126,7 +131,7 @@ class InviteGate:
         return call
 
 
-def _facts(request: Request, source: Address, from_party: NameAddr, to: NameAddr, siprec: bool) -> CallFacts:
+def _facts(request: Request, source_ip: str, from_party: NameAddr, to: NameAddr, siprec: bool) -> CallFacts:
     """What routing rules match on: source IP, called and calling user, X- headers, SIPREC."""
 
     def user(uri: str) -> str:
@@ -136,4 +141,4 @@ def _facts(request: Request, source: Address, from_party: NameAddr, to: NameAddr
             return ""
 
     headers = {name: value for name, value in request.headers if name.lower().startswith("x-")}
-    return CallFacts(source.host, user(to.uri), user(from_party.uri), headers, siprec)
+    return CallFacts(source_ip, user(to.uri), user(from_party.uri), headers, siprec)

@@ -21,6 +21,7 @@ from asr_common.yamlconf import ConfigError, read_yaml, validate_data
 from rtp.latch import LatchName
 from sip.call_metadata import HEADER_NAME, MAX_METADATA_HEADERS
 from sip.cucm import check_join_by
+from sip.sdp import SrtpPolicy
 from sip.siprec import Role, RoleRule
 
 _DEFAULT_ORDER: tuple[Role, ...] = ("caller", "agent")
@@ -70,10 +71,14 @@ class Profile(BaseModel):
     redaction: Literal["mask", "keep", "hash"] = "mask"
     key_prefix: str = "asr"
     roles: RoleRuleModel = Field(default_factory=RoleRuleModel)
-    srtp: Literal["off", "optional", "required"] = "off"
-    """SRTP policy of the routes using this profile. ``off`` and ``optional`` take plain RTP/AVP
-    streams and refuse an offer with only SRTP streams (488 with a Warning); ``required`` is
-    refused here until SRTP decryption exists."""
+    srtp: SrtpPolicy = "off"
+    """SRTP policy of the routes using this profile (``sip.sdp``): ``off`` takes plain RTP/AVP
+    only and refuses an SRTP-only offer (488 with a Warning), ``optional`` takes plain RTP/AVP
+    and SDES-keyed RTP/SAVP (RFC 4568), ``required`` RTP/SAVP only (a plain offer: 488)."""
+    dtmf: Literal["off", "count", "publish"] = "count"
+    """RFC 4733 key presses of the routes using this profile: ``count`` (per leg, in
+    ``call.ended.stats.dtmf_events``), ``publish`` (also one ``dtmf`` event each, the key
+    masked unless ``redaction: keep``) or ``off``. Never decoded as audio in any mode."""
     rtp_latch: LatchName | None = None
     """RTP source policy of the routes using this profile, instead of the service's ``rtp.latch``
     (``rtp.latch`` module): ``first`` for peers behind NAT whose SDP names the wrong address."""
@@ -115,13 +120,6 @@ class Profile(BaseModel):
             if name.lower() in seen:
                 raise ValueError(f"{name!r} is listed twice")
             seen.add(name.lower())
-        return value
-
-    @field_validator("srtp")
-    @classmethod
-    def _srtp_available(cls, value: str) -> str:
-        if value == "required":
-            raise ValueError("srtp: required needs SRTP decryption, which this version lacks; use off or optional")
         return value
 
 

@@ -2,31 +2,49 @@
 
 We read offers with a small parser of our own because we need ``a=label`` (RFC 4574), which
 SIPREC uses to tie streams to participants. Each audio m-line is answered ``recvonly`` with
-the first G.711 codec it offers (PCMU or PCMA); ``telephone-event`` is accepted and ignored.
-A stream offered with port 0, or without G.711, is answered with port 0; when no stream is
-left the offer is refused with 488.
+G.722 (wideband) when it is offered, else the first G.711 codec it offers (PCMU or PCMA), plus
+``telephone-event`` (RFC 4733) when offered. A stream offered with port 0, or without a codec
+we take, is answered with port 0; when no stream is left the offer is refused with 488.
+
+G.722 keeps the RFC 3551 quirk: its rtpmap says ``G722/8000`` and its RTP timestamps count
+8000 per second although the audio is sampled at 16 kHz.
 
 When the peer sends no offer (a delayed-offer INVITE or re-INVITE, RFC 3261 13.2.1) we make
 one: ``build_offer`` lists the codecs we take (``OUR_PAYLOAD_TYPES``), ``recvonly``, and the
-answer in the ACK is read with ``plan_answer``. Only plain RTP/AVP(F) m-lines are taken
-(``PLAIN_RTP``); ``offers_srtp`` tells a refusal for SRTP apart from one for codecs.
+answer in the ACK is read with ``plan_answer``.
+
+Which m-line protocols are taken is the route's SRTP policy (``SrtpPolicy``): ``off`` takes
+plain RTP/AVP(F) only (``PLAIN_RTP``), ``required`` SDES-keyed RTP/SAVP(F) only
+(``SDES_SRTP``), ``optional`` either. An SRTP stream is answered with our own ``a=crypto``
+line (``sip.sdes``) and its plan carries the offerer's key for the leg; an SRTP m-line
+without a usable crypto line makes the offer a 488 (``sip.sdes.SdesError``).
+``offers_srtp`` tells a refusal for the policy apart from one for codecs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
+from rtp.srtp import AWAITING_KEYS
 from sip.errors import SipParseError
+from sip.sdes import SUITES, SdesKey, answer_line, crypto_line, select_key
 
 G711 = {"PCMU": 0, "PCMA": 8}
-_STATIC_NAMES = {0: "PCMU", 8: "PCMA"}
+WIDEBAND = {"G722": 9}
+"""Codecs decoded to 16 kHz audio; preferred over G.711 when the peer offers one."""
+_STATIC_NAMES = {0: "PCMU", 8: "PCMA", 9: "G722"}
 DIRECTIONS = ("sendrecv", "sendonly", "recvonly", "inactive")
 PLAIN_RTP = frozenset({"RTP/AVP", "RTP/AVPF"})
-"""The m-line protocols we receive: unencrypted RTP. SRTP (RTP/SAVP, RTP/SAVPF, DTLS-SRTP) is
-answered with port 0 until SRTP decryption exists: answering it without keys would make us
-decode ciphertext as G.711."""
-OUR_PAYLOAD_TYPES: dict[int, str] = {0: "PCMU", 8: "PCMA", 101: "telephone-event"}
-"""What our own offers list: both G.711 laws and RFC 4733 events on the customary 101."""
+"""Unencrypted RTP m-line protocols."""
+SDES_SRTP = frozenset({"RTP/SAVP", "RTP/SAVPF"})
+"""SRTP m-line protocols keyed by SDES ``a=crypto`` lines. DTLS-SRTP (``UDP/TLS/RTP/SAVP``) is
+never taken: answering it without its handshake would leave us decoding ciphertext."""
+SrtpPolicy = Literal["off", "optional", "required"]
+_TAKEN: dict[str, frozenset[str]] = {"off": PLAIN_RTP, "optional": PLAIN_RTP | SDES_SRTP, "required": SDES_SRTP}
+OUR_PAYLOAD_TYPES: dict[int, str] = {9: "G722", 0: "PCMU", 8: "PCMA", 101: "telephone-event"}
+"""What our own offers list, most preferred first: G.722, both G.711 laws and RFC 4733 events
+on the customary 101."""
 
 
 @dataclass
@@ -39,6 +57,8 @@ class MediaDescription:
     direction: str | None = None
     label: str | None = None
     connection: str | None = None
+    crypto: list[str] = field(default_factory=list, repr=False)
+    """``a=crypto`` values (RFC 4568), kept out of ``repr``: they hold the peer's keys."""
 
     def encoding(self, payload_type: int) -> str | None:
         """The upper-cased encoding name of ``payload_type`` (``"PCMU"``), from rtpmap or the static table."""
@@ -86,6 +106,8 @@ class SessionDescription:
                         direction = name
                     else:
                         target.direction = name
+                elif target is not None and name == "crypto":
+                    target.crypto.append(attr.strip())
                 elif target is not None and name == "label":
                     target.label = attr.strip()
                 elif target is not None and name == "rtpmap":
@@ -116,7 +138,8 @@ def _parse_c_line(value: str) -> str:
 
 @dataclass(frozen=True)
 class StreamPlan:
-    """What we accepted for one offered m-line (``index`` counts m-lines from 0)."""
+    """What we accepted for one offered m-line (``index`` counts m-lines from 0); ``srtp`` is
+    the offerer's SDES key for an SRTP stream."""
 
     index: int
     label: str | None
@@ -125,41 +148,62 @@ class StreamPlan:
     direction: str
     on_hold: bool
     remote: tuple[str, int] | None
+    srtp: SdesKey | None = None
 
 
-def plan_streams(offer: SessionDescription, sendonly_is_hold: bool = True) -> list[StreamPlan]:
+def plan_streams(
+    offer: SessionDescription, sendonly_is_hold: bool = True, srtp: SrtpPolicy = "off"
+) -> list[StreamPlan]:
     """The audio streams we will receive; empty when nothing acceptable was offered.
 
     Our direction is ``recvonly``, or ``inactive`` when the peer will not send. A stream is on
     hold (the RTP inactivity timer pauses) when the peer sends nothing, or, for a plain call
     (``sendonly_is_hold``), when it offers ``sendonly``; a SIPREC client always offers sendonly.
+    ``srtp`` is the route's policy; ``SdesError`` (488) for a taken SRTP line without a usable key.
     """
     plans: list[StreamPlan] = []
+    taken = _TAKEN[srtp]
     for index, media in enumerate(offer.media):
-        if media.media != "audio" or media.port == 0 or media.proto.upper() not in PLAIN_RTP:
+        proto = media.proto.upper()
+        if media.media != "audio" or media.port == 0 or proto not in taken:
             continue
-        payload_types: dict[int, str] = {}
-        codec: str | None = None
-        for fmt in media.formats:
-            if not fmt.isascii() or not fmt.isdigit():
-                continue
-            pt = int(fmt)
-            name = media.encoding(pt)
-            if name in G711 and codec is None:
-                codec = name
-                payload_types[pt] = name
-            elif name == "TELEPHONE-EVENT":
+        picked = _pick_codec(media)
+        if picked is None:
+            continue
+        codec_pt, codec = picked
+        payload_types = {codec_pt: codec}
+        for pt in _payload_numbers(media):
+            if media.encoding(pt) == "TELEPHONE-EVENT":
                 payload_types[pt] = "telephone-event"
-        if codec is None:
-            continue
         direction = media.direction or offer.direction or "sendrecv"
         address = media.connection or offer.connection
         remote = (address, media.port) if address else None
         silent = direction in ("inactive", "recvonly")
         on_hold = silent or (sendonly_is_hold and direction == "sendonly")
         answer = "inactive" if silent else "recvonly"
-        plans.append(StreamPlan(index, media.label, codec, payload_types, answer, on_hold, remote))
+        key = select_key(media.crypto) if proto in SDES_SRTP else None
+        plans.append(StreamPlan(index, media.label, codec, payload_types, answer, on_hold, remote, key))
     return plans
+
+
+def offers_plain(offer: SessionDescription) -> bool:
+    """True when the offer has an audio m-line of plain RTP/AVP(F)."""
+    return any(m.media == "audio" and m.port != 0 and m.proto.upper() in PLAIN_RTP for m in offer.media)
+
+
+def _payload_numbers(media: MediaDescription) -> list[int]:
+    return [int(fmt) for fmt in media.formats if fmt.isascii() and fmt.isdigit()]
+
+
+def _pick_codec(media: MediaDescription) -> tuple[int, str] | None:
+    """The (payload type, name) we receive on ``media``: the first wideband codec offered,
+    else the first G.711 one; None when it offers neither."""
+    named = [(pt, media.encoding(pt)) for pt in _payload_numbers(media)]
+    for table in (WIDEBAND, G711):
+        for pt, name in named:
+            if name in table:
+                return pt, name
+    return None
 
 
 def offers_srtp(offer: SessionDescription) -> bool:
@@ -185,20 +229,24 @@ def build_answer(
         if plan is None or index not in ports:
             lines.append(f"m={media.media} 0 {media.proto} {' '.join(media.formats)}")
             continue
-        lines += _audio_lines(ports[index], media.proto, plan.payload_types, plan.label, plan.direction)
+        crypto = [answer_line(plan.srtp)] if plan.srtp is not None else []
+        lines += _audio_lines(ports[index], media.proto, plan.payload_types, plan.label, plan.direction, crypto)
     return ("\r\n".join(lines) + "\r\n").encode("utf-8")
 
 
-def offered_plan(index: int, label: str | None) -> StreamPlan:
+def offered_plan(index: int, label: str | None, srtp: SrtpPolicy = "off") -> StreamPlan:
     """The stream we offer on m-line ``index`` before the answer says anything: every codec we
-    take, and on hold (no RTP inactivity timeout) until the answer says the peer will send."""
-    return StreamPlan(index, label, "PCMU", dict(OUR_PAYLOAD_TYPES), "recvonly", True, None)
+    take, and on hold (no RTP inactivity timeout) until the answer says the peer will send.
+    An SRTP offer (``srtp: required``) drops packets until the answer brings the peer's key."""
+    awaiting = SdesKey(0, AWAITING_KEYS) if srtp == "required" else None
+    return StreamPlan(index, label, "PCMU", dict(OUR_PAYLOAD_TYPES), "recvonly", True, None, awaiting)
 
 
-def plan_answer(answer: SessionDescription) -> list[StreamPlan]:
+def plan_answer(answer: SessionDescription, srtp: SrtpPolicy = "off") -> list[StreamPlan]:
     """The streams an answer to our ``recvonly`` offer gives us. ``sendonly`` (or ``sendrecv``)
-    means the peer will send; ``inactive`` or ``recvonly`` that it will not (on hold)."""
-    return plan_streams(answer, sendonly_is_hold=False)
+    means the peer will send; ``inactive`` or ``recvonly`` that it will not (on hold). An SRTP
+    answer's ``a=crypto`` line holds the key the peer sends with."""
+    return plan_streams(answer, sendonly_is_hold=False, srtp=srtp)
 
 
 def build_offer(
@@ -208,10 +256,13 @@ def build_offer(
     host: str,
     session_id: int,
     version: int,
+    srtp: SrtpPolicy = "off",
 ) -> bytes:
     """Our offer: one m-line per entry of ``layout`` (the session's m-lines so far; RFC 3264 8
     forbids dropping any). A line with a planned stream and a port offers ``OUR_PAYLOAD_TYPES``
-    ``recvonly``; any other keeps its media and protocol with port 0."""
+    ``recvonly``; any other keeps its media and protocol with port 0. With ``srtp: required``
+    the offer is RTP/SAVP with a crypto line per suite (``optional`` offers plain RTP/AVP:
+    SDP cannot offer both on one m-line without capability negotiation)."""
     family = "IP6" if ":" in host else "IP4"
     lines = _session_lines(host, family, session_id, version)
     by_index = {plan.index: plan for plan in plans}
@@ -220,7 +271,11 @@ def build_offer(
         if plan is None or index not in ports:
             lines.append(f"m={media.media} 0 {media.proto} {' '.join(media.formats)}")
             continue
-        lines += _audio_lines(ports[index], "RTP/AVP", OUR_PAYLOAD_TYPES, plan.label, "recvonly")
+        if srtp == "required":
+            crypto = [crypto_line(tag, suite) for tag, suite in enumerate(SUITES, start=1)]
+            lines += _audio_lines(ports[index], "RTP/SAVP", OUR_PAYLOAD_TYPES, plan.label, "recvonly", crypto)
+        else:
+            lines += _audio_lines(ports[index], "RTP/AVP", OUR_PAYLOAD_TYPES, plan.label, "recvonly")
     return ("\r\n".join(lines) + "\r\n").encode("utf-8")
 
 
@@ -234,8 +289,16 @@ def _session_lines(host: str, family: str, session_id: int, version: int) -> lis
     ]
 
 
-def _audio_lines(port: int, proto: str, payload_types: dict[int, str], label: str | None, direction: str) -> list[str]:
+def _audio_lines(
+    port: int,
+    proto: str,
+    payload_types: dict[int, str],
+    label: str | None,
+    direction: str,
+    crypto: list[str] | None = None,
+) -> list[str]:
     lines = [f"m=audio {port} {proto} {' '.join(str(pt) for pt in payload_types)}"]
+    lines += crypto or []
     for pt, name in payload_types.items():
         lines.append(f"a=rtpmap:{pt} {name}/8000")
         if name == "telephone-event":

@@ -3,6 +3,12 @@
 ``SipServer`` owns the sockets and one worker task that performs the core's actions in order
 (send, open/update/close RTP legs, tell the application a call ended once its legs are
 flushed). The core's timers run on ``loop.call_at``; the core's clock is ``loop.time()``.
+
+Connections (RFC 3261 18, RFC 5923): a response goes back on the connection its request came
+on. A request we send in a dialog (BYE, session refresh UPDATE) over TCP/TLS uses, in order:
+the connection the dialog came on, a connection the peer offered for its address with a Via
+``alias``, an open connection to or from the next hop's address, or a new connection to the
+next hop (``Call.next_hop``), which is then read like an accepted one and kept for reuse.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from rtp.leg import END_RTCP_BYE, RtpLeg
 from rtp.sink import PcmSink
+from rtp.srtp import SrtpKeys
 from sip.actions import Action, CallEnded, LegUpdated, SendMessage, StartMedia, StopMedia, UpdateMedia
 from sip.app import CallHandler
 from sip.call_media import PortSource
@@ -54,6 +61,14 @@ class AddressedMediaLeg(MediaLeg, Protocol):
     def set_expected_remote(self, address: tuple[str, int] | None) -> None: ...
 
     def set_latch(self, mode: str) -> None: ...
+
+
+@runtime_checkable
+class SrtpMediaLeg(MediaLeg, Protocol):
+    """A leg that can unprotect SRTP (``RtpLeg`` does). An SRTP stream given to a leg without
+    it is hung up (``srtp-unsupported``) rather than decoded as ciphertext."""
+
+    def set_srtp(self, keys: SrtpKeys | None) -> None: ...
 
 
 LegFactory = Callable[[PcmSink, dict[int, str], Callable[[str], None]], MediaLeg]
@@ -177,6 +192,11 @@ class SipServer:
         return self.core.active_calls
 
     @property
+    def open_connections(self) -> int:
+        """TCP/TLS connections open now, accepted or opened by us."""
+        return len(self._streams)
+
+    @property
     def counters(self) -> Counter[str]:
         """Everything the core counted; ``responses.<code>`` are the responses by status code."""
         return self.core.counters
@@ -211,22 +231,28 @@ class SipServer:
                 writer.close()
                 return
             self._streams[source] = writer
-            self._streams_by_host[source.host] += 1
-            try:
-                await self._read_stream(reader, writer, source)
-            except SipParseError as exc:
-                log.info("closing %s connection from %s: %s", transport, source.host, exc)
-                self.core.counters["dropped.stream_framing"] += 1
-            except (ConnectionError, ssl.SSLError):
-                pass
-            finally:
-                self._streams.pop(source, None)
-                self._streams_by_host[source.host] -= 1
-                if self._streams_by_host[source.host] <= 0:
-                    del self._streams_by_host[source.host]
-                writer.close()
+            await self._run_stream(reader, writer, source)
 
         return serve
+
+    async def _run_stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, source: Address) -> None:
+        """Read a registered connection (accepted or opened by us) until it ends, then forget it."""
+        self._streams_by_host[source.host] += 1
+        try:
+            await self._read_stream(reader, writer, source)
+        except SipParseError as exc:
+            log.info("closing %s connection with %s: %s", source.transport, source.host, exc)
+            self.core.counters["dropped.stream_framing"] += 1
+        except (ConnectionError, ssl.SSLError):
+            pass
+        finally:
+            if self._streams.get(source) is writer:
+                del self._streams[source]
+            self.core.connection_closed(source)
+            self._streams_by_host[source.host] -= 1
+            if self._streams_by_host[source.host] <= 0:
+                del self._streams_by_host[source.host]
+            writer.close()
 
     def _refuse_connection(self, host: str) -> str | None:
         """Why a new connection from ``host`` is closed at once (the counter to bump), or None."""
@@ -306,7 +332,7 @@ class SipServer:
 
     async def _perform(self, action: Action) -> None:
         if isinstance(action, SendMessage):
-            await self._send(bytes(action.message), action.dest)
+            await self._send(bytes(action.message), action.dest, action.target)
         elif isinstance(action, StartMedia):
             await self._start_media(action)
         elif isinstance(action, UpdateMedia):
@@ -316,6 +342,8 @@ class SipServer:
                 entry[0].set_hold(action.on_hold)
                 if isinstance(entry[0], AddressedMediaLeg):
                     entry[0].set_expected_remote(action.remote)
+                if isinstance(entry[0], SrtpMediaLeg):
+                    entry[0].set_srtp(action.srtp)
         elif isinstance(action, StopMedia):
             self._close_leg(action.leg_id, action.call_id)
         elif isinstance(action, LegUpdated):
@@ -323,17 +351,52 @@ class SipServer:
         elif isinstance(action, CallEnded):
             self._spawn(self._end_call(action))
 
-    async def _send(self, data: bytes, dest: Address) -> None:
+    async def _send(self, data: bytes, dest: Address, target: Address | None = None) -> None:
         if dest.transport == "udp":
             if self._udp is not None:
                 self._udp.sendto(data, (dest.host, dest.port))
             return
-        writer = self._streams.get(dest)
-        if writer is None or writer.is_closing():
+        writer = self._open_stream(dest)
+        if writer is None and target is not None:
+            writer = self._open_stream(self.core.connection_aliases.get(target)) or self._open_stream(target)
+            if writer is not None:
+                self.core.counters["connections.reused"] += 1
+            else:
+                writer = await self._connect(target)
+        if writer is None:
             self.core.counters["dropped.no_connection"] += 1
             log.info("no %s connection to %s:%s for an outgoing message", dest.transport, dest.host, dest.port)
             return
         writer.write(data)
+
+    def _open_stream(self, address: Address | None) -> asyncio.StreamWriter | None:
+        writer = self._streams.get(address) if address is not None else None
+        return writer if writer is not None and not writer.is_closing() else None
+
+    async def _connect(self, target: Address) -> asyncio.StreamWriter | None:
+        """A new connection to ``target`` for a request (RFC 3261 18.1.1), read like an accepted
+        one; None (counted, logged) when it cannot be opened in ``connect_timeout_s``."""
+        settings = self.settings
+        context: ssl.SSLContext | None = None
+        if target.transport == "tls":
+            context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=settings.tls_ca)
+            if not settings.tls_verify_peer:
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+        elif target.transport != "tcp":
+            return None
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(target.host, target.port, ssl=context), settings.connect_timeout_s
+            )
+        except (OSError, TimeoutError, ssl.SSLError) as exc:
+            self.core.counters["connections.failed"] += 1
+            log.warning("cannot open a %s connection to %s:%s: %s", target.transport, target.host, target.port, exc)
+            return None
+        self.core.counters["connections.opened"] += 1
+        self._streams[target] = writer
+        self._spawn(self._run_stream(reader, writer, target))
+        return writer
 
     def _rtp_leg(self, sink: PcmSink, payload_types: dict[int, str], on_end: Callable[[str], None]) -> MediaLeg:
         return RtpLeg(
@@ -360,6 +423,13 @@ class SipServer:
             if action.call.profile.rtp_latch is not None:
                 leg.set_latch(action.call.profile.rtp_latch)
             leg.set_expected_remote(action.remote)
+        if isinstance(leg, SrtpMediaLeg):
+            leg.set_srtp(action.srtp)
+        elif action.srtp is not None:
+            log.warning("call %s: this media leg cannot unprotect SRTP; hanging up", call_id)
+            self.ports.release(action.port)
+            self._submit(self.core.media_ended(call_id, "srtp-unsupported", self._now()))
+            return
         try:
             await leg.open(self.media_host, action.port)
         except OSError as exc:

@@ -34,7 +34,7 @@ from sip.config import Network, SipSettings
 from sip.dialog import Call, CallEvent, CallState
 from sip.errors import ProtocolError, SipParseError
 from sip.invite import InviteGate
-from sip.message import Address, Message, NameAddr, Request, Response, Via, parse, parse_cseq
+from sip.message import Address, Message, NameAddr, Request, Response, Via, parse, parse_cseq, split_list
 from sip.responses import (
     ACCEPT,
     ALLOW,
@@ -70,6 +70,9 @@ class UasCore:
         self.media = CallMedia(handler, ports, self.counters, self.admission.retry_after())
         self.invites = InviteGate(settings, self.admission, self.auth, self._router, self.counters)
         self._calls: dict[str, Call] = {}
+        # RFC 5923: a TCP/TLS peer whose Via carries ``alias`` lets us send our requests for its
+        # Via address (sent-by) on the connection it opened: sent-by -> that connection.
+        self.connection_aliases: dict[Address, Address] = {}
         self._dialogs: dict[tuple[str, str], str] = {}
         self._server_tx: dict[tuple[str, str, str], ServerTransaction] = {}
         self._tx_by_source: Counter[str] = Counter()  # source IP -> server transactions it holds
@@ -125,6 +128,8 @@ class UasCore:
         try:
             if isinstance(message, Response):
                 return self._on_response(message, now)
+            if source.transport != "udp":
+                self._note_alias(message, source)
             return self._on_request(message, source, now)
         except ProtocolError as exc:
             self.counters["errors.remote"] += 1
@@ -143,6 +148,22 @@ class UasCore:
             self.counters["dropped.unanswerable"] += 1
             log.exception("cannot build a %s answer for a message from %s:%s", status, source.host, source.port)
             return []
+
+    def _note_alias(self, request: Request, connection: Address) -> None:
+        vias = request.headers.get_all("Via")
+        if not vias:
+            return
+        via = Via.parse(split_list(vias[0])[0])
+        if "alias" in via.params and via.transport.lower() == connection.transport:
+            default = 5061 if connection.transport == "tls" else 5060
+            self.connection_aliases[Address(connection.transport, via.host.strip("[]"), via.port or default)] = (
+                connection
+            )
+
+    def connection_closed(self, connection: Address) -> None:
+        """The transport closed ``connection``: forget the aliases that led to it."""
+        for alias in [a for a, c in self.connection_aliases.items() if c == connection]:
+            del self.connection_aliases[alias]
 
     def on_timer(self, now: float) -> list[Action]:
         """Run every timer due at ``now``: retransmissions, timeouts, delayed answers, session expiry."""
@@ -189,7 +210,8 @@ class UasCore:
         if not self.admission.request_rate_ok(source.host, now):
             self.counters["flood.rate_dropped"] += 1
             return []
-        if not self.admission.allowed(source.host):
+        origin = self._origin(request, source)
+        if not self.admission.allowed(origin):
             self.counters["acl.denied"] += 1
             if self.settings.acl_action == "drop" or request.method == "ACK":
                 return []
@@ -237,6 +259,16 @@ class UasCore:
             log.exception("%s from %s:%s failed; answering 500", request.method, source.host, source.port)
             return self._abandon(tx, request, now)
 
+    def _origin(self, request: Request, source: Address) -> str:
+        """The caller's address (``Admission.origin``); counts a stated source it ignores or cannot read."""
+        origin = self.admission.origin(request, source.host)
+        stated = self.admission.stated_source(request)
+        if stated is not None and origin == source.host:
+            reason = "unreadable" if self.admission.is_proxy(source.host) else "not from a trusted proxy"
+            self.counters["proxy.source_ignored"] += 1
+            log.debug("ignoring %s %r from %s: %s", self.settings.source_header, stated, source.host, reason)
+        return origin
+
     def _free_unanswered(self, request: Request) -> None:
         """After a failure that escaped the transaction: forget the transaction (and the call it
         was setting up) if it had no final answer yet, so nothing is left waiting forever."""
@@ -278,7 +310,8 @@ class UasCore:
         if to.tag is not None:
             return self._modify(tx, request, now)
         assert tx.peer is not None
-        call = self.invites.admit(request, tx.peer, tx.key, len(self._calls), now)
+        origin = self.admission.origin(request, tx.peer.host)
+        call = self.invites.admit(request, tx.peer, origin, tx.key, len(self._calls), now)
         call_id = call.info.call_id
         self._calls[call_id] = call
         self._dialogs[(call.sip_call_id, call.local_tag)] = call_id
@@ -558,7 +591,7 @@ class UasCore:
         self._client_tx[branch] = tx
         self._queue.schedule(("ctx", branch), tx.next_deadline())
         self.counters[f"{method.lower()}.sent"] += 1
-        return [SendMessage(request, call.source)]
+        return [SendMessage(request, call.source, call.next_hop() if transport != "udp" else None)]
 
     def _via_host(self, transport: str) -> str:
         return f"{self.settings.public_host()}:{self.local_ports.get(transport, self.settings.port)}"

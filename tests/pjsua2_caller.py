@@ -156,13 +156,18 @@ def restrict_codecs(endpoint: pj.Endpoint, codec: str) -> None:
         endpoint.codecSetPriority(codec_id, 255 if codec_id == wanted else 0)
 
 
-def make_account(endpoint: pj.Endpoint, sip_port: int, rtp_port: int) -> pj.Account:
-    """A registration-free account whose SIP and RTP stay on loopback."""
+def make_account(
+    endpoint: pj.Endpoint, sip_port: int, rtp_port: int, srtp: bool = False, tls: bool = False
+) -> pj.Account:
+    """A registration-free account whose SIP and RTP stay on loopback; with ``srtp``, SRTP
+    mandatory with SDES keys (RTP/SAVP offers and answers); with ``tls``, SIP over TLS (the
+    server's certificate is not verified: a loopback test peer)."""
     transport = pj.TransportConfig()
     transport.port = sip_port
     transport.boundAddress = "127.0.0.1"
     transport.publicAddress = "127.0.0.1"
-    transport_id = endpoint.transportCreate(pj.PJSIP_TRANSPORT_UDP, transport)
+    kind = pj.PJSIP_TRANSPORT_TLS if tls else pj.PJSIP_TRANSPORT_UDP
+    transport_id = endpoint.transportCreate(kind, transport)
     endpoint.libStart()
     endpoint.audDevManager().setNullDev()
     local_port = endpoint.transportGetInfo(transport_id).localName.split(":")[-1]
@@ -172,6 +177,10 @@ def make_account(endpoint: pj.Endpoint, sip_port: int, rtp_port: int) -> pj.Acco
     config.mediaConfig.transportConfig.boundAddress = "127.0.0.1"
     config.mediaConfig.transportConfig.publicAddress = "127.0.0.1"
     config.mediaConfig.transportConfig.port = rtp_port
+    if srtp:
+        config.mediaConfig.srtpUse = pj.PJMEDIA_SRTP_MANDATORY
+        config.mediaConfig.srtpSecureSignaling = 0
+        config.mediaConfig.srtpOpt.keyings = pj.IntVector([pj.PJMEDIA_SRTP_KEYING_SDES])
     account = pj.Account()
     account.create(config)
     return account
@@ -260,6 +269,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--delayed-offer", action="store_true", help="INVITE without SDP: the callee offers, we answer in the ACK"
     )
+    parser.add_argument("--srtp", action="store_true", help="SRTP mandatory, SDES keys (RTP/SAVP)")
+    parser.add_argument("--tls", action="store_true", help="SIP over TLS (give a ;transport=tls target)")
     parser.add_argument("--log-level", type=int, default=1, help="pjsua2 log level for console (0..6)")
     args = parser.parse_args(argv)
     if not 1 <= args.calls <= MAX_CALLS:
@@ -286,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         results = plan_calls(args)
         endpoint = make_endpoint(args.log_level)
         restrict_codecs(endpoint, args.codec)
-        account = make_account(endpoint, args.sip_port, args.rtp_port)
+        account = make_account(endpoint, args.sip_port, args.rtp_port, args.srtp, args.tls)
         run_calls(endpoint, account, results, args)
         failed = [r.index for r in results if not (r.confirmed and r.hung_up_by_us and r.disconnected)]
         if failed:

@@ -3,6 +3,8 @@ the test when redis-server is not installed.
 
 Use the ``redis_server`` fixture (``from tests.redis_server import redis_server``) or
 ``RedisServer`` directly when a test needs to kill and restart it on the same port.
+``sentinel_group`` (master, replica, three sentinels) and ``redis_cluster`` (three masters) are
+the high-availability launchers from the same module, started and stopped around a test.
 """
 
 from __future__ import annotations
@@ -12,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from asr_gateway.local_redis import LocalRedis, RedisNotInstalled
+from asr_gateway.local_redis import LocalRedis, LocalRedisCluster, LocalSentinelGroup, RedisNotInstalled
 from asr_gateway.local_redis import free_tcp_port as free_port
 
-__all__ = ["RedisServer", "free_port", "redis_server"]
+__all__ = ["RedisServer", "free_port", "redis_cluster", "redis_server", "sentinel_group"]
 
 
 class RedisServer(LocalRedis):
@@ -36,3 +38,29 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def sentinel_group(tmp_path: Path) -> Iterator[LocalSentinelGroup]:
+    group = LocalSentinelGroup(tmp_path / "sentinel-group")
+    try:
+        group.start()
+    except RedisNotInstalled as exc:
+        pytest.skip(str(exc))
+    try:
+        yield group
+    finally:
+        group.stop()
+
+
+@pytest.fixture
+def redis_cluster(tmp_path: Path) -> Iterator[LocalRedisCluster]:
+    cluster = LocalRedisCluster(tmp_path / "redis-cluster")
+    try:
+        cluster.start()
+    except RedisNotInstalled as exc:
+        pytest.skip(str(exc))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -27,9 +27,12 @@ def errors_of(path: Path | None, environ: dict[str, str] | None = None) -> list[
     return info.value.errors
 
 
-def test_defaults_work_without_a_file() -> None:
-    config = load_config(None, {})
-    assert config == ServiceConfig()
+def test_defaults_work_without_a_file(tmp_path: Path) -> None:
+    config = load_config(None, {"STATE_DIRECTORY": str(tmp_path)})
+    assert config.model_dump(exclude={"redis": {"spool_dir"}}) == ServiceConfig().model_dump(
+        exclude={"redis": {"spool_dir"}}
+    )
+    assert config.redis.spool_dir == tmp_path / "spool"  # the state directory, see tests/test_state_dir.py
     assert config.engine.chunk_ms == 160
     assert config.engine.left_chunks == 8
     assert config.engine.endpoint.trailing_silence_ms == 800
@@ -37,10 +40,10 @@ def test_defaults_work_without_a_file() -> None:
 
 
 def test_empty_file_is_all_defaults(tmp_path: Path) -> None:
-    config = load_config(write(tmp_path, ""), {})
+    config = load_config(write(tmp_path, ""), {"STATE_DIRECTORY": str(tmp_path / "state")})
     skip = {"redis": {"spool_dir"}}
     assert config.model_dump(exclude=skip) == ServiceConfig().model_dump(exclude=skip)
-    assert config.redis.spool_dir == tmp_path / "spool"
+    assert config.redis.spool_dir == tmp_path / "state" / "spool", "not beside the config file"
 
 
 def test_example_config_is_valid() -> None:

@@ -218,6 +218,37 @@ def test_capacity_close_and_final_on_close(loaded: LoadedModel, audio: list[np.n
     engine.open_stream(StreamConfig(stream_id="c"), collector)  # the freed slot is usable again
 
 
+@pytest.mark.parametrize("threads", [True, False])
+def test_stop_ends_every_open_stream_with_what_was_decoded(
+    loaded: LoadedModel, audio: list[np.ndarray], threads: bool
+) -> None:
+    """A stream still open when the engine stops (its caller never finished it, or the engine
+    was too far behind) still gets a Final of what was decoded and, last, Ended: its owner
+    must always learn that it ended (the gateway publishes call.ended on it)."""
+    engine = Engine(loaded, EngineOptions(max_streams=2, endpoint=NO_ENDPOINTS))
+    collector = Collector()
+    talking = engine.open_stream(StreamConfig(stream_id="a"), collector)
+    engine.open_stream(StreamConfig(stream_id="quiet"), collector)  # opened, never fed
+    talking.accept_waveform(audio[0][:24000])
+    if threads:
+        engine.start()
+        deadline = time.monotonic() + 30.0
+        while not collector.partials("a") and time.monotonic() < deadline:
+            time.sleep(0.01)
+    else:
+        while engine.run_once() == 0.0 or not collector.partials("a"):
+            pass
+    assert collector.partials("a"), "nothing decoded before the stop"
+    engine.stop()
+    events = collector.events["a"]
+    assert [type(e).__name__ for e in events[-2:]] == ["Final", "Ended"]
+    final = collector.finals("a")[-1]
+    assert final.reason == "closed" and final.tokens
+    assert final.end_ms == collector.partials("a")[-1].end_ms  # everything decoded, nothing more
+    assert [type(e).__name__ for e in collector.events["quiet"]] == ["Ended"]
+    assert talking.done.is_set() and engine.free_slots == 2
+
+
 def test_the_last_short_chunk_is_timed_from_the_end_of_input(loaded: LoadedModel, audio: list[np.ndarray]) -> None:
     """A chunk shorter than the window runs only once the input has ended: a caller who hangs
     up a second after the audio must not make that chunk look a second behind real time."""

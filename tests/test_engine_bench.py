@@ -26,6 +26,7 @@ FIELDS = {
     "realtime_ok",
     "latency_rule_ok",
     "cores_used",
+    "feed_lag_s",
     "rtf",
     "finals_rtf",
     "batch_size_mean",

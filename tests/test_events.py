@@ -51,6 +51,7 @@ def test_every_event_type_matches_the_schema(processor: TranscriptProcessor) -> 
     events = [ev.call_started(call, [CALLER, Participant("agent", "sip:1001@pbx.local", "agent-1001")])]
     events += processor.process(update("我今天发现新华路", True))
     events += processor.process(update(SEED, False))
+    events.append(ev.dtmf(call, CALLER, "#", 0, 120))
     events.append(ev.call_ended(call, "bye", {"duration_ms": 61_000, "utterances": 1}))
     validated(events)
     assert {e["event_type"] for e in events} == set(ev.EVENT_TYPES)
@@ -113,3 +114,14 @@ def test_redaction_per_route(processor: TranscriptProcessor, mode: RedactionMode
         assert final["text"][phone["span"]["begin"] : phone["span"]["end"]] == phone["value"]
         assert all("三" not in t["text"] for t in final["tokens"][5:])
         assert "幺三八" not in final["nbest"][0]["text"]
+
+
+def test_dtmf_key_is_published_only_where_redaction_is_keep() -> None:
+    shown = ev.dtmf(ctx(RedactionMode.KEEP), CALLER, "7", 3, 100)
+    assert (shown["digit"], shown["redacted"], shown["index"], shown["duration_ms"]) == ("7", False, 3, 100)
+    for mode in (RedactionMode.MASK, RedactionMode.HASH):
+        hidden = ev.dtmf(ctx(mode), CALLER, "7", 3, 100)
+        assert (hidden["digit"], hidden["redacted"]) == (None, True)
+    validated([shown, hidden])
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**shown, "digit": "77"}, ev.schema())

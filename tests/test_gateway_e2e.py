@@ -12,6 +12,7 @@ import asyncio
 import json
 import shutil
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -88,11 +89,17 @@ def read_events(url: str) -> list[dict[str, Any]]:
     return events
 
 
+DRAIN_TIMEOUT_S = 60.0  # a slow 2-core runner decodes the calls' last audio seconds after they hang up
+
+
 async def wait_drained(service: Service) -> None:
-    """Wait (up to 10 s) until the engine has no stream and the bridge no call left."""
-    for _ in range(200):
-        if service.engine.active_streams == 0 and service.bridge.active_calls == 0:
-            return
+    """Wait until the engine has no stream and the bridge no call left; fail if that takes too long."""
+    deadline = time.monotonic() + DRAIN_TIMEOUT_S
+    while service.engine.active_streams or service.bridge.active_calls:
+        assert time.monotonic() < deadline, (
+            f"not drained {DRAIN_TIMEOUT_S:.0f} s after the calls hung up: {service.engine.active_streams} engine "
+            f"streams, {service.bridge.active_calls} calls open"
+        )
         await asyncio.sleep(0.05)
 
 

@@ -452,3 +452,57 @@ def test_a_strangers_speech_on_the_rtp_ports_never_reaches_a_transcript(
     clean, noisy = events_of(collector, "clean"), events_of(collector, "noisy")
     assert finals(clean), "the clean call produced finals"
     assert finals(noisy) == finals(clean)
+
+
+def slow_down(service: Service, step_delay_s: float) -> None:
+    """Make every batched chunk step take ``step_delay_s`` longer: an engine far behind real
+    time, as on an overloaded machine (the real step still runs, so the transcripts are real)."""
+    runner = service.engine.runner
+    step = runner.step
+
+    def slow_step(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(step_delay_s)
+        return step(*args, **kwargs)
+
+    runner.step = slow_step  # type: ignore[method-assign]
+
+
+def test_stop_while_the_engine_is_behind_loses_no_final_and_no_call_ended(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """The calls have hung up but the engine is seconds behind when ``stop`` comes (a short
+    grace): the audio already received is still decoded, and every call gets its finals and,
+    last, its call.ended."""
+    tags = ("s1", "s2")
+
+    async def scenario() -> tuple[list[dict[str, Any]], list[CallResult], int]:
+        service = Service(config_for(redis_server.url, tmp_path))
+        submitted = record_submitted(service)
+        ports = await service.start()
+        assert ports.sip_udp is not None
+        slow_down(service, 0.5)
+        try:
+            results = await asyncio.gather(
+                *(place_call(tmp_path / tag, ports.sip_udp, audio("hotline_seed"), 16000, call_tag=tag) for tag in tags)
+            )
+            behind = service.engine.active_streams
+        finally:
+            await service.stop(grace_s=0.5)
+        return submitted, list(results), behind
+
+    submitted, results, behind = asyncio.run(scenario())
+    assert all(r.returncode == 0 for r in results), [r.errors for r in results]
+    assert behind > 0, "the engine was not behind when stop came: the test proves nothing"
+    client = redis.Redis.from_url(redis_server.url)
+    entries: Any = client.xrange("asr:events")
+    published = {json.loads(fields[b"event"])["event_id"] for _, fields in entries}
+    for tag in tags:
+        mine = [
+            e for e in submitted if e["sip_call_id"].startswith(tag + "-") and e["event_type"] != "transcript.partial"
+        ]
+        kinds = [e["event_type"] for e in mine]
+        assert kinds and kinds[0] == "call.started" and kinds[-1] == "call.ended", kinds
+        assert "transcript.final" in kinds, kinds
+        assert "井盖" in "".join(e["text"] for e in mine if e["event_type"] == "transcript.final")
+        lost = [e["event_type"] for e in mine if e["event_id"] not in published]
+        assert not lost, f"{tag}: handed to the publisher but not in Redis after stop: {lost}"

@@ -1,8 +1,9 @@
-"""``/metrics`` and ``/health`` of the running service around a real sipp call.
+"""``/metrics`` and the health probes of the running service around a real sipp call.
 
 Counters move (calls, chunks, batches, SIP responses by code, RTP packets, Redis publishes),
-latency quantiles appear, and ``/health`` answers like SIP OPTIONS: 200 normally, 503 when the
-engine is full or the service drains.
+the latency histograms fill, process metrics and the config version appear, and
+``/health/ready`` (and its old name ``/health``) answers like SIP OPTIONS: 200 normally, 503
+when the engine is full or the service drains, while ``/health/live`` stays 200 throughout.
 """
 
 from __future__ import annotations
@@ -90,9 +91,13 @@ def options_status(sip_port: int) -> int:
 
 
 async def probe(metrics_port: int, sip_port: int) -> tuple[int, int]:
-    """(/health status, OPTIONS status), asked off the event loop that serves them."""
-    health = (await asyncio.to_thread(http_get, metrics_port, "/health"))[0]
-    return health, await asyncio.to_thread(options_status, sip_port)
+    """(/health/ready status, OPTIONS status), asked off the event loop that serves them;
+    /health answers as /health/ready does and /health/live is 200 whatever the load."""
+    ready, body = await asyncio.to_thread(http_get, metrics_port, "/health/ready")
+    assert (await asyncio.to_thread(http_get, metrics_port, "/health"))[0] == ready
+    assert (await asyncio.to_thread(http_get, metrics_port, "/health/live")) == (200, "live\n")
+    assert body.startswith("ready" if ready == 200 else "not ready: "), body
+    return ready, await asyncio.to_thread(options_status, sip_port)
 
 
 def test_metrics_move_and_health_mirrors_options(tmp_path: Path, redis_server: RedisServer) -> None:
@@ -150,15 +155,22 @@ def test_metrics_move_and_health_mirrors_options(tmp_path: Path, redis_server: R
     assert value(after, "asr_redis_connected") == 1
     assert value(after, "asr_engine_lag_seconds") is not None
     assert value(after, "asr_engine_overload_refusals_total") == 0  # one call keeps up
-    for summary in (
-        "asr_partial_latency_seconds",
-        "asr_publish_latency_seconds",
-        "asr_engine_forward_seconds",
-        "asr_engine_batch_size",
-    ):
-        quantiles = [value(after, summary, quantile=q) for q in ("0.5", "0.95", "0.99")]
-        assert all(q is not None and q >= 0 for q in quantiles), (summary, quantiles)
-    assert value(before, "asr_partial_latency_seconds", quantile="0.5") is None, "no samples before the call"
+    for name in ("asr_partial_latency_seconds", "asr_final_latency_seconds", "asr_publish_latency_seconds",
+                 "asr_engine_step_seconds", "asr_engine_batch_size"):  # fmt: skip
+        count = value(after, f"{name}_count") or 0
+        assert count > 0 and value(after, f"{name}_bucket", le="+Inf") == count, name
+        assert (value(after, f"{name}_sum") or 0) > 0, name
+        assert value(before, f"{name}_count") == 0, "no samples before the call"
+    buckets = sorted(
+        (float(dict(k[1])["le"]), v) for k, v in after.items() if k[0] == "asr_partial_latency_seconds_bucket"
+    )
+    assert [v for _, v in buckets] == sorted(v for _, v in buckets), "cumulative buckets"
+    assert (value(after, "process_resident_memory_bytes") or 0) > 100e6
+    assert (value(after, "process_cpu_seconds_total") or 0) > 0
+    version = [dict(k[1]) for k in after if k[0] == "asr_config_info"]
+    assert len(version) == 1 and len(version[0]["version"]) == 16, version
+    assert value(after, "asr_config_last_reload_success") == 1
+    assert value(after, "asr_config_reload_failures_total") == 0
 
 
 def test_unknown_path_is_404(tmp_path: Path, redis_server: RedisServer) -> None:
@@ -172,3 +184,35 @@ def test_unknown_path_is_404(tmp_path: Path, redis_server: RedisServer) -> None:
             await service.stop(grace_s=1)
 
     assert asyncio.run(scenario()) == 404
+
+
+def test_a_rejected_reload_shows_in_metrics_and_the_node_stays_ready(tmp_path: Path, redis_server: RedisServer) -> None:
+    """An invalid routes file on reload: the failure is counted, the last-reload gauge drops to
+    0, the config version stays that of the files in force, and the node stays ready."""
+    routes = tmp_path / "routes.yaml"
+    routes.write_text((DATA_DIR / "routes.yaml").read_text(encoding="utf-8"), encoding="utf-8")
+
+    async def scenario() -> tuple[Samples, Samples, int]:
+        config = demo_config(redis_server.url, MODEL, tmp_path).model_copy(update={"routes": routes})
+        service = Service(config)
+        ports = await service.start()
+        assert ports.metrics is not None
+        try:
+            before = await asyncio.to_thread(scrape, ports.metrics)
+            routes.write_text("profiles: [not, a, mapping]\n", encoding="utf-8")
+            assert not service.reload()
+            after = await asyncio.to_thread(scrape, ports.metrics)
+            ready = (await asyncio.to_thread(http_get, ports.metrics, "/health/ready"))[0]
+        finally:
+            await service.stop(grace_s=1)
+        return before, after, ready
+
+    before, after, ready = asyncio.run(scenario())
+    assert value(before, "asr_config_last_reload_success") == 1 and value(after, "asr_config_last_reload_success") == 0
+    assert value(after, "asr_config_reload_failures_total") == 1 and value(after, "asr_config_reloads_total") == 1
+    assert (value(after, "asr_config_last_reload_timestamp_seconds") or 0) >= (
+        value(before, "asr_config_last_reload_timestamp_seconds") or 0
+    )
+    versions = [[dict(k[1])["version"] for k in samples if k[0] == "asr_config_info"] for samples in (before, after)]
+    assert versions[0] == versions[1], "the rejected file did not change the version in force"
+    assert ready == 200

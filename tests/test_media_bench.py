@@ -48,6 +48,16 @@ def test_five_calls_through_sip() -> None:
     assert report["samples_out"] >= 0.9 * 5 * 2 * 16000  # less what the resampler still holds
 
 
+def test_srtp_compare_runs_plain_then_srtp_legs() -> None:
+    report = run_bench("--calls", "3", "--seconds", "1", "--srtp-compare")
+    srtp = report["srtp"]
+    assert report["mode"] == srtp["mode"] == "no-sip"
+    assert report["packets_received"] == srtp["packets_received"] == 3 * 50
+    assert srtp["srtp_auth_failed"] == srtp["lost"] == 0 and srtp["receive_path"] == report["receive_path"]
+    assert srtp["samples_out"] >= 0.8 * report["samples_out"] > 0
+    assert isinstance(report["srtp_extra_us_per_packet"], float)
+
+
 def test_calls_beyond_the_server_limit_count_as_setup_failures() -> None:
     report = run_bench("--calls", "4", "--server-max-calls", "2", "--seconds", "1", "--compare-no-sip")
     assert (report["calls_up"], report["setup_failures"], report["max_calls_held"]) == (2, 2, 2)

@@ -20,6 +20,8 @@ from sip.app import CountingCallHandler
 from sip.config import SipSettings
 from sip.message import Address, Request, Response, StreamFramer, parse
 from sip.multipart import BodyPart, build_multipart
+from sip.routing import Profile, Router, RoutesFile
+from sip.sdes import SdesError, parse_crypto
 from sip.uas import UasCore
 from tests.test_sip_support import OFFER_PCMU, FakePorts, ack, invite
 
@@ -39,6 +41,21 @@ SIPREC_BODY = build_multipart(
 
 CRYPTO = "a=crypto:1 AES_CM_128_HMAC_SHA1_32 inline:NzB4d1BINUAvLEw6UzF3WSJ+PSdFcGdUJShpX1Zj|2^20|1:32\r\n"
 SAVP_OFFER = OFFER_PCMU.replace("RTP/AVP", "RTP/SAVP") + CRYPTO
+CRYPTO_LINES = [
+    "a=crypto:2 AES_CM_128_HMAC_SHA1_80 inline:WVNfX19zZW1jdGwgKCkgewkyMjA7fQp9CnVubGVz|2^20|1:4\r\n",
+    "a=crypto:3 AES_CM_128_HMAC_SHA1_80 inline:WVNfX19zZW1jdGwgKCkgewkyMjA7fQp9CnVubGVz\r\n",
+    "a=crypto:4 AES_CM_128_HMAC_SHA1_80 inline:WVNfX19zZW1jdGwgKCkgewkyMjA7fQp9CnVubGVz KDR=1\r\n",
+    "a=crypto:5 AES_CM_128_HMAC_SHA1_32 inline:c2hvcnQ=|2^31\r\n",
+    "a=crypto:6 AEAD_AES_256_GCM inline:WVNfX19zZW1jdGwgKCkgewkyMjA7fQp9CnVubGVz\r\n",
+    "a=crypto:x AES_CM_128_HMAC_SHA1_80 inline:!!!!|1:999\r\n",
+    "a=crypto:\r\n",
+]
+SAVP_BOTH = SAVP_OFFER + CRYPTO_LINES[0]
+ANSWER_SAVP = (
+    "v=0\r\no=- 2 1 IN IP4 10.0.0.5\r\ns=-\r\nc=IN IP4 10.0.0.5\r\nt=0 0\r\nm=audio 40000 RTP/SAVP 0\r\n"
+    + CRYPTO_LINES[1]
+    + "a=sendonly\r\n"
+)
 ANSWER_PCMA = (
     "v=0\r\no=- 2 1 IN IP4 10.0.0.5\r\ns=-\r\nc=IN IP4 10.0.0.5\r\nt=0 0\r\nm=audio 40000 RTP/AVP 8\r\na=sendonly\r\n"
 )
@@ -67,6 +84,11 @@ def corpus() -> list[bytes]:
         invite(method="UPDATE", to_tag="t1", cseq=6, body=OFFER_PCMU.replace("sendrecv", "inactive")),
         invite(body=SAVP_OFFER),
         invite(body=SAVP_OFFER + OFFER_PCMU.split("t=0 0\r\n", 1)[1]),
+        invite(body=SAVP_BOTH),
+        *(invite(body=OFFER_PCMU.replace("RTP/AVP", "RTP/SAVP") + line) for line in CRYPTO_LINES),
+        invite(to_tag="t1", cseq=7, body=SAVP_BOTH.replace("RTP/SAVP", "RTP/SAVPF")),
+        invite(method="UPDATE", to_tag="t1", cseq=8, body=SAVP_OFFER),
+        invite(method="ACK", to_tag="t1", branch="z9hG4bK-ack2", body=ANSWER_SAVP),
     ]
 
 
@@ -95,6 +117,10 @@ TOKENS = [
     b"a=label:",
     b"RTP/SAVP",
     b"a=crypto:1 AES_CM_128_HMAC_SHA1_80 inline:",
+    b"AES_CM_128_HMAC_SHA1_32",
+    b"|2^20|1:4",
+    b"inline:",
+    b"a=crypto:",
     b"Content-Length: 0",
     b"--fz",
     b"<!DOCTYPE",
@@ -160,7 +186,9 @@ def check_parser(data: bytes) -> None:
 def test_fuzz_parser_framer_and_core() -> None:
     rng = random.Random(20240601)
     seeds = corpus()
-    core = UasCore(SipSettings(max_calls=50), CountingCallHandler(capacity=60), FakePorts(count=200))
+    # srtp: optional, so that both plain and SDES offers reach the SDP and a=crypto parsers.
+    router = Router(RoutesFile(profiles={"default": Profile(srtp="optional")}))
+    core = UasCore(SipSettings(max_calls=50), CountingCallHandler(capacity=60), FakePorts(count=200), router)
     framer = StreamFramer(max_message_bytes=8192)
     sources = [Address("udp", f"10.0.0.{i}", 5060 + i) for i in range(1, 9)]
     now = 0.0
@@ -252,3 +280,22 @@ def test_framer_any_split(cuts: list[int]) -> None:
     framer.feed(stream[pos:])
     out.extend(framer)
     assert out == corpus()[:5]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(["1", "x", " ", "AES_CM_128_HMAC_SHA1_80", "AES_CM_128_HMAC_SHA1_32", "inline:", "|", "2^20",
+                         "1:4", ";", "KDR=1", "WVNfX19zZW1jdGwgKCkgewkyMjA7fQp9CnVubGVz", "=", "\x00", "é"]),
+        max_size=12,
+    )
+)  # fmt: skip
+def test_crypto_attribute_parses_or_says_why(pieces: list[str]) -> None:
+    """Any a=crypto value is a key or an SdesError (a 488 with its reason), never another exception."""
+    value = "".join(pieces)
+    try:
+        key = parse_crypto(value)
+    except SdesError as exc:
+        assert exc.status_hint == 488 and str(exc)
+        return
+    assert len(key.keys.key) == 30

@@ -13,7 +13,7 @@ from sip.config import SipSettings
 from sip.dialog import CallState
 from sip.message import NameAddr, Request
 from sip.routing import Profile, Router, RoutesFile
-from sip.sdp import SessionDescription
+from sip.sdp import SessionDescription, build_answer, plan_streams
 from sip.uas import UasCore
 from tests.test_sip_support import OFFER_PCMU, SOURCE, FakePorts, ack, invite
 from tests.test_sip_uas import make_core, requests, responses, statuses
@@ -48,9 +48,10 @@ def test_delayed_offer_gets_our_offer_in_the_200_and_the_answer_in_the_ack() -> 
     sdp = SessionDescription.parse(offer)
     (media,) = sdp.media
     assert (media.port, media.proto, media.direction) == (start.port, "RTP/AVP", "recvonly")
-    assert media.formats == ["0", "8", "101"]
+    assert media.formats == ["9", "0", "8", "101"]
+    assert b"a=rtpmap:9 G722/8000" in offer  # RFC 3551: 8000 in the rtpmap, 16 kHz audio
     assert b"a=rtpmap:101 telephone-event/8000" in offer and b"a=fmtp:101 0-15" in offer
-    assert start.payload_types == {0: "PCMU", 8: "PCMA", 101: "telephone-event"}
+    assert start.payload_types == {9: "G722", 0: "PCMU", 8: "PCMA", 101: "telephone-event"}
     assert start.on_hold and start.remote is None
     actions = core.receive(ack_with(tag, answer_to(offer)), SOURCE, 0.1)
     (update,) = [a for a in actions if isinstance(a, UpdateMedia)]
@@ -123,7 +124,7 @@ def test_offerless_reinvite_gets_our_offer_and_takes_the_answer_from_the_ack() -
     (ok,) = responses(actions)
     assert ok.status == 200
     (media,) = SessionDescription.parse(ok.body).media
-    assert (media.port, media.formats, media.direction) == (start.port, ["0", "8", "101"], "recvonly")
+    assert (media.port, media.formats, media.direction) == (start.port, ["9", "0", "8", "101"], "recvonly")
     assert b"o=hotline-asr" in ok.body and b" 2 IN IP4" in ok.body
     update = core.receive(invite(to_tag=tag, cseq=3, branch="z9hG4bK-up", method="UPDATE"), SOURCE, 1.05)
     assert statuses(update) == [491]
@@ -170,18 +171,17 @@ def test_savp_only_offer_is_refused_488_with_a_warning_never_answered_without_ke
         assert statuses(make_core().receive(invite(body=body), SOURCE, 0.0))[-1] == 488, proto
 
 
-def test_offer_with_avp_and_savp_alternatives_takes_avp() -> None:
-    for policy in ("off", "optional"):
-        routes = RoutesFile(profiles={"default": Profile(srtp=policy)})  # type: ignore[arg-type]
-        core = UasCore(SipSettings(), CountingCallHandler(), FakePorts(), Router(routes))
-        actions = core.receive(invite(body=AVP_AND_SAVP), SOURCE, 0.0)
-        ok = responses(actions)[-1]
-        assert ok.status == 200
-        savp, avp = SessionDescription.parse(ok.body).media
-        assert (savp.port, savp.proto) == (0, "RTP/SAVP") and b"a=crypto" not in ok.body
-        assert avp.proto == "RTP/AVP" and avp.port != 0
-        (start,) = [a for a in actions if isinstance(a, StartMedia)]
-        assert start.remote == ("10.0.0.5", 40002)
+def test_offer_with_avp_and_savp_alternatives_takes_avp_when_srtp_is_off() -> None:
+    routes = RoutesFile(profiles={"default": Profile(srtp="off")})
+    core = UasCore(SipSettings(), CountingCallHandler(), FakePorts(), Router(routes))
+    actions = core.receive(invite(body=AVP_AND_SAVP), SOURCE, 0.0)
+    ok = responses(actions)[-1]
+    assert ok.status == 200
+    savp, avp = SessionDescription.parse(ok.body).media
+    assert (savp.port, savp.proto) == (0, "RTP/SAVP") and b"a=crypto" not in ok.body
+    assert avp.proto == "RTP/AVP" and avp.port != 0
+    (start,) = [a for a in actions if isinstance(a, StartMedia)]
+    assert start.remote == ("10.0.0.5", 40002) and start.srtp is None
 
 
 def test_reinvite_to_savp_only_is_refused_and_the_call_keeps_its_leg() -> None:
@@ -192,12 +192,21 @@ def test_reinvite_to_savp_only_is_refused_and_the_call_keeps_its_leg() -> None:
     assert call is not None and list(call.legs) == [0]
 
 
-def test_srtp_required_is_a_config_error_until_decryption_exists() -> None:
-    with pytest.raises(ValidationError, match="srtp: required needs SRTP decryption"):
-        Profile(srtp="required")
-
-
 def test_bare_yaml_off_is_the_off_policy() -> None:
     assert Profile.model_validate({"srtp": False}).srtp == "off"
     with pytest.raises(ValidationError):
         Profile.model_validate({"srtp": True})
+
+
+def test_g722_is_preferred_and_telephone_event_kept() -> None:
+    """An offer listing G.711 before G.722 is still answered with G.722 (wideband wins)."""
+    offer = SessionDescription.parse(
+        "v=0\r\nc=IN IP4 10.0.0.5\r\nm=audio 41000 RTP/AVP 0 8 9 101\r\n"
+        "a=rtpmap:9 G722/8000\r\na=rtpmap:101 telephone-event/8000\r\na=sendrecv\r\n"
+    )
+    (plan,) = plan_streams(offer)
+    assert (plan.codec, plan.payload_types) == ("G722", {9: "G722", 101: "telephone-event"})
+    answer = build_answer(offer, [plan], {0: 30000}, "127.0.0.1", 1, 1)
+    assert b"m=audio 30000 RTP/AVP 9 101\r\n" in answer and b"a=rtpmap:9 G722/8000" in answer
+    narrow = SessionDescription.parse("v=0\r\nc=IN IP4 10.0.0.5\r\nm=audio 4000 RTP/AVP 18 8\r\n")
+    assert [p.codec for p in plan_streams(narrow)] == ["PCMA"]

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import shutil
+import subprocess
 import sys
 import wave
 from collections.abc import AsyncIterator
@@ -30,6 +32,7 @@ from rtp.resample import Upsampler
 from rtp.sink import CountingSink
 from sip.app import CallInfo, CountingCallHandler, LegInfo
 from sip.config import SipSettings
+from sip.routing import Profile, Router, RoutesFile
 from sip.transport import SipServer
 from tests.test_sip_sipp import free_port
 
@@ -132,7 +135,9 @@ def assert_delivered(codec: str, sink: CountingSink, sent: np.ndarray) -> None:
 
 
 @asynccontextmanager
-async def sip_server(handler: CountingCallHandler) -> AsyncIterator[SipServer]:
+async def sip_server(
+    handler: CountingCallHandler, router: Router | None = None, settings: SipSettings | None = None
+) -> AsyncIterator[SipServer]:
     """Our SipServer on a free loopback UDP port with real RtpLeg legs.
 
     The RTP range starts at a pair that is free now and is wide (the allocator skips pairs it
@@ -140,7 +145,8 @@ async def sip_server(handler: CountingCallHandler) -> AsyncIterator[SipServer]:
     """
     base = min(free_port(pair=True), 65535 - 400)
     ports = PortAllocator("127.0.0.1", base, base + 400)
-    server = SipServer(SipSettings(host="127.0.0.1", port=0, transports=["udp"]), handler, ports)
+    settings = settings or SipSettings(host="127.0.0.1", port=0, transports=["udp"])
+    server = SipServer(settings, handler, ports, router)
     await server.start()
     try:
         yield server
@@ -149,11 +155,22 @@ async def sip_server(handler: CountingCallHandler) -> AsyncIterator[SipServer]:
 
 
 async def call_with_pjsua2(
-    server: SipServer, codec: str, wavs: list[Path], timeout_s: float = 25.0, delayed_offer: bool = False
+    server: SipServer,
+    codec: str,
+    wavs: list[Path],
+    timeout_s: float = 25.0,
+    delayed_offer: bool = False,
+    srtp: bool = False,
+    tls: bool = False,
 ) -> dict[str, Any]:
     """Run the caller to completion; returns its JSON report (asserting it succeeded)."""
-    args = [sys.executable, str(CALLER), "--target", f"sip:asr@127.0.0.1:{server.port('udp')}"]
+    target = (
+        f"sip:asr@127.0.0.1:{server.port('tls')};transport=tls" if tls else f"sip:asr@127.0.0.1:{server.port('udp')}"
+    )
+    args = [sys.executable, str(CALLER), "--target", target]
+    args += ["--tls"] if tls else []
     args += ["--delayed-offer"] if delayed_offer else []
+    args += ["--srtp"] if srtp else []
     args += ["--codec", codec, "--calls", str(len(wavs)), "--sip-port", str(free_port())]
     args += ["--rtp-port", str(free_port(pair=True)), "--timeout-s", str(timeout_s), *map(str, wavs)]
     process = await asyncio.create_subprocess_exec(
@@ -260,5 +277,55 @@ def test_delayed_offer_from_pjsua2_reaches_sink_sample_accurate(tmp_path: Path, 
             assert server.counters["calls.answer_refused"] == 0
             (leg,) = handler.legs.values()
             assert_delivered(codec, handler.sinks[leg.leg_id], sent)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("delayed_offer", [False, True])
+def test_srtp_from_pjsua2_reaches_sink_sample_accurate(tmp_path: Path, delayed_offer: bool) -> None:
+    """pjsua2 with SRTP mandatory (SDES, its own libsrtp) as an independent SRTP UAC: it offers
+    RTP/SAVP (or, offerless, answers our RTP/SAVP offer) and its SRTP decodes sample-exact."""
+    sent = chirp(2.0, 200, 3400)
+    wav = write_wav(tmp_path / "chirp.wav", sent)
+    router = Router(RoutesFile(profiles={"default": Profile(srtp="required")}))
+
+    async def scenario() -> None:
+        handler = PcmKeepingHandler()
+        async with sip_server(handler, router) as server:
+            await call_with_pjsua2(server, "PCMU", [wav], delayed_offer=delayed_offer, srtp=True)
+            await settle(server, handler, 1)
+            assert server.counters["calls.answer_refused"] == 0
+            (leg,) = handler.legs.values()
+            assert_delivered("PCMU", handler.sinks[leg.leg_id], sent)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is needed to make a test certificate")
+def test_srtp_over_tls_from_pjsua2_reaches_sink_sample_accurate(tmp_path: Path) -> None:
+    """The way SDES keys should travel: SIP over TLS (pjsua2's TLS transport, our TLS listener)
+    with SRTP mandatory."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-days", "1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    settings = SipSettings(
+        host="127.0.0.1", port=0, tls_port=0, transports=["udp", "tls"], tls_cert=str(cert), tls_key=str(key)
+    )
+    sent = chirp(2.0, 200, 3400)
+    wav = write_wav(tmp_path / "chirp.wav", sent)
+    router = Router(RoutesFile(profiles={"default": Profile(srtp="required")}))
+
+    async def scenario() -> None:
+        handler = PcmKeepingHandler()
+        async with sip_server(handler, router, settings) as server:
+            await call_with_pjsua2(server, "PCMA", [wav], srtp=True, tls=True)
+            await settle(server, handler, 1)
+            (call,) = handler.calls.values()
+            assert call.source[2] == "tls"
+            (leg,) = handler.legs.values()
+            assert_delivered("PCMA", handler.sinks[leg.leg_id], sent)
 
     asyncio.run(scenario())

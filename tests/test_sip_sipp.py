@@ -8,21 +8,27 @@ a pcap of G.711 RTP that the test writes (sipp's play_pcap_audio replays it to o
 from __future__ import annotations
 
 import asyncio
+import base64
 import shutil
 import socket
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from rtp.g711 import encode
+from rtp.leg import RtpLeg
 from rtp.ports import PortAllocator
+from rtp.sink import PcmSink
+from rtp.srtp import SrtpKeys, SrtpSender
 from sip.app import CountingCallHandler
 from sip.config import SipSettings
 from sip.message import Address
 from sip.routing import Profile, RoleRuleModel, Router, RoutesFile
-from sip.transport import SipServer
+from sip.transport import LegFactory, SipServer
+from tests.test_rtp_leg import tone_packets
 
 SIPP = shutil.which("sipp")
 SCENARIOS = Path(__file__).resolve().parent / "sipp"
@@ -164,12 +170,19 @@ async def _run_sipp_once(
 
 
 class Harness:
-    def __init__(self, tmp_path: Path, capacity: int = 100, router: Router | None = None, **settings: object) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        capacity: int = 100,
+        router: Router | None = None,
+        leg_factory: LegFactory | None = None,
+        **settings: object,
+    ) -> None:
         base = free_port(pair=True)
         self.ports = PortAllocator("127.0.0.1", 30000 + base % 20000, 30000 + base % 20000 + 40)
         self.handler = CountingCallHandler(capacity)
         config = SipSettings(host="127.0.0.1", port=0, transports=["udp", "tcp"], **settings)
-        self.server = SipServer(config, self.handler, self.ports, router)
+        self.server = SipServer(config, self.handler, self.ports, router, leg_factory=leg_factory)
         self.tmp_path = tmp_path
 
     async def __aenter__(self) -> Harness:
@@ -360,10 +373,9 @@ def test_srtp_only_offer_is_refused_with_a_warning(tmp_path: Path, transport: st
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("srtp", ["off", "optional"])
-def test_avp_and_savp_alternatives_take_avp(tmp_path: Path, srtp: str) -> None:
+def test_avp_and_savp_alternatives_take_avp_when_srtp_is_off(tmp_path: Path) -> None:
     write_rtp_pcap(tmp_path / "audio.pcap", 0)
-    router = Router(RoutesFile(profiles={"default": Profile(srtp=srtp)}))  # type: ignore[arg-type]
+    router = Router(RoutesFile(profiles={"default": Profile(srtp="off")}))
 
     async def scenario() -> None:
         async with Harness(tmp_path, router=router) as h:
@@ -372,5 +384,47 @@ def test_avp_and_savp_alternatives_take_avp(tmp_path: Path, srtp: str) -> None:
             assert list(h.handler.ended.values()) == ["bye"]
             (leg,) = h.handler.legs.values()
             assert h.handler.sinks[leg.leg_id].samples >= 0.8 * 16000
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(("transport", "srtp"), [("u1", "optional"), ("t1", "required")])
+def test_srtp_sdes_offer_is_answered_with_our_key_and_its_srtp_decoded(
+    tmp_path: Path, transport: str, srtp: str
+) -> None:
+    """sipp offers RTP/SAVP (_32 and _80 lines); the answer takes _80 with our own key; SRTP
+    protected with the offered key (libsrtp, as sipp cannot encrypt), with the offered 4-byte
+    MKI before each 10-byte tag, reaches the sink."""
+    key = bytes(range(30))
+    sender = SrtpSender(SrtpKeys("AES_CM_128_HMAC_SHA1_80", key))
+    protected = [sender.protect(p) for p in tone_packets("PCMU", seconds=1.0)]
+    tone = [p[:-10] + b"\x00\x00\x00\x01" + p[-10:] for p in protected]
+    legs: list[RtpLeg] = []
+
+    def leg_factory(sink: PcmSink, payload_types: dict[int, str], on_end: Callable[[str], None]) -> RtpLeg:
+        legs.append(RtpLeg(sink=sink, payload_types=payload_types, on_end=on_end))
+        return legs[-1]
+
+    async def stream_when_answered() -> None:
+        while not legs or legs[0].local_port is None:
+            await asyncio.sleep(0.01)
+        port = legs[0].local_port
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            for packet in tone:
+                sock.sendto(packet, ("127.0.0.1", port))
+                await asyncio.sleep(0.005)
+
+    router = Router(RoutesFile(profiles={"default": Profile(srtp=srtp)}))
+
+    async def scenario() -> None:
+        async with Harness(tmp_path, router=router, leg_factory=leg_factory) as h:
+            media = asyncio.create_task(stream_when_answered())
+            await h.sipp("uac_srtp.xml", transport, key=base64.b64encode(key).decode())
+            await media
+            await h.settle()
+            assert list(h.handler.ended.values()) == ["bye"]
+            (leg,) = h.handler.legs.values()
+            assert h.handler.sinks[leg.leg_id].samples >= 0.9 * 16000, legs[0].stats
+            assert legs[0].stats.srtp_auth_failed == legs[0].stats.bad_packets == 0
 
     asyncio.run(scenario())

@@ -35,7 +35,19 @@ PASSTHROUGH: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "publisher": (_module_main("publisher_bench"), "events/s and publish latency to a local Redis"),
     "sherpa-peer": (_module_main("sherpa_peer"), "sherpa-onnx vs our engine on the same exported model"),
     "soak": (_module_main("soak"), "N calls for M minutes: RSS, FDs and threads over time"),
+    "cluster": (
+        _module_main("cluster_bench"),
+        "calls through Kamailio to N nodes on Redis Sentinel; --drain-node | --kill-node | --kill-redis-master",
+    ),
+    "console-viewers": (
+        _module_main("console_viewers"),
+        "concurrent SSE viewers on one console: delivery latency, missed, CPU",
+    ),
     "crashloop": (_module_main("crash_loop"), "SIGKILL the service N times (Redis up and down): no durable event lost"),
+    "failover": (
+        _module_main("failover_bench"),
+        "publisher through a Redis Sentinel failover: events lost, duplicated",
+    ),
     "accuracy": (
         _accuracy,
         "CER per chunk size on a test set (WAVs + text); --backend: through the engine; --int8-change: INT8 vs fp32",

@@ -228,6 +228,9 @@ def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray)
         "rescore_tree_nodes_per_s": round(sum(_tree_nodes(f) for f in finals) / audio_s, 2),
         "behind_realtime_chunks": stats.behind_realtime_chunks,
         "drain_s": round(drain_s, 3),
+        # Seconds the feeding took beyond the audio's length: the load generator (one Python
+        # thread) fell behind real time, so the trial offered less than its stream count.
+        "feed_lag_s": round(max(0.0, feed_end - wall0 - trial.seconds), 3),
         "kv_bytes_per_stream": engine.pool.bytes_per_slot,
         "kv_bytes_total": engine.pool.total_bytes,
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),

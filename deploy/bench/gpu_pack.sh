@@ -49,6 +49,7 @@ DL="$(mktemp -d "${TMPDIR:-/tmp}/hotline-asr-pack.XXXXXX")"
 trap 'rm -rf "$DL"' EXIT
 
 echo "== our wheel ($("$PY" --version))" >&2
+rm -rf "$REPO"/build/lib.* "$REPO"/build/bdist.*  # no stale build output in the wheel
 "$PY" -m pip wheel -q --no-deps -w "$OUT" "$REPO" >&2
 
 echo "== dependencies the GPU image lacks" >&2

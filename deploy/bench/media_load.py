@@ -6,7 +6,7 @@ This process runs the server: the real `sip.transport.SipServer` (UDP) with real
 `rtp.leg.RtpLeg` legs, the engine replaced by `sip.app.CountingCallHandler`'s counting sinks,
 on one event loop (uvloop unless `--no-uvloop`), as `asr-gateway serve` runs them. A child
 process is the load generator (`deploy.bench.sip_uac`): it places `--calls` calls at
-`--rate` calls/s (INVITE with a PCMU/PCMA offer, 100, 200 with our SDP answer, ACK), then
+`--rate` calls/s (INVITE with a PCMU/PCMA/G.722 offer, 100, 200 with our SDP answer, ACK), then
 sends one 20 ms packet per call every 20 ms (50 packets/s per call) for `--seconds` to the
 address in each answer, from the address in its offer, then BYEs every call.
 
@@ -28,8 +28,12 @@ What is counted:
   them and were not ended by the server before the generator's BYE.
 
 `--no-sip` is the older direct mode: N legs opened without SIP, the same pacer in a child
-process; its report says `calls_up` = N and no setup fields. `--compare-no-sip` runs the SIP
-mode, then the direct mode with the same load in the same process, and adds the direct
+process; its report says `calls_up` = N and no setup fields. `--srtp-compare` runs the
+direct mode twice in one process, plain RTP and then SRTP (AES_CM_128_HMAC_SHA1_80, each
+packet protected by libsrtp in the pacer, unprotected by the legs), and reports the SRTP run
+as `srtp` with `srtp_extra_us_per_packet`, the difference in `server_cpu_us_per_packet`.
+Both runs use the same receive path (the C one unprotects in-order SRTP packets itself).
+`--compare-no-sip` runs the SIP mode, then the direct mode with the same load in the same process, and adds the direct
 report as `no_sip` and `server_cpu_ratio_to_no_sip`. `--parser-bench` instead prints the
 per-packet parse cost of aiortc's RtpPacket and ours.
 """
@@ -57,16 +61,18 @@ from rtp.packet import RtpPacket
 from rtp.poller import FastReceiver
 from rtp.ports import PortAllocator
 from rtp.sink import CountingSink, PcmSink
+from rtp.srtp import SrtpKeys, SrtpSender
 from sip.app import CountingCallHandler
 from sip.config import SipSettings
 from sip.transport import SipServer
 
-PAYLOAD_TYPES = {0: "PCMU", 8: "PCMA", 101: "telephone-event", 13: "CN"}
+PAYLOAD_TYPES = {0: "PCMU", 8: "PCMA", 9: "G722", 101: "telephone-event", 13: "CN"}
 HELD_FRACTION = 0.99
 DRAIN_LIMIT_S = 30.0
 DRAIN_POLL_S = 0.2
 LEGS_OPEN_LIMIT_S = 10.0
 STALL_PROBE_S = 0.05
+BENCH_SRTP = SrtpKeys("AES_CM_128_HMAC_SHA1_80", bytes(range(30)))
 
 
 async def _receive(conn: Connection, process: multiprocessing.process.BaseProcess) -> Any:
@@ -295,20 +301,26 @@ async def run_sip(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-def _direct_sender(conn: Connection, host: str, ports: list[int], seconds: float, codec: str, sockets: int) -> None:
-    """Child process of `--no-sip`: the same pacer, aimed straight at the legs' ports."""
+def _direct_sender(
+    conn: Connection, host: str, ports: list[int], seconds: float, codec: str, sockets: int, srtp: bool
+) -> None:
+    """Child process of `--no-sip`: the same pacer, aimed straight at the legs' ports; with
+    `srtp`, one libsrtp session per leg protects its packets."""
     senders = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(sockets)]
     targets = [(senders[index % sockets], (host, port)) for index, port in enumerate(ports)]
+    protectors: list[Callable[[bytes], bytes]] | None = None
+    if srtp:
+        protectors = [SrtpSender(BENCH_SRTP).protect for _ in ports]
     conn.send({"event": "ready"})
     if conn.recv() != "stream":
         return
-    conn.send(stream_rtp(targets, seconds, codec).message())
+    conn.send(stream_rtp(targets, seconds, codec, protectors=protectors).message())
     for sender in senders:
         sender.close()
 
 
-async def run_direct(args: argparse.Namespace) -> dict[str, Any]:
-    """`--no-sip`: legs opened directly (no SIP), one pacer child process."""
+async def run_direct(args: argparse.Namespace, srtp: bool = False) -> dict[str, Any]:
+    """`--no-sip`: legs opened directly (no SIP), one pacer child process; SRTP legs with `srtp`."""
     allocator = PortAllocator(args.host, args.port_min, args.port_max)
     ended: set[str] = set()
     legs: dict[str, RtpLeg] = {}
@@ -320,6 +332,7 @@ async def run_direct(args: argparse.Namespace) -> dict[str, Any]:
             sink=CountingSink(),
             payload_types=PAYLOAD_TYPES,
             on_end=lambda _reason, name=name: ended.add(name),  # type: ignore[misc]
+            srtp=BENCH_SRTP if srtp else None,
             **leg_options,
         )
         await leg.open(args.host, allocator.allocate())
@@ -329,7 +342,7 @@ async def run_direct(args: argparse.Namespace) -> dict[str, Any]:
     conn, child_conn = context.Pipe()
     sender = context.Process(
         target=_direct_sender,
-        args=(child_conn, args.host, ports, args.seconds, args.codec, args.sockets),
+        args=(child_conn, args.host, ports, args.seconds, args.codec, args.sockets, srtp),
         daemon=True,
     )
     sender.start()
@@ -342,12 +355,20 @@ async def run_direct(args: argparse.Namespace) -> dict[str, Any]:
             sender.kill()
     per_leg = window.streamed["packets_sent"] // max(1, len(legs))
     report = {"mode": "no-sip"} | _report(args, legs, dict.fromkeys(legs, per_leg), ended, window)
+    if srtp:
+        report["srtp_auth_failed"] = sum(leg.stats.srtp_auth_failed for leg in legs.values())
     for leg in legs.values():
         await leg.close()
     return report
 
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.srtp_compare:
+        report = await run_direct(args)
+        report["srtp"] = await run_direct(args, srtp=True)
+        extra = report["srtp"]["server_cpu_us_per_packet"] - report["server_cpu_us_per_packet"]
+        report["srtp_extra_us_per_packet"] = round(extra, 2)
+        return report
     if args.no_sip:
         return await run_direct(args)
     report = await run_sip(args)
@@ -387,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", "--streams", type=_positive(int), default=100, help="concurrent calls")
     parser.add_argument("--seconds", type=_positive(float), default=10.0, help="streaming time per call")
     parser.add_argument("--rate", type=_positive(float), default=200.0, help="call setup rate, calls/s")
-    parser.add_argument("--codec", choices=("PCMU", "PCMA"), default="PCMU")
+    parser.add_argument("--codec", choices=("PCMU", "PCMA", "G722"), default="PCMU", help="G722: wideband, no C path")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port-min", type=int, default=30000, help="server RTP port range")
     parser.add_argument("--port-max", type=int, default=39999)
@@ -398,6 +419,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-sip", action="store_true", help="open the legs directly (the older mode)")
     parser.add_argument("--compare-no-sip", action="store_true", help="also run --no-sip and report both")
+    parser.add_argument(
+        "--srtp-compare", action="store_true", help="direct mode twice: plain RTP, then SRTP; report both"
+    )
     parser.add_argument(
         "--resample-batch-ms", type=int, help="RtpLeg resample_batch_ms (default: the leg's own default)"
     )

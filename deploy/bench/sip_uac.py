@@ -2,7 +2,7 @@
 
 One UDP socket carries the SIP of every call; a few UDP sockets send their RTP, and each
 call's SDP offer names the socket that will send its packets (so the receiver sees them come
-from the SDP address). Per call: INVITE with a PCMU or PCMA offer, retransmitted after T1,
+from the SDP address). Per call: INVITE with a PCMU, PCMA or G.722 offer, retransmitted after T1,
 2·T1, 4·T1 ... until a response arrives (a provisional one stops the retransmissions); a
 2xx is ACKed (again for each retransmitted 2xx), a final non-2xx is ACKed and counts as a
 setup failure, as does no final answer 64·T1 after the first INVITE. At the end, BYE with
@@ -32,13 +32,14 @@ from typing import Any
 import numpy as np
 
 from rtp import g711
+from rtp.g722 import G722Encoder
 from sip.errors import SipParseError
 from sip.message import Headers, NameAddr, Request, Response, parse
 from sip.sdp import SessionDescription
 
 PACKET_MS = 20
 PACKET_SAMPLES = 160
-PAYLOAD_TYPES = {"PCMU": 0, "PCMA": 8}
+PAYLOAD_TYPES = {"PCMU": 0, "PCMA": 8, "G722": 9}
 BENCH_SSRC = 0x5EED0001
 _RTP_HEADER = struct.Struct("!BBHII")
 _TIMEOUT_FACTOR = 64  # RFC 3261 timers B and F: 64·T1
@@ -118,7 +119,12 @@ class StreamReport:
 
 
 def tone_payloads(codec: str) -> list[bytes]:
-    """One second of a 440 Hz tone as 50 packet payloads, reused in a loop."""
+    """One second of a 440 Hz tone as 50 packet payloads, reused in a loop (G.722: sampled at
+    16 kHz, 160 bytes and 160 timestamp ticks per 20 ms like G.711)."""
+    if codec == "G722":
+        wide = (np.sin(2 * np.pi * 440 * np.arange(16000) / 16000) * 8000).astype(np.int16)
+        encoder = G722Encoder()
+        return [encoder.encode(wide[i : i + 2 * PACKET_SAMPLES]) for i in range(0, 16000, 2 * PACKET_SAMPLES)]
     samples = (np.sin(2 * np.pi * 440 * np.arange(8000) / 8000) * 8000).astype(np.int16)
     return [g711.encode(codec, samples[i : i + PACKET_SAMPLES]) for i in range(0, 8000, PACKET_SAMPLES)]
 
@@ -131,6 +137,7 @@ def stream_rtp(
     active: list[bool] | None = None,
     sent: list[int] | None = None,
     on_tick: Callable[[], None] | None = None,
+    protectors: list[Callable[[bytes], bytes]] | None = None,
 ) -> StreamReport:
     """Send one 20 ms packet to every target per tick for `seconds`, pacing by the clock.
 
@@ -138,6 +145,7 @@ def stream_rtp(
     turns False (its call ended) is skipped; `sent` counts packets per target. `on_tick`
     runs after each tick's packets (the UAC answers SIP there). A tick that starts more than
     one period late counts in `ticks_behind`; it is sent anyway, so nothing is skipped.
+    `protectors` (one per target) turn each packet into SRTP before it is sent.
     """
     payload_type = PAYLOAD_TYPES[codec]
     payloads = tone_payloads(codec)
@@ -158,7 +166,7 @@ def stream_rtp(
             if active is not None and not active[index]:
                 continue
             try:
-                sendto(packet, address)
+                sendto(packet if protectors is None else protectors[index](packet), address)
             except OSError:
                 report.send_errors += 1
                 continue

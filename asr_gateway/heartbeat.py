@@ -1,0 +1,117 @@
+"""What this gateway runs, told to Redis every few seconds, and reload requests from the console.
+
+Every ``interval_s`` the heartbeat writes one field of the hash ``{prefix}:nodes``: the node id
+-> JSON ``{node, config_version, last_reload: {at, ok, errors}, active_calls, ts}``. Redis 7.0
+has no per-field expiry, so ``ts`` (unix seconds) tells readers how fresh a field is: the
+console shows a node as gone after ``3 * interval_s`` and deletes fields older than a day.
+The hash itself expires a minute after the last heartbeat of any node.
+
+The gateway also subscribes to the channel ``{prefix}:control``: the message ``reload`` runs
+the same reload as SIGHUP (the console's *apply* and *rollback* send it), and the next
+heartbeat, written right after, reports the new version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from kb_hooks.connection import make_client
+
+log = logging.getLogger(__name__)
+
+RELOAD_MESSAGE = "reload"
+HASH_TTL_S = 60
+
+
+def nodes_key(prefix: str) -> str:
+    return f"{prefix}:nodes"
+
+
+def control_channel(prefix: str) -> str:
+    return f"{prefix}:control"
+
+
+def default_node_id(sip_port: int | None) -> str:
+    return f"{socket.gethostname()}:{sip_port}" if sip_port else socket.gethostname()
+
+
+class Heartbeat:
+    """``start()`` runs two tasks on the loop: the periodic report and the control subscription."""
+
+    def __init__(
+        self,
+        url: str,
+        prefix: str,
+        node_id: str,
+        report: Callable[[], dict[str, Any]],
+        reload: Callable[[], object],
+        interval_s: float = 2.0,
+    ) -> None:
+        self.prefix = prefix
+        self.node_id = node_id
+        self.interval_s = interval_s
+        self._report = report
+        self._reload = reload
+        self._client = make_client(url, 2.0, 2.0)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._wake = asyncio.Event()
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._beat(), name="heartbeat"),
+            asyncio.create_task(self._listen(), name="control"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        with contextlib.suppress(RedisError, OSError):
+            await self._client.hdel(nodes_key(self.prefix), self.node_id)
+        with contextlib.suppress(RedisError, OSError):
+            await self._client.aclose()
+
+    def payload(self) -> str:
+        return json.dumps({"node": self.node_id, "ts": time.time(), **self._report()}, ensure_ascii=False)
+
+    async def _beat(self) -> None:
+        key = nodes_key(self.prefix)
+        while True:
+            try:
+                async with self._client.pipeline(transaction=True) as pipe:
+                    pipe.hset(key, self.node_id, self.payload())
+                    pipe.expire(key, HASH_TTL_S)
+                    await pipe.execute()
+            except (RedisError, OSError) as exc:  # Redis down: the publisher logs outages already
+                log.debug("heartbeat not written: %s", exc)
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.interval_s)
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                async with self._client.pubsub() as pubsub:
+                    await pubsub.subscribe(control_channel(self.prefix))
+                    while True:
+                        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                        if message is not None and _text(message.get("data")) == RELOAD_MESSAGE:
+                            log.info("reload requested on %s", control_channel(self.prefix))
+                            self._reload()
+                            self._wake.set()  # report the new version now
+            except (RedisError, OSError) as exc:
+                log.debug("control channel lost: %s; resubscribing", exc)
+                await asyncio.sleep(self.interval_s)
+
+
+def _text(data: object) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else str(data)

@@ -1,0 +1,368 @@
+"""Everything the console knows about calls comes from Redis through this module.
+
+One ``Hub`` per process reads, for each key prefix:
+
+* the firehose ``{prefix}:events`` (``XREAD BLOCK``) into the ``CallIndex``: call summaries for
+  the calls page (at start, the last ``bootstrap_events`` entries tell which calls are open);
+* the pub/sub channel ``{prefix}:live`` for partials (they are in no stream by default);
+* for each call someone watches, the call's own stream ``{prefix}:call:{id}`` into a
+  ``CallFeed``: its whole history, then each new entry, fanned out to every viewer of the
+  call from memory, with the stream entry id as the SSE id. Redis sees one reader per watched
+  call, however many viewers there are, and each event is serialized once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from kb_hooks.publisher import firehose_key, live_channel, stream_key
+
+log = logging.getLogger(__name__)
+
+BLOCK_MS = 1000
+FEED_IDLE_S = 30.0
+RETRY_S = 1.0
+
+
+def stream_id_key(stream_id: str) -> tuple[int, int]:
+    ms, _, seq = stream_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def decode_entry(fields: dict[Any, Any]) -> dict[str, Any] | None:
+    raw = fields.get(b"event", fields.get("event"))
+    if raw is None:
+        return None
+    try:
+        event = json.loads(raw)
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None
+
+
+@dataclass
+class CallSummary:
+    """One call as the calls page shows it."""
+
+    call_id: str
+    prefix: str
+    started_at: str | None = None
+    route: str | None = None
+    participants: list[dict[str, Any]] = field(default_factory=list)
+    metadata: dict[str, str] = field(default_factory=dict)
+    agent_id: str | None = None
+    last_text: dict[str, Any] | None = None
+    suggestions: list[str] = field(default_factory=list)
+    ended_at: str | None = None
+    end_reason: str | None = None
+    updated: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "call_id": self.call_id,
+            "started_at": self.started_at,
+            "route": self.route,
+            "participants": self.participants,
+            "metadata": self.metadata,
+            "agent_id": self.agent_id,
+            "last_text": self.last_text,
+            "suggestions": self.suggestions,
+            "ended_at": self.ended_at,
+            "end_reason": self.end_reason,
+            "active": self.ended_at is None,
+        }
+
+
+class CallIndex:
+    """Call summaries folded from events; ``changed`` is set (and replaced) on every update."""
+
+    def __init__(self, agent_id_key: str, ended_keep_s: float) -> None:
+        self.agent_id_key = agent_id_key
+        self.ended_keep_s = ended_keep_s
+        self.calls: dict[str, CallSummary] = {}
+        self.version = 0
+        self.changed = asyncio.Event()
+
+    def _notify(self) -> None:
+        self.version += 1
+        old, self.changed = self.changed, asyncio.Event()
+        old.set()
+
+    def apply(self, prefix: str, event: dict[str, Any]) -> CallSummary | None:
+        call_id = event.get("call_id")
+        if not isinstance(call_id, str):
+            return None
+        call = self.calls.get(call_id)
+        if call is None:
+            call = self.calls[call_id] = CallSummary(call_id, prefix, route=event.get("route"))
+        fold_event(call, event, self.agent_id_key)
+        call.updated = time.time()
+        self._notify()
+        return call
+
+    def prune(self) -> None:
+        cutoff = time.time() - self.ended_keep_s
+        gone = [cid for cid, c in self.calls.items() if c.ended_at is not None and c.updated < cutoff]
+        for call_id in gone:
+            del self.calls[call_id]
+        if gone:
+            self._notify()
+
+
+def fold_event(call: CallSummary, event: dict[str, Any], agent_id_key: str) -> None:
+    """Update ``call`` with what ``event`` says about it."""
+    kind = event.get("event_type")
+    if kind == "call.started":
+        call.started_at = event.get("ts")
+        call.route = event.get("route")
+        call.participants = list(event.get("participants") or [])
+        call.metadata = dict(event.get("metadata") or {})
+        call.agent_id = call.metadata.get(agent_id_key)
+    elif kind in ("transcript.partial", "transcript.final"):
+        role = (event.get("participant") or {}).get("role")
+        call.last_text = {"role": role, "text": event.get("text", ""), "is_partial": kind.endswith("partial")}
+    elif kind == "kb.suggestion" and event.get("status") != "withdrawn":
+        title = str(event.get("title", ""))
+        if title not in call.suggestions:
+            call.suggestions.append(title)
+    elif kind == "call.ended":
+        call.ended_at = event.get("ts")
+        call.end_reason = event.get("reason")
+
+
+@dataclass(frozen=True)
+class FeedItem:
+    stream_id: str | None  # None for a partial (pub/sub only)
+    data: str  # the event's JSON, serialized once for every viewer
+
+
+class CallFeed:
+    """One call's events: the stored history, then each new one, for any number of viewers."""
+
+    def __init__(self, client: aioredis.Redis, prefix: str, call_id: str) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.call_id = call_id
+        self.items: list[FeedItem] = []
+        self.last_id = "0-0"
+        self.ready = asyncio.Event()
+        self.changed = asyncio.Event()
+        self.viewers = 0
+        self.idle_since = time.monotonic()
+        self.delivered = 0
+        self._task = asyncio.create_task(self._read(), name=f"feed-{call_id}")
+
+    def _append(self, item: FeedItem) -> None:
+        self.items.append(item)
+        old, self.changed = self.changed, asyncio.Event()
+        old.set()
+
+    def add_partial(self, data: str) -> None:
+        if self.ready.is_set():
+            self._append(FeedItem(None, data))
+
+    async def _read(self) -> None:
+        key = stream_key(self.prefix, self.call_id)
+        while True:
+            try:
+                if not self.ready.is_set():
+                    stored: Any = await self.client.xrange(key, "-", "+")
+                    for sid, fields in stored:
+                        self._add_entry(_text(sid), fields)
+                    self.ready.set()
+                reply: Any = await self.client.xread({key: self.last_id}, count=500, block=BLOCK_MS)
+                for _, entries in reply or []:
+                    for sid, fields in entries:
+                        self._add_entry(_text(sid), fields)
+            except asyncio.CancelledError:
+                raise
+            except (RedisError, OSError) as exc:
+                log.warning("call %s: reading its stream failed (%s); retrying", self.call_id, exc)
+                await asyncio.sleep(RETRY_S)
+
+    def _add_entry(self, sid: str, fields: dict[Any, Any]) -> None:
+        self.last_id = sid
+        event = decode_entry(fields)
+        if event is not None:
+            self._append(FeedItem(sid, json.dumps(event, ensure_ascii=False)))
+
+    def start_index(self, last_event_id: str | None) -> int:
+        """Where a viewer resuming after ``last_event_id`` starts (0: from the beginning)."""
+        if not last_event_id:
+            return 0
+        try:
+            after = stream_id_key(last_event_id)
+        except ValueError:
+            return 0
+        for i, item in enumerate(self.items):
+            if item.stream_id is not None and stream_id_key(item.stream_id) > after:
+                return i
+        return len(self.items)
+
+    async def follow(self, last_event_id: str | None = None) -> AsyncIterator[FeedItem]:
+        """The stored events after ``last_event_id`` (all when None), then live ones, forever."""
+        self.viewers += 1
+        try:
+            await self.ready.wait()
+            index = self.start_index(last_event_id)
+            while True:
+                changed = self.changed
+                while index < len(self.items):
+                    item = self.items[index]
+                    index += 1
+                    self.delivered += 1
+                    yield item
+                await changed.wait()
+        finally:
+            self.viewers -= 1
+            self.idle_since = time.monotonic()
+
+    async def close(self) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+
+class Hub:
+    """The process's Redis readers: the index of calls, the partials, and the watched calls' feeds."""
+
+    def __init__(self, client: aioredis.Redis, prefixes: list[str], index: CallIndex, bootstrap_events: int) -> None:
+        self.client = client
+        self.prefixes = prefixes
+        self.index = index
+        self.bootstrap_events = bootstrap_events
+        self.feeds: dict[str, CallFeed] = {}
+        self.firehose_ids = dict.fromkeys(prefixes, "0-0")
+        self._tasks: list[asyncio.Task[None]] = []
+        self.ready = asyncio.Event()
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._firehose(), name="firehose"),
+            asyncio.create_task(self._partials(), name="partials"),
+            asyncio.create_task(self._reap(), name="reaper"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for feed in list(self.feeds.values()):
+            await feed.close()
+        self.feeds.clear()
+
+    def feed(self, prefix: str, call_id: str) -> CallFeed:
+        feed = self.feeds.get(call_id)
+        if feed is None:
+            feed = self.feeds[call_id] = CallFeed(self.client, prefix, call_id)
+        return feed
+
+    async def _bootstrap(self) -> None:
+        for prefix in self.prefixes:
+            key = firehose_key(prefix)
+            entries: Any = (
+                await self.client.xrevrange(key, "+", "-", count=self.bootstrap_events) if self.bootstrap_events else []
+            )
+            for _sid, fields in reversed(entries):
+                event = decode_entry(fields)
+                if event is not None:
+                    self.index.apply(prefix, event)
+            if entries:
+                self.firehose_ids[prefix] = _text(entries[0][0])
+            elif not self.bootstrap_events:
+                last: Any = await self.client.xrevrange(key, "+", "-", count=1)
+                self.firehose_ids[prefix] = _text(last[0][0]) if last else "0-0"
+
+    async def _firehose(self) -> None:
+        keys = {firehose_key(p): p for p in self.prefixes}
+        while True:
+            try:
+                if not self.ready.is_set():
+                    await self._bootstrap()
+                    self.ready.set()
+                streams = {key: self.firehose_ids[p] for key, p in keys.items()}
+                reply: Any = await self.client.xread(streams, count=500, block=BLOCK_MS)  # type: ignore[arg-type]
+                for key, entries in reply or []:
+                    prefix = keys[_text(key)]
+                    for sid, fields in entries:
+                        self.firehose_ids[prefix] = _text(sid)
+                        event = decode_entry(fields)
+                        if event is not None:
+                            self.index.apply(prefix, event)
+            except asyncio.CancelledError:
+                raise
+            except (RedisError, OSError) as exc:
+                log.warning("reading the firehose failed (%s); retrying", exc)
+                await asyncio.sleep(RETRY_S)
+
+    async def _partials(self) -> None:
+        channels = {live_channel(p): p for p in self.prefixes}
+        while True:
+            try:
+                async with self.client.pubsub() as pubsub:
+                    await pubsub.subscribe(*channels)
+                    while True:
+                        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                        if message is not None:
+                            self._partial(channels.get(_text(message["channel"]), self.prefixes[0]), message["data"])
+            except asyncio.CancelledError:
+                raise
+            except (RedisError, OSError) as exc:
+                log.warning("live channel lost (%s); resubscribing", exc)
+                await asyncio.sleep(RETRY_S)
+
+    def _partial(self, prefix: str, data: Any) -> None:
+        text = _text(data)
+        try:
+            event = json.loads(text)
+        except ValueError:
+            return
+        if not isinstance(event, dict) or event.get("event_type") != "transcript.partial":
+            return  # durable events come from the streams, in order
+        self.index.apply(prefix, event)
+        feed = self.feeds.get(str(event.get("call_id")))
+        if feed is not None:
+            feed.add_partial(text)
+
+    async def _reap(self) -> None:
+        while True:
+            await asyncio.sleep(5.0)
+            now = time.monotonic()
+            for call_id, feed in list(self.feeds.items()):
+                if feed.viewers == 0 and now - feed.idle_since > FEED_IDLE_S:
+                    del self.feeds[call_id]
+                    await feed.close()
+            self.index.prune()
+
+
+async def call_snapshot(client: aioredis.Redis, prefix: str, call_id: str) -> list[tuple[str, dict[str, Any]]]:
+    """The call's stored events with their stream ids (empty when Redis has no such call)."""
+    out = []
+    stored: Any = await client.xrange(stream_key(prefix, call_id), "-", "+")
+    for sid, fields in stored:
+        event = decode_entry(fields)
+        if event is not None:
+            out.append((_text(sid), event))
+    return out
+
+
+@contextlib.asynccontextmanager
+async def running_hub(hub: Hub) -> AsyncIterator[Hub]:
+    hub.start()
+    try:
+        yield hub
+    finally:
+        await hub.stop()

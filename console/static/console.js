@@ -1,0 +1,287 @@
+// The console's pages: calls list, call view, admin. Plain JS on top of client.js.
+(function () {
+  "use strict";
+  const api = new HotlineConsole("");
+  const meta = document.querySelector('meta[name="csrf-token"]');
+  if (meta) api.csrf = meta.content;
+
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (key === "class") node.className = value;
+      else if (key.startsWith("data-")) node.setAttribute(key, value);
+      else node[key] = value;
+    }
+    for (const child of children) if (child !== null && child !== undefined) node.append(child);
+    return node;
+  }
+
+  function time(ts) {
+    return ts ? new Date(ts).toLocaleTimeString() : "";
+  }
+
+  for (const form of document.querySelectorAll("form[data-csrf-form]")) {
+    form.addEventListener("submit", async (e) => {
+      e.preventDefault();
+      await fetch(form.action, { method: "POST", credentials: "same-origin", headers: { "X-CSRF-Token": api.csrf } });
+      location.href = "/login";
+    });
+  }
+
+  // -- calls list --------------------------------------------------------------------
+  function callsPage(table) {
+    const body = table.querySelector("tbody");
+    const empty = document.getElementById("calls-empty");
+    api.watchCalls((calls) => {
+      body.replaceChildren();
+      empty.hidden = calls.length > 0;
+      for (const call of calls) {
+        const who = (call.participants || []).map((p) => `${p.role}: ${p.name || p.aor || "?"}`).join(", ");
+        const last = call.last_text ? `${call.last_text.role || ""} ${call.last_text.text}` : "";
+        const row = el("tr", { class: call.active ? "active" : "ended", "data-call-id": call.call_id },
+          el("td", {}, el("a", { href: "/calls/" + encodeURIComponent(call.call_id) }, time(call.started_at) || call.call_id)),
+          el("td", {}, call.route || ""), el("td", {}, who), el("td", {}, call.agent_id || ""),
+          el("td", { class: call.last_text && call.last_text.is_partial ? "partial" : "" }, last),
+          el("td", {}, (call.suggestions || []).join("、")),
+          el("td", {}, call.active ? "live" : `ended (${call.end_reason || ""})`));
+        body.append(row);
+      }
+    });
+  }
+
+  // -- one call ----------------------------------------------------------------------
+  function callPage(root) {
+    const callId = root.dataset.callId;
+    const utterances = new Map(); // key -> {node, final, text, spans}
+    const cards = new Map();
+    const tagsSeen = new Set();
+    const state = document.getElementById("call-state");
+
+    function laneOf(participant) {
+      const role = participant && participant.role === "agent" ? "agent" : "caller";
+      return document.querySelector(`#lane-${role} .utts`);
+    }
+
+    function keyOf(event) {
+      const p = event.participant || {};
+      return [p.role, p.aor, p.label, event.utterance_id].join("|");
+    }
+
+    function render(u) {
+      const spans = u.spans.filter((s) => s.final === u.final).sort((a, b) => a.begin - b.begin);
+      const parts = [];
+      let at = 0;
+      for (const s of spans) {
+        if (s.begin < at || s.end > u.text.length) continue;
+        parts.push(u.text.slice(at, s.begin), el("mark", {}, u.text.slice(s.begin, s.end)));
+        at = s.end;
+      }
+      parts.push(u.text.slice(at));
+      u.node.replaceChildren(...parts);
+      u.node.className = "utt " + (u.final ? "final" : "partial");
+    }
+
+    function utterance(event) {
+      const key = keyOf(event);
+      let u = utterances.get(key);
+      if (!u) {
+        u = { node: el("p", { class: "utt partial", "data-key": key }), final: false, text: "", spans: [] };
+        utterances.set(key, u);
+        laneOf(event.participant).append(u.node);
+      }
+      return u;
+    }
+
+    function transcript(event) {
+      const u = utterance(event);
+      if (u.final) return; // a late partial after its final
+      u.text = event.text || "";
+      u.final = !event.is_partial;
+      if (u.final) {
+        u.node.setAttribute("data-final-at", String(Date.now()));
+        u.node.setAttribute("data-event-ts", event.ts || "");
+      }
+      render(u);
+    }
+
+    function suggestion(event) {
+      let card = cards.get(event.entry_id);
+      if (!card) {
+        card = el("div", { class: "card", "data-entry-id": event.entry_id, "data-shown-at": String(Date.now()) });
+        cards.set(event.entry_id, card);
+        document.getElementById("cards").prepend(card);
+      }
+      card.className = "card " + event.status;
+      if (event.status === "confirmed" && !card.hasAttribute("data-confirmed-at")) {
+        card.setAttribute("data-confirmed-at", String(Date.now()));
+      }
+      const parts = [
+        el("div", { class: "title" }, event.title, el("span", { class: "badge" }, event.status)),
+        event.summary ? el("div", {}, event.summary) : null,
+        el("div", { class: "meta" }, `score ${event.score} · ${event.match_kind}${event.homophone ? " · homophone" : ""} · “${event.matched_text}”`),
+        event.url ? el("a", { href: event.url, target: "_blank", rel: "noopener" }, event.url) : null];
+      card.replaceChildren(...parts.filter((p) => p !== null));
+      if (event.span && event.status !== "withdrawn") {
+        const u = utterance(event);
+        u.spans.push({ begin: event.span.begin, end: event.span.end, final: !event.is_partial });
+        render(u);
+      }
+    }
+
+    function tags(event) {
+      for (const tag of event.tags || []) {
+        const key = [tag.kind, tag.label, tag.value].join("|");
+        if (tagsSeen.has(key)) continue;
+        tagsSeen.add(key);
+        const text = tag.kind === "entity" ? `${tag.label}: ${tag.value}` : tag.label;
+        document.getElementById("chips").append(el("span", { class: "chip " + tag.kind, title: tag.kind }, text));
+      }
+    }
+
+    function started(event) {
+      const who = (event.participants || []).map((p) => `${p.role} ${p.name || p.aor || ""}`).join(" · ");
+      const agent = (event.metadata || {})["X-Agent-Id"];
+      document.getElementById("call-info").textContent =
+        `${time(event.ts)} · route ${event.route || "(default)"} · ${who}${agent ? " · agent " + agent : ""}`;
+    }
+
+    function ended(event) {
+      const box = document.getElementById("summary");
+      box.hidden = false;
+      const stats = Object.entries(event.stats || {}).map(([k, v]) => `${k} ${typeof v === "object" ? JSON.stringify(v) : v}`).join(" · ");
+      document.getElementById("summary-text").textContent = `${time(event.ts)} · ${event.reason}${stats ? " · " + stats : ""}`;
+      state.textContent = "ended";
+    }
+
+    const handlers = {
+      "call.started": started,
+      "transcript.partial": transcript,
+      "transcript.final": transcript,
+      "kb.suggestion": suggestion,
+      tags: tags,
+      "call.ended": ended,
+    };
+    api.follow(callId, (event) => {
+      const handler = handlers[event.event_type];
+      if (handler) handler(event);
+    }, (s) => { if (state.textContent !== "ended") state.textContent = s; });
+  }
+
+  // -- admin -------------------------------------------------------------------------
+  function adminPage() {
+    const select = document.getElementById("file-key");
+    const editor = document.getElementById("editor");
+    const errors = document.getElementById("errors");
+    const result = document.getElementById("apply-result");
+    let appliedAt = null;
+
+    function showErrors(lines) {
+      errors.replaceChildren(...lines.map((line) => el("li", {}, line)));
+    }
+
+    async function loadFile() {
+      const file = await api.get("/api/admin/files/" + encodeURIComponent(select.value));
+      editor.value = file.content;
+      document.getElementById("file-path").textContent = file.path;
+      showVersions(file.versions);
+    }
+
+    function showVersions(versions) {
+      const body = document.querySelector("#versions tbody");
+      body.replaceChildren(...versions.map((v) => el("tr", { "data-version": String(v.id) },
+        el("td", {}, String(v.id)), el("td", {}, new Date(v.at * 1000).toLocaleString()), el("td", {}, v.user),
+        el("td", {}, v.comment),
+        el("td", {}, el("button", { class: "show-diff", onclick: () => showDiff(v.id) }, "diff"), " ",
+          el("button", { class: "rollback", onclick: () => rollback(v.id) }, "roll back")))));
+    }
+
+    async function showDiff(id) {
+      const version = await api.get("/api/admin/versions/" + id);
+      const pre = document.getElementById("diff");
+      pre.hidden = false;
+      pre.textContent = version.diff || "(no change)";
+    }
+
+    async function rollback(id) {
+      const answer = await api.post("/api/admin/rollback", { version: id });
+      afterApply(answer);
+    }
+
+    function afterApply(answer) {
+      if (!answer.ok) {
+        result.textContent = "not applied";
+        showErrors(answer.errors || [answer.error || "failed"]);
+        return;
+      }
+      appliedAt = answer.applied_at;
+      showErrors([]);
+      result.textContent = `applied as version ${answer.version.id}; reload sent to ${answer.reload_receivers} gateway(s)`;
+      result.setAttribute("data-applied-version", String(answer.version.id));
+      loadFile();
+      audit();
+      nodes();
+    }
+
+    async function nodes() {
+      const answer = await api.get("/api/admin/nodes");
+      const body = document.querySelector("#nodes tbody");
+      body.replaceChildren(...answer.nodes.map((n) => {
+        const reload = n.last_reload || {};
+        const took = appliedAt !== null && reload.at >= appliedAt - 0.001 && reload.ok;
+        const status = n.stale ? "gone?" : !reload.ok ? "reload failed" : took ? "running the applied version" : "up";
+        return el("tr", { "data-node": n.node, "data-version": n.config_version },
+          el("td", { class: "mono" }, n.node), el("td", { class: "mono node-version" }, n.config_version),
+          el("td", {}, reload.at ? new Date(reload.at * 1000).toLocaleTimeString() : ""),
+          el("td", {}, String(n.active_calls)),
+          el("td", { class: n.stale || !reload.ok ? "stale" : took ? "ok" : "" }, status + (reload.errors && reload.errors.length ? ": " + reload.errors.join("; ") : "")));
+      }));
+    }
+
+    async function audit() {
+      const answer = await api.get("/api/admin/audit");
+      document.getElementById("audit").replaceChildren(...answer.audit.map((a) =>
+        el("li", {}, `${new Date(a.at * 1000).toLocaleString()} ${a.user} ${a.action} ${a.key || ""}${a.version ? " v" + a.version : ""}${a.to_version ? " → v" + a.to_version : ""}`)));
+    }
+
+    document.getElementById("validate").onclick = async () => {
+      const answer = await api.post("/api/admin/validate", { key: select.value, content: editor.value });
+      result.textContent = answer.ok ? "valid" : "invalid";
+      showErrors(answer.errors);
+    };
+    document.getElementById("apply").onclick = async () => {
+      result.textContent = "applying…";
+      afterApply(await api.post("/api/admin/apply", { key: select.value, content: editor.value, comment: document.getElementById("comment").value }));
+    };
+    document.getElementById("try").onclick = async () => {
+      const profile = document.getElementById("try-profile").value || null;
+      const answer = await api.post("/api/admin/try", { text: document.getElementById("try-text").value, profile, drafts: { [select.value]: editor.value } });
+      const out = document.getElementById("try-result");
+      if (answer.errors) { out.replaceChildren(el("ul", { class: "errors" }, ...answer.errors.map((e) => el("li", {}, e)))); return; }
+      const profiles = document.getElementById("try-profile");
+      if (profiles.options.length === 0) {
+        for (const name of answer.profiles) profiles.append(el("option", { value: name, selected: name === answer.profile }, name));
+      }
+      out.replaceChildren(
+        el("p", {}, `redacted (${answer.redaction}): `, el("span", { class: "mono try-text" }, answer.text)),
+        el("table", { class: "try-suggestions" }, el("tr", {}, el("th", {}, "KB entry"), el("th", {}, "score"), el("th", {}, "kind"), el("th", {}, "homophone"), el("th", {}, "matched")),
+          ...answer.suggestions.map((s) => el("tr", { "data-entry-id": s.entry_id }, el("td", {}, s.title), el("td", {}, String(s.score)), el("td", {}, s.match_kind), el("td", {}, s.homophone ? "yes" : "no"), el("td", {}, s.matched_text)))),
+        el("p", {}, ...answer.tags.map((t) => el("span", { class: "chip " + t.kind }, t.kind === "entity" ? `${t.label}: ${t.value}` : t.label))));
+    };
+    select.onchange = loadFile;
+
+    api.get("/api/admin/files").then((answer) => {
+      for (const f of answer.files) select.append(el("option", { value: f.key }, f.key));
+      const kb = answer.files.find((f) => f.key.startsWith("kb:"));
+      if (kb) select.value = kb.key;
+      loadFile();
+    });
+    nodes();
+    audit();
+    setInterval(nodes, 1000);
+  }
+
+  const page = document.querySelector("[data-page]");
+  if (page && page.dataset.page === "calls") callsPage(page);
+  if (page && page.dataset.page === "call") callPage(page);
+  if (page && page.dataset.page === "admin") adminPage();
+})();

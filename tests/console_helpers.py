@@ -1,0 +1,123 @@
+"""Shared by the console tests and the console benchmark's checks: a gateway-style config in a
+temporary directory (copies of the example routes, KB and tag files), a users file with real
+argon2 hashes, a console served by uvicorn on a free loopback port, and a real kb_hooks
+Publisher on its own thread for publishing events into Redis as the gateway does."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from asr_gateway.local_redis import free_tcp_port
+from console.app import build_app
+from console.cli import server_config
+from console.settings import load_settings
+from console.users import hash_password
+from kb_hooks.config import RedisSettings
+from kb_hooks.publisher import Publisher
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "deploy" / "config"
+PASSWORDS = {"admin": "admin-pass-1", "sup": "sup-pass-1", "agent1": "agent-pass-1", "agent2": "agent-pass-2"}
+
+
+def write_configs(tmp: Path, redis_url: str, gateway_extra: str = "") -> Path:
+    """Copies of the example files, a gateway config naming them, users, the console config."""
+    conf = tmp / "conf"
+    conf.mkdir(parents=True, exist_ok=True)
+    for name in ("routes.example.yaml", "kb.example.yaml", "tags.example.yaml"):
+        shutil.copy(EXAMPLES / name, conf / name.replace(".example", ""))
+    (conf / "gateway.yaml").write_text(
+        f"""redis: {{url: "{redis_url}", spool_dir: {tmp / "spool"}}}
+routes: routes.yaml
+kb_hooks:
+  kb_sets: {{hotline: kb.yaml}}
+  tag_rule_sets: {{hotline: tags.yaml}}
+{gateway_extra}""",
+        encoding="utf-8",
+    )
+    roles = {"admin": "admin", "sup": "supervisor", "agent1": "agent", "agent2": "agent"}
+    lines = ["users:"]
+    for name, password in PASSWORDS.items():
+        agent = f', agent_id: "{1000 + int(name[-1])}"' if name.startswith("agent") else ""
+        lines.append(f'  {name}: {{role: {roles[name]}, password_hash: "{hash_password(password)}"{agent}}}')
+    (conf / "users.yaml").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    console = conf / "console.yaml"
+    console.write_text(
+        f"""service_config: gateway.yaml
+users_file: users.yaml
+state_dir: {tmp / "console-state"}
+listen: 127.0.0.1:{free_tcp_port()}
+""",
+        encoding="utf-8",
+    )
+    return console
+
+
+@contextmanager
+def running_console(console_yaml: Path) -> Iterator[str]:
+    """The console on uvicorn in a thread; yields its base URL."""
+    settings = load_settings(console_yaml)
+    host, port = settings.host_port
+    server = uvicorn.Server(server_config(build_app(settings), settings, "warning"))
+    thread = threading.Thread(target=server.run, name="console", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("console did not start")
+        time.sleep(0.05)
+    try:
+        yield f"{'https' if settings.tls_certfile else 'http'}://{host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def login(base: str, user: str) -> httpx.Client:
+    """An httpx client signed in as ``user``; its ``headers`` carry the CSRF token."""
+    client = httpx.Client(base_url=base, timeout=10)
+    page = client.get("/login")
+    token = page.text.split('name="csrf_token" value="', 1)[1].split('"', 1)[0]
+    answer = client.post("/login", data={"username": user, "password": PASSWORDS[user], "csrf_token": token})
+    assert answer.status_code == 303, answer.text
+    client.headers["X-CSRF-Token"] = client.get("/api/me").json()["csrf"]
+    return client
+
+
+class LivePublisher:
+    """The gateway's Publisher on its own event loop thread; ``submit`` from any thread."""
+
+    def __init__(self, redis_url: str, spool_dir: Path) -> None:
+        self.publisher = Publisher(RedisSettings(url=redis_url, spool_dir=spool_dir, spool_fsync="never"))
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="publisher", daemon=True)
+
+    def __enter__(self) -> LivePublisher:
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self.publisher.start(), self.loop).result(10)
+        return self
+
+    def submit(self, event: dict[str, Any]) -> None:
+        self.publisher.submit(event)
+
+    def wait_published(self, count: int, timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.publisher.published < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.publisher.published} of {count} events published")
+            time.sleep(0.01)
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self.publisher.stop(), self.loop).result(15)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)

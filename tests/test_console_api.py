@@ -1,0 +1,262 @@
+"""The console's HTTP API against a real redis-server, with events published by the real
+kb_hooks Publisher and made by the real TranscriptProcessor: sign-in, roles, CSRF, the calls
+API and its SSE resume, validation with check-config's messages, try it, apply, versions,
+rollback, audit, and the gateways' heartbeat and reload channel."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from asr_common.yamlconf import ConfigError
+from asr_gateway.cli import check_referenced_files
+from asr_gateway.config import load_config
+from asr_gateway.heartbeat import Heartbeat, control_channel
+from kb_hooks import events as ev
+from kb_hooks.processor import TranscriptProcessor
+from kb_hooks.types import CallContext, Participant, RedactionMode, TranscriptUpdate
+from tests.console_helpers import LivePublisher, login, running_console, write_configs
+from tests.redis_server import RedisServer, redis_server
+
+__all__ = ["redis_server"]
+
+MANHOLE = "我今天发现新华路十二号井盖发生了破损有安全隐患"
+
+
+@pytest.fixture()
+def console(tmp_path: Path, redis_server: RedisServer) -> Iterator[tuple[str, Path]]:
+    console_yaml = write_configs(tmp_path, redis_server.url)
+    with running_console(console_yaml) as base:
+        yield base, console_yaml.parent
+
+
+def call_events(call_id: str, agent: str, conf: Path, text: str = MANHOLE) -> list[dict[str, Any]]:
+    """A call as the gateway publishes it: started (agent id in metadata), a partial, the final
+    with its KB suggestion and tags (from the real processor), ended."""
+    config = load_config(conf / "gateway.yaml")
+    processor = TranscriptProcessor.from_settings(config.kb_hooks)
+    ctx = CallContext(call_id, route="default", redaction=RedactionMode.MASK, kb_set="hotline", tag_rules=("hotline",))
+    caller = Participant("caller", "sip:citizen@pbx")
+    out = [ev.call_started(ctx, [caller, Participant("agent", f"sip:{agent}@pbx")], {"X-Agent-Id": agent})]
+    out += processor.process(TranscriptUpdate(ctx, caller, 0, True, text[:8]))
+    out += processor.process(TranscriptUpdate(ctx, caller, 0, False, text))
+    out.append(ev.call_ended(ctx, "bye", {"duration_ms": 4000}))
+    return out
+
+
+def sse(client: httpx.Client, url: str, count: int, headers: dict[str, str] | None = None,
+        timeout_s: float = 10.0) -> list[tuple[str | None, dict[str, Any]]]:  # fmt: skip
+    """The first ``count`` SSE messages of ``url`` as (id, data)."""
+    out: list[tuple[str | None, dict[str, Any]]] = []
+    deadline = time.monotonic() + timeout_s
+    with client.stream("GET", url, headers=headers or {}, timeout=httpx.Timeout(timeout_s)) as response:
+        assert response.status_code == 200, response.read()
+        event_id, data = None, []
+        for line in response.iter_lines():
+            if line.startswith("id:"):
+                event_id = line[3:].strip()
+            elif line.startswith("data:"):
+                data.append(line[5:].strip())
+            elif not line and data:
+                out.append((event_id, json.loads("\n".join(data))))
+                event_id, data = None, []
+                if len(out) >= count:
+                    break
+            if time.monotonic() > deadline:
+                break
+    return out
+
+
+def test_health_is_the_only_door_without_login(console: tuple[str, Path]) -> None:
+    base, _ = console
+    with httpx.Client(base_url=base, timeout=10) as anonymous:
+        assert anonymous.get("/health").json() == {"ok": True, "redis": True}
+        for path in ("/api/calls", "/api/calls/x", "/api/calls/x/events", "/api/admin/files", "/api/admin/nodes"):
+            assert anonymous.get(path).status_code == 401, path
+        page = anonymous.get("/admin")
+        assert page.status_code == 303 and page.headers["location"].startswith("/login")
+        assert anonymous.post("/api/admin/apply", json={"key": "kb:hotline", "content": ""}).status_code == 401
+        form = anonymous.get("/login").text
+        token = form.split('name="csrf_token" value="', 1)[1].split('"', 1)[0]
+        bad = anonymous.post("/login", data={"username": "admin", "password": "wrong", "csrf_token": token})
+        assert bad.status_code == 401
+        no_csrf = anonymous.post("/login", data={"username": "admin", "password": "admin-pass-1"})
+        assert no_csrf.status_code == 403
+    with httpx.Client(base_url=base, timeout=10) as fresh:
+        cookie = fresh.get("/login").headers["set-cookie"].lower()
+        assert "httponly" in cookie and "samesite=strict" in cookie, cookie
+
+
+def test_writes_need_the_csrf_token_and_the_admin_role(console: tuple[str, Path]) -> None:
+    base, conf = console
+    admin = login(base, "admin")
+    draft = (conf / "kb.yaml").read_text(encoding="utf-8")
+    ok = admin.post("/api/admin/validate", json={"key": "kb:hotline", "content": draft})
+    assert ok.status_code == 200 and ok.json() == {"ok": True, "errors": []}
+    token = admin.headers.pop("X-CSRF-Token")
+    assert admin.post("/api/admin/validate", json={"key": "kb:hotline", "content": draft}).status_code == 403
+    wrong = admin.post("/api/admin/apply", json={"key": "kb:hotline", "content": draft},
+                       headers={"X-CSRF-Token": token[:-2] + "xx"})  # fmt: skip
+    assert wrong.status_code == 403
+    assert (conf / "kb.yaml").read_text(encoding="utf-8") == draft
+    agent = login(base, "agent1")
+    assert agent.get("/api/admin/files").status_code == 403
+    assert agent.post("/api/admin/apply", json={"key": "kb:hotline", "content": draft}).status_code == 403
+    assert agent.get("/admin").status_code == 403
+
+
+def test_agents_see_their_calls_supervisors_all(console: tuple[str, Path], redis_server: RedisServer,
+                                                tmp_path: Path) -> None:  # fmt: skip
+    base, conf = console
+    with LivePublisher(redis_server.url, tmp_path / "pub") as publisher:
+        for event in call_events("call-a", "1001", conf) + call_events("call-b", "1002", conf, "路灯坏了"):
+            publisher.submit(event)
+        publisher.wait_published(2 * 6)
+    agent1, sup = login(base, "agent1"), login(base, "sup")
+    deadline = time.monotonic() + 5
+    while len(sup.get("/api/calls").json()["calls"]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert {c["call_id"] for c in sup.get("/api/calls").json()["calls"]} == {"call-a", "call-b"}
+    mine = agent1.get("/api/calls").json()["calls"]
+    assert [c["call_id"] for c in mine] == ["call-a"]
+    assert mine[0]["suggestions"] == ["井盖破损应急处置流程"] and mine[0]["agent_id"] == "1001"
+    ((_, listed),) = sse(agent1, "/api/calls/stream", 1)
+    assert [c["call_id"] for c in listed["calls"]] == ["call-a"]
+    assert agent1.get("/api/calls/call-b").status_code == 404
+    assert agent1.get("/api/calls/call-b/events").status_code == 404
+    snapshot = agent1.get("/api/calls/call-a").json()
+    types = [e["event_type"] for e in snapshot["events"]]
+    assert types[0] == "call.started" and types[-1] == "call.ended" and "kb.suggestion" in types
+    assert all(e["stream_id"] for e in snapshot["events"])
+
+
+def test_call_events_resume_from_last_event_id_and_go_live(console: tuple[str, Path], redis_server: RedisServer,
+                                                           tmp_path: Path) -> None:  # fmt: skip
+    base, conf = console
+    events = call_events("call-live", "1001", conf)
+    stored, ended = [e for e in events[:-1] if not ev.is_partial(e)], events[-1]
+    sup = login(base, "sup")
+    with LivePublisher(redis_server.url, tmp_path / "pub") as publisher:
+        for event in stored:
+            publisher.submit(event)
+        publisher.wait_published(len(stored))
+        deadline = time.monotonic() + 5
+        while sup.get("/api/calls/call-live").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        first = sse(sup, "/api/calls/call-live/events", len(stored))
+        assert [e["event_id"] for _, e in first] == [e["event_id"] for e in stored]
+        assert all(sid for sid, _ in first)
+        # A viewer that saw the first two resumes after the second: it gets the rest, nothing twice.
+        resumed = sse(sup, "/api/calls/call-live/events", len(stored) - 2, {"Last-Event-ID": first[1][0] or ""})
+        assert [e["event_id"] for _, e in resumed] == [e["event_id"] for e in stored[2:]]
+        # Live: a partial (no id) and call.ended arrive while the viewer waits after the history.
+        partial = {**events[1], "event_id": "p" * 32}
+
+        def later() -> None:
+            time.sleep(0.8)
+            publisher.submit(partial)
+            publisher.submit(ended)
+
+        threading.Thread(target=later, daemon=True).start()
+        live = sse(sup, "/api/calls/call-live/events", 2, {"Last-Event-ID": first[-1][0] or ""})
+        # (pub/sub and the stream are separate paths: their relative order is not guaranteed)
+        got = {e["event_type"]: sid for sid, e in live}
+        assert set(got) == {"transcript.partial", "call.ended"}
+        assert got["transcript.partial"] is None and got["call.ended"]
+
+
+def test_validation_shows_check_config_messages(console: tuple[str, Path]) -> None:
+    base, conf = console
+    admin = login(base, "admin")
+    broken = (conf / "kb.yaml").read_text(encoding="utf-8").replace("priority: 80", "priority: 180")
+    answer = admin.post("/api/admin/validate", json={"key": "kb:hotline", "content": broken}).json()
+    # check-config on the same content at the real path gives the same lines
+    copy = conf / "kb.check.yaml"
+    copy.write_text(broken, encoding="utf-8")
+    config = load_config(conf / "gateway.yaml")
+    config = config.model_copy(update={"kb_hooks": config.kb_hooks.model_copy(update={"kb_sets": {"hotline": copy}})})
+    try:
+        expected = check_referenced_files(config)
+    except ConfigError as exc:
+        expected = exc.errors
+    assert not answer["ok"] and answer["errors"]
+    assert answer["errors"] == [line.replace(str(copy), str(conf / "kb.yaml")) for line in expected]
+    assert any(f"{conf / 'kb.yaml'}:" in line and "priority" in line for line in answer["errors"]), answer
+    rejected = admin.post("/api/admin/apply", json={"key": "kb:hotline", "content": broken})
+    assert rejected.status_code == 422
+    assert "priority: 80" in (conf / "kb.yaml").read_text(encoding="utf-8")
+    bad_routes = admin.post("/api/admin/validate", json={"key": "routes", "content": "profiles: [\n"}).json()
+    assert any(line.startswith(f"{conf / 'routes.yaml'}:") for line in bad_routes["errors"]), bad_routes
+
+
+def test_try_it_runs_the_real_matcher_tagger_and_redaction(console: tuple[str, Path]) -> None:
+    base, conf = console
+    admin = login(base, "admin")
+    answer = admin.post("/api/admin/try", json={"text": "新华路十二号警盖坏了，我电话13812345678"}).json()
+    assert answer["profile"] == "default" and answer["redaction"] == "mask"
+    assert "13812345678" not in answer["text"] and "*" * 11 in answer["text"]
+    (kb,) = [s for s in answer["suggestions"] if s["entry_id"] == "kb-municipal-manhole"]
+    assert kb["homophone"] is True and kb["score"] == 0.6 and kb["match_kind"] == "all_of"
+    kinds = {(t["kind"], t["label"]) for t in answer["tags"]}
+    assert ("entity", "phone") in kinds and any(label == "市政设施/井盖" for _, label in kinds), kinds
+    draft = (conf / "kb.yaml").read_text(encoding="utf-8").replace("title: 井盖破损应急处置流程", "title: 井盖草稿")
+    drafted = admin.post("/api/admin/try", json={"text": MANHOLE, "drafts": {"kb:hotline": draft}}).json()
+    assert [s["title"] for s in drafted["suggestions"]] == ["井盖草稿"]
+
+
+def test_apply_keeps_versions_reloads_gateways_and_rolls_back(console: tuple[str, Path],
+                                                              redis_server: RedisServer) -> None:  # fmt: skip
+    base, conf = console
+    admin = login(base, "admin")
+    original = (conf / "kb.yaml").read_text(encoding="utf-8")
+    reloads: list[float] = []
+    versions = {"v": "aaaa"}
+
+    async def gateway_side() -> None:
+        beat = Heartbeat(redis_server.url, "asr", "gw-1", lambda: {"config_version": versions["v"],
+                         "last_reload": {"at": reloads[-1] if reloads else 0, "ok": True, "errors": []},
+                         "active_calls": 0}, lambda: reloads.append(time.time()), interval_s=0.2)  # fmt: skip
+        beat.start()
+        await asyncio.sleep(0.5)
+        nodes = await asyncio.to_thread(lambda: admin.get("/api/admin/nodes").json()["nodes"])
+        assert [(n["node"], n["config_version"], n["stale"]) for n in nodes] == [("gw-1", "aaaa", False)]
+        edited = original.replace("title: 井盖破损应急处置流程", "title: 井盖破损处置（新）")
+        applied = await asyncio.to_thread(lambda: admin.post("/api/admin/apply", json={
+            "key": "kb:hotline", "content": edited, "comment": "new title"}).json())  # fmt: skip
+        assert applied["ok"] and applied["reload_receivers"] == 1, applied
+        for _ in range(50):
+            if reloads:
+                break
+            await asyncio.sleep(0.05)
+        assert reloads, "the gateway got the reload request"
+        await beat.stop()
+
+    asyncio.run(gateway_side())
+    assert "井盖破损处置（新）" in (conf / "kb.yaml").read_text(encoding="utf-8")
+    kept = admin.get("/api/admin/versions", params={"key": "kb:hotline"}).json()["versions"]
+    assert [(v["id"], v["user"]) for v in kept] == [(2, "admin"), (1, "(before console)")]
+    diff = admin.get("/api/admin/versions/2").json()["diff"]
+    assert (
+        "-    title: 井盖破损应急处置流程" in diff.replace("  - id", "") or "-    title: 井盖破损应急处置流程" in diff
+    )
+    assert "+    title: 井盖破损处置（新）" in diff
+    with redis.Redis.from_url(redis_server.url) as client, client.pubsub() as pubsub:
+        pubsub.subscribe(control_channel("asr"))
+        pubsub.get_message(timeout=1)
+        back = admin.post("/api/admin/rollback", json={"version": 1}).json()
+        message = pubsub.get_message(timeout=2)
+        assert message is not None and message["data"] == b"reload"
+    assert back["ok"] and back["version"]["id"] == 3
+    assert (conf / "kb.yaml").read_text(encoding="utf-8") == original
+    actions = [(a["action"], a.get("key")) for a in admin.get("/api/admin/audit").json()["audit"]]
+    assert actions[:3] == [("apply", "kb:hotline"), ("rollback", "kb:hotline"), ("apply", "kb:hotline")]
+    assert admin.post("/api/admin/rollback", json={"version": 99}).status_code == 404
