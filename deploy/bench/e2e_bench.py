@@ -19,6 +19,9 @@ process times every event.
   KB/tags worker (``kb-hooks``), the finals process, and ``other`` (threads without a Python
   name: torch's intra-op pool, executor threads). Shows which thread is at 100 % when the service
   falls behind.
+- ``machine_cores_busy``: CPU seconds per wall second of the whole machine (Linux
+  ``/proc/stat``), of ``machine_cores``: the load generators (sipp, redis-server) run on the
+  same machine, so the service alone cannot reach ``machine_cores``.
 """
 
 from __future__ import annotations
@@ -111,6 +114,17 @@ def thread_cpu_seconds() -> dict[str, float]:
     return seconds
 
 
+def machine_busy_seconds() -> float | None:
+    """CPU seconds all cores of the machine have been busy since boot (Linux; None elsewhere)."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(value) for value in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")  # without guest time (counted in user)
+
+
 def record_audio_ends(service: Service) -> dict[str, float]:
     """event_id -> the ``time.monotonic()`` its audio was handed to the engine (from the publisher's intake)."""
     audio_end: dict[str, float] = {}
@@ -143,6 +157,7 @@ async def run_bench(
     groups = [(f"u{run_id}", PCMU, (calls + 1) // 2), (f"a{run_id}", PCMA, calls // 2)]
     cpu_before, wall_before = os.times(), time.monotonic()
     threads_before = thread_cpu_seconds()
+    machine_before = machine_busy_seconds()
     finals_cpu_before = service.engine.finalizer_cpu_seconds() or 0.0
     rss_peak = rss_mb()
     results: list[CallResult] = []
@@ -163,6 +178,7 @@ async def run_bench(
         results = list(await asyncio.gather(*placed))
         cpu_after, wall_after = os.times(), time.monotonic()
         threads_after = thread_cpu_seconds()
+        machine_after = machine_busy_seconds()
         finals_cpu = (service.engine.finalizer_cpu_seconds() or 0.0) - finals_cpu_before
         ended_ok = await wait_for_ended(collector, [tag for tag, _, count in groups if count], calls, 30.0)
     finally:
@@ -192,6 +208,12 @@ async def run_bench(
         "rss_mb": rss_peak,
         "cpu_percent": round(100 * cpu_s / max(1e-9, wall_after - wall_before), 1),
         "cores_used": round(cpu_s / max(1e-9, wall_after - wall_before), 2),
+        "machine_cores_busy": (
+            round((machine_after - machine_before) / wall, 2)
+            if machine_after is not None and machine_before is not None
+            else None
+        ),
+        "machine_cores": os.cpu_count(),
         "cores_by_thread": {name: round(value, 2) for name, value in sorted(by_thread.items()) if value >= 0.005},
         "torch_threads": torch.get_num_threads(),
         "schedulers": len(service.engine.schedulers),
