@@ -2,14 +2,16 @@
 
 The ``Engine`` owns the weights, the cache pool (``kv_ring.KvPool``) and the chunk runner,
 opens streams, and runs two collaborators, each with one job: the ``Scheduler``
-(``asr_core.scheduler``: the batching loop, partials, endpoints; one thread) and the
-``Finalizer`` (``asr_core.finalizer``: the finals' job queue and thread, searching and
-rescoring ended utterances in that thread or a child process, ``asr_core.finals``).
+(``asr_core.scheduler``: the batching loop, partials, endpoints; one thread each, and with
+``schedulers`` > 1 as many of them over disjoint sets of streams) and the ``Finalizer``
+(``asr_core.finalizer``: the finals' job queue and thread, searching and rescoring ended
+utterances in that thread or a child process, ``asr_core.finals``).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -68,6 +70,10 @@ class EngineOptions:
     # Traced steps of large batches are cut into this many parts run at once in as many threads
     # (one core each; asr_core/backends TorchChunkRunner); 1 = one thread runs every step.
     step_threads: int = 1
+    # Schedulers, each on its own thread over its own streams (a new stream joins the one with
+    # the fewest): their chunk steps and most of their tensor work run at once on as many
+    # cores. 1 = one thread runs every batch (the library's default; the service's is a core each).
+    schedulers: int = 1
 
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -92,7 +98,8 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
 
 @dataclass(slots=True)
 class EngineStats:
-    """Counters and bounded samples for metrics and benchmarks (read from any thread)."""
+    """Counters and bounded samples for metrics and benchmarks (read from any thread; the
+    schedulers update theirs under ``lock``, the finalizer is the only writer of its own)."""
 
     chunks: int = 0
     batches: int = 0
@@ -108,6 +115,7 @@ class EngineStats:
     step_seconds: Histogram = field(default_factory=lambda: Histogram(STEP_BUCKETS_S))
     partial_latency_seconds: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))
     final_latency_seconds: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
 
 class Engine:
@@ -123,6 +131,8 @@ class Engine:
         self.runner = runner or make_runner(
             self.options.backend, loaded, traced=self.options.traced_step, step_threads=self.options.step_threads
         )
+        if self.options.schedulers < 1:
+            raise ValueError(f"schedulers must be at least 1, got {self.options.schedulers}")
         if self.options.finalizer not in ("thread", "process"):
             raise ValueError(f"finalizer {self.options.finalizer!r} unknown; choose thread or process")
         settings = FinalSettings.for_model(
@@ -159,30 +169,38 @@ class Engine:
         self.stats = EngineStats()
         self._blank = loaded.blank_id
         self.finalizer = Finalizer(FinalSearch(decoder, settings), self._text, self.frame_ms, self.stats)
-        self.scheduler = Scheduler(
-            self.options,
-            pool=self.pool,
-            runner=self.runner,
-            finalizer=self.finalizer,
-            text=self._text,
-            stats=self.stats,
-            device=self.device,
-            subsampling=self.subsampling,
-            right_context=loaded.right_context,
-            blank=self._blank,
-            frontend=loaded.frontend,
-        )
+        self.schedulers = [
+            Scheduler(
+                self.options,
+                pool=self.pool,
+                runner=self.runner,
+                finalizer=self.finalizer,
+                text=self._text,
+                stats=self.stats,
+                device=self.device,
+                subsampling=self.subsampling,
+                right_context=loaded.right_context,
+                blank=self._blank,
+                frontend=loaded.frontend,
+                name="asr-engine" if self.options.schedulers == 1 else f"asr-engine-{index}",
+            )
+            for index in range(self.options.schedulers)
+        ]
+        for scheduler in self.schedulers[1:]:
+            scheduler.trims_heap = False  # malloc_trim is process-wide: once a minute is enough
+        self._open_lock = threading.Lock()
 
     # -- lifecycle ------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the finalizer (and its child process, if configured) and the scheduler thread."""
-        if self.scheduler.running:
+        """Start the finalizer (and its child process, if configured) and the scheduler threads."""
+        if self.schedulers[0].running:
             return
         # A GPU decoder stays in this process: a child would need its own device context.
         in_process = self.options.finalizer == "process" and self.device.type == "cpu"
         self.finalizer.start(process_decoder=self.model.decoder if in_process else None, backend=self.options.backend)
-        self.scheduler.start()
+        for scheduler in self.schedulers:
+            scheduler.start()
 
     @torch.inference_mode()
     def warm_up(self) -> float:
@@ -212,21 +230,24 @@ class Engine:
         return time.perf_counter() - started
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the scheduler, end the streams still open, emit every queued Final, stop.
+        """Stop the schedulers, end the streams still open, emit every queued Final, stop.
 
         A stream still open is ended with what was decoded of it (a Final of its current
         utterance, then Ended), so its owner always learns that it ended; audio it held that
         was not decoded yet is lost (logged). To lose nothing, finish every stream's input and
-        wait for ``active_streams`` to reach 0 first. ``timeout`` (s) bounds the wait for the
+        wait for ``active_streams`` to reach 0 first. ``timeout`` (s) bounds the wait for each
         scheduler's current tick, and for the finalizer to finish its next job.
         """
-        if self.scheduler.stop(timeout):
-            cut = self.scheduler.end_open_streams()
-            if cut:
-                log.warning("engine stopped with %d streams still open: they end with what was decoded of them", cut)
-        else:
-            log.error("engine tick still running after %.0f s; its %d open streams get no Ended", timeout,
-                      self.active_streams)  # fmt: skip
+        for scheduler in self.schedulers:
+            if scheduler.stop(timeout):
+                cut = scheduler.end_open_streams()
+                if cut:
+                    log.warning(
+                        "engine stopped with %d streams still open: they end with what was decoded of them", cut
+                    )
+            else:
+                log.error("engine tick still running after %.0f s; its %d open streams get no Ended", timeout,
+                          scheduler.open_streams)  # fmt: skip
         if not self.finalizer.running:
             self.finalizer.finalize_pending()  # driven without threads: emit the cut streams' events now
         self.finalizer.stop(timeout)
@@ -265,6 +286,17 @@ class Engine:
     def free_slots(self) -> int:
         return self.pool.free_slots
 
+    @property
+    def lag_ms(self) -> float:
+        """How long the oldest chunk waiting for a step had waited at its scheduler's latest tick."""
+        return max(scheduler.lag_s for scheduler in self.schedulers) * 1000.0
+
+    @property
+    def overloaded(self) -> bool:
+        """Behind real time now: a chunk has waited longer than ``behind_ms`` for its step. The
+        gateway then admits no new calls, so the calls it has are not made later still."""
+        return self.lag_ms > self.options.behind_ms
+
     def open_stream(self, config: StreamConfig, on_event: Callable[[Event], None]) -> Stream:
         """A new stream in a free cache slot; raises ``CapacityError`` when none is free."""
         if config.chunk_ms not in self.options.allowed_chunk_ms:
@@ -273,23 +305,28 @@ class Engine:
         if not 1 <= config.left_chunks <= self.options.max_left_chunks:
             raise ValueError(f"left_chunks must be 1..{self.options.max_left_chunks}, got {config.left_chunks}")
         chunk_frames = config.chunk_frames(self.subsampling, self.frame_ms // self.subsampling)
-        slot = self.pool.allocate(chunk_frames * config.left_chunks)
-        stream = Stream(
-            stream_id=config.stream_id or uuid.uuid4().hex,
-            config=config,
-            slot=slot,
-            chunk_frames=chunk_frames,
-            subsampling=self.subsampling,
-            right_context=self.loaded.right_context,
-            on_event=on_event,
-            frontend=self.frontend,
-            wake=self.scheduler.wakeup.set,
-        )
-        try:
-            self.scheduler.add(stream)
-        except ValueError:
-            self.pool.release(slot)
-            raise
+        stream_id = config.stream_id or uuid.uuid4().hex
+        with self._open_lock:
+            if any(stream_id in scheduler.streams for scheduler in self.schedulers):
+                raise ValueError(f"stream id {stream_id!r} is already open")
+            slot = self.pool.allocate(chunk_frames * config.left_chunks)
+            try:
+                scheduler = min(self.schedulers, key=lambda s: s.open_streams)
+                stream = Stream(
+                    stream_id=stream_id,
+                    config=config,
+                    slot=slot,
+                    chunk_frames=chunk_frames,
+                    subsampling=self.subsampling,
+                    right_context=self.loaded.right_context,
+                    on_event=on_event,
+                    frontend=self.frontend,
+                    wake=scheduler.wakeup.set,
+                )
+                scheduler.add(stream)
+            except ValueError:
+                self.pool.release(slot)
+                raise
         return stream
 
     # -- driving without threads ----------------------------------------------------
@@ -297,9 +334,9 @@ class Engine:
     def run_once(self) -> float:
         """One scheduler tick; returns how long to wait for new audio (0: work may remain).
 
-        Public so tests and offline tools can drive the engine without its thread.
+        Public so tests and offline tools can drive the engine without its threads.
         """
-        return self.scheduler.run_once()
+        return min([scheduler.run_once() for scheduler in self.schedulers])
 
     def finalize_pending(self) -> None:
         """Run queued finalizations in the caller's thread (when the engine thread is not running)."""

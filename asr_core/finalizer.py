@@ -151,7 +151,8 @@ class Finalizer:
             try:
                 self._finalize(jobs)
             except Exception:
-                self.stats.errors += 1
+                with self.stats.lock:  # shared with the schedulers
+                    self.stats.errors += 1
                 log.exception("finalizing utterances failed")
                 self._end_streams(jobs)  # their Finals are lost; their owners still learn the streams ended
             self.completed += len(jobs)

@@ -1,5 +1,10 @@
 """The engine's scheduler: the batching loop that turns many streams' audio into batched chunk
-steps, partials and endpoints, on one thread that owns all model state.
+steps, partials and endpoints, on one thread that owns its streams' model state.
+
+An engine may run several schedulers (``EngineOptions.schedulers``), each over its own
+disjoint set of streams and cache slots, each on its own thread: the chunk step (a frozen
+graph) and most of the per-batch tensor work run without the GIL, so they run on as many
+cores at once.
 
 Each tick it
 1. moves every stream's queued audio into its fbank extractor,
@@ -47,6 +52,7 @@ class Scheduler:
     """The batching loop over the open streams (``streams``, guarded by ``lock``).
 
     ``text`` maps token ids to text. ``wakeup`` is set by streams when audio arrives.
+    ``name`` names its thread. The shared ``stats`` are updated under ``stats.lock``.
     """
 
     def __init__(
@@ -63,7 +69,9 @@ class Scheduler:
         right_context: int,
         blank: int,
         frontend: FrontendConfig = DEFAULT_FRONTEND,
+        name: str = "asr-engine",
     ) -> None:
+        self.name = name
         self.options = options
         self.pool = pool
         self.runner = runner
@@ -82,10 +90,16 @@ class Scheduler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_behind_log = 0.0
+        self.trims_heap = True  # returns freed heap to the OS (one of an engine's schedulers does)
+        self.lag_s = 0.0  # how long the oldest chunk ready at the latest tick had waited (0: none)
 
     @property
     def running(self) -> bool:
         return self._thread is not None
+
+    @property
+    def open_streams(self) -> int:
+        return len(self.streams)
 
     def add(self, stream: Stream) -> None:
         """Schedule ``stream`` from the next tick on; ``ValueError`` if its id is already open."""
@@ -96,7 +110,7 @@ class Scheduler:
 
     def start(self) -> None:
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="asr-engine", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float) -> bool:
@@ -127,7 +141,7 @@ class Scheduler:
         torch.set_grad_enabled(False)
         next_trim = time.monotonic() + self.options.trim_interval_s
         while not self._stop.is_set():
-            if self.options.trim_interval_s > 0 and time.monotonic() >= next_trim:
+            if self.trims_heap and self.options.trim_interval_s > 0 and time.monotonic() >= next_trim:
                 memtrim.trim()
                 next_trim = time.monotonic() + self.options.trim_interval_s
             try:
@@ -135,7 +149,8 @@ class Scheduler:
             except Exception:
                 # A bug or a device error must not silently stop every call's recognition:
                 # log it, count it, keep serving (the failed batch's chunks are lost).
-                self.stats.errors += 1
+                with self.stats.lock:
+                    self.stats.errors += 1
                 log.exception("engine tick failed")
                 timeout = 0.1
             if timeout > 0:
@@ -169,6 +184,7 @@ class Scheduler:
             elif stream.finishing:
                 ending.append((stream, "input_finished"))
 
+        self.lag_s = now - min(stream.ready_since for stream, _ in ready) if ready else 0.0
         wait = self.options.max_wait_ms / 1000.0
         ran = False
         for batch in self._form_batches(ready, now):
@@ -235,6 +251,7 @@ class Scheduler:
         )
 
         now = time.monotonic()
+        latencies: list[float] = []
         for i, stream in enumerate(streams):
             utt = stream.utterance
             utt.offset += chunk
@@ -243,22 +260,27 @@ class Scheduler:
             utt.topk_ids.append(top_ids_np[i])
             utt.encoder_out.append(ys[i].clone())
             latency_ms = (now - stream.ready_since) * 1000.0
-            self.stats.partial_latency_ms.append(latency_ms)
-            self.stats.partial_latency_seconds.observe(latency_ms / 1000.0)
-            if latency_ms > self.options.behind_ms:
-                self._note_behind(latency_ms)
+            latencies.append(latency_ms)
             if utt.changed or stream.config.emit_unchanged_partials:
                 self._emit_partial(stream, latency_ms, stream.ready_since)
                 utt.changed = False
             stream.ready_since = 0.0
             if codes[i] != NO_ENDPOINT:
                 ending.append((stream, REASONS[int(codes[i])]))
-        self.stats.chunks += size
-        self.stats.batches += 1
-        self.stats.batch_sizes.append(size)
-        self.stats.batch_size_histogram.observe(size)
-        self.stats.forward_ms.append(forward_ms)
-        self.stats.step_seconds.observe(forward_ms / 1000.0)
+        behind = [ms for ms in latencies if ms > self.options.behind_ms]
+        with self.stats.lock:
+            for latency_ms in latencies:
+                self.stats.partial_latency_ms.append(latency_ms)
+                self.stats.partial_latency_seconds.observe(latency_ms / 1000.0)
+            self.stats.chunks += size
+            self.stats.batches += 1
+            self.stats.batch_sizes.append(size)
+            self.stats.batch_size_histogram.observe(size)
+            self.stats.forward_ms.append(forward_ms)
+            self.stats.step_seconds.observe(forward_ms / 1000.0)
+            self.stats.behind_realtime_chunks += len(behind)
+        if behind:
+            self._note_behind(max(behind))
 
     def _loud_frames(self, streams: list[Stream], feats: torch.Tensor, chunk: int) -> np.ndarray:
         """(B, C) bool: new encoder frames whose audio stands out from each stream's noise floor.
@@ -290,7 +312,6 @@ class Scheduler:
         return np.array([bool(s.utterance.tokens) for s in streams])
 
     def _note_behind(self, latency_ms: float) -> None:
-        self.stats.behind_realtime_chunks += 1
         now = time.monotonic()
         if now - self._last_behind_log > 10.0:
             self._last_behind_log = now

@@ -103,6 +103,7 @@ class CallBridge:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
         self._worker: threading.Thread | None = None
         self.partials_dropped = 0
+        self.overload_refusals = 0  # admission checks refused while the engine was behind real time
         self.worker_errors = 0
         self._handled = 0  # queue items the worker has handled (progress, for stop)
 
@@ -131,6 +132,12 @@ class CallBridge:
     # -- sip.app.CallHandler ----------------------------------------------------------
 
     def has_capacity(self, legs: int) -> bool:
+        """A free engine slot per leg, and an engine that keeps up: while it is behind real time
+        (``Engine.overloaded``) new calls and OPTIONS probes get 503 (counted in
+        ``overload_refusals``) instead of making every call's transcripts later."""
+        if self.engine.overloaded:
+            self.overload_refusals += 1
+            return False
         return self.engine.free_slots >= legs
 
     def open_leg(self, call: CallInfo, leg: LegInfo) -> StreamSink:

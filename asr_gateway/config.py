@@ -94,6 +94,14 @@ class EndpointSettings(_Section):
     )
 
 
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, e.g. a container's cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
 class EngineSettings(_Section):
     """The shared batched recognizer."""
 
@@ -124,6 +132,13 @@ class EngineSettings(_Section):
         ge=1,
         description="traced steps of 16+ streams are split into this many parts run at once, one core each; "
         "lowers partial latency where cores are free, but on a saturated node it takes CPU from the finals",
+    )
+    schedulers: int = Field(
+        1,
+        ge=0,
+        description="engine scheduler threads, each batching its own share of the streams, so that chunk steps "
+        "run on several cores at once; 0 = one per CPU core this process may use (1 on a GPU). Default 1: "
+        "one per core kept more calls in real time on a 2-core node but made finals several seconds later",
     )
     max_streams: int = Field(256, ge=1, description="cache pool slots: the node's admission limit")
     max_batch: int = Field(64, ge=1)
@@ -163,6 +178,21 @@ class EngineSettings(_Section):
         if self.backend != "auto":
             return self.backend
         return "torch" if self.device.startswith("cuda") else "torch-int8"
+
+    @property
+    def resolved_schedulers(self) -> int:
+        """The scheduler threads ``0`` stands for: one per usable core on a CPU, one on a GPU."""
+        if self.schedulers:
+            return self.schedulers
+        return 1 if self.device.startswith("cuda") else usable_cores()
+
+    @property
+    def resolved_threads(self) -> int:
+        """torch intra-op threads to set (0: leave torch's default): with several schedulers on a
+        CPU, the usable cores shared between them, so their steps do not oversubscribe the cores."""
+        if self.threads or self.device.startswith("cuda") or self.resolved_schedulers == 1:
+            return self.threads
+        return max(1, usable_cores() // self.resolved_schedulers)
 
     @field_validator("allowed_chunk_ms")
     @classmethod

@@ -69,6 +69,14 @@ class ServiceCollector(Collector):
             "chunks whose latency exceeded the real-time budget",
             value=stats.behind_realtime_chunks,
         )
+        yield GaugeMetricFamily(
+            "asr_engine_lag_seconds", "oldest ready chunk's wait for a step (latest tick)", value=engine.lag_ms / 1e3
+        )
+        yield CounterMetricFamily(
+            "asr_engine_overload_refusals",
+            "calls and OPTIONS refused (503) while the engine was behind real time",
+            value=s.bridge.overload_refusals,
+        )
         yield histogram("asr_engine_batch_size", "streams per batched chunk step", stats.batch_size_histogram)
         yield histogram("asr_engine_step_seconds", "time of one batched chunk step (forward)", stats.step_seconds)
         yield histogram(

@@ -118,6 +118,7 @@ def engine_options(config: ServiceConfig) -> EngineOptions:
         finalizer=engine.finalizer,
         traced_step=engine.traced_step,
         step_threads=engine.step_threads,
+        schedulers=engine.resolved_schedulers,
     )
 
 
@@ -241,8 +242,8 @@ class Service:
 
     def __init__(self, config: ServiceConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
-        if config.engine.threads > 0:
-            torch.set_num_threads(config.engine.threads)
+        if config.engine.resolved_threads > 0:
+            torch.set_num_threads(config.engine.resolved_threads)
         self.loaded = loaded or load_wenet_model(model_dir_of(config))
         routes_hash = _routes_hash(config)
         self.router = load_router(config)

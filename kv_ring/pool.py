@@ -37,7 +37,8 @@ class KvPool:
     """Fixed pool of per-stream caches with ring writes and batched gathers.
 
     `allocate`/`release`/`reset` may be called from any thread (they take a lock);
-    `gather`/`write` belong to the single engine thread that runs the batches.
+    `gather`/`write` belong to the engine threads that run the batches: several may call them
+    at once for disjoint sets of slots (each thread has its own staging buffer).
     Slot indices passed to `gather`/`write` are checked on the host: pass them as a CPU
     LongTensor (they are moved to the pool's device once per call).
     """
@@ -72,8 +73,7 @@ class KvPool:
         self._in_use = torch.zeros(num_slots, dtype=torch.bool)  # (S,) host
         self._free: list[int] = list(range(num_slots))
         self._lock = threading.Lock()
-        self._staging_att = torch.empty(0, dtype=dtype, device=self.device)
-        self._staging_cnn = torch.empty(0, dtype=dtype, device=self.device)
+        self._staging_local = threading.local()
 
     @property
     def window(self) -> int:
@@ -170,9 +170,9 @@ class KvPool:
         A frame is valid when it was written since the last reset and lies within the
         last w_s positions of its stream; everything else is masked (and its pos is -1).
 
-        With `reuse_buffer`, att and cnn are written into a pool-owned staging buffer
-        (grown once to the largest batch seen) and stay valid only until the next such
-        gather. On CPU this avoids page-faulting a fresh B * bytes_per_slot buffer every
+        With `reuse_buffer`, att and cnn are written into a pool-owned staging buffer of the
+        calling thread (grown once to the largest batch seen) and stay valid only until that
+        thread's next such gather. On CPU this avoids page-faulting a fresh B * bytes_per_slot buffer every
         step, which costs several times the copy itself.
         """
         _, index = self._indices(slots, "gather")  # (B,)
@@ -254,11 +254,13 @@ class KvPool:
     def _staging(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Contiguous (L, B, H, W, 2*d_k) and (L, B, D, K-1) views over reusable flat buffers."""
         g = self.geometry
-        if self._staging_att.numel() < batch * g.att_elements:
-            self._staging_att = torch.empty(batch * g.att_elements, dtype=g.dtype, device=self.device)
-            self._staging_cnn = torch.empty(batch * g.cnn_elements, dtype=g.dtype, device=self.device)
-        att = self._staging_att[: batch * g.att_elements].view(g.num_layers, batch, g.heads, g.window, 2 * g.d_k)
-        cnn = self._staging_cnn[: batch * g.cnn_elements].view(g.num_layers, batch, g.d_model, g.cnn_frames)
+        local = self._staging_local
+        if getattr(local, "batch", 0) < batch:
+            local.att = torch.empty(batch * g.att_elements, dtype=g.dtype, device=self.device)
+            local.cnn = torch.empty(batch * g.cnn_elements, dtype=g.dtype, device=self.device)
+            local.batch = batch
+        att = local.att[: batch * g.att_elements].view(g.num_layers, batch, g.heads, g.window, 2 * g.d_k)
+        cnn = local.cnn[: batch * g.cnn_elements].view(g.num_layers, batch, g.d_model, g.cnn_frames)
         return att, cnn
 
     def _clear(self, slot: int) -> None:

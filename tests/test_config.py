@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,22 @@ def test_backend_auto_picks_int8_on_cpu_and_torch_on_gpu(tmp_path: Path) -> None
     assert len(problems) == 2
     assert problems[0].startswith(f"{path}:2 rtp.resampler:") and "'halfband' or 'soxr'" in problems[0]
     assert problems[1].startswith(f"{path}:4 engine.backend: 'int4' is not one of auto, torch, torch-int8")
+
+
+def test_schedulers_auto_is_one_per_usable_core_sharing_the_cores_as_torch_threads(tmp_path: Path) -> None:
+    cores = len(os.sched_getaffinity(0))
+    default = load_config(None, {}).engine
+    assert (default.schedulers, default.resolved_schedulers, default.resolved_threads) == (1, 1, 0)
+    engine = load_config(write(tmp_path, "engine:\n  schedulers: 0\n"), {}).engine
+    assert engine.schedulers == 0 and engine.resolved_schedulers == cores
+    assert engine.resolved_threads == (0 if cores == 1 else 1)  # cores // schedulers each; 0: torch's own
+    two = load_config(write(tmp_path, "engine:\n  schedulers: 2\n  threads: 3\n"), {}).engine
+    assert (two.resolved_schedulers, two.resolved_threads) == (2, 3)  # as configured
+    gpu = load_config(write(tmp_path, "engine:\n  device: cuda:0\n  dtype: float16\n"), {}).engine
+    assert (gpu.resolved_schedulers, gpu.resolved_threads) == (1, 0)
+    assert load_config(None, {"ASR_ENGINE_SCHEDULERS": "3"}).engine.resolved_schedulers == 3
+    problems = errors_of(write(tmp_path, "engine:\n  schedulers: -1\n"))
+    assert len(problems) == 1 and "engine.schedulers" in problems[0]
 
 
 def test_several_errors_are_all_reported(tmp_path: Path) -> None:

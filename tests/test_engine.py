@@ -153,16 +153,25 @@ def test_many_streams_batched_equal_each_stream_alone(loaded: LoadedModel, audio
         assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
 
 
-@pytest.mark.parametrize("finalizer", ["thread", "process"])
-def test_engine_thread_with_concurrent_producers(loaded: LoadedModel, audio: list[np.ndarray], finalizer: str) -> None:
+@pytest.mark.parametrize(("finalizer", "schedulers"), [("thread", 1), ("process", 1), ("process", 2)])
+def test_engine_thread_with_concurrent_producers(
+    loaded: LoadedModel, audio: list[np.ndarray], finalizer: str, schedulers: int
+) -> None:
+    """With ``schedulers`` 2 the streams are shared between two scheduler threads that run
+    their batches (the same traced graphs, one cache pool) at once."""
     collector = Collector()
-    options = EngineOptions(max_streams=6, max_batch=4, max_wait_ms=5, endpoint=NO_ENDPOINTS, finalizer=finalizer)
+    options = EngineOptions(
+        max_streams=6, max_batch=4, max_wait_ms=5, endpoint=NO_ENDPOINTS, finalizer=finalizer, schedulers=schedulers
+    )
     with Engine(loaded, options) as engine:
         assert (engine.finalizer_pid is not None) == (finalizer == "process")
         streams = [
             engine.open_stream(StreamConfig(chunk_ms=320, left_chunks=4, stream_id=f"t{i}"), collector)
             for i in range(6)
         ]
+        assert [scheduler.open_streams for scheduler in engine.schedulers] == [6 // schedulers] * schedulers
+        with pytest.raises(ValueError, match="already open"):
+            engine.open_stream(StreamConfig(chunk_ms=320, left_chunks=4, stream_id="t1"), collector)
 
         def produce(stream, samples: np.ndarray) -> None:
             for k in range(0, len(samples), 320):
@@ -177,11 +186,13 @@ def test_engine_thread_with_concurrent_producers(loaded: LoadedModel, audio: lis
         for s in streams:
             assert s.done.wait(60)
     assert engine.finalizer_pid is None  # the finals process is stopped with the engine
+    assert engine.free_slots == 6 and engine.stats.chunks > 0
     refs = [reference(loaded, audio[k], 320, 4) for k in range(2)]
     for i in range(6):
         (final,) = collector.finals(f"t{i}")
         assert final.tokens == refs[i % 2].best
         ref = refs[i % 2]
+        assert list(collector.partials(f"t{i}")[-1].tokens) == ref.greedy
         assert abs(final.nbest[0].score - ref.score) <= max(1e-3, 1e-5 * abs(ref.score))
         assert sorted(entry.tokens for entry in final.nbest) == sorted(ref.nbest)
 
@@ -255,6 +266,33 @@ def test_the_last_short_chunk_is_timed_from_the_end_of_input(loaded: LoadedModel
     tail_latencies = list(engine.stats.partial_latency_ms)[full_chunks:]
     assert tail_latencies and max(tail_latencies) < 1000.0
     assert engine.stats.behind_realtime_chunks == 0
+
+
+def test_an_engine_behind_real_time_reports_its_lag_and_the_bridge_refuses_new_calls(
+    loaded: LoadedModel, audio: list[np.ndarray], tmp_path: Path
+) -> None:
+    """Back-pressure: chunks left waiting past ``behind_ms`` make the engine ``overloaded``;
+    the gateway's admission check then refuses new calls (and counts it) until it caught up."""
+    from asr_gateway.bridge import CallBridge
+    from kb_hooks.config import KbHooksSettings, RedisSettings
+    from kb_hooks.processor import TranscriptProcessor
+    from kb_hooks.publisher import Publisher
+
+    engine = Engine(loaded, EngineOptions(max_streams=2, behind_ms=200, endpoint=NO_ENDPOINTS, schedulers=2))
+    publisher = Publisher(RedisSettings(url="redis://127.0.0.1:1", spool_dir=tmp_path))  # not started: unused here
+    bridge = CallBridge(engine, TranscriptProcessor.from_settings(KbHooksSettings()), publisher)
+    stream = engine.open_stream(StreamConfig(stream_id="a"), Collector())
+    assert engine.lag_ms == 0.0 and not engine.overloaded and bridge.has_capacity(1)
+    stream.accept_waveform(audio[0][:32000])  # 2 s at once: many chunks ready
+    time.sleep(0.3)  # nobody ran them: the oldest waits 300 ms > behind_ms
+    engine.run_once()
+    assert engine.lag_ms >= 300.0 and engine.overloaded
+    assert not bridge.has_capacity(1) and bridge.overload_refusals == 1
+    while engine.run_once() == 0.0:
+        pass
+    engine.run_once()
+    assert engine.lag_ms < 200.0 and not engine.overloaded
+    assert bridge.has_capacity(1) and bridge.overload_refusals == 1
 
 
 def test_bad_stream_configs_are_refused(loaded: LoadedModel) -> None:

@@ -144,6 +144,8 @@ def test_metrics_move_and_health_mirrors_options(tmp_path: Path, redis_server: R
     assert value(after, "asr_rtp_total", counter="lost") is not None
     assert (value(after, "asr_redis_published_total") or 0) > (value(before, "asr_redis_published_total") or 0)
     assert value(after, "asr_redis_connected") == 1
+    assert value(after, "asr_engine_lag_seconds") is not None
+    assert value(after, "asr_engine_overload_refusals_total") == 0  # one call keeps up
     for name in ("asr_partial_latency_seconds", "asr_final_latency_seconds", "asr_publish_latency_seconds",
                  "asr_engine_step_seconds", "asr_engine_batch_size"):  # fmt: skip
         count = value(after, f"{name}_count") or 0

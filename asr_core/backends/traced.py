@@ -21,6 +21,7 @@ utterance longer than the limit) runs eagerly.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -81,6 +82,7 @@ class TracedSteps:
         self._expected: set[tuple[int, int]] | None = set()
         self._graphs: dict[ShapeKey, Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]]] = {}
         self._failed: set[ShapeKey] = set()
+        self._trace_lock = threading.Lock()  # several engine threads may meet a new shape at once
 
     def expect(self, input_frames: int, window: int) -> None:
         """Trace the step for chunks of ``input_frames`` fbank frames over ``window`` cache frames."""
@@ -119,9 +121,12 @@ class TracedSteps:
         graph = self._graphs.get(key)
         if graph is None:
             wanted = self._expected is None or (t_in, window) in self._expected
-            if not wanted or key in self._failed:
+            if not wanted:
                 return None
-            graph = self._trace(key, (xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache))
+            with self._trace_lock:
+                graph = self._graphs.get(key)
+                if graph is None and key not in self._failed:
+                    graph = self._trace(key, (xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache))
             if graph is None:
                 return None
         # No profiling-executor passes on top of freezing: re-optimizing for batch sizes it

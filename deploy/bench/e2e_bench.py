@@ -14,6 +14,14 @@ process times every event.
 - ``rss_mb``, ``cpu_percent``, ``cores_used`` (CPU seconds per wall second): this process
   (service + subscriber) during the calls; the CPU includes the engine's finals process
   (``engine.finalizer: process``), the RSS does not.
+- ``cores_by_thread``: the same CPU per wall second by thread (Linux): the engine's scheduler
+  threads (``asr-engine-N``), the event loop (``MainThread``: SIP, RTP, the publisher), the
+  KB/tags worker (``kb-hooks``), the finals process, and ``other`` (threads without a Python
+  name: torch's intra-op pool, executor threads). Shows which thread is at 100 % when the service
+  falls behind.
+- ``machine_cores_busy``: CPU seconds per wall second of the whole machine (Linux
+  ``/proc/stat``), of ``machine_cores``: the load generators (sipp, redis-server) run on the
+  same machine, so the service alone cannot reach ``machine_cores``.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import os
 import random
 import resource
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -84,6 +93,38 @@ def rss_mb() -> float:
     return memtrim.rss_mb() or round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
+def thread_cpu_seconds() -> dict[str, float]:
+    """CPU seconds of this process by Python thread name (Linux ``/proc``; {} elsewhere);
+    threads Python does not know (torch's, native libraries') are summed as ``other``."""
+    names = {thread.native_id: thread.name for thread in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    seconds: dict[str, float] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return seconds
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        name = names.get(int(tid), "other")
+        seconds[name] = seconds.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+    return seconds
+
+
+def machine_busy_seconds() -> float | None:
+    """CPU seconds all cores of the machine have been busy since boot (Linux; None elsewhere)."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(value) for value in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")  # without guest time (counted in user)
+
+
 def record_audio_ends(service: Service) -> dict[str, float]:
     """event_id -> the ``time.monotonic()`` its audio was handed to the engine (from the publisher's intake)."""
     audio_end: dict[str, float] = {}
@@ -115,6 +156,8 @@ async def run_bench(
     run_id = f"{os.getpid()}{random.randrange(10**6):06d}"
     groups = [(f"u{run_id}", PCMU, (calls + 1) // 2), (f"a{run_id}", PCMA, calls // 2)]
     cpu_before, wall_before = os.times(), time.monotonic()
+    threads_before = thread_cpu_seconds()
+    machine_before = machine_busy_seconds()
     finals_cpu_before = service.engine.finalizer_cpu_seconds() or 0.0
     rss_peak = rss_mb()
     results: list[CallResult] = []
@@ -134,6 +177,8 @@ async def run_bench(
         ]
         results = list(await asyncio.gather(*placed))
         cpu_after, wall_after = os.times(), time.monotonic()
+        threads_after = thread_cpu_seconds()
+        machine_after = machine_busy_seconds()
         finals_cpu = (service.engine.finalizer_cpu_seconds() or 0.0) - finals_cpu_before
         ended_ok = await wait_for_ended(collector, [tag for tag, _, count in groups if count], calls, 30.0)
     finally:
@@ -141,6 +186,9 @@ async def run_bench(
         await service.stop(grace_s=10)
         await collector.stop()
     cpu_s = (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system) + finals_cpu
+    wall = max(1e-9, wall_after - wall_before)
+    by_thread = {name: (busy - threads_before.get(name, 0.0)) / wall for name, busy in threads_after.items()}
+    by_thread["finals process"] = finals_cpu / wall
     stats = service.engine.stats
     behind = stats.behind_realtime_chunks / max(1, stats.chunks)
     measured = measure(collector.received, audio_end, reference)
@@ -160,7 +208,15 @@ async def run_bench(
         "rss_mb": rss_peak,
         "cpu_percent": round(100 * cpu_s / max(1e-9, wall_after - wall_before), 1),
         "cores_used": round(cpu_s / max(1e-9, wall_after - wall_before), 2),
+        "machine_cores_busy": (
+            round((machine_after - machine_before) / wall, 2)
+            if machine_after is not None and machine_before is not None
+            else None
+        ),
+        "machine_cores": os.cpu_count(),
+        "cores_by_thread": {name: round(value, 2) for name, value in sorted(by_thread.items()) if value >= 0.005},
         "torch_threads": torch.get_num_threads(),
+        "schedulers": len(service.engine.schedulers),
     }
 
 
@@ -225,6 +281,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="engine.traced_step: false (the chunk step in eager PyTorch, for A/B against the default)",
     )
     parser.add_argument("--step-threads", type=int, help="engine.step_threads (default: the service's)")
+    parser.add_argument(
+        "--schedulers", type=int, help="engine.schedulers (default: the service's, 1; 0 = one per usable core)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -246,6 +305,10 @@ def run(args: argparse.Namespace) -> int:
                 engine["traced_step"] = False
             if args.step_threads is not None:
                 engine["step_threads"] = args.step_threads
+            if args.schedulers is not None:
+                engine["schedulers"] = args.schedulers
+            if args.threads:
+                engine["threads"] = args.threads  # the service sets it (else its own default with its schedulers)
             result = asyncio.run(run_bench(model_dir, redis_url, workdir, args.calls, args.seconds, **engine))
         except (DemoError, LocalRedisError, FileNotFoundError) as exc:
             print(json.dumps({"error": str(exc)}))

@@ -81,6 +81,7 @@ class Trial:
     piece_ms: int = DEFAULT_PIECE_MS
     traced_step: bool = True
     step_threads: int = 1
+    schedulers: int = 1
     context: ContextGraph | None = None  # hotwords on every stream (--hotwords-ab, --hotwords)
 
 
@@ -120,6 +121,7 @@ def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray)
         backend=trial.backend,
         traced_step=trial.traced_step,
         step_threads=trial.step_threads,
+        schedulers=trial.schedulers,
         endpoint=EndpointRules(max_utterance_ms=trial.max_utterance_ms),
     )
     engine = Engine(loaded, options)
@@ -464,6 +466,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="split traced steps of large batches over this many threads (EngineOptions.step_threads)",
     )
+    parser.add_argument(
+        "--schedulers",
+        type=int,
+        default=1,
+        help="scheduler threads over disjoint sets of streams (EngineOptions.schedulers; the service: one per core)",
+    )
     parser.add_argument("--fast", action="store_true", help="feed as fast as possible (throughput)")
     parser.add_argument(
         "--hotwords-ab", type=int, default=0, metavar="N",
@@ -545,6 +553,7 @@ def run(args: argparse.Namespace) -> int:
         args.piece_ms,
         args.traced_step,
         args.step_threads,
+        args.schedulers,
     )
     header = {
         "arch": None if args.model else args.arch,
@@ -559,6 +568,7 @@ def run(args: argparse.Namespace) -> int:
         "rescore": base.rescore,
         "traced_step": base.traced_step,
         "step_threads": base.step_threads,
+        "schedulers": base.schedulers,
         "torch_threads": torch.get_num_threads(),
     }
     if args.hotwords_ab > 0 or args.hotwords is not None:
