@@ -74,7 +74,7 @@ class Console:
         self.client = make_client(redis.url, redis.connect_timeout_s, 5.0)
         prefixes = self.settings.key_prefixes or [redis.key_prefix]
         index = CallIndex(self.settings.agent_id_key, self.settings.ended_keep_s)
-        self.hub = Hub(self.client, prefixes, index, self.settings.bootstrap_events)
+        self.hub = Hub(self.client, prefixes, index, self.settings.bootstrap_events, redis.layout)
         self.store = ConfigStore(self.settings.service_config, self.settings.state_dir, self.client)
 
     # -- who is asking ----------------------------------------------------------------
@@ -249,7 +249,7 @@ def build_app(settings: ConsoleSettings) -> Starlette:
         summary = hub().index.calls.get(call_id)
         if summary is None:
             for prefix in hub().prefixes:
-                stored = await call_snapshot(hub().client, prefix, call_id)
+                stored = await call_snapshot(hub().client, prefix, call_id, hub().layout)
                 if stored:
                     summary = CallSummary(call_id, prefix)
                     for _, event in stored:
@@ -262,7 +262,7 @@ def build_app(settings: ConsoleSettings) -> Starlette:
     @need("agent")
     async def api_call(request: Request) -> Response:
         prefix, call_id = await find_call(request)
-        stored = await call_snapshot(hub().client, prefix, call_id)
+        stored = await call_snapshot(hub().client, prefix, call_id, hub().layout)
         summary = hub().index.calls.get(call_id)
         return JSONResponse({
             "call": summary.to_json() if summary else {"call_id": call_id},

@@ -4,8 +4,10 @@ One ``Hub`` per process reads, for each key prefix:
 
 * the firehose ``{prefix}:events`` (``XREAD BLOCK``) into the ``CallIndex``: call summaries for
   the calls page (at start, the last ``bootstrap_events`` entries tell which calls are open);
+  with a Redis Cluster URL, every firehose shard of ``kb_hooks.keys.KeyLayout``, each by its
+  own reader (one ``XREAD`` may only name keys of one slot);
 * the pub/sub channel ``{prefix}:live`` for partials (they are in no stream by default);
-* for each call someone watches, the call's own stream ``{prefix}:call:{id}`` into a
+* for each call someone watches, the call's own stream (``KeyLayout.call_stream``) into a
   ``CallFeed``: its whole history, then each new entry, fanned out to every viewer of the
   call from memory, with the stream entry id as the SSE id. Redis sees one reader per watched
   call, however many viewers there are, and each event is serialized once.
@@ -25,7 +27,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from kb_hooks.publisher import firehose_key, live_channel, stream_key
+from kb_hooks.keys import SINGLE, KeyLayout, live_channel
 
 log = logging.getLogger(__name__)
 
@@ -153,10 +155,11 @@ class FeedItem:
 class CallFeed:
     """One call's events: the stored history, then each new one, for any number of viewers."""
 
-    def __init__(self, client: aioredis.Redis, prefix: str, call_id: str) -> None:
+    def __init__(self, client: aioredis.Redis, prefix: str, call_id: str, layout: KeyLayout = SINGLE) -> None:
         self.client = client
         self.prefix = prefix
         self.call_id = call_id
+        self.key = layout.call_stream(prefix, call_id)
         self.items: list[FeedItem] = []
         self.last_id = "0-0"
         self.ready = asyncio.Event()
@@ -176,7 +179,7 @@ class CallFeed:
             self._append(FeedItem(None, data))
 
     async def _read(self) -> None:
-        key = stream_key(self.prefix, self.call_id)
+        key = self.key
         while True:
             try:
                 if not self.ready.is_set():
@@ -239,19 +242,33 @@ class CallFeed:
 class Hub:
     """The process's Redis readers: the index of calls, the partials, and the watched calls' feeds."""
 
-    def __init__(self, client: aioredis.Redis, prefixes: list[str], index: CallIndex, bootstrap_events: int) -> None:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        prefixes: list[str],
+        index: CallIndex,
+        bootstrap_events: int,
+        layout: KeyLayout = SINGLE,
+    ) -> None:
         self.client = client
         self.prefixes = prefixes
         self.index = index
         self.bootstrap_events = bootstrap_events
+        self.layout = layout
         self.feeds: dict[str, CallFeed] = {}
-        self.firehose_ids = dict.fromkeys(prefixes, "0-0")
+        # every firehose stream (one per prefix, or each prefix's shards on a Cluster) -> its prefix
+        self.firehoses = {key: p for p in prefixes for key in layout.firehoses(p)}
+        self.firehose_ids = dict.fromkeys(self.firehoses, "0-0")
         self._tasks: list[asyncio.Task[None]] = []
         self.ready = asyncio.Event()
 
     def start(self) -> None:
+        # One XREAD names all firehoses on a single Redis; on a Cluster each shard (its own
+        # slot) has its own reader.
+        groups = [[key] for key in self.firehoses] if self.layout.shards else [list(self.firehoses)]
         self._tasks = [
-            asyncio.create_task(self._firehose(), name="firehose"),
+            asyncio.create_task(self._bootstrap_then_ready(), name="bootstrap"),
+            *(asyncio.create_task(self._firehose(keys), name=f"firehose-{keys[0]}") for keys in groups),
             asyncio.create_task(self._partials(), name="partials"),
             asyncio.create_task(self._reap(), name="reaper"),
         ]
@@ -267,41 +284,54 @@ class Hub:
     def feed(self, prefix: str, call_id: str) -> CallFeed:
         feed = self.feeds.get(call_id)
         if feed is None:
-            feed = self.feeds[call_id] = CallFeed(self.client, prefix, call_id)
+            feed = self.feeds[call_id] = CallFeed(self.client, prefix, call_id, self.layout)
         return feed
 
     async def _bootstrap(self) -> None:
+        """The last ``bootstrap_events`` entries of each firehose (stream), oldest first per prefix."""
         for prefix in self.prefixes:
-            key = firehose_key(prefix)
-            entries: Any = (
-                await self.client.xrevrange(key, "+", "-", count=self.bootstrap_events) if self.bootstrap_events else []
-            )
-            for _sid, fields in reversed(entries):
+            recent: list[tuple[str, dict[Any, Any]]] = []
+            for key in self.layout.firehoses(prefix):
+                if self.bootstrap_events:
+                    entries: Any = await self.client.xrevrange(key, "+", "-", count=self.bootstrap_events)
+                else:
+                    entries = await self.client.xrevrange(key, "+", "-", count=1)
+                if entries:
+                    self.firehose_ids[key] = _text(entries[0][0])
+                if self.bootstrap_events:
+                    recent.extend((_text(sid), fields) for sid, fields in entries)
+            # shards interleave by time; stream ids are times
+            recent.sort(key=lambda entry: stream_id_key(entry[0]))
+            for _sid, fields in recent[-self.bootstrap_events :] if self.bootstrap_events else []:
                 event = decode_entry(fields)
                 if event is not None:
                     self.index.apply(prefix, event)
-            if entries:
-                self.firehose_ids[prefix] = _text(entries[0][0])
-            elif not self.bootstrap_events:
-                last: Any = await self.client.xrevrange(key, "+", "-", count=1)
-                self.firehose_ids[prefix] = _text(last[0][0]) if last else "0-0"
 
-    async def _firehose(self) -> None:
-        keys = {firehose_key(p): p for p in self.prefixes}
+    async def _bootstrap_then_ready(self) -> None:
         while True:
             try:
-                if not self.ready.is_set():
-                    await self._bootstrap()
-                    self.ready.set()
-                streams = {key: self.firehose_ids[p] for key, p in keys.items()}
+                await self._bootstrap()
+                self.ready.set()
+                return
+            except asyncio.CancelledError:
+                raise
+            except (RedisError, OSError) as exc:
+                log.warning("reading the firehose failed (%s); retrying", exc)
+                await asyncio.sleep(RETRY_S)
+
+    async def _firehose(self, keys: list[str]) -> None:
+        await self.ready.wait()
+        while True:
+            try:
+                streams = {key: self.firehose_ids[key] for key in keys}
                 reply: Any = await self.client.xread(streams, count=500, block=BLOCK_MS)  # type: ignore[arg-type]
                 for key, entries in reply or []:
-                    prefix = keys[_text(key)]
+                    name = _text(key)
                     for sid, fields in entries:
-                        self.firehose_ids[prefix] = _text(sid)
+                        self.firehose_ids[name] = _text(sid)
                         event = decode_entry(fields)
                         if event is not None:
-                            self.index.apply(prefix, event)
+                            self.index.apply(self.firehoses[name], event)
             except asyncio.CancelledError:
                 raise
             except (RedisError, OSError) as exc:
@@ -348,10 +378,12 @@ class Hub:
             self.index.prune()
 
 
-async def call_snapshot(client: aioredis.Redis, prefix: str, call_id: str) -> list[tuple[str, dict[str, Any]]]:
+async def call_snapshot(
+    client: aioredis.Redis, prefix: str, call_id: str, layout: KeyLayout = SINGLE
+) -> list[tuple[str, dict[str, Any]]]:
     """The call's stored events with their stream ids (empty when Redis has no such call)."""
     out = []
-    stored: Any = await client.xrange(stream_key(prefix, call_id), "-", "+")
+    stored: Any = await client.xrange(layout.call_stream(prefix, call_id), "-", "+")
     for sid, fields in stored:
         event = decode_entry(fields)
         if event is not None:

@@ -1,7 +1,8 @@
 """The console's HTTP API against a real redis-server, with events published by the real
 kb_hooks Publisher and made by the real TranscriptProcessor: sign-in, roles, CSRF, the calls
 API and its SSE resume, validation with check-config's messages, try it, apply, versions,
-rollback, audit, and the gateways' heartbeat and reload channel."""
+rollback, audit, and the gateways' heartbeat and reload channel; on a real three-master Redis
+Cluster, the calls of every firehose shard and their hash-tagged streams."""
 
 from __future__ import annotations
 
@@ -21,13 +22,14 @@ from asr_common.yamlconf import ConfigError
 from asr_gateway.cli import check_referenced_files
 from asr_gateway.config import load_config
 from asr_gateway.heartbeat import Heartbeat, control_channel
+from asr_gateway.local_redis import LocalRedisCluster
 from kb_hooks import events as ev
 from kb_hooks.processor import TranscriptProcessor
 from kb_hooks.types import CallContext, Participant, RedactionMode, TranscriptUpdate
 from tests.console_helpers import LivePublisher, login, running_console, write_configs
-from tests.redis_server import RedisServer, redis_server
+from tests.redis_server import RedisServer, redis_cluster, redis_server
 
-__all__ = ["redis_server"]
+__all__ = ["redis_cluster", "redis_server"]
 
 MANHOLE = "我今天发现新华路十二号井盖发生了破损有安全隐患"
 
@@ -137,6 +139,39 @@ def test_agents_see_their_calls_supervisors_all(console: tuple[str, Path], redis
     types = [e["event_type"] for e in snapshot["events"]]
     assert types[0] == "call.started" and types[-1] == "call.ended" and "kb.suggestion" in types
     assert all(e["stream_id"] for e in snapshot["events"])
+
+
+def test_cluster_calls_of_every_firehose_shard(redis_cluster: LocalRedisCluster, tmp_path: Path) -> None:
+    """call-a is published before the console starts (found by the bootstrap read of the shards),
+    call-b while it runs (found by the shard readers); their streams are on different masters."""
+    console_yaml = write_configs(tmp_path, redis_cluster.url)
+    conf = console_yaml.parent
+    layout = load_config(conf / "gateway.yaml").redis.layout
+    assert layout.shards == 16 and layout.shard_of("call-a") != layout.shard_of("call-b")
+    with LivePublisher(redis_cluster.url, tmp_path / "pub") as publisher:
+        for event in call_events("call-a", "1001", conf):
+            publisher.submit(event)
+        publisher.wait_published(6)
+        with running_console(console_yaml) as base:
+            sup, agent2 = login(base, "sup"), login(base, "agent2")
+            for event in call_events("call-b", "1002", conf, "路灯坏了"):
+                publisher.submit(event)
+            publisher.wait_published(2 * 6)
+            deadline = time.monotonic() + 10
+            while len(sup.get("/api/calls").json()["calls"]) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            calls = {c["call_id"]: c for c in sup.get("/api/calls").json()["calls"]}
+            assert set(calls) == {"call-a", "call-b"}
+            assert calls["call-a"]["suggestions"] == ["井盖破损应急处置流程"] and not calls["call-a"]["active"]
+            assert [c["call_id"] for c in agent2.get("/api/calls").json()["calls"]] == ["call-b"]
+            for call_id in ("call-a", "call-b"):
+                snapshot = sup.get(f"/api/calls/{call_id}").json()
+                types = [e["event_type"] for e in snapshot["events"]]
+                assert types[0] == "call.started" and types[-1] == "call.ended" and "tags" in types
+                assert {e["call_id"] for e in snapshot["events"]} == {call_id}
+                streamed = sse(sup, f"/api/calls/{call_id}/events", len(types))
+                assert [sid for sid, _ in streamed] == [e["stream_id"] for e in snapshot["events"]]
+            assert agent2.get("/api/calls/call-a").status_code == 404
 
 
 def test_call_events_resume_from_last_event_id_and_go_live(console: tuple[str, Path], redis_server: RedisServer,
