@@ -25,7 +25,7 @@ from asr_core.backends import ChunkRunner, make_runner, rescoring_decoder
 from asr_core.endpoint import EndpointRules
 from asr_core.events import Event
 from asr_core.finalizer import Finalizer
-from asr_core.finals import FinalSearch, FinalSettings, ProcessFinalSearch
+from asr_core.finals import WORKER_NICENESS, FinalSearch, FinalSettings, ProcessFinalSearch
 from asr_core.frontend import encoder_frame_ms
 from asr_core.model.loader import LoadedModel
 from asr_core.scheduler import Scheduler
@@ -74,6 +74,16 @@ class EngineOptions:
     # the fewest): their chunk steps and most of their tensor work run at once on as many
     # cores. 1 = one thread runs every batch (the library's default; the service's is a core each).
     schedulers: int = 1
+    # Nice value added to the finals process (0-19). High: finals take only the CPU the
+    # schedulers leave idle, which starves them once the schedulers fill every core; 0: they
+    # share the cores equally with the schedulers.
+    finals_niceness: int = WORKER_NICENESS
+    # An utterance waiting this long (ms) for its Final means the node has more calls than it can
+    # finalize: it then counts as overloaded (new calls get 503) until the finals catch up.
+    finals_behind_ms: float = 4000.0
+    # Finalizer lanes searching at once, each with its own thread (and child process with
+    # ``finalizer="process"``); a stream's utterances always go to the same one.
+    finals_workers: int = 1
 
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -99,7 +109,7 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
 @dataclass(slots=True)
 class EngineStats:
     """Counters and bounded samples for metrics and benchmarks (read from any thread; the
-    schedulers update theirs under ``lock``, the finalizer is the only writer of its own)."""
+    schedulers and the finalizer threads update them under ``lock``)."""
 
     chunks: int = 0
     batches: int = 0
@@ -133,6 +143,8 @@ class Engine:
         )
         if self.options.schedulers < 1:
             raise ValueError(f"schedulers must be at least 1, got {self.options.schedulers}")
+        if not 0 <= self.options.finals_niceness <= 19:
+            raise ValueError(f"finals_niceness must be 0-19, got {self.options.finals_niceness}")
         if self.options.finalizer not in ("thread", "process"):
             raise ValueError(f"finalizer {self.options.finalizer!r} unknown; choose thread or process")
         settings = FinalSettings.for_model(
@@ -168,7 +180,9 @@ class Engine:
             self.runner.expect(input_frames, self.pool.window)
         self.stats = EngineStats()
         self._blank = loaded.blank_id
-        self.finalizer = Finalizer(FinalSearch(decoder, settings), self._text, self.frame_ms, self.stats)
+        self.finalizer = Finalizer(
+            FinalSearch(decoder, settings), self._text, self.frame_ms, self.stats, workers=self.options.finals_workers
+        )
         self.schedulers = [
             Scheduler(
                 self.options,
@@ -198,7 +212,11 @@ class Engine:
             return
         # A GPU decoder stays in this process: a child would need its own device context.
         in_process = self.options.finalizer == "process" and self.device.type == "cpu"
-        self.finalizer.start(process_decoder=self.model.decoder if in_process else None, backend=self.options.backend)
+        self.finalizer.start(
+            process_decoder=self.model.decoder if in_process else None,
+            backend=self.options.backend,
+            niceness=self.options.finals_niceness,
+        )
         for scheduler in self.schedulers:
             scheduler.start()
 
@@ -259,15 +277,22 @@ class Engine:
         return self.finalizer.local_search.decoder
 
     @property
+    def finalizer_pids(self) -> list[int]:
+        """The finals processes' pids while they run (``finalizer="process"``), else empty."""
+        return [s.pid for s in self.finalizer.searches if isinstance(s, ProcessFinalSearch) and s.pid is not None]
+
+    @property
     def finalizer_pid(self) -> int | None:
-        """The finals process's pid while one runs (``finalizer="process"``), else None."""
-        search = self.finalizer.search
-        return search.pid if isinstance(search, ProcessFinalSearch) else None
+        """The (first) finals process's pid while one runs, else None."""
+        pids = self.finalizer_pids
+        return pids[0] if pids else None
 
     def finalizer_cpu_seconds(self) -> float | None:
-        """CPU time the finals process has used (benchmarks add it to this process's)."""
-        search = self.finalizer.search
-        return search.cpu_seconds() if isinstance(search, ProcessFinalSearch) else None
+        """CPU time the finals processes have used (benchmarks add it to this process's);
+        None without one."""
+        times = [s.cpu_seconds() for s in self.finalizer.searches if isinstance(s, ProcessFinalSearch)]
+        known = [t for t in times if t is not None]
+        return sum(known) if known else None
 
     def __enter__(self) -> Engine:
         self.start()
@@ -292,10 +317,16 @@ class Engine:
         return max(scheduler.lag_s for scheduler in self.schedulers) * 1000.0
 
     @property
+    def finals_lag_ms(self) -> float:
+        """How long the oldest utterance still without its Final has waited since its endpoint."""
+        return self.finalizer.lag_s() * 1000.0
+
+    @property
     def overloaded(self) -> bool:
-        """Behind real time now: a chunk has waited longer than ``behind_ms`` for its step. The
-        gateway then admits no new calls, so the calls it has are not made later still."""
-        return self.lag_ms > self.options.behind_ms
+        """Behind now: a chunk has waited longer than ``behind_ms`` for its step, or an ended
+        utterance longer than ``finals_behind_ms`` for its Final. The gateway then admits no
+        new calls, so the calls it has are not made later still."""
+        return self.lag_ms > self.options.behind_ms or self.finals_lag_ms > self.options.finals_behind_ms
 
     def open_stream(self, config: StreamConfig, on_event: Callable[[Event], None]) -> Stream:
         """A new stream in a free cache slot; raises ``CapacityError`` when none is free."""

@@ -1,12 +1,14 @@
-"""The engine's finalizer: the queue of ended utterances and the thread that turns them into
-``Final`` events (and retired streams into ``Ended``), off the scheduler thread.
+"""The engine's finalizer: the queues of ended utterances and the threads that turn them into
+``Final`` events (and retired streams into ``Ended``), off the scheduler threads.
 
 The scheduler hands over an utterance at its endpoint and moves the stream on at once, so
-finals never delay partials. The finalizer thread takes up to ``FINALIZE_BATCH`` jobs at a
-time and runs their search (``asr_core.finals``: prefix beam search, attention rescoring) in
-this thread (``FinalSearch``) or in a child process (``ProcessFinalSearch``, CPU only), then
-emits the events in job order. Without the thread (``run_once`` drivers: tests, offline tools)
-``finalize_pending`` does the same work in the caller's thread.
+finals never delay partials. Each finalizer thread (``workers`` of them, one lane each) takes
+up to ``FINALIZE_BATCH`` jobs at a time from its own queue and runs their search
+(``asr_core.finals``: prefix beam search, attention rescoring) in that thread (``FinalSearch``)
+or in its child process (``ProcessFinalSearch``, CPU only), then emits the events in job
+order. A stream's jobs all go to one lane, so its events stay in order. Without the threads
+(``run_once`` drivers: tests, offline tools) ``finalize_pending`` does the same work in the
+caller's thread.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import queue
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -27,7 +30,7 @@ import torch
 from asr_common.draining import wait_while_progressing
 from asr_core.ctc_search import Hypothesis
 from asr_core.events import Ended, Event, Final, NBestEntry
-from asr_core.finals import FinalRequest, FinalSearch, ProcessFinalSearch
+from asr_core.finals import WORKER_NICENESS, FinalRequest, FinalSearch, ProcessFinalSearch
 from asr_core.stream import Stream, Utterance
 from rescoring.attention import RescoreResult
 
@@ -84,93 +87,155 @@ class EndJob:
 Job = FinalJob | EndJob
 
 
+class _Lane:
+    """One worker of the finalizer: its job queue, its thread and its search (this thread's
+    ``FinalSearch`` or a ``ProcessFinalSearch`` child)."""
+
+    def __init__(self, index: int, search: FinalSearch) -> None:
+        self.index = index
+        self.search: FinalSearch | ProcessFinalSearch = search
+        self.jobs: queue.Queue[Job] = queue.Queue()
+        self.thread: threading.Thread | None = None
+        self.completed = 0  # jobs finished (progress, for stop)
+        self.busy_since = 0.0  # detection time of the oldest utterance in the batch being searched (0: none)
+
+    def oldest_waiting(self, now: float) -> float:
+        """Detection time of the oldest utterance queued or being searched here (``now``: none)."""
+        oldest = self.busy_since or now
+        with self.jobs.mutex:  # the queue's own lock; jobs arrive in detection order (per lane)
+            for job in self.jobs.queue:
+                if isinstance(job, FinalJob):
+                    return min(oldest, job.detected)
+        return oldest
+
+    def drain(self, limit: int) -> list[Job]:
+        jobs: list[Job] = []
+        while len(jobs) < limit:
+            try:
+                jobs.append(self.jobs.get_nowait())
+            except queue.Empty:
+                break
+        return jobs
+
+
 class Finalizer:
-    """Owns the finals' job queue, the finalizer thread and the search (thread or process).
+    """Owns the finals' job queues, the finalizer threads and their searches (thread or process).
 
     ``text`` maps token ids to text; ``frame_ms`` is the duration of one encoder frame;
-    ``stats`` gets the finals' count, latency and errors.
+    ``stats`` gets the finals' count, latency and errors. ``workers`` lanes (a thread each,
+    with a child process each when started with a decoder) search at once; a stream's jobs
+    always go to the same lane, so its Finals and its Ended are emitted in order.
     """
 
     def __init__(
-        self, search: FinalSearch, text: Callable[[Iterable[int]], str], frame_ms: int, stats: EngineStats
+        self,
+        search: FinalSearch,
+        text: Callable[[Iterable[int]], str],
+        frame_ms: int,
+        stats: EngineStats,
+        workers: int = 1,
     ) -> None:
+        if workers < 1:
+            raise ValueError(f"finals workers must be at least 1, got {workers}")
         self.local_search = search
-        self.search: FinalSearch | ProcessFinalSearch = search
         self.text = text
         self.frame_ms = frame_ms
         self.stats = stats
-        self._jobs: queue.Queue[Job] = queue.Queue()
+        self._lanes = [_Lane(index, search) for index in range(workers)]
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.completed = 0  # jobs the thread has finished (progress, for stop)
 
     @property
     def running(self) -> bool:
-        return self._thread is not None
+        return self._lanes[0].thread is not None
+
+    @property
+    def searches(self) -> list[FinalSearch | ProcessFinalSearch]:
+        """Each lane's search (the same ``local_search`` for lanes without a child process)."""
+        return [lane.search for lane in self._lanes]
+
+    @property
+    def completed(self) -> int:
+        """Jobs the threads have finished (progress, for stop)."""
+        return sum(lane.completed for lane in self._lanes)
 
     def submit(self, job: Job) -> None:
-        self._jobs.put(job)
+        self._lane_of(job.stream).jobs.put(job)
 
-    def start(self, *, process_decoder: torch.nn.Module | None = None, backend: str = "torch") -> None:
-        """Start the thread. With ``process_decoder`` (the float decoder; the child applies
-        ``backend``'s rescoring variant) the batches are searched in a child process, or in
-        this thread when the child does not start."""
-        if process_decoder is not None and self.search is self.local_search:
-            try:
-                self.search = ProcessFinalSearch(process_decoder, backend, self.local_search)
-            except RuntimeError:
-                log.exception("finals process failed to start; finals run in a thread of this process")
+    def _lane_of(self, stream: Stream) -> _Lane:
+        lanes = self._lanes
+        return lanes[0] if len(lanes) == 1 else lanes[zlib.crc32(stream.stream_id.encode()) % len(lanes)]
+
+    def lag_s(self, now: float | None = None) -> float:
+        """How long the oldest utterance not finalized yet (queued or being searched) has waited
+        since its endpoint, in seconds; 0 when none waits."""
+        now = time.monotonic() if now is None else now
+        return max(0.0, now - min(lane.oldest_waiting(now) for lane in self._lanes))
+
+    def start(
+        self, *, process_decoder: torch.nn.Module | None = None, backend: str = "torch",
+        niceness: int = WORKER_NICENESS,
+    ) -> None:  # fmt: skip
+        """Start the threads. With ``process_decoder`` (the float decoder; the child applies
+        ``backend``'s rescoring variant) each lane searches in a child process at
+        ``niceness``, or in its thread when the child does not start."""
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="asr-finalizer", daemon=True)
-        self._thread.start()
+        for lane in self._lanes:
+            if process_decoder is not None and lane.search is self.local_search:
+                try:
+                    lane.search = ProcessFinalSearch(process_decoder, backend, self.local_search, niceness)
+                except RuntimeError:
+                    log.exception("finals process failed to start; finals run in a thread of this process")
+            name = "asr-finalizer" if len(self._lanes) == 1 else f"asr-finalizer-{lane.index}"
+            lane.thread = threading.Thread(target=self._run, args=(lane,), name=name, daemon=True)
+            lane.thread.start()
 
     def stop(self, timeout: float) -> None:
         """Finish the jobs already queued, however many (giving up only when no job finished
-        for ``timeout`` s), stop the thread and the child process, if any."""
+        for ``timeout`` s), stop the threads and the child processes, if any."""
         self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None and not wait_while_progressing(lambda: not thread.is_alive(), lambda: self.completed,
-                                                             timeout):  # fmt: skip
-            log.error("finalizer stalled for %.0f s; %d queued utterances get no Final", timeout, self._jobs.qsize())
-        if self.search is not self.local_search:
-            self.search.close()
-            self.search = self.local_search
+        threads = [lane.thread for lane in self._lanes if lane.thread is not None]
+        for lane in self._lanes:
+            lane.thread = None
+        if threads and not wait_while_progressing(lambda: not any(t.is_alive() for t in threads),
+                                                  lambda: self.completed, timeout):  # fmt: skip
+            queued = sum(lane.jobs.qsize() for lane in self._lanes)
+            log.error("finalizer stalled for %.0f s; %d queued utterances get no Final", timeout, queued)
+        for lane in self._lanes:
+            if lane.search is not self.local_search:
+                lane.search.close()
+                lane.search = self.local_search
 
-    def _run(self) -> None:
+    def _run(self, lane: _Lane) -> None:
         torch.set_grad_enabled(False)
         # Finals may wait a little; partials may not. On Linux a thread has its own nice
         # value, so the scheduler thread wins the CPU when both have work.
         with contextlib.suppress(AttributeError, OSError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), FINALIZER_NICENESS)
-        while not self._stop.is_set() or not self._jobs.empty():
+        while not self._stop.is_set() or not lane.jobs.empty():
             try:
-                first = self._jobs.get(timeout=0.1)
+                first = lane.jobs.get(timeout=0.1)
             except queue.Empty:
                 continue
-            jobs = [first, *self._drain(FINALIZE_BATCH - 1)]
+            jobs = [first, *lane.drain(FINALIZE_BATCH - 1)]
+            detected = [job.detected for job in jobs if isinstance(job, FinalJob)]
+            lane.busy_since = min(detected) if detected else 0.0
             try:
-                self._finalize(jobs)
+                self._finalize(jobs, lane.search)
             except Exception:
                 with self.stats.lock:  # shared with the schedulers
                     self.stats.errors += 1
                 log.exception("finalizing utterances failed")
                 self._end_streams(jobs)  # their Finals are lost; their owners still learn the streams ended
-            self.completed += len(jobs)
-
-    def _drain(self, limit: int) -> list[Job]:
-        jobs: list[Job] = []
-        while len(jobs) < limit:
-            try:
-                jobs.append(self._jobs.get_nowait())
-            except queue.Empty:
-                break
-        return jobs
+            finally:
+                lane.busy_since = 0.0
+            lane.completed += len(jobs)
 
     def finalize_pending(self) -> None:
-        """Run queued finalizations in the caller's thread (when the finalizer thread is not running)."""
-        jobs = self._drain(limit=1 << 30)
-        if jobs:
-            self._finalize(jobs)
+        """Run queued finalizations in the caller's thread (when the finalizer threads are not running)."""
+        for lane in self._lanes:
+            jobs = lane.drain(limit=1 << 30)
+            if jobs:
+                self._finalize(jobs, self.local_search)
 
     def _end_streams(self, jobs: list[Job]) -> None:
         """Ended for each retired stream among ``jobs`` that did not get it yet."""
@@ -182,7 +247,7 @@ class Finalizer:
         deliver(job.stream, Ended(job.stream.stream_id, job.stream.next_seq(), job.reason, job.audio_ms))
         job.stream.done.set()
 
-    def _finalize(self, jobs: list[Job]) -> None:
+    def _finalize(self, jobs: list[Job], search: FinalSearch | ProcessFinalSearch) -> None:
         """Prefix beam search per utterance, ONE rescoring call for all of them, events in job order."""
         finals = [job for job in jobs if isinstance(job, FinalJob)]
         requests = [
@@ -194,7 +259,6 @@ class Finalizer:
             )
             for job in finals
         ]
-        search = self.search if self._thread is not None else self.local_search
         results = search.run(requests) if requests else []
         nbests = [result.nbest for result in results]
         rescored = {i: result.rescored for i, result in enumerate(results) if result.rescored is not None}
@@ -220,9 +284,10 @@ class Finalizer:
         best = entries[0]
         now = time.monotonic()
         latency_ms = (now - job.detected) * 1000.0
-        self.stats.final_latency_ms.append(latency_ms)
-        self.stats.final_latency_seconds.observe(latency_ms / 1000.0)
-        self.stats.finals += 1
+        with self.stats.lock:  # several finalizer threads, and readers
+            self.stats.final_latency_ms.append(latency_ms)
+            self.stats.final_latency_seconds.observe(latency_ms / 1000.0)
+            self.stats.finals += 1
         event = Final(
             stream_id=stream.stream_id,
             utterance_id=utt.utterance_id,

@@ -50,7 +50,7 @@ __all__ = ["FinalRequest", "FinalResult", "FinalSearch", "FinalSettings", "Proce
 
 log = logging.getLogger(__name__)
 
-WORKER_NICENESS = 15  # finals may wait a little; partials may not
+WORKER_NICENESS = 15  # the default: finals may wait a little; partials may not (EngineOptions.finals_niceness)
 REPLY_TIMEOUT_S = 120.0  # a batch taking longer than this means the child is stuck
 START_TIMEOUT_S = 120.0  # importing torch and building the decoder
 PROPOSAL_LENGTH_FACTOR = 2  # attention proposals: at most 2 x the longest CTC hypothesis + 4 tokens
@@ -204,9 +204,15 @@ class ProcessFinalSearch:
     re-import the parent's main module, which runs whatever unguarded code a script has.
     """
 
-    def __init__(self, decoder: torch.nn.Module, backend: str, fallback: FinalSearch) -> None:
+    def __init__(
+        self, decoder: torch.nn.Module, backend: str, fallback: FinalSearch, niceness: int = WORKER_NICENESS
+    ) -> None:
         """``decoder``: the float decoder (the child applies ``backend``'s rescoring variant to
-        it); ``fallback``: the same search in this process, for a batch the child cannot answer."""
+        it); ``fallback``: the same search in this process, for a batch the child cannot answer;
+        ``niceness``: added to the child's nice value (0-19: how much it yields to the engine)."""
+        if not 0 <= niceness <= 19:
+            raise ValueError(f"finals niceness must be 0-19, got {niceness}")
+        self.niceness = niceness
         buffer = io.BytesIO()
         torch.save(decoder, buffer)
         self._decoder_bytes = buffer.getvalue()
@@ -240,7 +246,7 @@ class ProcessFinalSearch:
         # Wait until the child has its decoder, so it never competes with the first calls'
         # partials for the CPU while it imports torch, and a broken one fails here, loudly.
         try:
-            conn.send((self._decoder_bytes, self._backend, self.settings))
+            conn.send((self._decoder_bytes, self._backend, self.settings, self.niceness))
             ready = conn.poll(START_TIMEOUT_S) and conn.recv() == "ready"
         except (EOFError, OSError):
             ready = False
@@ -318,14 +324,15 @@ def serve(fd: int) -> None:
 
     conn = Connection(fd)
     _die_with_parent()
-    with contextlib.suppress(OSError):
-        os.nice(WORKER_NICENESS)
     torch.set_num_threads(1)
     torch.set_grad_enabled(False)
     try:
-        decoder_bytes, backend, settings = conn.recv()
+        decoder_bytes, backend, settings, niceness = conn.recv()
     except (EOFError, OSError):
         return
+    if niceness:
+        with contextlib.suppress(OSError):
+            os.nice(niceness)
     decoder = torch.load(io.BytesIO(decoder_bytes), weights_only=False).eval()
     search = FinalSearch(rescoring_decoder(backend, decoder), settings)
     conn.send("ready")

@@ -140,6 +140,25 @@ class EngineSettings(_Section):
         "run on several cores at once; 0 = one per CPU core this process may use (1 on a GPU). Default 1: "
         "one per core kept more calls in real time on a 2-core node but made finals several seconds later",
     )
+    finals_niceness: int = Field(
+        15,
+        ge=0,
+        le=19,
+        description="nice value added to the finals process: high = finals use only CPU the engine threads "
+        "leave idle (starves them once those fill every core), 0 = an equal share",
+    )
+    finals_behind_ms: float = Field(
+        4000.0,
+        gt=0,
+        description="an ended utterance waiting this long for its final makes the node refuse new calls (503) "
+        "until the finals catch up",
+    )
+    finals_workers: int = Field(
+        1,
+        ge=0,
+        description="finals searched at once, each by its own thread and (finalizer: process) child process; "
+        "0 = one per CPU core this process may use (1 on a GPU)",
+    )
     max_streams: int = Field(256, ge=1, description="cache pool slots: the node's admission limit")
     max_batch: int = Field(64, ge=1)
     max_wait_ms: float = Field(20.0, ge=0)
@@ -184,6 +203,13 @@ class EngineSettings(_Section):
         """The scheduler threads ``0`` stands for: one per usable core on a CPU, one on a GPU."""
         if self.schedulers:
             return self.schedulers
+        return 1 if self.device.startswith("cuda") else usable_cores()
+
+    @property
+    def resolved_finals_workers(self) -> int:
+        """The finals workers ``0`` stands for: one per usable core on a CPU, one on a GPU."""
+        if self.finals_workers:
+            return self.finals_workers
         return 1 if self.device.startswith("cuda") else usable_cores()
 
     @property

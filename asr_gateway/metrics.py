@@ -72,9 +72,14 @@ class ServiceCollector(Collector):
         yield GaugeMetricFamily(
             "asr_engine_lag_seconds", "oldest ready chunk's wait for a step (latest tick)", value=engine.lag_ms / 1e3
         )
+        yield GaugeMetricFamily(
+            "asr_finals_lag_seconds",
+            "oldest ended utterance's wait for its final (0: none waiting)",
+            value=engine.finals_lag_ms / 1e3,
+        )
         yield CounterMetricFamily(
             "asr_engine_overload_refusals",
-            "calls and OPTIONS refused (503) while the engine was behind real time",
+            "calls and OPTIONS refused (503) while the engine was behind real time or behind on finals",
             value=s.bridge.overload_refusals,
         )
         yield histogram("asr_engine_batch_size", "streams per batched chunk step", stats.batch_size_histogram)

@@ -119,6 +119,9 @@ def engine_options(config: ServiceConfig) -> EngineOptions:
         traced_step=engine.traced_step,
         step_threads=engine.step_threads,
         schedulers=engine.resolved_schedulers,
+        finals_niceness=engine.finals_niceness,
+        finals_behind_ms=engine.finals_behind_ms,
+        finals_workers=engine.resolved_finals_workers,
     )
 
 

@@ -130,6 +130,19 @@ def test_schedulers_auto_is_one_per_usable_core_sharing_the_cores_as_torch_threa
     assert len(problems) == 1 and "engine.schedulers" in problems[0]
 
 
+def test_finals_workers_niceness_and_lag_limit(tmp_path: Path) -> None:
+    cores = len(os.sched_getaffinity(0))
+    default = load_config(None, {}).engine
+    assert (default.finals_workers, default.resolved_finals_workers) == (1, 1)
+    assert (default.finals_niceness, default.finals_behind_ms) == (15, 4000.0)
+    engine = load_config(write(tmp_path, "engine:\n  finals_workers: 0\n  finals_niceness: 0\n"), {}).engine
+    assert engine.resolved_finals_workers == cores and engine.finals_niceness == 0
+    gpu = load_config(write(tmp_path, "engine:\n  device: cuda:0\n  dtype: float16\n  finals_workers: 0\n"), {})
+    assert gpu.engine.resolved_finals_workers == 1
+    problems = errors_of(write(tmp_path, "engine:\n  finals_niceness: 20\n  finals_workers: -1\n"))
+    assert len(problems) == 2 and any("engine.finals_niceness" in p for p in problems)
+
+
 def test_several_errors_are_all_reported(tmp_path: Path) -> None:
     path = write(tmp_path, "rtp:\n  port_min: 30000\n  port_max: 20000\nredis:\n  stream_maxlen: 5\n")
     lines = errors_of(path)

@@ -23,7 +23,7 @@ from asr_core.audio_io import read_wav
 from asr_core.ctc_search import ctc_greedy_batch, ctc_prefix_beam_search
 from asr_core.endpoint import EndpointRules
 from asr_core.engine import CapacityError, Engine, EngineOptions, resolve_dtype
-from asr_core.events import Event, Final, Partial
+from asr_core.events import Ended, Event, Final, Partial
 from asr_core.frontend import compute_fbank
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_core.offline import encode_streaming
@@ -295,6 +295,32 @@ def test_an_engine_behind_real_time_reports_its_lag_and_the_bridge_refuses_new_c
     assert bridge.has_capacity(1) and bridge.overload_refusals == 1
 
 
+def test_finals_left_waiting_make_the_engine_overloaded_until_they_are_done(
+    loaded: LoadedModel, audio: list[np.ndarray]
+) -> None:
+    """Back-pressure from the finals: an ended utterance waiting past ``finals_behind_ms`` for
+    its Final (a finals process starved of CPU) makes the node refuse new calls, like a late chunk."""
+    from asr_core.finalizer import FinalJob, UtteranceSnapshot
+
+    engine = Engine(loaded, EngineOptions(max_streams=2, finals_behind_ms=300, endpoint=NO_ENDPOINTS))
+    events = Collector()
+    stream = engine.open_stream(StreamConfig(stream_id="a"), events)
+    stream.accept_waveform(audio[0][:16000])
+    while engine.run_once() == 0.0:
+        pass
+    assert engine.finals_lag_ms == 0.0 and not engine.overloaded
+    snapshot = UtteranceSnapshot.of(stream.utterance)
+    engine.finalizer.submit(FinalJob(stream, "endpoint", snapshot, time.monotonic() - 0.2))
+    assert 200.0 <= engine.finals_lag_ms < 300.0 and not engine.overloaded
+    time.sleep(0.15)
+    assert engine.finals_lag_ms >= 350.0 and engine.overloaded and engine.lag_ms == 0.0
+    engine.finalizer.finalize_pending()
+    assert engine.finals_lag_ms == 0.0 and not engine.overloaded
+    assert len(events.finals("a")) == 1
+    with pytest.raises(ValueError, match="finals_niceness must be 0-19"):
+        Engine(loaded, EngineOptions(finals_niceness=-1))
+
+
 def test_bad_stream_configs_are_refused(loaded: LoadedModel) -> None:
     engine = Engine(loaded, EngineOptions(max_streams=1, allowed_chunk_ms=(160, 320)))
     with pytest.raises(ValueError, match="chunk_ms 640 is not one of"):
@@ -327,6 +353,36 @@ def test_endpoint_splits_utterances_and_resets_the_model_state(loaded: LoadedMod
     assert finals[0].tokens == reference(loaded, audio[1][:34000], 160, 4).best
     partial_ids = [p.utterance_id for p in collector.partials("e")]
     assert partial_ids == sorted(partial_ids)
+
+
+def test_several_finals_workers_keep_each_streams_events_in_order(loaded: LoadedModel, audio: list[np.ndarray]) -> None:
+    """``finals_workers`` 2, each with its own finals process: both search at once, and every
+    stream's Finals come in utterance order with its Ended last (a stream keeps one lane)."""
+    rules = EndpointRules(trailing_silence_ms=10**9, leading_silence_ms=10**9, max_utterance_ms=1000)
+    options = EngineOptions(max_streams=4, max_wait_ms=5, endpoint=rules, finalizer="process", finals_workers=2)
+    collector = Collector()
+    with Engine(loaded, options) as engine:
+        pids = engine.finalizer_pids
+        assert len(pids) == 2 and len(set(pids)) == 2 and os.getpid() not in pids
+        streams = [
+            engine.open_stream(StreamConfig(chunk_ms=160, left_chunks=4, stream_id=f"w{i}"), collector)
+            for i in range(4)
+        ]
+        for i, stream in enumerate(streams):
+            stream.accept_waveform(audio[i % 2])
+            stream.input_finished()
+        for stream in streams:
+            assert stream.done.wait(60)
+        cpu = [search.cpu_seconds() for search in engine.finalizer.searches]
+    assert engine.finalizer_pids == []
+    assert all(seconds is not None and seconds > 0 for seconds in cpu)  # both lanes searched
+    for i in range(4):
+        events = collector.events[f"w{i}"]
+        finals = collector.finals(f"w{i}")
+        assert len(finals) >= 3 and [f.utterance_id for f in finals] == list(range(len(finals)))
+        assert isinstance(events[-1], Ended) and [e.seq for e in events] == sorted(e.seq for e in events)
+    with pytest.raises(ValueError, match="finals workers must be at least 1"):
+        Engine(loaded, EngineOptions(finals_workers=0))
 
 
 def _rss_mb() -> float:

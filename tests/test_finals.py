@@ -88,3 +88,23 @@ def test_a_dead_child_is_replaced_and_its_batch_still_answered(
         assert_same(remote.run(requests[:1]), local.run(requests[:1]))  # and by the new child
     finally:
         remote.close()
+
+
+def nice_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[16])  # field 19: nice
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads nice values from /proc (Linux)")
+@pytest.mark.parametrize("niceness", [0, 7])
+def test_the_child_runs_at_the_configured_niceness(loaded: LoadedModel, niceness: int) -> None:
+    """``engine.finals_niceness``: added to the service's own nice value in the child only."""
+    local = FinalSearch(loaded.model.decoder, settings(loaded))
+    remote = ProcessFinalSearch(loaded.model.decoder, "torch", local, niceness)
+    try:
+        assert remote.pid is not None
+        assert nice_of(remote.pid) == min(19, nice_of(os.getpid()) + niceness)
+    finally:
+        remote.close()
+    with pytest.raises(ValueError, match="finals niceness must be 0-19"):
+        ProcessFinalSearch(loaded.model.decoder, "torch", local, 20)

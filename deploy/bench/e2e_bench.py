@@ -10,13 +10,14 @@ process times every event.
   that ack for all events, from ``Publisher.audio_to_ack_s``).
 - ``first_partial_latency_ms``: call.started -> the call's first partial.
 - ``final_latency_ms``: the engine's endpoint (or hang-up) -> final decoded (rescoring included).
-- ``realtime_ok``: every call completed, and at most 1 % of chunks were behind real time.
+- ``realtime_ok``: every call completed, at most 1 % of chunks were behind real time, and
+  the finals kept up (``finals_ok``: final latency p95 <= 2 s, the engine bench's rule).
 - ``rss_mb``, ``cpu_percent``, ``cores_used`` (CPU seconds per wall second): this process
   (service + subscriber) during the calls; the CPU includes the engine's finals process
   (``engine.finalizer: process``), the RSS does not.
 - ``cores_by_thread``: the same CPU per wall second by thread (Linux): the engine's scheduler
   threads (``asr-engine-N``), the event loop (``MainThread``: SIP, RTP, the publisher), the
-  KB/tags worker (``kb-hooks``), the finals process, and ``other`` (threads without a Python
+  KB/tags worker (``kb-hooks``), the finals processes (together), and ``other`` (threads without a Python
   name: torch's intra-op pool, executor threads). Shows which thread is at 100 % when the service
   falls behind.
 - ``machine_cores_busy``: CPU seconds per wall second of the whole machine (Linux
@@ -57,6 +58,7 @@ from asr_gateway.demo import (
 from asr_gateway.local_redis import LocalRedis, LocalRedisError, redis_reachable
 from asr_gateway.service import Service
 from asr_gateway.sipp_calls import PCMA, PCMU, CallResult, place_calls
+from deploy.bench.engine_bench import FINAL_LATENCY_LIMIT_MS
 
 GAP_S = 1.0  # between sentences: longer than the 800 ms endpoint rule, so each sentence is an utterance
 GAP_NOISE_RMS = 30.0  # int16 units: about -60 dBFS
@@ -188,20 +190,23 @@ async def run_bench(
     cpu_s = (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system) + finals_cpu
     wall = max(1e-9, wall_after - wall_before)
     by_thread = {name: (busy - threads_before.get(name, 0.0)) / wall for name, busy in threads_after.items()}
-    by_thread["finals process"] = finals_cpu / wall
+    by_thread["finals processes"] = finals_cpu / wall
     stats = service.engine.stats
     behind = stats.behind_realtime_chunks / max(1, stats.chunks)
     measured = measure(collector.received, audio_end, reference)
+    final_ms = list(stats.final_latency_ms)
+    finals_ok = bool(final_ms) and float(np.percentile(final_ms, 95)) <= FINAL_LATENCY_LIMIT_MS
     return {
         "calls": calls,
         "seconds": round(pcm.shape[0] / 16000, 1),
         "model": str(model_dir),
-        "realtime_ok": all(r.returncode == 0 for r in results) and ended_ok and behind <= 0.01,
+        "realtime_ok": all(r.returncode == 0 for r in results) and ended_ok and behind <= 0.01 and finals_ok,
+        "finals_ok": finals_ok,
         "calls_failed": [r.errors[-300:] for r in results if r.returncode != 0],
         "calls_ended": measured.pop("calls_ended"),
         "behind_realtime_fraction": round(behind, 4),
         **measured,
-        "final_latency_ms": quantiles(list(stats.final_latency_ms)),
+        "final_latency_ms": quantiles(final_ms),
         "publish_ack_latency_ms": quantiles([s * 1000 for s in service.publisher.audio_to_ack_s], (0.5, 0.95, 0.99)),
         "mean_batch_size": round(float(np.mean(stats.batch_sizes.values())), 2) if stats.batch_sizes else None,
         "partials_dropped": service.publisher.partials_dropped + service.bridge.partials_dropped,
@@ -217,6 +222,9 @@ async def run_bench(
         "cores_by_thread": {name: round(value, 2) for name, value in sorted(by_thread.items()) if value >= 0.005},
         "torch_threads": torch.get_num_threads(),
         "schedulers": len(service.engine.schedulers),
+        "finals_niceness": service.engine.options.finals_niceness,
+        "finals_workers": service.engine.options.finals_workers,
+        "overload_refusals": service.bridge.overload_refusals,
     }
 
 
@@ -284,6 +292,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--schedulers", type=int, help="engine.schedulers (default: the service's, 1; 0 = one per usable core)"
     )
+    parser.add_argument(
+        "--finals-workers", type=int, help="engine.finals_workers (default: the service's); 0 = one per usable core"
+    )
+    parser.add_argument(
+        "--finals-niceness", type=int, help="engine.finals_niceness (default: the service's); 0 = the engine's priority"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -307,6 +321,10 @@ def run(args: argparse.Namespace) -> int:
                 engine["step_threads"] = args.step_threads
             if args.schedulers is not None:
                 engine["schedulers"] = args.schedulers
+            if args.finals_workers is not None:
+                engine["finals_workers"] = args.finals_workers
+            if args.finals_niceness is not None:
+                engine["finals_niceness"] = args.finals_niceness
             if args.threads:
                 engine["threads"] = args.threads  # the service sets it (else its own default with its schedulers)
             result = asyncio.run(run_bench(model_dir, redis_url, workdir, args.calls, args.seconds, **engine))
