@@ -204,13 +204,24 @@ def _load(args: argparse.Namespace, workdir: Path, audio: np.ndarray) -> LoadedM
     return loaded
 
 
-def ours_trial(args: argparse.Namespace, streams: int, backend: str, step_threads: int = 1) -> Trial:
+def ours_trial(
+    args: argparse.Namespace, streams: int, backend: str, step_threads: int = 1, schedulers: int = 1
+) -> Trial:
     """Our engine's trial with the peer's load settings (pieces of audio included) and the
     command's engine options."""
     return Trial(
         streams, args.seconds, args.chunk_ms, args.left_chunks, max_batch=64, max_wait_ms=args.max_wait_ms,
         fast=False, backend=backend, rescore=args.rescore, piece_ms=PIECE_SAMPLES // 16, step_threads=step_threads,
+        schedulers=schedulers,
     )  # fmt: skip
+
+
+def config_name(backend: str, step_threads: int, schedulers: int, sep: str = " ") -> str:
+    """How a configuration of ours is named in the report (schedulers only when not 1)."""
+    name = f"{backend}{sep}step_threads{'=' if sep == ' ' else '_'}{step_threads}"
+    if schedulers != 1:
+        name += f"{sep}schedulers{'=' if sep == ' ' else '_'}{schedulers}"
+    return name
 
 
 def best_of(maxima: dict[str, int]) -> tuple[str | None, int]:
@@ -267,6 +278,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="our engine's step threads (asr-bench engine --step-threads); several: each is measured",
     )  # fmt: skip
     parser.add_argument(
+        "--schedulers", type=int, nargs="+", default=[1], metavar="N",
+        help="our engine's scheduler threads (asr-bench engine --schedulers; the service's engine.schedulers); "
+        "several: each is measured",
+    )  # fmt: skip
+    parser.add_argument(
         "--no-rescore",
         dest="rescore",
         action="store_false",
@@ -276,8 +292,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--max-wait-ms", type=float, default=80.0, help="our engine's batching wait (asr-bench engine --max-wait-ms)"
     )
     args = parser.parse_args(argv)
-    if min(args.workers) < 1 or min(args.step_threads) < 1 or args.threads < 1:
-        parser.error("--workers, --step-threads and --threads take counts of at least 1")
+    if min(args.workers) < 1 or min(args.step_threads) < 1 or min(args.schedulers) < 1 or args.threads < 1:
+        parser.error("--workers, --step-threads, --schedulers and --threads take counts of at least 1")
     args.backend = args.backend or (["torch-int8"] if args.int8 else ["onnxruntime"])
     try:
         import sherpa_onnx  # noqa: F401
@@ -292,7 +308,12 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     audio = synthetic_speech(30.0, seed=1)
-    ours_configs = [(backend, threads) for backend in args.backend for threads in args.step_threads]
+    ours_configs = [
+        (backend, threads, schedulers)
+        for backend in args.backend
+        for threads in args.step_threads
+        for schedulers in args.schedulers
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         loaded = _load(args, workdir, audio)
@@ -334,11 +355,11 @@ def main(argv: list[str] | None = None) -> int:
             peer = result[f"sherpa_onnx_workers_{args.workers[0]}"]
             result["sherpa_onnx"] = peer
             if not args.no_ours:
-                for backend, threads in ours_configs:
-                    ours = run_trial(loaded, ours_trial(args, args.streams, backend, threads), "cpu", audio)
-                    result[f"ours_{backend}_step_threads_{threads}"] = {key: ours[key] for key in OURS_KEYS}
-                backend, threads = ours_configs[0]
-                first = result[f"ours_{backend}_step_threads_{threads}"]
+                for config in ours_configs:
+                    ours = run_trial(loaded, ours_trial(args, args.streams, *config), "cpu", audio)
+                    result[f"ours_{config_name(*config, sep='_')}"] = {key: ours[key] for key in OURS_KEYS}
+                backend = ours_configs[0][0]
+                first = result[f"ours_{config_name(*ours_configs[0], sep='_')}"]
                 result["ours_backend"] = backend
                 result["ours"] = first
                 result["cpu_per_stream_ratio"] = round(peer["cpu_rtf"] / first["rtf"], 2) if first["rtf"] else None
@@ -362,9 +383,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_ours:
         ours_maxima: dict[str, int] = {}
         ours_cores: dict[str, float | None] = {}
-        for backend, threads in ours_configs:
-            trial = ours_trial(args, 8, backend, threads)
-            name = f"{backend} step_threads={threads}"
+        for config in ours_configs:
+            trial = ours_trial(args, 8, *config)
+            name = config_name(*config)
             ours_maxima[name], trials = find_max(loaded, trial, "cpu", audio, max(8, peer_max))
             ours_cores[name] = cores_at(trials, ours_maxima[name])
         ours_best, ours_max = best_of(ours_maxima)
