@@ -222,6 +222,17 @@ def test_subsampling_runs_channels_last(loaded: LoadedModel) -> None:
     assert convs and all(c.weight.stride()[1] == 1 for c in convs)
 
 
+@pytest.mark.parametrize("rate", [4, 6, 8])
+def test_subsampling_features_in_channels_last_order_change_nothing(rate: int) -> None:
+    torch.manual_seed(rate)
+    wenet_order = Conv2dSubsampling(80, 64, rate).eval()
+    reordered = copy.deepcopy(wenet_order)
+    reordered.channels_last_features()
+    x = torch.randn(3, 40, 80)
+    with torch.inference_mode():
+        torch.testing.assert_close(reordered(x), wenet_order(x), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 @pytest.mark.filterwarnings("ignore:`torch.jit.:DeprecationWarning")
 @pytest.mark.parametrize("rate", [4, 6, 8])

@@ -16,6 +16,7 @@ from torch import nn
 from asr_core import cpu_isa
 from asr_core.model.attention import MultiHeadedAttention
 from asr_core.model.convolution import ConvolutionModule, pointwise_as_linear
+from asr_core.model.subsampling import Conv2dSubsampling
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
@@ -143,9 +144,12 @@ def int8_linears(module: ModuleT) -> ModuleT:
     """A copy of ``module`` whose matmuls run dynamically quantized to int8: every
     ``nn.Linear``, the pointwise convs of the conv modules (as Linears) and one fused q/k|v
     Linear per self-attention; the position projections (``linear_pos``, which only build a
-    float table once) and the conv2d subsampling stay float."""
+    float table once) and the conv2d subsampling's convs stay float (its output Linear takes
+    the conv features in their channels-last order, ``channels_last_features``)."""
     float_copy = copy.deepcopy(module)
     for child in float_copy.modules():
+        if isinstance(child, Conv2dSubsampling):
+            child.channels_last_features()
         if isinstance(child, ConvolutionModule):
             child.pointwise_conv1 = pointwise_as_linear(child.pointwise_conv1)
             child.pointwise_conv2 = pointwise_as_linear(child.pointwise_conv2)
