@@ -107,7 +107,9 @@ class Bf16Convs(nn.Module):
             if isinstance(layer, nn.Conv2d) and not isinstance(layer.padding, str):
                 self._relu_after.append(i + 1 < len(layers) and isinstance(layers[i + 1], nn.ReLU))
             elif not (isinstance(layer, nn.ReLU) and i > 0 and isinstance(layers[i - 1], nn.Conv2d)):
-                raise TypeError(f"Bf16Convs runs Conv2d layers with numeric padding, each optionally + ReLU; got {layer}")
+                raise TypeError(
+                    f"Bf16Convs runs Conv2d layers with numeric padding, each optionally + ReLU; got {layer}"
+                )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(torch.bfloat16)

@@ -117,7 +117,7 @@ class ConvolutionModule(nn.Module):
         conv = self.depthwise_conv
         y = nn.functional.conv2d(
             x.transpose(1, 2).unsqueeze(2), conv.weight.unsqueeze(2), conv.bias,
-            padding=(0, conv.padding[0]), groups=conv.groups,
+            padding=(0, int(conv.padding[0])), groups=conv.groups,
         ).squeeze(2)  # (B, D, T) over channels-last memory  # fmt: skip
         x = self.norm(y.transpose(1, 2)) if self.use_layer_norm else self.norm(y).transpose(1, 2)  # (B, T, D)
         return pointwise(self.pointwise_conv2, self.activation(x))
