@@ -83,9 +83,11 @@ class ConvolutionModule(nn.Module):
             if cache is None or self.lorder == 0 or mask_pad is not None:
                 raise ValueError("the GLU cache layout needs a causal conv, a cache and no padding mask")
             zero_input = nn.functional.glu(pointwise(self.pointwise_conv1, x.new_zeros(1, 1, x.size(2))), dim=2)
-            history = torch.where(glu_start.unsqueeze(2), zero_input, cache.transpose(1, 2))  # (B, kernel-1, D)
             x = nn.functional.glu(pointwise(self.pointwise_conv1, x), dim=2)  # (B, T, D)
-            x = torch.cat((history, x), dim=1)  # (B, kernel-1 + T, D)
+            x = torch.cat((cache.transpose(1, 2), x), dim=1)  # (B, kernel-1 + T, D)
+            # Frames before the start are written over the cache's, in the new tensor: only the
+            # few that exist are touched (a torch.where over the whole cache took twice as long).
+            x[:, : self.lorder].index_put_((glu_start,), zero_input.view(-1))
             new_cache = x[:, -self.lorder :].transpose(1, 2)
             return self._depthwise_on(x), new_cache
         if mask_pad is not None:
