@@ -134,11 +134,15 @@ def conv_relu(x: Tensor, weight: Tensor, bias: Optional[Tensor], padding: List[i
 
 @functools.cache
 def conv_relu() -> Callable[..., torch.Tensor]:
-    """``relu(conv2d(x, weight, bias, ...))`` as one oneDNN conv with a ReLU post-op
-    (``mkldnn._convolution_pointwise``, what inductor fuses such pairs into), compiled as
-    TorchScript: the tracer cannot record the op's (empty) ``Scalar?[]`` argument, while a
-    scripted call to it traces into the chunk step's graph like any other op."""
-    fn: Callable[..., torch.Tensor] = torch.jit.CompilationUnit(_CONV_RELU_SOURCE).conv_relu
+    """``relu(conv2d(x, weight, bias, padding, stride, dilation, groups))`` as one oneDNN conv
+    with a ReLU post-op (``mkldnn._convolution_pointwise``, what inductor fuses such pairs
+    into), compiled as TorchScript: the tracer cannot record the op's (empty) ``Scalar?[]``
+    argument, while a scripted call to it traces into the chunk step's graph like any other op.
+    Where TorchScript is gone (the chunk step then runs eagerly anyway), the op is called as is."""
+    try:
+        fn: Callable[..., torch.Tensor] = torch.jit.CompilationUnit(_CONV_RELU_SOURCE).conv_relu
+    except (AttributeError, RuntimeError):
+        return lambda *conv: torch.ops.mkldnn._convolution_pointwise(*conv, "relu", [], "")
     return fn
 
 

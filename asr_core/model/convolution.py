@@ -85,8 +85,9 @@ class ConvolutionModule(nn.Module):
             zero_input = nn.functional.glu(pointwise(self.pointwise_conv1, x.new_zeros(1, 1, x.size(2))), dim=2)
             x = nn.functional.glu(pointwise(self.pointwise_conv1, x), dim=2)  # (B, T, D)
             x = torch.cat((cache.transpose(1, 2), x), dim=1)  # (B, kernel-1 + T, D)
-            # Frames before the start are written over the cache's, in the new tensor: only the
-            # few that exist are touched (a torch.where over the whole cache took twice as long).
+            # Cache frames before the stream's start get the zero input's GLU output, written into
+            # the concatenated copy: only the few such frames are touched (a torch.where over the
+            # whole cache took twice as long as the two ops here together).
             x[:, : self.lorder].index_put_((glu_start,), zero_input.view(-1))
             new_cache = x[:, -self.lorder :].transpose(1, 2)
             return self._depthwise_on(x), new_cache
