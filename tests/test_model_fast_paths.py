@@ -96,6 +96,23 @@ def reference_cached(att: MultiHeadedAttention, x: Tensor, kv_cache: Tensor, pos
     return att.attend(q, k, v, att.scores(q, k, positions, 0), None)
 
 
+def test_conv_module_zero_frame_glu_is_cached_until_its_weights_change() -> None:
+    module = ConvolutionModule(16, 5, "swish", "layer_norm", causal=True).eval()
+    x = torch.randn(2, 3, 16)
+    with torch.inference_mode():
+        first = module._zero_frame_glu(x)
+        assert module._zero_frame_glu(x) is first
+    torch.testing.assert_close(first.view(-1), nn.functional.glu(module.pointwise_conv1.bias.detach(), dim=0))
+    with torch.no_grad():
+        module.pointwise_conv1.bias.add_(1.0)
+    with torch.inference_mode():
+        edited = module._zero_frame_glu(x)
+    torch.testing.assert_close(edited.view(-1), nn.functional.glu(module.pointwise_conv1.bias.detach(), dim=0))
+    module.pointwise_conv1 = pointwise_as_linear(module.pointwise_conv1)
+    with torch.inference_mode():
+        assert module._zero_frame_glu(x) is not edited
+
+
 @pytest.mark.parametrize("cls", [MultiHeadedAttention, RelPositionMultiHeadedAttention])
 def test_fused_qkv_equals_separate_projections_and_follows_weight_edits(cls: type[MultiHeadedAttention]) -> None:
     torch.manual_seed(1)
