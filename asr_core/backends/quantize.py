@@ -25,7 +25,7 @@ def int8_engine(isa: cpu_isa.CpuIsa | None = None) -> str:
     """The torch quantized engine the int8 Linears are packed for on this CPU (default: `cpu_isa.detect()`).
 
     oneDNN on CPUs with AMX, where it runs the dynamic int8 Linears on the AMX tiles: the
-    AISHELL-size torch-int8 chunk step of 32 streams took 77 instead of 86 ms on an AMX Xeon.
+    AISHELL-size torch-int8 chunk step of 32 streams took 77 instead of 86 ms on an AMX Xeon (eager).
     torch's default ``x86`` engine (fbgemm for these Linears) elsewhere: on the same Xeon capped
     to AVX512-VNNI (``ONEDNN_MAX_CPU_ISA``) oneDNN's Linears were a little slower than fbgemm's,
     and capped to AVX2 much slower. Both engines quantize the activations to 7 bits here.
