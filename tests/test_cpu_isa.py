@@ -46,3 +46,11 @@ def test_int8_mode_is_full_range_only_with_vnni() -> None:
     assert onnx_graph.int8_mode_for(from_flags(parse_flags(ICELAKE))) == "u8s8"
     assert onnx_graph.int8_file("u8s8") == onnx_graph.ENCODER_INT8_FILE
     assert onnx_graph.int8_file("u8s8-reduce-range") == "encoder_chunk.int8-u8s8-reduce-range.onnx"
+
+
+@pytest.mark.parametrize(("cpuinfo", "engine"), [(ZEN3, "x86"), (ICELAKE, "x86"), (SAPPHIRE_RAPIDS, "onednn")])
+def test_int8_linears_use_onednn_only_with_amx(cpuinfo: str, engine: str) -> None:
+    from asr_core.backends import int8_engine
+
+    assert int8_engine(from_flags(parse_flags(cpuinfo))) == engine
+    assert int8_engine(from_flags(parse_flags(SAPPHIRE_RAPIDS), "AVX512_CORE_VNNI")) == "x86"

@@ -2,8 +2,10 @@
 test's id: ONNX Runtime's mode is chosen per CPU at export (`onnx_graph.int8_mode_for`);
 torch's dynamic int8 Linears quantize activations to 7 bits (``reduce_range=True`` in
 ``torch.ao.nn.quantized.dynamic.Linear``) on every x86 CPU, so its u8 x s8 pair sums cannot
-saturate on AVX2 either and it needs no per-ISA choice. Holds on every x86-64 ISA; under
-``ONEDNN_MAX_CPU_ISA=AVX2`` the ONNX case exercises the AVX2 mode."""
+saturate on AVX2 either and it needs no per-ISA choice for accuracy (its engine, oneDNN with
+AMX and fbgemm elsewhere, is chosen for speed: `backends.int8_engine`; both quantize to 7 bits).
+Holds on every x86-64 ISA; under ``ONEDNN_MAX_CPU_ISA=AVX2`` the ONNX case exercises the AVX2
+mode and torch's the fbgemm engine."""
 
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import pytest
 import torch
 
 from asr_core import cpu_isa
-from asr_core.backends import make_runner
+from asr_core.backends import int8_engine, make_runner
 from asr_core.model.loader import LoadedModel, load_wenet_model
 
 FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "wenet_u2pp_small"
@@ -24,8 +26,8 @@ from deploy.export import onnx_export  # noqa: E402
 
 torch.set_num_threads(1)
 WAVS = [FIXTURE / "wav" / "utt1.wav", FIXTURE / "wav" / "utt2.wav"]
-TORCH_INT8_MODE = f"{torch.backends.quantized.engine}-u7s8"
-"""torch's quantized engine, with 7-bit activations times int8 weights."""
+TORCH_INT8_MODE = f"{int8_engine()}-u7s8"
+"""torch's quantized engine for this CPU, with 7-bit activations times int8 weights."""
 
 
 @pytest.fixture(scope="module")

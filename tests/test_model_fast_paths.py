@@ -1,6 +1,7 @@
 """The inference fast paths of asr_core.model equal the straightforward (WeNet-shaped) code:
 channels-last conv module, fused q/k|v projection, skipped cache zeroing, host-side max offset,
-channels-last subsampling; and the ``torch-int8`` runner stays close to float."""
+channels-last subsampling, bf16 subsampling convs with fused ReLUs; and the ``torch-int8`` runner
+stays close to float."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from asr_core.backends import make_runner
+from asr_core.backends import Bf16Convs, make_runner
 from asr_core.model import LoadedModel, load_wenet_model
 from asr_core.model.attention import MultiHeadedAttention, RelPositionMultiHeadedAttention, dot_products
 from asr_core.model.convolution import ConvolutionModule, pointwise_as_linear
+from asr_core.model.subsampling import Conv2dSubsampling
 
 FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "wenet_u2pp_small"
 needs_fixture = pytest.mark.skipif(
@@ -92,6 +94,23 @@ def reference_cached(att: MultiHeadedAttention, x: Tensor, kv_cache: Tensor, pos
     kv = torch.cat((kv_cache, kv_new), dim=2)
     k, v = kv[..., : att.d_k], kv[..., att.d_k :]
     return att.attend(q, k, v, att.scores(q, k, positions, 0), None)
+
+
+def test_conv_module_zero_frame_glu_is_cached_until_its_weights_change() -> None:
+    module = ConvolutionModule(16, 5, "swish", "layer_norm", causal=True).eval()
+    x = torch.randn(2, 3, 16)
+    with torch.inference_mode():
+        first = module._zero_frame_glu(x)
+        assert module._zero_frame_glu(x) is first
+    torch.testing.assert_close(first.view(-1), nn.functional.glu(module.pointwise_conv1.bias.detach(), dim=0))
+    with torch.no_grad():
+        module.pointwise_conv1.bias.add_(1.0)
+    with torch.inference_mode():
+        edited = module._zero_frame_glu(x)
+    torch.testing.assert_close(edited.view(-1), nn.functional.glu(module.pointwise_conv1.bias.detach(), dim=0))
+    module.pointwise_conv1 = pointwise_as_linear(module.pointwise_conv1)
+    with torch.inference_mode():
+        assert module._zero_frame_glu(x) is not edited
 
 
 @pytest.mark.parametrize("cls", [MultiHeadedAttention, RelPositionMultiHeadedAttention])
@@ -218,6 +237,33 @@ def test_replaced_projections_equal_the_fused_float_path(loaded: LoadedModel) ->
 def test_subsampling_runs_channels_last(loaded: LoadedModel) -> None:
     convs = [m for m in loaded.model.encoder.embed.conv if isinstance(m, nn.Conv2d)]
     assert convs and all(c.weight.stride()[1] == 1 for c in convs)
+
+
+@pytest.mark.parametrize("rate", [4, 6, 8])
+def test_subsampling_features_in_channels_last_order_change_nothing(rate: int) -> None:
+    torch.manual_seed(rate)
+    wenet_order = Conv2dSubsampling(80, 64, rate).eval()
+    reordered = copy.deepcopy(wenet_order)
+    reordered.channels_last_features()
+    x = torch.randn(3, 40, 80)
+    with torch.inference_mode():
+        torch.testing.assert_close(reordered(x), wenet_order(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+@pytest.mark.filterwarnings("ignore:`torch.jit.:DeprecationWarning")
+@pytest.mark.parametrize("rate", [4, 6, 8])
+def test_bf16_convs_fuse_the_relus_bit_for_bit_eagerly_and_traced(rate: int) -> None:
+    torch.manual_seed(rate)
+    convs = Conv2dSubsampling(80, 64, rate).conv
+    plain = copy.deepcopy(convs).to(torch.bfloat16)
+    fused = Bf16Convs(convs).eval()
+    x = torch.randn(3, 1, 40, 80)
+    with torch.inference_mode():
+        want = plain(x.to(torch.bfloat16)).float()
+        traced = torch.jit.freeze(torch.jit.trace(fused, (x,)))
+        assert torch.equal(fused(x), want)
+        assert torch.equal(traced(x), want)
 
 
 @needs_fixture

@@ -5,7 +5,7 @@ names and ``make_runner``, ``torch_runner`` the torch backend and ``quantize`` i
 copies; ONNX Runtime, TensorRT and CUDA graphs have their own modules, imported when chosen.
 """
 
-from asr_core.backends.quantize import Bf16Convs, native_bf16_cpu, quantize_linears, rescoring_decoder
+from asr_core.backends.quantize import Bf16Convs, int8_engine, native_bf16_cpu, quantize_linears, rescoring_decoder
 from asr_core.backends.registry import BACKENDS, EXTRA_FOR_MODULE, make_runner
 from asr_core.backends.runner import ChunkRunner, ChunkStep
 from asr_core.backends.torch_runner import SPLIT_MIN_STREAMS, TorchChunkRunner
@@ -18,6 +18,7 @@ __all__ = [
     "ChunkRunner",
     "ChunkStep",
     "TorchChunkRunner",
+    "int8_engine",
     "make_runner",
     "native_bf16_cpu",
     "quantize_linears",

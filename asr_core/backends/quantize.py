@@ -6,27 +6,52 @@ from __future__ import annotations
 import copy
 import functools
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
 import torch
 from torch import nn
 
+from asr_core import cpu_isa
 from asr_core.model.attention import MultiHeadedAttention
 from asr_core.model.convolution import ConvolutionModule, pointwise_as_linear
+from asr_core.model.subsampling import Conv2dSubsampling
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 
+def int8_engine(isa: cpu_isa.CpuIsa | None = None) -> str:
+    """The torch quantized engine the int8 Linears are packed for on this CPU (default: `cpu_isa.detect()`).
+
+    oneDNN on CPUs with AMX, where it runs the dynamic int8 Linears on the AMX tiles: the
+    AISHELL-size torch-int8 chunk step of 32 streams took 77 instead of 86 ms on an AMX Xeon (eager).
+    torch's default ``x86`` engine (fbgemm for these Linears) elsewhere: on the same Xeon capped
+    to AVX512-VNNI (``ONEDNN_MAX_CPU_ISA``) oneDNN's Linears were a little slower than fbgemm's,
+    and capped to AVX2 much slower. Both engines quantize the activations to 7 bits here.
+    """
+    isa = cpu_isa.detect() if isa is None else isa
+    supported = torch.backends.quantized.supported_engines
+    if isa.amx and "onednn" in supported:
+        return "onednn"
+    return "x86" if "x86" in supported else torch.backends.quantized.engine
+
+
 def quantize_linears(module: ModuleT, which: Iterable[str] | Iterable[type[nn.Module]]) -> ModuleT:
     """``module`` (changed in place) with the chosen Linears dynamically quantized to int8.
+
+    The weights are prepacked for `int8_engine()`, which this sets as the process's quantized
+    engine first (it is process-global, and stays set: a packed weight copied or unpickled later
+    is packed again for the engine set then, so every int8 module of the process, the chunk
+    runner's and the finals' rescoring decoder's, in this process or the finals' child, uses
+    the same one).
 
     torch 2.13 still ships eager dynamic quantization but marks ``torch.ao.quantization``
     deprecated, and every call warns twice; those two warnings are silenced here so that each
     service start does not print them. (If a later torch removes the API, the bfloat16 dtype is
     the CPU fallback: about as fast on AVX512-BF16/AMX CPUs, see deploy/README.md.)
     """
+    torch.backends.quantized.engine = int8_engine()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=DeprecationWarning, message="torch.ao.quantization is deprecated")
         warnings.filterwarnings("ignore", category=UserWarning, message="torch.quantize_per_tensor")
@@ -60,30 +85,77 @@ def native_bf16_cpu() -> bool:
 
 
 class Bf16Convs(nn.Module):
-    """A float conv stack run in bfloat16: float in, float out.
+    """A float conv stack (``nn.Conv2d`` layers, each optionally followed by an ``nn.ReLU``)
+    run in bfloat16: float in, float out.
 
     For the int8 backend's conv2d subsampling, about a fifth of its chunk step in float32
     (a 256->256 3x3 conv per encoder frame). oneDNN's bf16 convs run it ~2x faster
     (AISHELL-size, 20 streams' chunks: 20.4 -> 10.4 ms) at ~0.4 % relative error of the
     output, below the int8 Linears' own error that follows it.
+
+    Each ReLU runs inside its conv, as oneDNN's post-op (`conv_relu`), with the same results
+    bit for bit: as a separate op on the first conv's large bf16 output (2.9 M values for 32
+    streams) torch's bf16 ReLU took 1.2 ms, more than twice a float32 ReLU of the same size.
     """
 
     def __init__(self, convs: nn.Module) -> None:
         super().__init__()
         self.convs = copy.deepcopy(convs).to(torch.bfloat16)
+        layers = list(self.convs.children())
+        self._relu_after: list[bool] = []
+        for i, layer in enumerate(layers):
+            if isinstance(layer, nn.Conv2d) and not isinstance(layer.padding, str):
+                self._relu_after.append(i + 1 < len(layers) and isinstance(layers[i + 1], nn.ReLU))
+            elif not (isinstance(layer, nn.ReLU) and i > 0 and isinstance(layers[i - 1], nn.Conv2d)):
+                raise TypeError(
+                    f"Bf16Convs runs Conv2d layers with numeric padding, each optionally + ReLU; got {layer}"
+                )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.convs(x.to(torch.bfloat16))
-        return out.float()
+        x = x.to(torch.bfloat16)
+        convs = [layer for layer in self.convs.children() if isinstance(layer, nn.Conv2d)]
+        for conv, relu in zip(convs, self._relu_after, strict=True):
+            if relu:
+                padding, stride, dilation = (list(v) for v in (conv.padding, conv.stride, conv.dilation))
+                x = conv_relu()(x, conv.weight, conv.bias, padding, stride, dilation, conv.groups)
+            else:
+                x = conv(x)
+        return x.float()
+
+
+_CONV_RELU_SOURCE = """
+def conv_relu(x: Tensor, weight: Tensor, bias: Optional[Tensor], padding: List[int], stride: List[int],
+              dilation: List[int], groups: int) -> Tensor:
+    no_scalars: List[Optional[number]] = []
+    return torch.ops.mkldnn._convolution_pointwise(
+        x, weight, bias, padding, stride, dilation, groups, "relu", no_scalars, "")
+"""
+
+
+@functools.cache
+def conv_relu() -> Callable[..., torch.Tensor]:
+    """``relu(conv2d(x, weight, bias, padding, stride, dilation, groups))`` as one oneDNN conv
+    with a ReLU post-op (``mkldnn._convolution_pointwise``, what inductor fuses such pairs
+    into), compiled as TorchScript: the tracer cannot record the op's (empty) ``Scalar?[]``
+    argument, while a scripted call to it traces into the chunk step's graph like any other op.
+    Where TorchScript is gone (the chunk step then runs eagerly anyway), the op is called as is."""
+    try:
+        fn: Callable[..., torch.Tensor] = torch.jit.CompilationUnit(_CONV_RELU_SOURCE).conv_relu
+    except (AttributeError, RuntimeError):
+        return lambda *conv: torch.ops.mkldnn._convolution_pointwise(*conv, "relu", [], "")
+    return fn
 
 
 def int8_linears(module: ModuleT) -> ModuleT:
     """A copy of ``module`` whose matmuls run dynamically quantized to int8: every
     ``nn.Linear``, the pointwise convs of the conv modules (as Linears) and one fused q/k|v
     Linear per self-attention; the position projections (``linear_pos``, which only build a
-    float table once) and the conv2d subsampling stay float."""
+    float table once) and the conv2d subsampling's convs stay float (its output Linear takes
+    the conv features in their channels-last order, ``channels_last_features``)."""
     float_copy = copy.deepcopy(module)
     for child in float_copy.modules():
+        if isinstance(child, Conv2dSubsampling):
+            child.channels_last_features()
         if isinstance(child, ConvolutionModule):
             child.pointwise_conv1 = pointwise_as_linear(child.pointwise_conv1)
             child.pointwise_conv2 = pointwise_as_linear(child.pointwise_conv2)

@@ -22,7 +22,8 @@ class TorchChunkRunner:
 
     ``int8`` (backend ``torch-int8``, CPU): runs a copy of the encoder and CTC head whose matmuls
     are dynamically quantized (int8 weights, activations quantized per call; see
-    ``_int8_linears``); the loaded float model (and its decoder, for rescoring) stays as it is.
+    ``quantize.int8_linears``), packed for oneDNN on AMX CPUs and for fbgemm elsewhere
+    (``quantize.int8_engine``); the loaded float model (and its decoder, for rescoring) stays as it is.
     On CPUs with native bf16 (AVX512-BF16/AMX) the copy's conv2d subsampling, which int8 does
     not cover, runs in bfloat16 (``Bf16Convs``).
 

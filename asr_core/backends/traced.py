@@ -147,6 +147,10 @@ class TracedSteps:
                 # took minutes to compile, docs/BENCHMARKS.md); where it is gone, the step
                 # runs eagerly, through the except below.
                 warnings.filterwarnings("ignore", category=DeprecationWarning, message=r"`torch\.jit\.")
+                # One eager step first fills the modules' weight-derived caches, so that the trace
+                # records their values as constants rather than the ops that build them (some,
+                # such as int8 matmuls on constants, are not folded by freezing).
+                self.module(*example)
                 traced = torch.jit.trace(self.module, example, check_trace=False)
                 graph = torch.jit.freeze(traced.eval())
         except Exception:  # a model the tracer cannot follow still runs, eagerly

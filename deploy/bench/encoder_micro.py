@@ -3,7 +3,10 @@
     python -m deploy.bench.encoder_micro --arch aishell --batch 1,8,32,64 --chunk 4 --window 32 --threads 1
 
 Each call is one ``ChunkRunner.step`` of B streams in steady state: C new encoder frames per
-stream, a full window of W cached frames in ring order, offsets spread over a long call. The
+stream, a full window of W cached frames in ring order, offsets spread over a long call. With
+``--traced`` the torch backends run the frozen graphs the engine runs by default
+(``engine.traced_step``), and the offsets are spread within the graphs' position table
+(``traced.POSITION_LIMIT``) instead, since later positions run eagerly. The
 wall time of a call is timed ``--repeat`` times after ``--warmup`` calls; the minimum is the
 number to compare (the machine may be shared), the median is printed too. Several backends
 (``--backend torch,torch-int8``) are measured in the same run, interleaved per batch size, so
@@ -24,6 +27,7 @@ from typing import Any
 import torch
 
 from asr_core.backends import ChunkRunner, make_runner
+from asr_core.backends.traced import POSITION_LIMIT
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_core.stream import chunk_input_frames
 from deploy.bench.make_random_model import ARCHS, make_random_model
@@ -32,12 +36,17 @@ FIRST_OFFSET = 1000
 """Encoder frame of the youngest stream's chunk (40 s into a call); stream b is b*7 frames older."""
 
 
-def step_inputs(loaded: LoadedModel, batch: int, chunk: int, window: int) -> dict[str, torch.Tensor]:
-    """Arguments of ``ChunkRunner.step`` for ``batch`` streams in steady state (full windows)."""
+def step_inputs(
+    loaded: LoadedModel, batch: int, chunk: int, window: int, position_limit: int | None = None
+) -> dict[str, torch.Tensor]:
+    """Arguments of ``ChunkRunner.step`` for ``batch`` streams in steady state (full windows);
+    with ``position_limit`` every stream's chunk ends below that encoder frame."""
     g = torch.Generator().manual_seed(batch)
     rate = loaded.subsampling
     t_in = chunk_input_frames(chunk, rate, loaded.right_context)
     offsets = FIRST_OFFSET + 7 * torch.arange(batch, dtype=torch.int64)  # (B,)
+    if position_limit is not None:
+        offsets = window + offsets % (position_limit - chunk - window)
     # Ring order as kv_ring stores it: frame p lives at index p % W.
     ring = torch.arange(window, dtype=torch.int64)  # (W,)
     newest = offsets.unsqueeze(1) - 1  # (B, 1)
@@ -72,13 +81,16 @@ def run(
     window: int,
     warmup: int,
     repeat: int,
+    traced: bool = False,
 ) -> dict[str, dict[str, dict[str, float]]]:
     """{backend: {B: {ms_min, ms_median, stream_chunks_per_s, realtime_streams}}}."""
-    runners = {name: make_runner(name, loaded) for name in backends}
+    runners = {name: make_runner(name, loaded, traced=traced) for name in backends}
     chunk_s = chunk * loaded.subsampling * 0.01  # 10 ms fbank frames
     results: dict[str, dict[str, dict[str, float]]] = {name: {} for name in backends}
+    for runner in runners.values():
+        runner.expect(chunk_input_frames(chunk, loaded.subsampling, loaded.right_context), window)
     for batch in batches:
-        inputs = step_inputs(loaded, batch, chunk, window)
+        inputs = step_inputs(loaded, batch, chunk, window, POSITION_LIMIT if traced else None)
         for name, runner in runners.items():
             times = time_calls(runner, inputs, warmup, repeat)
             best = min(times)
@@ -102,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=32, help="cached encoder frames per stream")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--backend", default="torch", help="comma-separated backends, e.g. torch,torch-int8")
+    parser.add_argument("--traced", action="store_true", help="torch backends: the frozen graphs the engine runs")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls per batch size")
     parser.add_argument("--repeat", type=int, default=20, help="timed calls per batch size")
     args = parser.parse_args(argv)
@@ -114,15 +127,20 @@ def main(argv: list[str] | None = None) -> int:
         "window": args.window,
         "threads": args.threads,
         "torch": torch.__version__,
+        "traced": args.traced,
     }
     if args.model is not None:
         loaded = load_wenet_model(args.model)
-        report["results"] = run(loaded, backends, batches, args.chunk, args.window, args.warmup, args.repeat)
+        report["results"] = run(
+            loaded, backends, batches, args.chunk, args.window, args.warmup, args.repeat, args.traced
+        )
     else:
         with tempfile.TemporaryDirectory() as tmp:
             make_random_model(args.arch, Path(tmp))
             loaded = load_wenet_model(Path(tmp))
-        report["results"] = run(loaded, backends, batches, args.chunk, args.window, args.warmup, args.repeat)
+        report["results"] = run(
+            loaded, backends, batches, args.chunk, args.window, args.warmup, args.repeat, args.traced
+        )
     print(json.dumps(report))
     return 0
 

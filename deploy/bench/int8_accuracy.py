@@ -29,8 +29,10 @@ def int8_mode(backend: str) -> str:
         from asr_core.backends.onnx_graph import int8_mode_for
 
         return int8_mode_for(cpu_isa.detect())
+    from asr_core.backends import int8_engine
+
     # torch's dynamic int8 Linears quantize activations to 7 bits (reduce_range) on x86.
-    return f"{torch.backends.quantized.engine}-u7s8"
+    return f"{int8_engine()}-u7s8"
 
 
 def cer_change(
