@@ -185,6 +185,10 @@ def _along_route_set(request: str) -> str:
     return f"{method} [next_url] SIP/2.0\n[routes]\n" + rest
 
 
+HANGUP_AFTER_AUDIO_S = 1.0
+"""A call hangs up this long after its audio has been sent."""
+
+
 def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False, to_user: str = "12345",
                  from_user: str = "citizen", agent: str = "1001", hangup: bool = True,
                  media_delay_ms: int = 0, extra_headers: str = "", from_uri_params: str = "",
@@ -242,7 +246,7 @@ def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False,
 </action></recv>
 <Reference variables="m,c"/>"""
     play = "" if srtp is not None else '<nop><action><exec play_pcap_audio="audio.pcap"/></action></nop>'
-    ending = f"""<pause milliseconds="{int(seconds * 1000) + 1000}"/>
+    ending = f"""<pause milliseconds="{int((seconds + HANGUP_AFTER_AUDIO_S) * 1000)}"/>
 <send retrans="500"><![CDATA[
 {bye}]]></send>
 <recv response="200" crlf="true"/>"""
@@ -353,19 +357,22 @@ async def place_call(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate:
 
 async def place_calls(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate: int, count: int, *,
                       rate_per_s: float = 10.0, payload_type: int = PCMU, host: str = "127.0.0.1",
-                      call_tag: str = "load") -> CallResult:  # fmt: skip
+                      call_tag: str = "load", total: int | None = None) -> CallResult:  # fmt: skip
     """``count`` concurrent plain calls from one sipp process (started at ``rate_per_s``), same audio.
 
-    Call-IDs are ``{call_tag}-{n}-...``; returncode 0 only when every call succeeded.
+    ``total`` (default ``count``): calls placed in all, never more than ``count`` at once; each
+    that ends makes room for the next. Call-IDs are ``{call_tag}-{n}-...``; returncode 0 only
+    when every call succeeded.
     """
+    total = count if total is None else total
     workdir.mkdir(parents=True, exist_ok=True)
     seconds = write_rtp_pcap(workdir / "audio.pcap", pcm, sample_rate, payload_type)
     scenario = workdir / "scenario.xml"
     scenario.write_text(scenario_xml(seconds, payload_type), encoding="latin-1")
     process = await asyncio.create_subprocess_exec(
-        sipp_path(), "-sf", str(scenario), "-m", str(count), "-l", str(count), "-r", str(rate_per_s),
+        sipp_path(), "-sf", str(scenario), "-m", str(total), "-l", str(count), "-r", str(rate_per_s),
         "-i", host, "-p", str(_free_udp_ports(1, host)), "-mp", str(_free_udp_ports(4, host)),
-        "-timeout", f"{int(seconds + 30 + count / rate_per_s)}s", "-timeout_error", "-nostdin",
+        "-timeout", f"{int(seconds + 30 + total / rate_per_s)}s", "-timeout_error", "-nostdin",
         "-trace_err", "-error_file", str(workdir / "errors.log"), "-cid_str", f"{call_tag}-%u-%p@%s",
         f"{host}:{sip_port}",
         cwd=workdir, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,

@@ -20,6 +20,12 @@ process times every event.
   KB/tags worker (``kb-hooks``), the finals processes (together), and ``other`` (threads without a Python
   name: torch's intra-op pool, executor threads). Shows which thread is at 100 % when the service
   falls behind.
+- ``--steady K``: arrivals as a call center sees them instead of all calls within seconds of
+  each other: calls start evenly over one call's length, each that ends is replaced,
+  ``calls * (K + 1)`` in all, so from the first hang-up on ``calls`` are up at once with their
+  sentence ends and hang-ups spread out. The latencies and ``behind_realtime_fraction`` then
+  cover only that steady stretch, from the first hang-up to the last call's start
+  (``steady_window_s``); the CPU figures cover the whole run (ramp included).
 - ``machine_cores_busy``: CPU seconds per wall second of the whole machine (Linux
   ``/proc/stat``), of ``machine_cores``: the load generators (sipp, redis-server) run on the
   same machine, so the service alone cannot reach ``machine_cores``.
@@ -57,7 +63,7 @@ from asr_gateway.demo import (
 )
 from asr_gateway.local_redis import LocalRedis, LocalRedisError, redis_reachable
 from asr_gateway.service import Service
-from asr_gateway.sipp_calls import PCMA, PCMU, CallResult, place_calls
+from asr_gateway.sipp_calls import HANGUP_AFTER_AUDIO_S, PCMA, PCMU, CallResult, place_calls
 from deploy.bench.engine_bench import FINAL_LATENCY_LIMIT_MS
 
 GAP_S = 1.0  # between sentences: longer than the 800 ms endpoint rule, so each sentence is an utterance
@@ -143,11 +149,17 @@ def record_audio_ends(service: Service) -> dict[str, float]:
 
 async def run_bench(
     model_dir: Path, redis_url: str, workdir: Path, calls: int, seconds: float, rate_per_s: float = 20.0,
-    **engine: Any,
+    steady_cycles: int = 0, **engine: Any,
 ) -> dict[str, Any]:  # fmt: skip
-    """``engine``: settings of the config's engine section other than the service defaults."""
+    """``engine``: settings of the config's engine section other than the service defaults;
+    ``steady_cycles`` > 0: steady arrivals (``--steady``)."""
     pcm, reference = call_audio(seconds)
-    config = demo_config(redis_url, model_dir, workdir, max_streams=calls + 2, **engine)
+    if steady_cycles > 0:
+        rate_per_s = calls / (pcm.shape[0] / 16000 + HANGUP_AFTER_AUDIO_S)  # one call's length
+    # Steady arrivals: a replacement call may arrive before the call it replaces has released
+    # its slot (its final still being searched), so the pool is not the limit being measured.
+    slots = calls + 2 if steady_cycles == 0 else 2 * calls
+    config = demo_config(redis_url, model_dir, workdir, max_streams=slots, **engine)
     service = Service(config)
     audio_end = record_audio_ends(service)
     ports = await service.start()
@@ -157,6 +169,7 @@ async def run_bench(
     await collector.start()
     run_id = f"{os.getpid()}{random.randrange(10**6):06d}"
     groups = [(f"u{run_id}", PCMU, (calls + 1) // 2), (f"a{run_id}", PCMA, calls // 2)]
+    placed_per_call = steady_cycles + 1
     cpu_before, wall_before = os.times(), time.monotonic()
     threads_before = thread_cpu_seconds()
     machine_before = machine_busy_seconds()
@@ -171,20 +184,36 @@ async def run_bench(
             rss_peak = max(rss_peak, rss_mb())
 
     sampler = asyncio.create_task(sample_rss())
+    counted: asyncio.Task[None] | None = None
+    samples: list[tuple[float, int, int]] = []  # (time, chunks behind, chunks) every 0.25 s
     try:
         placed = [
-            place_calls(workdir / tag, sip_port, pcm, 16000, n, rate_per_s=rate_per_s, payload_type=pt, call_tag=tag)
+            place_calls(
+                workdir / tag,
+                sip_port,
+                pcm,
+                16000,
+                n,
+                payload_type=pt,
+                call_tag=tag,
+                total=n * placed_per_call,
+                rate_per_s=rate_per_s * n / calls if steady_cycles > 0 else rate_per_s,  # steady: shared evenly
+            )
             for tag, pt, n in groups
             if n
         ]
+        counted = asyncio.create_task(sample_chunk_counts(service, samples)) if steady_cycles > 0 else None
         results = list(await asyncio.gather(*placed))
         cpu_after, wall_after = os.times(), time.monotonic()
         threads_after = thread_cpu_seconds()
         machine_after = machine_busy_seconds()
         finals_cpu = (service.engine.finalizer_cpu_seconds() or 0.0) - finals_cpu_before
-        ended_ok = await wait_for_ended(collector, [tag for tag, _, count in groups if count], calls, 30.0)
+        tags = [tag for tag, _, count in groups if count]
+        ended_ok = await wait_for_ended(collector, tags, calls * placed_per_call, 30.0)
     finally:
         sampler.cancel()
+        if counted is not None:
+            counted.cancel()
         await service.stop(grace_s=10)
         await collector.stop()
     cpu_s = (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system) + finals_cpu
@@ -192,16 +221,28 @@ async def run_bench(
     by_thread = {name: (busy - threads_before.get(name, 0.0)) / wall for name, busy in threads_after.items()}
     by_thread["finals processes"] = finals_cpu / wall
     stats = service.engine.stats
-    behind = stats.behind_realtime_chunks / max(1, stats.chunks)
-    measured = measure(collector.received, audio_end, reference)
-    final_ms = list(stats.final_latency_ms)
+    behind_chunks, chunks = stats.behind_realtime_chunks, stats.chunks
+    window = steady_window(collector.received) if steady_cycles > 0 else None
+    if window is not None:  # the steady stretch only
+        start = max((s for s in samples if s[0] <= window[0]), default=samples[0])
+        end = min((s for s in samples if s[0] >= window[1]), default=samples[-1])
+        behind_chunks, chunks = end[1] - start[1], end[2] - start[2]
+    behind = behind_chunks / max(1, chunks)
+    measured = measure(collector.received, audio_end, reference, window)
+    window_final_ms = measured.pop("final_ms")
+    final_ms = window_final_ms if window is not None else list(stats.final_latency_ms)
     finals_ok = bool(final_ms) and float(np.percentile(final_ms, 95)) <= FINAL_LATENCY_LIMIT_MS
     return {
         "calls": calls,
         "seconds": round(pcm.shape[0] / 16000, 1),
         "model": str(model_dir),
-        "realtime_ok": all(r.returncode == 0 for r in results) and ended_ok and behind <= 0.01 and finals_ok,
+        "realtime_ok": all(r.returncode == 0 for r in results)
+        and ended_ok
+        and behind <= 0.01
+        and finals_ok
+        and (steady_cycles == 0 or window is not None),
         "finals_ok": finals_ok,
+        "steady_window_s": round(window[1] - window[0], 1) if window is not None else None,
         "calls_failed": [r.errors[-300:] for r in results if r.returncode != 0],
         "calls_ended": measured.pop("calls_ended"),
         "behind_realtime_fraction": round(behind, 4),
@@ -228,6 +269,23 @@ async def run_bench(
     }
 
 
+async def sample_chunk_counts(service: Service, samples: list[tuple[float, int, int]]) -> None:
+    """Append (time, behind-real-time chunks, chunks) of the engine every 0.25 s until cancelled."""
+    while True:
+        stats = service.engine.stats
+        samples.append((time.monotonic(), stats.behind_realtime_chunks, stats.chunks))
+        await asyncio.sleep(0.25)
+
+
+def steady_window(received: list[Received]) -> tuple[float, float] | None:
+    """From the first call.ended to the last call.started the subscriber got (None: empty)."""
+    ended = [r.at for r in received if r.event.get("event_type") == "call.ended"]
+    started = [r.at for r in received if r.event.get("event_type") == "call.started"]
+    if not ended or not started or max(started) <= min(ended):
+        return None
+    return min(ended), max(started)
+
+
 async def wait_for_ended(collector: EventCollector, tags: list[str], calls: int, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -238,9 +296,14 @@ async def wait_for_ended(collector: EventCollector, tags: list[str], calls: int,
     return False
 
 
-def measure(received: list[Received], audio_end: dict[str, float], reference: str) -> dict[str, Any]:
-    """Latencies and CER from the events as the subscriber got them."""
+def measure(
+    received: list[Received], audio_end: dict[str, float], reference: str, window: tuple[float, float] | None = None
+) -> dict[str, Any]:
+    """Latencies and CER from the events as the subscriber got them; with ``window`` the
+    latencies (partials, and ``final_ms``: the finals' engine latency) of events that arrived
+    within it only."""
     partial_ms: list[float] = []
+    final_ms: list[float] = []
     started: dict[str, float] = {}
     first_partial_ms: dict[str, float] = {}
     finals: dict[str, list[tuple[int, str]]] = {}
@@ -252,12 +315,14 @@ def measure(received: list[Received], audio_end: dict[str, float], reference: st
             started[call_id] = item.at
         elif kind == "transcript.partial":
             end = audio_end.get(str(event.get("event_id")))
-            if end is not None:
+            if end is not None and (window is None or window[0] <= item.at <= window[1]):
                 partial_ms.append((item.at - end) * 1000)
             if call_id not in first_partial_ms and call_id in started:
                 first_partial_ms[call_id] = (item.at - started[call_id]) * 1000
         elif kind == "transcript.final":
             finals.setdefault(call_id, []).append((int(event.get("seq", 0)), str(event.get("text", ""))))
+            if window is not None and window[0] <= item.at <= window[1] and event.get("latency_ms") is not None:
+                final_ms.append(float(event["latency_ms"]))
         elif kind == "call.ended":
             ended += 1
     scores = [cer("".join(text for _, text in sorted(items)), reference) for items in finals.values()]
@@ -267,6 +332,7 @@ def measure(received: list[Received], audio_end: dict[str, float], reference: st
         "partial_latency_ms": quantiles(partial_ms, (0.5, 0.95, 0.99)),
         "partials": len(partial_ms),
         "cer": round(float(np.mean(scores)), 4) if scores else None,
+        "final_ms": final_ms,
     }
 
 
@@ -291,6 +357,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-threads", type=int, help="engine.step_threads (default: the service's)")
     parser.add_argument(
         "--schedulers", type=int, help="engine.schedulers (default: the service's, 1; 0 = one per usable core)"
+    )
+    parser.add_argument(
+        "--steady",
+        type=int,
+        default=0,
+        metavar="K",
+        help="steady arrivals: calls start evenly over one call's length and each that ends is replaced, "
+        "calls x (K + 1) in all; latencies over the steady stretch only (default 0: all calls at once)",
     )
     parser.add_argument(
         "--finals-workers", type=int, help="engine.finals_workers (default: the service's); 0 = one per usable core"
@@ -327,7 +401,9 @@ def run(args: argparse.Namespace) -> int:
                 engine["finals_niceness"] = args.finals_niceness
             if args.threads:
                 engine["threads"] = args.threads  # the service sets it (else its own default with its schedulers)
-            result = asyncio.run(run_bench(model_dir, redis_url, workdir, args.calls, args.seconds, **engine))
+            result = asyncio.run(
+                run_bench(model_dir, redis_url, workdir, args.calls, args.seconds, steady_cycles=args.steady, **engine)
+            )
         except (DemoError, LocalRedisError, FileNotFoundError) as exc:
             print(json.dumps({"error": str(exc)}))
             return 2
