@@ -69,19 +69,20 @@ def rescoring_decoder(backend: str, decoder: ModuleT) -> ModuleT:
 
 @functools.cache
 def native_bf16_cpu() -> bool:
-    """Whether this CPU computes bfloat16 in hardware (AVX512-BF16 or AMX-BF16).
+    """Whether this CPU computes bfloat16 in hardware (AVX512-BF16 or AMX) and oneDNN may use it.
 
     oneDNN also runs bfloat16 on plain AVX512 (``torch.ops.mkldnn._is_mkldnn_bf16_supported()``
     is true there), but by emulation, slower than float32: on an AVX512-VNNI Xeon without
     AVX512-BF16 the subsampling convs took 3.5x as long in bf16 as in float32 and a training step
-    twice as long (docs/BENCHMARKS.md). Reads the flags of ``/proc/cpuinfo``; where that file is
-    missing (not Linux) oneDNN's answer is taken."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    return bool({"avx512_bf16", "amx_bf16"} & set(flags))
+    twice as long (docs/BENCHMARKS.md). Reads the flags of ``/proc/cpuinfo`` masked by
+    ``ONEDNN_MAX_CPU_ISA`` (``cpu_isa.detect``: oneDNN capped below AVX512 has no bf16 convs,
+    and the fused conv+ReLU of ``Bf16Convs`` then fails), and asks oneDNN too; where that file
+    is missing (not Linux) oneDNN's answer alone is taken."""
+    supported = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if not Path("/proc/cpuinfo").exists():
+        return supported
+    isa = cpu_isa.detect()
+    return supported and (isa.bf16 or isa.amx)
 
 
 class Bf16Convs(nn.Module):
