@@ -216,12 +216,15 @@ def ours_trial(
     )  # fmt: skip
 
 
-def config_name(backend: str, step_threads: int, schedulers: int, sep: str = " ") -> str:
+def config_name(backend: str, step_threads: int, schedulers: int) -> str:
     """How a configuration of ours is named in the report (schedulers only when not 1)."""
-    name = f"{backend}{sep}step_threads{'=' if sep == ' ' else '_'}{step_threads}"
-    if schedulers != 1:
-        name += f"{sep}schedulers{'=' if sep == ' ' else '_'}{schedulers}"
-    return name
+    name = f"{backend} step_threads={step_threads}"
+    return name if schedulers == 1 else f"{name} schedulers={schedulers}"
+
+
+def config_key(backend: str, step_threads: int, schedulers: int) -> str:
+    """The report key of a configuration's single trial: its name with ``_`` for spaces and ``=``."""
+    return "ours_" + config_name(backend, step_threads, schedulers).replace(" ", "_").replace("=", "_")
 
 
 def best_of(maxima: dict[str, int]) -> tuple[str | None, int]:
@@ -357,9 +360,9 @@ def main(argv: list[str] | None = None) -> int:
             if not args.no_ours:
                 for config in ours_configs:
                     ours = run_trial(loaded, ours_trial(args, args.streams, *config), "cpu", audio)
-                    result[f"ours_{config_name(*config, sep='_')}"] = {key: ours[key] for key in OURS_KEYS}
+                    result[config_key(*config)] = {key: ours[key] for key in OURS_KEYS}
                 backend = ours_configs[0][0]
-                first = result[f"ours_{config_name(*ours_configs[0], sep='_')}"]
+                first = result[config_key(*ours_configs[0])]
                 result["ours_backend"] = backend
                 result["ours"] = first
                 result["cpu_per_stream_ratio"] = round(peer["cpu_rtf"] / first["rtf"], 2) if first["rtf"] else None
