@@ -48,6 +48,7 @@ pytestmark = [
     ),
 ]
 webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
@@ -207,10 +208,11 @@ def test_console_in_chromium(tmp_path: Path, redis_server: RedisServer, browser:
             lambda d: d.find_element(By.ID, "apply-result").get_attribute("data-applied-version") == "2"
         )
         row_sel = "#nodes tr[data-node]"
-        WebDriverWait(driver, 10).until(
-            lambda d: "running the applied version" in d.find_element(By.CSS_SELECTOR, row_sel).text
-        )
-        new_version = driver.find_element(By.CSS_SELECTOR, f"{row_sel} .node-version").text
+        # The nodes table is redrawn on every heartbeat: a row found may be replaced before it is
+        # read, so these reads retry on a stale element.
+        redrawn = WebDriverWait(driver, 10, ignored_exceptions=(StaleElementReferenceException,))
+        redrawn.until(lambda d: "running the applied version" in d.find_element(By.CSS_SELECTOR, row_sel).text)
+        new_version = redrawn.until(lambda d: d.find_element(By.CSS_SELECTOR, f"{row_sel} .node-version").text)
         assert new_version == gateway.service.config_version != first_version
         driver.save_screenshot(str(REPO / "docs" / "console-admin.png"))
 
@@ -228,9 +230,7 @@ def test_console_in_chromium(tmp_path: Path, redis_server: RedisServer, browser:
         WebDriverWait(driver, 10).until(
             lambda d: d.find_element(By.ID, "apply-result").get_attribute("data-applied-version") == "3"
         )
-        WebDriverWait(driver, 10).until(
-            lambda d: d.find_element(By.CSS_SELECTOR, f"{row_sel} .node-version").text == first_version
-        )
+        redrawn.until(lambda d: d.find_element(By.CSS_SELECTOR, f"{row_sel} .node-version").text == first_version)
         assert (conf / "kb.yaml").read_text(encoding="utf-8") == original_kb
         kb = gateway.service.processor.kb["hotline"].get()
         assert kb.match("新华路十二号井盖发生了破损")[0].entry.title == CARD_TITLE
