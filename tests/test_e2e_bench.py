@@ -1,5 +1,6 @@
 """``asr-bench e2e`` end to end: real sipp calls into the service with two scheduler threads,
-and the CPU report by thread that shows where the cores go."""
+and the CPU report by thread that shows where the cores go; the steady window's CPU arithmetic
+without sipp."""
 
 from __future__ import annotations
 
@@ -7,13 +8,45 @@ import shutil
 
 import pytest
 
+from deploy.bench.e2e_bench import Sample, bracket, cpu_figures
 from tests.bench_json import run_bench_module
 
-pytestmark = pytest.mark.skipif(
+needs_sipp = pytest.mark.skipif(
     shutil.which("sipp") is None or shutil.which("redis-server") is None, reason="needs sipp and redis-server"
 )
 
 
+def sample(at: float, cpu_s: float, threads: dict[str, float], finals_cpu_s: float, machine: float | None) -> Sample:
+    return Sample(at, 0, int(100 * at), cpu_s, threads, finals_cpu_s, machine)
+
+
+def test_cpu_over_the_steady_window_comes_from_the_samples_around_it() -> None:
+    """Ramp up (0-1 s) and down (3-4 s) at 0.5 cores, the steady stretch at 1.8: the window's
+    figures are the steady ones, the whole run's lower; a thread started within the window counts
+    from zero, one that ended before its end is left out."""
+    samples = [
+        sample(0.0, 0.0, {"MainThread": 0.0, "asr-engine-0": 0.0}, 0.0, 10.0),
+        sample(1.0, 0.5, {"MainThread": 0.1, "asr-engine-0": 0.3, "gone": 0.05}, 0.1, 10.7),
+        sample(2.0, 2.3, {"MainThread": 0.4, "asr-engine-0": 1.3, "kb-hooks": 0.1}, 0.6, 12.7),
+        sample(3.0, 4.1, {"MainThread": 0.7, "asr-engine-0": 2.3, "kb-hooks": 0.2}, 1.1, 14.7),
+        sample(4.0, 4.6, {"MainThread": 0.8, "asr-engine-0": 2.6, "kb-hooks": 0.2}, 1.2, 15.4),
+    ]
+    start, end = bracket(samples, (1.2, 2.9))
+    assert (start.at, end.at, end.chunks - start.chunks) == (1.0, 3.0, 200)
+    assert cpu_figures(start, end) == {
+        "cpu_percent": 180.0,
+        "cores_used": 1.8,
+        "machine_cores_busy": 2.0,
+        "cores_by_thread": {"MainThread": 0.3, "asr-engine-0": 1.0, "finals processes": 0.5, "kb-hooks": 0.1},
+    }
+    whole = cpu_figures(samples[0], samples[-1])
+    assert (whole["cores_used"], whole["machine_cores_busy"]) == (1.15, 1.35)
+    # a window reaching past the samples takes the first and the last; no /proc/stat: no machine figure
+    assert bracket(samples, (-1.0, 9.0)) == (samples[0], samples[-1])
+    assert cpu_figures(samples[0]._replace(machine_busy_s=None), samples[1])["machine_cores_busy"] is None
+
+
+@needs_sipp
 def test_two_schedulers_share_the_calls_and_the_cpu_is_reported_by_thread() -> None:
     args = ("e2e", "--calls", "2", "--seconds", "4", "--threads", "1", "--schedulers", "2")
     report = run_bench_module("deploy.bench.cli", *args, timeout=240)
@@ -25,8 +58,10 @@ def test_two_schedulers_share_the_calls_and_the_cpu_is_reported_by_thread() -> N
     assert by_thread.get("MainThread", 0) > 0 and by_thread.get("finals processes", 0) > 0, by_thread
     assert sum(by_thread.values()) <= report["cores_used"] + 0.05, (by_thread, report["cores_used"])
     assert report["cores_used"] <= report["machine_cores_busy"] + 0.05 <= report["machine_cores"] + 0.1, report
+    assert report["cpu_window"] == "whole run" and "whole_run" not in report, report
 
 
+@needs_sipp
 def test_steady_arrivals_replace_each_ended_call_and_judge_the_steady_stretch() -> None:
     """``--steady 1``: 4 calls up at once, each replaced once when it ends (8 calls in all,
     started evenly over a call's length); latencies over the stretch from the first hang-up to
@@ -37,3 +72,7 @@ def test_steady_arrivals_replace_each_ended_call_and_judge_the_steady_stretch() 
     assert report["finals_workers"] == 2 and report["realtime_ok"] and report["finals_ok"], report
     assert 0 < report["steady_window_s"] < 2 * report["seconds"], report
     assert report["partial_latency_ms"]["p95"] is not None and report["final_latency_ms"]["p50"] is not None
+    # the CPU over the same steady stretch, the whole run's beside it
+    assert report["cpu_window"] == "steady" and report["cores_used"] > 0, report
+    assert set(report["whole_run"]) == {"cores_used", "machine_cores_busy"} and report["whole_run"]["cores_used"] > 0
+    assert report["cores_by_thread"].get("finals processes", 0) > 0, report

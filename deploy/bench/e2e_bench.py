@@ -25,7 +25,12 @@ process times every event.
   ``calls * (K + 1)`` in all, so from the first hang-up on ``calls`` are up at once with their
   sentence ends and hang-ups spread out. The latencies and ``behind_realtime_fraction`` then
   cover only that steady stretch, from the first hang-up to the last call's start
-  (``steady_window_s``); the CPU figures cover the whole run (ramp included).
+  (``steady_window_s``), and so do the CPU figures (``cpu_percent``, ``cores_used``,
+  ``machine_cores_busy``, ``cores_by_thread``): the ramp up and down, with fewer calls up,
+  would make the cores per call look fewer. ``whole_run`` then has ``cores_used`` and
+  ``machine_cores_busy`` over the whole run, ramp included.
+- ``cpu_window``: what the CPU figures cover: ``steady`` (the steady stretch) or ``whole run``
+  (without ``--steady``, or when the run had no steady stretch).
 - ``machine_cores_busy``: CPU seconds per wall second of the whole machine (Linux
   ``/proc/stat``), of ``machine_cores``: the load generators (sipp, redis-server) run on the
   same machine, so the service alone cannot reach ``machine_cores``.
@@ -43,7 +48,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -133,6 +138,69 @@ def machine_busy_seconds() -> float | None:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")  # without guest time (counted in user)
 
 
+class Sample(NamedTuple):
+    """The engine's chunk counts and the CPU used so far, at one moment (``time.monotonic()``)."""
+
+    at: float
+    behind_chunks: int
+    chunks: int
+    cpu_s: float  # this process (user + system) and the finals processes
+    threads: dict[str, float]  # thread_cpu_seconds()
+    finals_cpu_s: float
+    machine_busy_s: float | None
+
+
+def take_sample(service: Service) -> Sample:
+    """The ``Sample`` of now."""
+    times, stats = os.times(), service.engine.stats
+    finals_cpu_s = service.engine.finalizer_cpu_seconds() or 0.0
+    return Sample(
+        at=time.monotonic(),
+        behind_chunks=stats.behind_realtime_chunks,
+        chunks=stats.chunks,
+        cpu_s=times.user + times.system + finals_cpu_s,
+        threads=thread_cpu_seconds(),
+        finals_cpu_s=finals_cpu_s,
+        machine_busy_s=machine_busy_seconds(),
+    )
+
+
+async def sample_every(service: Service, samples: list[Sample], period_s: float = 0.25) -> None:
+    """Append a ``take_sample`` every ``period_s`` until cancelled."""
+    while True:
+        samples.append(take_sample(service))
+        await asyncio.sleep(period_s)
+
+
+def bracket(samples: list[Sample], window: tuple[float, float]) -> tuple[Sample, Sample]:
+    """The last sample at or before the window's start and the first at or after its end
+    (the first and last sample where there is none)."""
+    start = max((s for s in samples if s.at <= window[0]), default=samples[0], key=lambda s: s.at)
+    end = min((s for s in samples if s.at >= window[1]), default=samples[-1], key=lambda s: s.at)
+    return start, end
+
+
+def cpu_figures(start: Sample, end: Sample) -> dict[str, Any]:
+    """CPU per wall second from ``start`` to ``end``: ``cpu_percent``, ``cores_used`` (this
+    process and the finals processes), ``machine_cores_busy`` (None without ``/proc/stat``) and
+    ``cores_by_thread`` (threads that ended meanwhile left out; the finals processes together)."""
+    wall = max(1e-9, end.at - start.at)
+    cores = (end.cpu_s - start.cpu_s) / wall
+    by_thread = {name: (busy - start.threads.get(name, 0.0)) / wall for name, busy in end.threads.items()}
+    by_thread["finals processes"] = (end.finals_cpu_s - start.finals_cpu_s) / wall
+    machine = (
+        round((end.machine_busy_s - start.machine_busy_s) / wall, 2)
+        if end.machine_busy_s is not None and start.machine_busy_s is not None
+        else None
+    )
+    return {
+        "cpu_percent": round(100 * cores, 1),
+        "cores_used": round(cores, 2),
+        "machine_cores_busy": machine,
+        "cores_by_thread": {name: round(value, 2) for name, value in sorted(by_thread.items()) if value >= 0.005},
+    }
+
+
 def record_audio_ends(service: Service) -> dict[str, float]:
     """event_id -> the ``time.monotonic()`` its audio was handed to the engine (from the publisher's intake)."""
     audio_end: dict[str, float] = {}
@@ -170,10 +238,7 @@ async def run_bench(
     run_id = f"{os.getpid()}{random.randrange(10**6):06d}"
     groups = [(f"u{run_id}", PCMU, (calls + 1) // 2), (f"a{run_id}", PCMA, calls // 2)]
     placed_per_call = steady_cycles + 1
-    cpu_before, wall_before = os.times(), time.monotonic()
-    threads_before = thread_cpu_seconds()
-    machine_before = machine_busy_seconds()
-    finals_cpu_before = service.engine.finalizer_cpu_seconds() or 0.0
+    before = take_sample(service)
     rss_peak = rss_mb()
     results: list[CallResult] = []
 
@@ -185,7 +250,7 @@ async def run_bench(
 
     sampler = asyncio.create_task(sample_rss())
     counted: asyncio.Task[None] | None = None
-    samples: list[tuple[float, int, int]] = []  # (time, chunks behind, chunks) every 0.25 s
+    samples = [before]  # steady: and one every 0.25 s
     try:
         placed = [
             place_calls(
@@ -202,12 +267,9 @@ async def run_bench(
             for tag, pt, n in groups
             if n
         ]
-        counted = asyncio.create_task(sample_chunk_counts(service, samples)) if steady_cycles > 0 else None
+        counted = asyncio.create_task(sample_every(service, samples)) if steady_cycles > 0 else None
         results = list(await asyncio.gather(*placed))
-        cpu_after, wall_after = os.times(), time.monotonic()
-        threads_after = thread_cpu_seconds()
-        machine_after = machine_busy_seconds()
-        finals_cpu = (service.engine.finalizer_cpu_seconds() or 0.0) - finals_cpu_before
+        after = take_sample(service)
         tags = [tag for tag, _, count in groups if count]
         ended_ok = await wait_for_ended(collector, tags, calls * placed_per_call, 30.0)
     finally:
@@ -216,17 +278,16 @@ async def run_bench(
             counted.cancel()
         await service.stop(grace_s=10)
         await collector.stop()
-    cpu_s = (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system) + finals_cpu
-    wall = max(1e-9, wall_after - wall_before)
-    by_thread = {name: (busy - threads_before.get(name, 0.0)) / wall for name, busy in threads_after.items()}
-    by_thread["finals processes"] = finals_cpu / wall
     stats = service.engine.stats
     behind_chunks, chunks = stats.behind_realtime_chunks, stats.chunks
+    cpu = whole_run = cpu_figures(before, after)
     window = steady_window(collector.received) if steady_cycles > 0 else None
     if window is not None:  # the steady stretch only
-        start = max((s for s in samples if s[0] <= window[0]), default=samples[0])
-        end = min((s for s in samples if s[0] >= window[1]), default=samples[-1])
-        behind_chunks, chunks = end[1] - start[1], end[2] - start[2]
+        start, end = bracket(samples, window)
+        behind_chunks, chunks = end.behind_chunks - start.behind_chunks, end.chunks - start.chunks
+        cpu = cpu_figures(start, end)
+    if steady_cycles > 0:
+        cpu = {**cpu, "whole_run": {key: whole_run[key] for key in ("cores_used", "machine_cores_busy")}}
     behind = behind_chunks / max(1, chunks)
     measured = measure(collector.received, audio_end, reference, window)
     window_final_ms = measured.pop("final_ms")
@@ -252,29 +313,15 @@ async def run_bench(
         "mean_batch_size": round(float(np.mean(stats.batch_sizes.values())), 2) if stats.batch_sizes else None,
         "partials_dropped": service.publisher.partials_dropped + service.bridge.partials_dropped,
         "rss_mb": rss_peak,
-        "cpu_percent": round(100 * cpu_s / max(1e-9, wall_after - wall_before), 1),
-        "cores_used": round(cpu_s / max(1e-9, wall_after - wall_before), 2),
-        "machine_cores_busy": (
-            round((machine_after - machine_before) / wall, 2)
-            if machine_after is not None and machine_before is not None
-            else None
-        ),
+        "cpu_window": "steady" if window is not None else "whole run",
+        **cpu,
         "machine_cores": os.cpu_count(),
-        "cores_by_thread": {name: round(value, 2) for name, value in sorted(by_thread.items()) if value >= 0.005},
         "torch_threads": torch.get_num_threads(),
         "schedulers": len(service.engine.schedulers),
         "finals_niceness": service.engine.options.finals_niceness,
         "finals_workers": service.engine.options.finals_workers,
         "overload_refusals": service.bridge.overload_refusals,
     }
-
-
-async def sample_chunk_counts(service: Service, samples: list[tuple[float, int, int]]) -> None:
-    """Append (time, behind-real-time chunks, chunks) of the engine every 0.25 s until cancelled."""
-    while True:
-        stats = service.engine.stats
-        samples.append((time.monotonic(), stats.behind_realtime_chunks, stats.chunks))
-        await asyncio.sleep(0.25)
 
 
 def steady_window(received: list[Received]) -> tuple[float, float] | None:
@@ -364,7 +411,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0,
         metavar="K",
         help="steady arrivals: calls start evenly over one call's length and each that ends is replaced, "
-        "calls x (K + 1) in all; latencies over the steady stretch only (default 0: all calls at once)",
+        "calls x (K + 1) in all; latencies and CPU over the steady stretch only (default 0: all calls at once)",
     )
     parser.add_argument(
         "--finals-workers", type=int, help="engine.finals_workers (default: the service's); 0 = one per usable core"
