@@ -255,7 +255,7 @@ def test_step_equals_forward_at_every_position(kind: str, reorder: bool) -> None
         for position in range(length):
             log_probs, cache = decoder.step(memory_kv, mask, prefixes[:, -1], cache, rows)
             assert log_probs.shape == (count, vocab_size)
-            assert all(c.shape[:2] == (count, position + 1) for c in cache)
+            assert all(c.shape[0] == count and c.shape[2] == position + 1 for c in cache)
             expected = forward_log_probs(decoder, memory[rows], mask[rows], prefixes)[:, -1]
             torch.testing.assert_close(log_probs, expected, atol=1e-5, rtol=0)
             outputs.append(log_probs)
@@ -286,7 +286,7 @@ def test_bidirectional_step_is_the_left_decoders() -> None:
         log_probs, cache = decoder.step(kv, mask, tokens, None, rows)
         left_log_probs, left_cache = decoder.left_decoder.step(left_kv, mask, tokens, None, rows)
     assert torch.equal(log_probs, left_log_probs)
-    assert len(cache) == len(decoder.left_decoder.decoders) == len(left_cache)
+    assert len(cache) == 2 * len(decoder.left_decoder.decoders) == len(left_cache)  # keys and values per layer
 
 
 # --- attention_beam_search ---

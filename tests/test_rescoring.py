@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from asr_core.ctc_search import Hypothesis
-from asr_core.model.attention import MultiHeadedAttention
+from asr_core.model.attention import MultiHeadedAttention, RowPacking
 from rescoring.attention import PrefixTree, attention_rescore, build_decoder_batch, length_groups
 
 FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "wenet_u2pp_small"
@@ -197,16 +197,30 @@ def test_length_groups_keep_short_utterances_apart_from_long_ones() -> None:
     assert length_groups([nbest(10)] * 2, max_positions=10) == [[0], [1]]
 
 
-def test_shared_memory_source_attention_equals_per_row_memory() -> None:
+@pytest.mark.parametrize(
+    "rows",
+    [[0, 0, 1, 2, 2, 2], [2, 0, 2, 1, 0, 2], [2, 2, 0], [1]],
+    ids=["grouped", "interleaved", "a_memory_row_unused", "one_row"],
+)
+@pytest.mark.parametrize("training", [False, True], ids=["packed", "gathered"])
+def test_shared_memory_source_attention_equals_per_row_memory(rows: list[int], training: bool) -> None:
+    """In eval mode query rows are packed over the memory rows they share (``RowPacking``),
+    in training gathered; both equal attending a copy of each row's memory."""
     torch.manual_seed(0)
-    attention = MultiHeadedAttention(4, 16, 0.0).eval()
+    attention = MultiHeadedAttention(4, 16, 0.0).train(training)
     memory = torch.randn(3, 9, 16)
     mask = torch.arange(9)[None, None, :] < torch.tensor([9, 5, 7])[:, None, None]  # (3, 1, 9)
-    rows = torch.tensor([0, 0, 1, 2, 2, 2])
-    query = torch.randn(6, 4, 16)
-    shared = attention.forward_shared_memory(query, memory, mask, rows)
-    copied = attention(query, memory[rows], memory[rows], mask[rows])
+    index = torch.tensor(rows)
+    query = torch.randn(len(rows), 4, 16)
+    with torch.no_grad():
+        shared = attention.forward_shared_memory(query, memory, mask, index)
+        copied = attention(query, memory[index], memory[index], mask[index])
+        packing = RowPacking.of(index, 3)
+        packed = attention.attend_memory(query, *attention.memory_keys_values(memory), mask, packing)
     torch.testing.assert_close(shared, copied, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(packed, copied, rtol=1e-5, atol=1e-6)
+    assert torch.equal(packing.memory_row_of_each(), index)
+    assert packing.width == max(rows.count(r) for r in set(rows))
 
 
 def test_reverse_weight_zero_uses_left_to_right_only() -> None:

@@ -13,6 +13,7 @@ the projected table ``linear_pos(pe[0:N])`` is computed once per layer and rows 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -21,6 +22,42 @@ from asr_core.model.embedding import sinusoid
 from asr_core.model.inference import exporting, may_cache_derived, weights_key
 
 MIN_TABLE_ROWS = 1024
+
+
+@dataclass(frozen=True)
+class RowPacking:
+    """Query rows laid out over the memory rows they attend (an utterance's hypotheses share
+    its memory row), so that source attention reads each memory row's keys and values where
+    they lie instead of gathering a copy of them for every query row.
+
+    The query rows of one memory row become consecutive query positions of one packed row:
+    query row i is position ``slot[i]`` of packed row ``line[i]``. Packed rows are the memory
+    rows that have queries (``memory_rows``; None: all of them, in order), ``width`` positions
+    each (the most query rows of one memory row; shorter ones are padded and discarded).
+    """
+
+    line: Tensor  # (N,) long
+    slot: Tensor  # (N,) long
+    width: int
+    memory_rows: Tensor | None  # (S',) long
+
+    @classmethod
+    def of(cls, rows: Tensor, memory_count: int) -> RowPacking:
+        """The packing of query rows attending memory rows ``rows`` (N,) of ``memory_count``."""
+        counts = torch.bincount(rows, minlength=memory_count)
+        order = torch.argsort(rows, stable=True)
+        starts = counts.cumsum(0) - counts
+        slot = torch.empty_like(rows)
+        slot[order] = torch.arange(rows.numel(), device=rows.device) - starts[rows[order]]
+        width = int(counts.max()) if rows.numel() else 0
+        present = counts > 0
+        if bool(present.all()):
+            return cls(rows, slot, width, None)
+        return cls((present.cumsum(0) - 1)[rows], slot, width, present.nonzero().squeeze(1))
+
+    def memory_row_of_each(self) -> Tensor:
+        """(N,) the memory row each query row attends (what :meth:`of` was given)."""
+        return self.line if self.memory_rows is None else self.memory_rows[self.line]
 
 
 def dot_products(q: Tensor, k: Tensor) -> Tensor:
@@ -141,14 +178,19 @@ class MultiHeadedAttention(nn.Module):
         exported graphs keep the explicit path."""
         if self.training or not self.plain_scores or exporting():
             return self.attend(q, k, v, self.scores(q, k, None, 0), mask)
-        if mask is None:
-            x = nn.functional.scaled_dot_product_attention(q, k, v)
-        else:
-            keep = mask.unsqueeze(1)  # (B, 1, 1|T1, T2)
-            x = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
-            x = x.masked_fill(~keep.any(dim=-1, keepdim=True), 0.0)  # all-masked rows: zeros, not NaN
+        x = self.fused_attention(q, k, v, mask)
         b, _, t1, _ = x.shape
         return self.linear_out(x.transpose(1, 2).reshape(b, t1, self.h * self.d_k))
+
+    @staticmethod
+    def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """torch's fused kernel on heads: (B, H, T1, d_k) -> (B, H, T1, d_k); mask (B, 1|T1, T2)
+        bool (True = keep); a query whose keys are all masked gets zeros, as WeNet."""
+        if mask is None:
+            return nn.functional.scaled_dot_product_attention(q, k, v)
+        keep = mask.unsqueeze(1)  # (B, 1, 1|T1, T2)
+        x = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        return x.masked_fill(~keep.any(dim=-1, keepdim=True), 0.0)  # all-masked rows: zeros, not NaN
 
     def forward(
         self,
@@ -185,12 +227,47 @@ class MultiHeadedAttention(nn.Module):
         """
         return self._heads(memory, self.linear_k), self._heads(memory, self.linear_v)
 
-    def attend_memory(self, query: Tensor, keys: Tensor, values: Tensor, memory_mask: Tensor, rows: Tensor) -> Tensor:
-        """``forward_shared_memory`` with the memory already projected (:meth:`memory_keys_values`)."""
-        q = self._heads(query, self.linear_q)
-        k = keys.index_select(0, rows)
-        v = values.index_select(0, rows)
-        return self.attend_scaled(q, k, v, memory_mask.index_select(0, rows))
+    def attend_memory(
+        self, query: Tensor, keys: Tensor, values: Tensor, memory_mask: Tensor, rows: Tensor | RowPacking
+    ) -> Tensor:
+        """``forward_shared_memory`` with the memory already projected (:meth:`memory_keys_values`).
+
+        ``rows``: the memory row of each query row, or their :class:`RowPacking` (a caller that
+        attends the same rows in several layers packs them once). In eval mode the query rows
+        are packed (:class:`RowPacking`) and each memory row's keys are read in place: gathering
+        them per query row copied (N, H, T', d_k) twice per layer, which cost the attention
+        decoder's beam search more than the attention itself.
+        """
+        q = self._heads(query, self.linear_q)  # (N, H, T1, d_k)
+        if self.training or not self.plain_scores or exporting():
+            index = rows.memory_row_of_each() if isinstance(rows, RowPacking) else rows
+            k, v = keys.index_select(0, index), values.index_select(0, index)
+            return self.attend_scaled(q, k, v, memory_mask.index_select(0, index))
+        packing = rows if isinstance(rows, RowPacking) else RowPacking.of(rows, keys.size(0))
+        if packing.memory_rows is not None:
+            keys, values = keys.index_select(0, packing.memory_rows), values.index_select(0, packing.memory_rows)
+            memory_mask = memory_mask.index_select(0, packing.memory_rows)
+        n, h, t1, dk = q.shape
+        packed = q.new_zeros(keys.size(0), packing.width, h, t1, dk)
+        packed[packing.line, packing.slot] = q
+        packed_q = packed.permute(0, 2, 1, 3, 4).reshape(keys.size(0), h, packing.width * t1, dk)
+        x = self.fused_attention(packed_q, keys, values, memory_mask)  # (S', H, width * T1, d_k)
+        x = x.view(keys.size(0), h, packing.width, t1, dk).permute(0, 2, 1, 3, 4)[packing.line, packing.slot]
+        return self.linear_out(x.transpose(1, 2).reshape(n, t1, h * dk))
+
+    def attend_step(self, x: Tensor, cache: tuple[Tensor, Tensor] | None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """Self-attention of one new position over itself and every earlier one, whose keys and
+        values are kept from earlier steps instead of projected again (autoregressive decoding).
+
+        x: (N, 1, D) the new position's input; cache: the keys and values (N, H, L, d_k) of the
+        L earlier positions (None at the first). Returns (y (N, 1, D), keys and values
+        (N, H, L + 1, d_k) of every position so far).
+        """
+        q = self._heads(x, self.linear_q)
+        k, v = self._heads(x, self.linear_k), self._heads(x, self.linear_v)
+        if cache is not None:
+            k, v = torch.cat((cache[0], k), dim=2), torch.cat((cache[1], v), dim=2)
+        return self.attend_scaled(q, k, v, None), (k, v)
 
     def forward_cached(
         self,

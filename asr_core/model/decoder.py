@@ -13,7 +13,7 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from asr_core.model.attention import MultiHeadedAttention
+from asr_core.model.attention import MultiHeadedAttention, RowPacking
 from asr_core.model.config import DecoderConfig
 from asr_core.model.embedding import PositionalEncoding
 from asr_core.model.feed_forward import PositionwiseFeedForward
@@ -56,17 +56,28 @@ class DecoderLayer(nn.Module):
             source = partial(
                 self.src_attn.forward_shared_memory, memory=memory, memory_mask=memory_mask, rows=memory_rows
             )
-        return self._source_block(self._self_block(tgt, tgt_mask, last_only=False), source)
+        return self._source_block(self._self_block(tgt, tgt_mask), source)
 
-    def forward_last(
-        self, tgt: Tensor, memory_keys: Tensor, memory_values: Tensor, memory_mask: Tensor, memory_rows: Tensor
-    ) -> Tensor:
-        """The layer's output at the last position only: ``forward(tgt, causal mask, ...)[:, -1:]``.
+    def forward_step(
+        self,
+        x: Tensor,
+        cache: tuple[Tensor, Tensor] | None,
+        memory_keys: Tensor,
+        memory_values: Tensor,
+        memory_mask: Tensor,
+        memory_rows: RowPacking,
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """The layer's output at one new position, ``forward(all positions, causal mask, ...)[:, -1:]``.
 
-        tgt: (N, L, D) the inputs of every position so far; memory_keys/values: the source
-        attention's projection of the memory (``MultiHeadedAttention.memory_keys_values``,
-        S rows); memory_rows: (N,) the memory row of each target row. Returns (N, 1, D).
+        x: (N, 1, D) the new position's input; cache: the self-attention's keys and values of
+        the earlier positions (None at the first; :meth:`MultiHeadedAttention.attend_step`);
+        memory_keys/values: the source attention's projection of the memory
+        (``MultiHeadedAttention.memory_keys_values``, S rows); memory_rows: the memory row of
+        each target row, packed. Returns ((N, 1, D), the keys and values of every position).
         """
+        nb = self.normalize_before
+        attended, kv = self.self_attn.attend_step(self.norm1(x) if nb else x, cache)
+        x = x + self.dropout(attended)
         source = partial(
             self.src_attn.attend_memory,
             keys=memory_keys,
@@ -74,13 +85,12 @@ class DecoderLayer(nn.Module):
             memory_mask=memory_mask,
             rows=memory_rows,
         )
-        return self._source_block(self._self_block(tgt, None, last_only=True), source)
+        return self._source_block(x if nb else self.norm1(x), source), kv
 
-    def _self_block(self, tgt: Tensor, tgt_mask: Tensor | None, last_only: bool) -> Tensor:
+    def _self_block(self, tgt: Tensor, tgt_mask: Tensor) -> Tensor:
         nb = self.normalize_before
         x = self.norm1(tgt) if nb else tgt
-        query, residual = (x[:, -1:], tgt[:, -1:]) if last_only else (x, tgt)
-        x = residual + self.dropout(self.self_attn(query, x, x, tgt_mask))
+        x = tgt + self.dropout(self.self_attn(x, x, x, tgt_mask))
         return x if nb else self.norm1(x)
 
     def _source_block(self, x: Tensor, attend_source: SourceAttention) -> Tensor:
@@ -180,19 +190,22 @@ class TransformerDecoder(nn.Module):
         at the first step, else the cache this method returned one step earlier, its rows
         gathered by the caller to follow each row's parent; memory_rows: (N,) the memory row
         of each target row. Returns (log-probs (N, V) of the next token, the new cache: per
-        layer, the (N, L, D) inputs of every position so far). Each row's log-probs equal
-        ``forward``'s last position on the same prefix.
+        layer, the self-attention's keys and values (N, H, L, d_k) of every position so far,
+        keys then values; rows on dim 0, positions on dim 2). Each row's log-probs equal
+        ``forward``'s last position on the same prefix. A step projects only the newest
+        position: earlier positions' keys and values come from the cache.
         """
         embedding: nn.Module = self.embed[0]
         pos_enc = self.embed[1]
         assert isinstance(pos_enc, PositionalEncoding)
-        position = 0 if cache is None else cache[0].size(1)
+        position = 0 if cache is None else cache[0].size(2)
         x = pos_enc(embedding(tokens.unsqueeze(1)), torch.tensor([position], device=tokens.device))  # (N, 1, D)
-        new_cache = []
+        packing = RowPacking.of(memory_rows, memory_mask.size(0))  # once for every layer
+        new_cache: list[Tensor] = []
         for i in range(len(self.decoders)):
-            inputs = x if cache is None else torch.cat([cache[i], x], dim=1)
-            new_cache.append(inputs)
-            x = self._layer(i).forward_last(inputs, *memory_kv[i], memory_mask, memory_rows)
+            layer_cache = None if cache is None else (cache[2 * i], cache[2 * i + 1])
+            x, keys_values = self._layer(i).forward_step(x, layer_cache, *memory_kv[i], memory_mask, packing)
+            new_cache += keys_values
         if self.normalize_before:
             x = self.after_norm(x)
         return torch.log_softmax(self.output_layer(x[:, 0]), dim=-1), new_cache
