@@ -102,9 +102,11 @@ def attention_beam_search(
         rows_t = torch.tensor(row_stream, dtype=torch.long, device=device)
         log_probs, cache = decoder.step(memory_kv, memory_mask, newest, cache, rows_t)
         # Each row's best `beam` continuations hold its utterance's best `beam`; an utterance's
-        # rows then form one line of beam x beam candidates (-inf pads), ranked once more.
-        row_best = (row_scores.to(device)[:, None] + log_probs.double()).topk(min(beam, log_probs.shape[1]), dim=1)
-        width = row_best.values.shape[1]
+        # rows then form one line of beam x beam candidates (-inf pads), ranked once more. A
+        # row's score adds the same to all its continuations, so it joins after the row's topk.
+        row_top = log_probs.topk(min(beam, log_probs.shape[1]), dim=1)
+        row_values = row_scores[:, None] + row_top.values.cpu().double()
+        width = row_values.shape[1]
         streams = sorted(set(row_stream))
         line_of = {s: i for i, s in enumerate(streams)}
         slot = [0] * len(row_stream)
@@ -113,9 +115,9 @@ def attention_beam_search(
             slot[r] = used.get(s, 0)
             used[s] = slot[r] + 1
         lines = torch.full((len(streams), beam, width), -float("inf"), dtype=torch.float64)
-        lines[[line_of[s] for s in row_stream], slot] = row_best.values.cpu()
+        lines[[line_of[s] for s in row_stream], slot] = row_values
         tokens_at = torch.zeros((len(streams), beam, width), dtype=torch.long)
-        tokens_at[[line_of[s] for s in row_stream], slot] = row_best.indices.cpu()
+        tokens_at[[line_of[s] for s in row_stream], slot] = row_top.indices.cpu()
         top = lines.view(len(streams), beam * width).topk(min(beam, beam * width), dim=1)
         top_tokens = tokens_at.view(len(streams), beam * width).gather(1, top.indices)
         row_at = {(s, slot[r]): r for r, s in enumerate(row_stream)}
