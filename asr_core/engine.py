@@ -181,7 +181,11 @@ class Engine:
         self.stats = EngineStats()
         self._blank = loaded.blank_id
         self.finalizer = Finalizer(
-            FinalSearch(decoder, settings), self._text, self.frame_ms, self.stats, workers=self.options.finals_workers
+            FinalSearch(decoder, settings, proposer=self.model.decoder),
+            self._text,
+            self.frame_ms,
+            self.stats,
+            workers=self.options.finals_workers,
         )
         self.schedulers = [
             Scheduler(

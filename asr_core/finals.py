@@ -105,10 +105,16 @@ class FinalResult:
 class FinalSearch:
     """Prefix beam search per utterance, then ONE batched rescoring call for all of them."""
 
-    def __init__(self, decoder: DecoderFn, settings: FinalSettings) -> None:
+    def __init__(self, decoder: DecoderFn, settings: FinalSettings, proposer: DecoderFn | None = None) -> None:
+        """``decoder`` rescores; ``proposer`` (default: ``decoder``) runs the attention beam search
+        that proposes hypotheses (``attention_beam`` > 0). Its scores are not kept, only its
+        hypotheses, so it may differ from ``decoder``: the int8 backends propose with the float
+        decoder, whose search steps (a few rows each) ran faster than int8 Linears that quantize
+        their input at every call (demo model, proposals of 32 utterances: docs/BENCHMARKS.md)."""
         if settings.attention_beam > 0 and settings.vocab_size <= 0:
             raise ValueError("FinalSettings.attention_beam > 0 needs vocab_size (the CTC output size)")
         self.decoder = decoder
+        self.proposer = decoder if proposer is None else proposer
         self.settings = settings
         # Encoder outputs are moved to the decoder's device and float dtype (a float32 cpu
         # default for decoders that are not modules, or whose Linears are packed int8).
@@ -128,7 +134,7 @@ class FinalSearch:
                 assert out is not None
                 encoder_outs.append(torch.as_tensor(out).to(self._device, self._dtype))
             candidates = [nbests[i] for i in to_rescore]
-            if s.attention_beam > 0 and supports_search(self.decoder):
+            if s.attention_beam > 0 and supports_search(self.proposer):
                 candidates = self._with_proposals([requests[i] for i in to_rescore], candidates, encoder_outs)
             # The hotword bonus the CTC search ranked by joins the rescoring score (None: no list).
             biased = any(requests[i].context is not None for i in to_rescore)
@@ -161,9 +167,9 @@ class FinalSearch:
             min(len(out), PROPOSAL_LENGTH_FACTOR * max(len(h.tokens) for h in nbest) + PROPOSAL_LENGTH_SLACK)
             for out, nbest in zip(encoder_outs, nbests, strict=True)
         ]
-        assert supports_search(self.decoder)
+        assert supports_search(self.proposer)
         proposals = attention_beam_search(
-            cast(StepDecoder, self.decoder), encoder_outs, s.attention_beam, sos=s.sos, eos=s.eos, max_tokens=limits
+            cast(StepDecoder, self.proposer), encoder_outs, s.attention_beam, sos=s.sos, eos=s.eos, max_tokens=limits
         )
         merged = []
         for request, nbest, proposed in zip(requests, nbests, proposals, strict=True):
@@ -334,7 +340,7 @@ def serve(fd: int) -> None:
         with contextlib.suppress(OSError):
             os.nice(niceness)
     decoder = torch.load(io.BytesIO(decoder_bytes), weights_only=False).eval()
-    search = FinalSearch(rescoring_decoder(backend, decoder), settings)
+    search = FinalSearch(rescoring_decoder(backend, decoder), settings, proposer=decoder)
     conn.send("ready")
     while True:
         try:

@@ -22,8 +22,10 @@ import pytest
 import torch
 
 from asr_core.audio_io import read_wav
+from asr_core.backends.quantize import rescoring_decoder
 from asr_core.cli_transcribe import main
 from asr_core.ctc_search import (
+    Hypothesis,
     ctc_prefix_beam_search_topk,
     ctc_scores_topk,
     ctc_token_frames_topk,
@@ -541,6 +543,39 @@ def test_final_search_with_proposals_adds_them_to_the_ctc_nbest() -> None:
         assert after.rescored.score >= before.rescored.score - 1e-3
         assert after.rescored.tokens == after.rescored.hypotheses[0].tokens
         assert_times_fit(after.rescored.times, after.rescored.tokens, len(out))
+
+
+@needs_fixture
+def test_the_proposer_proposes_and_the_decoder_rescores() -> None:
+    """With a separate proposer (the int8 backends: the float decoder searches, the int8 copy
+    rescores), the candidates are the CTC n-best plus the proposer's proposals, and every score
+    is the rescoring decoder's."""
+    loaded = fixture_model()
+    requests = [final_request(loaded, FIXTURE / "wav" / name) for name in ("utt1.wav", "utt2.wav")]
+    float_decoder = loaded.model.decoder
+    int8_decoder = rescoring_decoder("torch-int8", float_decoder)
+    results = FinalSearch(int8_decoder, settings_for(loaded, 4), proposer=float_decoder).run(requests)
+    outs = [encoder_out_of(r) for r in requests]
+    candidates = []
+    for request, result, out in zip(requests, results, outs, strict=True):
+        nbest = [h.tokens for h in result.nbest]
+        limit = min(len(out), PROPOSAL_LENGTH_FACTOR * max(len(t) for t in nbest) + PROPOSAL_LENGTH_SLACK)
+        (proposals,) = attention_beam_search(
+            float_decoder, [out], 4, sos=loaded.sos_id, eos=loaded.eos_id, max_tokens=[limit]
+        )
+        members = nbest + [p.tokens for p in proposals if p.tokens not in nbest]
+        scores = ctc_scores_topk(request.topk_values, request.topk_ids, members, loaded.vocab_size)
+        candidates.append(
+            [Hypothesis(t, score, (), 0.0) for t, score in zip(members, scores, strict=True) if score > -math.inf]
+        )
+    expected = attention_rescore(
+        int8_decoder, outs, candidates, sos=loaded.sos_id, eos=loaded.eos_id, ctc_weight=0.5, reverse_weight=0.3
+    )
+    for result, want in zip(results, expected, strict=True):
+        assert result.rescored is not None
+        got = {h.tokens: (h.l2r_score, h.r2l_score) for h in result.rescored.hypotheses}
+        assert got == {h.tokens: (h.l2r_score, h.r2l_score) for h in want.hypotheses}
+        assert result.rescored.tokens == want.tokens
 
 
 @needs_demo
