@@ -8,8 +8,8 @@ rescoring can then pick it.
 
 All utterances' live hypotheses are rows of one decoder call per step, each row attending to
 its utterance's memory row. A step computes only the newest position (``TransformerDecoder.step``
-keeps every earlier position's layer inputs), and the memory is projected once per layer for
-the whole search.
+keeps every earlier position's self-attention keys and values), and the memory is projected
+once per layer for the whole search.
 
 Scores are sums of the decoder's log-probabilities, eos included; no length normalization
 (WeNet's). An utterance's search ends when it holds ``beam`` ended hypotheses and none of its

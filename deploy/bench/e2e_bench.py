@@ -249,7 +249,7 @@ async def run_bench(
             rss_peak = max(rss_peak, rss_mb())
 
     sampler = asyncio.create_task(sample_rss())
-    counted: asyncio.Task[None] | None = None
+    steady_sampler: asyncio.Task[None] | None = None
     samples = [before]  # steady: and one every 0.25 s
     try:
         placed = [
@@ -267,15 +267,15 @@ async def run_bench(
             for tag, pt, n in groups
             if n
         ]
-        counted = asyncio.create_task(sample_every(service, samples)) if steady_cycles > 0 else None
+        steady_sampler = asyncio.create_task(sample_every(service, samples)) if steady_cycles > 0 else None
         results = list(await asyncio.gather(*placed))
         after = take_sample(service)
         tags = [tag for tag, _, count in groups if count]
         ended_ok = await wait_for_ended(collector, tags, calls * placed_per_call, 30.0)
     finally:
         sampler.cancel()
-        if counted is not None:
-            counted.cancel()
+        if steady_sampler is not None:
+            steady_sampler.cancel()
         await service.stop(grace_s=10)
         await collector.stop()
     stats = service.engine.stats
