@@ -1,4 +1,6 @@
-/* CTC prefix beam search on stored per-frame top-k posteriors, in C.
+/* CTC prefix beam search on stored per-frame top-k posteriors, in C; and CTC's forward score of
+ * given label sequences (``ctc_forward``: what torch's ctc_loss computes, without its (T, N, C)
+ * input copy, for the few hypotheses of one utterance).
  *
  * The same search as `asr_core.ctc_search._PrefixBeam`, step for step: candidates in WeNet's
  * update order (top-k tokens outer, prefixes inner; a repeated token spawns "same prefix"
@@ -636,8 +638,8 @@ static int vector(PyObject *object, Py_buffer *view, const char *name, const cha
     }
     if (view->ndim != 1 || view->itemsize != 8 || strlen(format) != 1 || strchr(formats, format[0]) == NULL ||
         (length >= 0 && view->shape[0] != length)) {
-        PyErr_Format(PyExc_ValueError, "graph %s must be a C-contiguous 1-D array of 8-byte items (%s)%s", name, formats,
-                     length >= 0 ? " of the graph's length" : "");
+        PyErr_Format(PyExc_ValueError, "%s must be a C-contiguous 1-D array of 8-byte items (%s)%s", name, formats,
+                     length >= 0 ? " of the expected length" : "");
         PyBuffer_Release(view);
         return -1;
     }
@@ -648,7 +650,8 @@ static int vector(PyObject *object, Py_buffer *view, const char *name, const cha
  * kept_score). Checks that every index stays inside the arrays. */
 static int graph_arrays(PyObject *tuple, Py_buffer *views, int *held, Graph *graph)
 {
-    static const char *names[6] = {"child_start", "child_token", "child_node", "fail", "node_score", "kept_score"};
+    static const char *names[6] = {"graph child_start", "graph child_token", "graph child_node",
+                                   "graph fail",        "graph node_score",  "graph kept_score"};
     if (!PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) != 6) {
         PyErr_SetString(PyExc_ValueError, "graph must be the 6-tuple of ContextGraph.arrays()");
         return -1;
@@ -752,18 +755,134 @@ done:
     return result;
 }
 
+/* ---- CTC forward: log P(y | x) summed over every alignment ---- */
+
+/* The forward (alpha) recursion of one label sequence over emissions `em` (T, classes): states
+ * blank, y0, blank, y1, ..., blank; two rows of 2L+1 states. -inf when no alignment fits. */
+static double ctc_forward_one(const double *em, Py_ssize_t frames, Py_ssize_t classes, const int64_t *labels,
+                              Py_ssize_t length, int64_t blank, double *alpha, double *next)
+{
+    const Py_ssize_t states = 2 * length + 1;
+    for (Py_ssize_t s = 0; s < states; s++) {
+        alpha[s] = -INFINITY;
+    }
+    alpha[0] = em[blank];
+    if (length > 0) {
+        alpha[1] = em[labels[0]];
+    }
+    for (Py_ssize_t t = 1; t < frames; t++) {
+        const double *row = em + t * classes;
+        /* A state can only be reached from the states at most two behind it, so at frame t only
+         * states below 2(t+1) are live; the rest stay -inf. */
+        const Py_ssize_t live = states < 2 * (t + 1) ? states : 2 * (t + 1);
+        for (Py_ssize_t s = 0; s < live; s++) {
+            double sum = alpha[s];
+            if (s >= 1) {
+                sum = logaddexp(sum, alpha[s - 1]);
+            }
+            const int token_state = s % 2 == 1;
+            if (token_state && s >= 3 && labels[s / 2] != labels[s / 2 - 1]) {
+                sum = logaddexp(sum, alpha[s - 2]);
+            }
+            next[s] = sum + row[token_state ? labels[s / 2] : blank];
+        }
+        for (Py_ssize_t s = live; s < states; s++) {
+            next[s] = -INFINITY;
+        }
+        double *swap = alpha;
+        alpha = next;
+        next = swap;
+    }
+    return length > 0 ? logaddexp(alpha[states - 1], alpha[states - 2]) : alpha[0];
+}
+
+static PyObject *ctc_forward(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *em_obj, *labels_obj, *lengths_obj;
+    long long blank;
+    if (!PyArg_ParseTuple(args, "OOOL", &em_obj, &labels_obj, &lengths_obj, &blank)) {
+        return NULL;
+    }
+    Py_buffer em, labels, lengths;
+    if (matrix(em_obj, &em, "emissions", "d") < 0) {
+        return NULL;
+    }
+    if (matrix(labels_obj, &labels, "labels", "lq") < 0) {
+        PyBuffer_Release(&em);
+        return NULL;
+    }
+    if (vector(lengths_obj, &lengths, "lengths", "lq", labels.shape[0]) < 0) {
+        PyBuffer_Release(&em);
+        PyBuffer_Release(&labels);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    double *scores = NULL, *rows = NULL;
+    const Py_ssize_t frames = em.shape[0], classes = em.shape[1], count = labels.shape[0], longest = labels.shape[1];
+    const int64_t *label = labels.buf, *length = lengths.buf;
+    if (frames < 1 || blank < 0 || blank >= classes) {
+        PyErr_SetString(PyExc_ValueError, "emissions need at least one frame and a blank class inside them");
+        goto done;
+    }
+    for (Py_ssize_t n = 0; n < count; n++) {
+        if (length[n] < 0 || length[n] > longest) {
+            PyErr_Format(PyExc_ValueError, "lengths[%zd] = %lld is outside 0..%zd", n, (long long)length[n], longest);
+            goto done;
+        }
+        for (Py_ssize_t i = 0; i < length[n]; i++) {
+            if (label[n * longest + i] < 0 || label[n * longest + i] >= classes) {
+                PyErr_Format(PyExc_ValueError, "labels[%zd] names a class outside 0..%zd", n, classes - 1);
+                goto done;
+            }
+        }
+    }
+    scores = PyMem_RawMalloc((size_t)(count ? count : 1) * sizeof(double));
+    rows = PyMem_RawMalloc((size_t)(2 * (2 * longest + 1)) * sizeof(double));
+    if (scores == NULL || rows == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t n = 0; n < count; n++) {
+        scores[n] = ctc_forward_one(em.buf, frames, classes, label + n * longest, length[n], (int64_t)blank, rows,
+                                    rows + 2 * longest + 1);
+    }
+    Py_END_ALLOW_THREADS
+    result = PyList_New(count);
+    for (Py_ssize_t n = 0; result != NULL && n < count; n++) {
+        PyObject *value = PyFloat_FromDouble(scores[n]);
+        if (value == NULL) {
+            Py_CLEAR(result);
+            break;
+        }
+        PyList_SET_ITEM(result, n, value);
+    }
+done:
+    PyMem_RawFree(scores);
+    PyMem_RawFree(rows);
+    PyBuffer_Release(&em);
+    PyBuffer_Release(&labels);
+    PyBuffer_Release(&lengths);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"prefix_beam_search", prefix_beam_search, METH_VARARGS,
      "prefix_beam_search(values, ids, beam, blank, graph=None) -> [(tokens, score, times)], best first.\n\n"
      "values: (T, K) float64 log-posteriors of each frame's top K, best first; ids: (T, K) int64.\n"
      "graph: ContextGraph.arrays(); entries then add (bonus, graph state), unfinalized."},
+    {"ctc_forward", ctc_forward, METH_VARARGS,
+     "ctc_forward(emissions, labels, lengths, blank) -> [log P(labels[n][:lengths[n]])], -inf if impossible.\n\n"
+     "emissions: (T, C) float64 log-posteriors of C classes; labels: (N, L) int64 class indices (no blank\n"
+     "between repeats needed: CTC's own rule); lengths: (N,) int64; blank: the blank's class."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "_fastctc",
-    .m_doc = "CTC prefix beam search in C (see asr_core.ctc_search).",
+    .m_doc = "CTC prefix beam search and CTC forward scores in C (see asr_core.ctc_search).",
     .m_size = -1,
     .m_methods = methods,
 };

@@ -17,12 +17,15 @@ import torch
 
 from asr_core.context_graph import ROOT, ContextGraph
 
-try:  # the same search in C, where the optional extension was built (setup.py)
+try:  # the same search and scores in C, where the optional extension was built (setup.py)
+    from asr_core._fastctc import ctc_forward as _native_ctc_forward
     from asr_core._fastctc import prefix_beam_search as _native_prefix_beam_search
 except ImportError:  # pragma: no cover - depends on the build
     _native_prefix_beam_search = None
-if os.environ.get("ASR_NATIVE_CTC", "1") == "0":  # the numpy search even where C is built (A/B, debugging)
+    _native_ctc_forward = None
+if os.environ.get("ASR_NATIVE_CTC", "1") == "0":  # numpy search, torch scores even where C is built (A/B, debugging)
     _native_prefix_beam_search = None
+    _native_ctc_forward = None
 
 ArrayLike = np.ndarray | torch.Tensor
 
@@ -388,18 +391,33 @@ def ctc_scores_topk(
     if len(topk_values) == 0:  # no frames: only the empty hypothesis is possible, with certainty
         return [0.0 if len(h) == 0 else _NEG_INF for h in hyps]
     class_of, matrix = _token_classes(topk_values, topk_ids, (t for h in hyps for t in h), vocab_size, blank)
-    columns = torch.from_numpy(matrix)  # (T, C)
-    frames, distinct = columns.shape
     longest = max(1, max(len(h) for h in hyps))
-    targets = torch.zeros(len(hyps), longest, dtype=torch.long)
+    labels = np.zeros((len(hyps), longest), dtype=np.int64)
     for i, h in enumerate(hyps):
-        targets[i, : len(h)] = torch.tensor([class_of[t] for t in h], dtype=torch.long)
+        labels[i, : len(h)] = [class_of[t] for t in h]
+    lengths = np.array([len(h) for h in hyps], dtype=np.int64)
+    if _native_ctc_forward is not None:
+        return [float(v) for v in _native_ctc_forward(np.ascontiguousarray(matrix), labels, lengths, class_of[blank])]
+    return ctc_forward_reference(matrix, labels, lengths, class_of[blank])
+
+
+def ctc_forward_reference(emissions: np.ndarray, labels: np.ndarray, lengths: np.ndarray, blank: int) -> list[float]:
+    """log P(labels[n][:lengths[n]] | emissions) by torch's ``ctc_loss``: the reference the C
+    ``ctc_forward`` is tested against and the fallback where it was not built.
+
+    emissions: (T, C) float64 log-posteriors of C classes; labels: (N, L) int64 class indices;
+    lengths: (N,) int64; blank: the blank's class. -inf where no alignment fits."""
+    columns = torch.from_numpy(emissions)  # (T, C)
+    frames, distinct = columns.shape
+    count = labels.shape[0]
+    if count == 0:
+        return []
     nll = torch.nn.functional.ctc_loss(
-        columns.unsqueeze(1).expand(frames, len(hyps), distinct),
-        targets,
-        input_lengths=torch.full((len(hyps),), frames, dtype=torch.long),
-        target_lengths=torch.tensor([len(h) for h in hyps], dtype=torch.long),
-        blank=class_of[blank],
+        columns.unsqueeze(1).expand(frames, count, distinct),
+        torch.from_numpy(labels),
+        input_lengths=torch.full((count,), frames, dtype=torch.long),
+        target_lengths=torch.from_numpy(lengths),
+        blank=blank,
         reduction="none",
     )
     return [-float(v) if np.isfinite(float(v)) else _NEG_INF for v in nll]

@@ -142,3 +142,60 @@ def test_empty_input_and_bad_arrays() -> None:
         NATIVE(np.zeros((2, 3)).T, np.zeros((3, 2), dtype=np.int64), 2, 0)
     with pytest.raises(ValueError, match="beam"):
         NATIVE(values, np.zeros((3, 2), dtype=np.int64), 0, 0)
+
+
+FORWARD = ctc_search._native_ctc_forward
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    frames=st.integers(1, 40),
+    classes=st.integers(1, 8),
+    count=st.integers(0, 6),
+    longest=st.integers(0, 25),
+    spread=st.sampled_from([0.3, 3.0, 30.0]),
+)
+def test_native_ctc_forward_equals_torch_ctc_loss(
+    seed: int, frames: int, classes: int, count: int, longest: int, spread: float
+) -> None:
+    """The C forward against torch's ctc_loss: repeats (which need a blank between them), empty
+    label sequences, sequences too long for the frames (-inf), a blank that is not class 0."""
+    rng = np.random.default_rng(seed)
+    emissions = posteriors(rng, frames, classes, spread, 0.0)
+    blank = int(rng.integers(0, classes))
+    tokens = [c for c in range(classes) if c != blank] or [blank]
+    labels = np.zeros((count, max(longest, 1)), dtype=np.int64)
+    lengths = rng.integers(0, longest + 1, size=count).astype(np.int64)
+    for n in range(count):
+        pool = tokens[: int(rng.integers(1, len(tokens) + 1))]  # few classes: many repeats
+        labels[n, : lengths[n]] = rng.choice(pool, size=int(lengths[n]))
+    if tokens == [blank]:
+        lengths[:] = 0  # a blank-only model can only say nothing
+    native = FORWARD(emissions, labels, lengths, blank)
+    reference = ctc_search.ctc_forward_reference(emissions, labels, lengths, blank)
+    assert len(native) == count
+    for got, want in zip(native, reference, strict=True):
+        if want == float("-inf"):
+            assert got == want
+        else:
+            assert got == pytest.approx(want, rel=1e-9, abs=1e-9)
+
+
+def test_native_ctc_forward_bad_arrays() -> None:
+    em = np.log(np.full((4, 3), 1 / 3))
+    labels, lengths = np.array([[1, 2]], dtype=np.int64), np.array([2], dtype=np.int64)
+    (score,) = FORWARD(em, labels, lengths, 0)
+    assert score == pytest.approx(ctc_search.ctc_forward_reference(em, labels, lengths, 0)[0])
+    with pytest.raises(ValueError, match="emissions must be"):
+        FORWARD(em.astype(np.float32), labels, lengths, 0)
+    with pytest.raises(ValueError, match="lengths must be"):
+        FORWARD(em, labels, np.array([2, 2], dtype=np.int64), 0)
+    with pytest.raises(ValueError, match="outside 0..2"):
+        FORWARD(em, labels, np.array([3], dtype=np.int64), 0)
+    with pytest.raises(ValueError, match="class outside"):
+        FORWARD(em, np.array([[1, 7]], dtype=np.int64), lengths, 0)
+    with pytest.raises(ValueError, match="blank class"):
+        FORWARD(em, labels, lengths, 3)
+    with pytest.raises(ValueError, match="at least one frame"):
+        FORWARD(np.zeros((0, 3)), labels, lengths, 0)
