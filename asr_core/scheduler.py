@@ -13,7 +13,8 @@ Each tick it
    with different chunk sizes are all served, each by its own batched forward,
 4. forms batches of up to ``max_batch`` (a group smaller than that waits at most
    ``max_wait_ms`` for more streams, unless every stream of that chunk size is already in it),
-5. runs ONE ``ChunkRunner.step`` per batch, ring-writes the new keys/values, takes the CTC
+5. runs ONE ``ChunkRunner.step`` per batch (on the pool's caches where they lie, or on a
+   gathered copy: ``ChunkRunner.reads_pool``), ring-writes the new keys/values, takes the CTC
    top-k, updates greedy partials and endpoint counters with array operations,
 6. hands every utterance that ended in this tick to the ``Finalizer`` and moves its stream on.
 
@@ -229,10 +230,16 @@ class Scheduler:
         slots = torch.tensor([stream.slot for stream in streams], dtype=torch.int64)
         offsets = torch.tensor([stream.utterance.offset for stream in streams], dtype=torch.int64)
         started = time.perf_counter()
-        cache = self.pool.gather(slots, reuse_buffer=True)
-        ys, log_probs, new_kv, new_cnn = self.runner.step(
-            xs, offsets.to(self.device), cache.att, cache.pos, cache.mask, cache.cnn
-        )  # ys (B, C, D), log_probs (B, C, V)
+        if self.runner.reads_pool:  # the step reads each layer's rows of the pool where they lie
+            rows, pos, mask = self.pool.positions(slots)
+            ys, log_probs, new_kv, new_cnn = self.runner.step(
+                xs, offsets.to(self.device), self.pool.att, pos, mask, self.pool.cnn, rows=rows
+            )  # ys (B, C, D), log_probs (B, C, V)
+        else:
+            cache = self.pool.gather(slots, reuse_buffer=True)
+            ys, log_probs, new_kv, new_cnn = self.runner.step(
+                xs, offsets.to(self.device), cache.att, cache.pos, cache.mask, cache.cnn
+            )
         chunk = ys.shape[1]
         positions = offsets.unsqueeze(1) + torch.arange(chunk, dtype=torch.int64).unsqueeze(0)  # (B, C)
         self.pool.write(slots, new_kv, positions, new_cnn)

@@ -175,11 +175,7 @@ class KvPool:
         thread's next such gather. On CPU this avoids page-faulting a fresh B * bytes_per_slot buffer every
         step, which costs several times the copy itself.
         """
-        _, index = self._indices(slots, "gather")  # (B,)
-        pos = self.pos.index_select(0, index)  # (B, W)
-        window = self._windows.index_select(0, index).unsqueeze(1)  # (B, 1)
-        end = pos.amax(dim=1, keepdim=True) + 1  # (B, 1) one past the newest position; 0 if empty
-        mask = (pos >= 0) & (pos >= end - window)  # (B, W)
+        index, pos, mask = self.positions(slots)
         if reuse_buffer:
             att_out, cnn_out = self._staging(index.numel())
             att = torch.index_select(self.att, 1, index, out=att_out)
@@ -187,7 +183,19 @@ class KvPool:
         else:
             att = self.att.index_select(1, index)
             cnn = self.cnn.index_select(1, index)
-        return CacheView(att=att, pos=pos.masked_fill(~mask, -1), mask=mask, cnn=cnn)
+        return CacheView(att=att, pos=pos, mask=mask, cnn=cnn)
+
+    def positions(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What ``gather`` returns of `slots` (B,) besides the copies, for a step that reads the
+        caches where they lie (rows ``index`` of `att` and `cnn`, along dim 1): (index (B,) on the
+        pool's device, pos (B, W) int64 with -1 where masked, mask (B, W) bool). Checked as
+        ``gather`` checks them."""
+        _, index = self._indices(slots, "gather")  # (B,)
+        pos = self.pos.index_select(0, index)  # (B, W)
+        window = self._windows.index_select(0, index).unsqueeze(1)  # (B, 1)
+        end = pos.amax(dim=1, keepdim=True) + 1  # (B, 1) one past the newest position; 0 if empty
+        mask = (pos >= 0) & (pos >= end - window)  # (B, W)
+        return index, pos.masked_fill(~mask, -1), mask
 
     def write(
         self,

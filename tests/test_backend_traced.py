@@ -91,6 +91,60 @@ def test_other_shapes_and_late_positions_run_eagerly(loaded: LoadedModel) -> Non
     assert traced.traced.graphs == 1
 
 
+def in_a_pool(inputs: dict[str, torch.Tensor], slots: int, seed: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The same step with its caches as rows of a larger pool (the other rows: other streams'
+    values), in no particular order; returns the pooled inputs and the rows."""
+    g = torch.Generator().manual_seed(seed)
+    batch = inputs["xs"].size(0)
+    rows = torch.randperm(slots, generator=g)[:batch]
+    pooled = dict(inputs)
+    for name in ("att_cache", "cnn_cache"):
+        cache = inputs[name]
+        pool = torch.randn((cache.size(0), slots, *cache.shape[2:]), generator=g)
+        pool[:, rows] = cache
+        pooled[name] = pool
+    return pooled, rows
+
+
+@pytest.mark.parametrize("backend", ["torch", "torch-int8"])
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "traced"])
+def test_a_step_on_rows_of_the_pool_equals_the_step_on_gathered_caches(
+    loaded: LoadedModel, backend: str, traced: bool
+) -> None:
+    """``rows``: the step reads each layer's rows of the pool where they lie (what the engine
+    passes since the torch runners ``reads_pool``); every output equals the gathered step's."""
+    runner = make_runner(backend, loaded, traced=traced)
+    assert runner.reads_pool
+    runner.expect(input_frames(loaded), WINDOW)
+    for seed, batch in enumerate((5, 1, 3)):
+        inputs = step_inputs(loaded, batch, seed)
+        pooled, rows = in_a_pool(inputs, slots=11, seed=seed)
+        reference = runner.step(**inputs)
+        assert_same_step(runner.step(**pooled, rows=rows), reference)
+    if traced:
+        assert isinstance(runner, TorchChunkRunner) and runner.traced is not None
+        assert runner.traced.graphs == 1  # one graph whatever the pool's size and the rows
+
+
+def test_a_step_on_rows_of_a_pool_that_may_hold_anything(loaded: LoadedModel) -> None:
+    """Without ``cache_is_finite`` (WeNet's layout, any backend's pool) the rows are gathered
+    first and their invalid frames zeroed: NaN in another stream's rows or in a masked frame
+    changes nothing."""
+    encoder = loaded.model.encoder.eval()
+    inputs = step_inputs(loaded, 3, seed=9)
+    inputs["att_cache"][:, 0] = float("nan")  # stream 0 has nothing cached: all masked
+    pooled, rows = in_a_pool(inputs, slots=6, seed=9)
+    others = torch.ones(6, dtype=torch.bool)
+    others[rows] = False
+    pooled["att_cache"][:, others] = float("nan")
+    with torch.inference_mode():
+        want = encoder.forward_chunk_batch(*inputs.values())
+        got = encoder.forward_chunk_batch(*pooled.values(), cache_rows=rows)
+    for x, y in zip(got, want, strict=True):
+        assert not torch.isnan(x).any()
+        assert torch.equal(x, y)
+
+
 def test_a_large_batch_split_over_threads_keeps_each_streams_outputs(loaded: LoadedModel) -> None:
     """step_threads: a large batch runs as parts in parallel threads; every stream gets the
     outputs the whole batch gives it, in its own row."""
@@ -105,10 +159,12 @@ def test_a_large_batch_split_over_threads_keeps_each_streams_outputs(loaded: Loa
     out = split.step(**inputs)
     assert split._helpers is not None  # this time it was
     reference = whole.step(**inputs)
-    for name in ("ys", "log_probs", "new_kv", "new_cnn"):
-        x, y = getattr(out, name), getattr(reference, name)
-        assert x.shape == y.shape, name
-        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4, msg=name)
+    pooled, rows = in_a_pool(inputs, slots=3 * SPLIT_MIN_STREAMS + 9, seed=5)
+    for got in (out, split.step(**pooled, rows=rows)):  # each part reads its own rows of the pool
+        for name in ("ys", "log_probs", "new_kv", "new_cnn"):
+            x, y = getattr(got, name), getattr(reference, name)
+            assert x.shape == y.shape, name
+            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4, msg=name)
     # Too few streams for two parts: one piece, as without helpers.
     small = step_inputs(loaded, 2 * SPLIT_MIN_STREAMS - 1, seed=6)
     assert_same_step(split.step(**small), whole.step(**small))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from asr_core.backends.runner import ChunkStep
+from asr_core.backends.runner import ChunkStep, batch_caches
 from asr_core.model.encoder import U2Encoder
 from asr_core.model.loader import LoadedModel
 
@@ -31,6 +31,8 @@ class _Captured:
 
 class CudaGraphChunkRunner:
     """ChunkRunner for a model already on a CUDA device (the engine moves it there, fp16)."""
+
+    reads_pool = False  # takes the batch's caches gathered (``ChunkRunner.reads_pool``)
 
     def __init__(self, loaded: LoadedModel, buckets: tuple[int, ...] = DEFAULT_BUCKETS) -> None:
         parameter = next(loaded.model.parameters())
@@ -93,9 +95,11 @@ class CudaGraphChunkRunner:
         cache_pos: torch.Tensor,
         cache_mask: torch.Tensor,
         cnn_cache: torch.Tensor,
+        rows: torch.Tensor | None = None,
     ) -> ChunkStep:
         """Shapes as ``forward_chunk_batch``. The outputs are views of the graph's static
         buffers: valid until the next ``step`` (the engine consumes them before that)."""
+        att_cache, cnn_cache = batch_caches(att_cache, cnn_cache, rows)
         inputs = (xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache)
         batch = xs.size(0)
         bucket = next((b for b in self.buckets if b >= batch), 0)

@@ -17,7 +17,7 @@ import torch
 
 from asr_core import cpu_isa
 from asr_core.backends.onnx_graph import CHUNK_INPUTS, CHUNK_OUTPUTS, INT8_MODE_KEY, cached_chunk_graph, int8_mode_for
-from asr_core.backends.runner import ChunkStep
+from asr_core.backends.runner import ChunkStep, batch_caches
 from asr_core.model.loader import LoadedModel
 
 DECODER_INPUTS = ("memory", "memory_mask", "ys_in_pad", "ys_in_lens", "r_ys_in_pad")
@@ -52,6 +52,8 @@ class OrtChunkRunner:
     Inputs and outputs are torch tensors; outputs come back on the device and in the dtype of
     `xs`. Tensors travel through host memory (numpy), so this suits the CPU provider best.
     """
+
+    reads_pool = False  # takes the batch's caches gathered (``ChunkRunner.reads_pool``)
 
     def __init__(self, path: str | Path, threads: int = 1, providers: list[str] | None = None) -> None:
         self.path = Path(path)
@@ -110,10 +112,12 @@ class OrtChunkRunner:
         cache_pos: torch.Tensor,
         cache_mask: torch.Tensor,
         cnn_cache: torch.Tensor,
+        rows: torch.Tensor | None = None,
     ) -> ChunkStep:
         """Shapes as `forward_chunk_batch`: xs (B, T_in, n_mels) raw fbank, offsets (B,) int64,
         att_cache (L, B, H, W, 2*d_k), cache_pos (B, W) int64, cache_mask (B, W) bool,
         cnn_cache (L, B, D, K-1)."""
+        att_cache, cnn_cache = batch_caches(att_cache, cnn_cache, rows)
         feeds = {
             "xs": _numpy(xs.float()),
             "offsets": _numpy(offsets.long()),

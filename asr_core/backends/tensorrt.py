@@ -25,7 +25,7 @@ import torch
 
 from asr_core.audio_io import read_wav
 from asr_core.backends.onnx_graph import CHUNK_INPUTS, CHUNK_OUTPUTS, cached_chunk_graph, cpu_float_copy
-from asr_core.backends.runner import ChunkStep
+from asr_core.backends.runner import ChunkStep, batch_caches
 from asr_core.frontend import compute_fbank
 from asr_core.model.loader import LoadedModel
 from asr_core.stream import chunk_input_frames
@@ -194,6 +194,8 @@ def build_engine(
 class TensorRTChunkRunner:
     """ChunkRunner on a TensorRT engine; inputs and outputs are CUDA tensors."""
 
+    reads_pool = False  # takes the batch's caches gathered (``ChunkRunner.reads_pool``)
+
     def __init__(self, engine_bytes: bytes, meta: dict[str, int]) -> None:
         if not torch.cuda.is_available():
             raise RuntimeError("TensorRT backends need a CUDA device; none is visible to torch")
@@ -255,8 +257,10 @@ class TensorRTChunkRunner:
         cache_pos: torch.Tensor,
         cache_mask: torch.Tensor,
         cnn_cache: torch.Tensor,
+        rows: torch.Tensor | None = None,
     ) -> ChunkStep:
         """Shapes as ``forward_chunk_batch``; all inputs on the CUDA device."""
+        att_cache, cnn_cache = batch_caches(att_cache, cnn_cache, rows)
         batch = xs.size(0)
         _, context = self._context(batch)
         outputs: dict[str, torch.Tensor] = {}

@@ -32,12 +32,17 @@ class TorchChunkRunner:
     ``traced``: full chunks of the shapes declared with ``expect`` run as frozen TorchScript
     graphs on a CPU (``asr_core.backends.traced``).
 
+    It reads the pool where it lies (``reads_pool``): ``step`` takes the whole pool's caches and
+    the batch's ``rows`` of them, and each layer copies its rows just before it runs.
+
     ``step_threads`` > 1 (traced graphs only): a batch of at least ``SPLIT_MIN_STREAMS`` streams
     per part is cut into that many parts along the batch, run at once in this thread and helper
     threads. A frozen graph runs without the GIL, so the parts use that many cores; with one
     intra-op thread per part this scales nearly linearly, where intra-op threads inside each
     small matmul do not (AISHELL-size, B=40 on 2 cores: 178 -> 94 ms; docs/BENCHMARKS.md).
     """
+
+    reads_pool = True  # reads each layer's rows of the pool where they lie
 
     def __init__(self, loaded: LoadedModel, int8: bool = False, traced: bool = False, step_threads: int = 1) -> None:
         if step_threads < 1:
@@ -72,15 +77,18 @@ class TorchChunkRunner:
         cache_pos: torch.Tensor,
         cache_mask: torch.Tensor,
         cnn_cache: torch.Tensor,
+        rows: torch.Tensor | None = None,
     ) -> ChunkStep:
+        if rows is None:
+            rows = torch.arange(xs.size(0), device=xs.device)
+        inputs = (xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache, rows)
         out = None
         if self.traced is not None:
-            inputs = (xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache)
             out = self._split_step(inputs) if self.step_threads > 1 else None
             if out is None:
                 out = self.traced(*inputs)
         if out is None:
-            out = self.eager(xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache)
+            out = self.eager(*inputs)
         return ChunkStep(*out)
 
     def _split_step(self, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...] | None:
@@ -117,11 +125,11 @@ a second core gains."""
 
 
 def _batch_slice(inputs: tuple[torch.Tensor, ...], start: int, end: int) -> tuple[torch.Tensor, ...]:
-    """Streams start..end of a step's inputs (the caches are batched along dim 1, the rest dim 0)."""
-    xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache = inputs
+    """Streams start..end of a step's inputs (the pool's caches whole, their rows sliced)."""
+    xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache, rows = inputs
     return (
-        xs[start:end], offsets[start:end], att_cache[:, start:end], cache_pos[start:end], cache_mask[start:end],
-        cnn_cache[:, start:end],
+        xs[start:end], offsets[start:end], att_cache, cache_pos[start:end], cache_mask[start:end], cnn_cache,
+        rows[start:end],
     )  # fmt: skip
 
 

@@ -47,7 +47,8 @@ class TorchStep(nn.Module):
     tensor inputs and outputs: run eagerly, or traced with ``position_rows`` fixed.
 
     The conv caches are in the GLU layout (``forward_chunk_batch(glu_cache=True)``) and the
-    attention cache is a zero-initialised pool of model outputs (``cache_is_finite``)."""
+    attention cache is a zero-initialised pool of model outputs (``cache_is_finite``). The caches
+    are the whole pool's and ``rows`` (B,) the batch's rows of them (``cache_rows``)."""
 
     def __init__(self, encoder: U2Encoder, ctc: CTC, position_rows: int | None = None) -> None:
         super().__init__()
@@ -63,10 +64,11 @@ class TorchStep(nn.Module):
         cache_pos: Tensor,
         cache_mask: Tensor,
         cnn_cache: Tensor,
+        rows: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         ys, new_kv, new_cnn = self.encoder.forward_chunk_batch(
             xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache,
-            cache_is_finite=True, position_rows=self.position_rows, glu_cache=True,
+            cache_is_finite=True, position_rows=self.position_rows, glu_cache=True, cache_rows=rows,
         )  # fmt: skip
         return ys, self.ctc.log_softmax(ys).float(), new_kv, new_cnn
 
@@ -110,6 +112,7 @@ class TracedSteps:
         cache_pos: Tensor,
         cache_mask: Tensor,
         cnn_cache: Tensor,
+        rows: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
         """The step's (ys, log_probs, new_kv, new_cnn), or None: not a declared shape, a
         position beyond the graphs' table, or tracing failed for this shape."""
@@ -126,13 +129,13 @@ class TracedSteps:
             with self._trace_lock:
                 graph = self._graphs.get(key)
                 if graph is None and key not in self._failed:
-                    graph = self._trace(key, (xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache))
+                    graph = self._trace(key, (xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache, rows))
             if graph is None:
                 return None
         # No profiling-executor passes on top of freezing: re-optimizing for batch sizes it
         # had not seen stalled single steps by hundreds of ms in the micro-benchmark.
         with torch.jit.optimized_execution(False):
-            return graph(xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache)
+            return graph(xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache, rows)
 
     def _trace(
         self, key: ShapeKey, example: tuple[Tensor, ...]

@@ -151,24 +151,21 @@ class U2Encoder(nn.Module):
         att_cache: Tensor,
         cnn_cache: Tensor | None,
         glu_start: Tensor | None = None,
+        cache_rows: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """All blocks + after_norm. att_cache: (L, B, H, W, 2*d_k); cnn_cache: (L, B, D, K-1).
+        """All blocks + after_norm. att_cache: (L, B, H, W, 2*d_k); cnn_cache: (L, B, D, K-1);
+        with ``cache_rows`` (B,), rows of larger caches (L, S, ...) taken layer by layer.
 
         Returns (ys (B, T, D), new_kv (L, B, H, T, 2*d_k), new_cnn (L, B, D, K-1)).
         """
         new_kv: list[Tensor] = []
         new_cnn: list[Tensor] = []
         for i, layer in enumerate(self.encoders):
-            xs, kv, cnn = layer(
-                xs,
-                mask,
-                key_positions,
-                table_rows,
-                mask_pad,
-                att_cache[i],
-                None if cnn_cache is None else cnn_cache[i],
-                glu_start,
-            )
+            kv_cache, conv_cache = att_cache[i], None if cnn_cache is None else cnn_cache[i]
+            if cache_rows is not None:
+                kv_cache = kv_cache.index_select(0, cache_rows)
+                conv_cache = None if conv_cache is None else conv_cache.index_select(0, cache_rows)
+            xs, kv, cnn = layer(xs, mask, key_positions, table_rows, mask_pad, kv_cache, conv_cache, glu_start)
             new_kv.append(kv)
             new_cnn.append(cnn)
         if self.normalize_before:
@@ -224,6 +221,7 @@ class U2Encoder(nn.Module):
         max_offset: int | None = None,
         position_rows: int | None = None,
         glu_cache: bool = False,
+        cache_rows: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """One chunk of B independent streams in one pass.
 
@@ -247,6 +245,11 @@ class U2Encoder(nn.Module):
             inputs (``ConvolutionModule.forward``): the same results without recomputing the
             first pointwise conv over the cached frames. The caller keeps one layout per cache;
             zeros (a new stream, or one reset after an endpoint, at offset 0) are valid in both.
+        cache_rows: (B,) int64: att_cache (L, S, H, W, 2*d_k) and cnn_cache (L, S, D, K-1) are a
+            pool of S streams' caches and these rows (dim 1) are the batch's, read layer by
+            layer where they lie (``kv_ring.KvPool.att``/``cnn``) instead of copied out of the
+            pool for the whole step first: each layer's rows are copied just before it runs, so
+            its attention reads them from the CPU's caches (docs/BENCHMARKS.md).
         Returns (ys (B, C, D), new_kv (L, B, H, C, 2*d_k) keys|values of this chunk's frames
         only, new_cnn (L, B, D, K-1)).
         """
@@ -262,6 +265,9 @@ class U2Encoder(nn.Module):
         new_valid = torch.ones_like(chunk_pos, dtype=torch.bool)
         key_mask = torch.cat((cache_mask, new_valid), dim=1).unsqueeze(1)  # (B, 1, W+C)
         if not cache_is_finite:
+            if cache_rows is not None:
+                att_cache, cnn_cache = att_cache.index_select(1, cache_rows), cnn_cache.index_select(1, cache_rows)
+                cache_rows = None
             # Invalid cache frames may hold anything (even NaN); zero them so 0 * value stays 0.
             att_cache = att_cache.masked_fill(~cache_mask[None, :, None, :, None], 0.0)
         table_rows = 0
@@ -285,6 +291,7 @@ class U2Encoder(nn.Module):
             att_cache,
             cnn_cache if self.cnn_cache_frames > 0 else None,
             glu_start,
+            cache_rows,
         )
 
     def forward_chunk(
