@@ -142,3 +142,21 @@ def test_log_probs_dtype_and_device_follow_the_inputs(loaded: LoadedModel, cache
     step = runner.step(*chunk_example(loaded, batch=2, chunk=4, window=8, seed=3))
     assert step.ys.dtype == torch.float32 and step.log_probs.shape[-1] == loaded.vocab_size
     assert np.allclose(step.log_probs.exp().sum(-1).numpy(), 1.0, atol=1e-4)
+
+
+def test_a_step_given_rows_of_a_pool_gathers_them_first(loaded: LoadedModel, cache_dir: Path) -> None:
+    """ONNX Runtime takes the batch's caches as graph inputs (``reads_pool`` False: the engine
+    gathers them); given a pool and rows anyway, it gathers them itself, with the same outputs."""
+    runner = make_runner("onnxruntime", loaded, cache_dir=cache_dir)
+    assert not runner.reads_pool
+    from asr_core.backends.onnx_graph import chunk_example
+
+    xs, offsets, att, pos, mask, cnn = chunk_example(loaded, batch=2, chunk=4, window=8, seed=4)
+    rows = torch.tensor([3, 0])
+    att_pool = torch.randn((att.size(0), 5, *att.shape[2:]))
+    cnn_pool = torch.randn((cnn.size(0), 5, *cnn.shape[2:]))
+    att_pool[:, rows], cnn_pool[:, rows] = att, cnn
+    pooled = runner.step(xs, offsets, att_pool, pos, mask, cnn_pool, rows=rows)
+    gathered = runner.step(xs, offsets, att, pos, mask, cnn)
+    for name in ("ys", "log_probs", "new_kv", "new_cnn"):
+        assert torch.equal(getattr(pooled, name), getattr(gathered, name)), name

@@ -284,6 +284,13 @@ def test_gather_into_the_reused_buffer_equals_a_fresh_gather() -> None:
         assert reused.att.data_ptr() == pointer
         for name in ("att", "pos", "mask", "cnn"):
             assert torch.equal(getattr(fresh, name), getattr(reused, name)), name
+        # What a step that reads the pool where it lies gets instead: the same rows, unmoved.
+        rows, pos, mask = pool.positions(index)
+        assert torch.equal(rows, index) and torch.equal(pos, fresh.pos) and torch.equal(mask, fresh.mask)
+        assert torch.equal(pool.att.index_select(1, rows), fresh.att)
+        assert torch.equal(pool.cnn.index_select(1, rows), fresh.cnn)
+    with pytest.raises(SlotStateError):
+        pool.positions(torch.tensor([slots[0], 9]))
 
 
 @pytest.mark.gpu

@@ -3,7 +3,11 @@
     python -m deploy.bench.encoder_micro --arch aishell --batch 1,8,32,64 --chunk 4 --window 32 --threads 1
 
 Each call is one ``ChunkRunner.step`` of B streams in steady state: C new encoder frames per
-stream, a full window of W cached frames in ring order, offsets spread over a long call. With
+stream, a full window of W cached frames in ring order, offsets spread over a long call. The
+caches lie in a pool of 2B streams' slots, the batch's in random rows, and each call includes
+what the engine does to hand them to the step: the rows themselves for backends that read the
+pool where it lies (``ChunkRunner.reads_pool``: the torch backends copy each layer's rows inside
+the step), a gather of the rows into a reused buffer for the others. With
 ``--traced`` the torch backends run the frozen graphs the engine runs by default
 (``engine.traced_step``), and the offsets are spread within the graphs' position table
 (``traced.POSITION_LIMIT``) instead, since later positions run eagerly. The
@@ -61,14 +65,40 @@ def step_inputs(
     }
 
 
+def in_pool(inputs: dict[str, torch.Tensor], seed: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """``inputs`` with its caches as random rows of a pool of twice the batch; returns the
+    pooled inputs and the rows."""
+    g = torch.Generator().manual_seed(seed)
+    batch = inputs["xs"].size(0)
+    rows = torch.randperm(2 * batch, generator=g)[:batch]
+    pooled = dict(inputs)
+    for name in ("att_cache", "cnn_cache"):
+        cache = inputs[name]
+        pool = torch.zeros((cache.size(0), 2 * batch, *cache.shape[2:]), dtype=cache.dtype)
+        pool[:, rows] = cache
+        pooled[name] = pool
+    return pooled, rows
+
+
 def time_calls(runner: ChunkRunner, inputs: dict[str, torch.Tensor], warmup: int, repeat: int) -> list[float]:
-    """Milliseconds of each of ``repeat`` calls after ``warmup`` untimed ones."""
+    """Milliseconds of each of ``repeat`` calls after ``warmup`` untimed ones, each with the
+    engine's hand-over of the pool's rows (see the module docstring)."""
+    pooled, rows = in_pool(inputs, seed=inputs["xs"].size(0))
+    buffers = {name: torch.empty_like(inputs[name]) for name in ("att_cache", "cnn_cache")}
+
+    def call() -> None:
+        if runner.reads_pool:
+            runner.step(**pooled, rows=rows)
+            return
+        gathered = {name: torch.index_select(pooled[name], 1, rows, out=buffers[name]) for name in buffers}
+        runner.step(**{**pooled, **gathered})
+
     for _ in range(warmup):
-        runner.step(**inputs)
+        call()
     times = []
     for _ in range(repeat):
         started = time.perf_counter()
-        runner.step(**inputs)
+        call()
         times.append((time.perf_counter() - started) * 1000.0)
     return times
 
@@ -82,9 +112,10 @@ def run(
     warmup: int,
     repeat: int,
     traced: bool = False,
+    step_threads: int = 1,
 ) -> dict[str, dict[str, dict[str, float]]]:
     """{backend: {B: {ms_min, ms_median, stream_chunks_per_s, realtime_streams}}}."""
-    runners = {name: make_runner(name, loaded, traced=traced) for name in backends}
+    runners = {name: make_runner(name, loaded, traced=traced, step_threads=step_threads) for name in backends}
     chunk_s = chunk * loaded.subsampling * 0.01  # 10 ms fbank frames
     results: dict[str, dict[str, dict[str, float]]] = {name: {} for name in backends}
     for runner in runners.values():
@@ -115,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--backend", default="torch", help="comma-separated backends, e.g. torch,torch-int8")
     parser.add_argument("--traced", action="store_true", help="torch backends: the frozen graphs the engine runs")
+    parser.add_argument(
+        "--step-threads", type=int, default=1, help="with --traced: split large batches over this many threads"
+    )
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls per batch size")
     parser.add_argument("--repeat", type=int, default=20, help="timed calls per batch size")
     args = parser.parse_args(argv)
@@ -128,18 +162,19 @@ def main(argv: list[str] | None = None) -> int:
         "threads": args.threads,
         "torch": torch.__version__,
         "traced": args.traced,
+        "step_threads": args.step_threads,
     }
     if args.model is not None:
         loaded = load_wenet_model(args.model)
         report["results"] = run(
-            loaded, backends, batches, args.chunk, args.window, args.warmup, args.repeat, args.traced
+            loaded, backends, batches, args.chunk, args.window, args.warmup, args.repeat, args.traced, args.step_threads
         )
     else:
         with tempfile.TemporaryDirectory() as tmp:
             make_random_model(args.arch, Path(tmp))
             loaded = load_wenet_model(Path(tmp))
         report["results"] = run(
-            loaded, backends, batches, args.chunk, args.window, args.warmup, args.repeat, args.traced
+            loaded, backends, batches, args.chunk, args.window, args.warmup, args.repeat, args.traced, args.step_threads
         )
     print(json.dumps(report))
     return 0
