@@ -403,6 +403,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--step-threads", type=int, help="engine.step_threads (default: the service's)")
     parser.add_argument(
+        "--max-wait-ms",
+        type=float,
+        help="engine.max_wait_ms, how long a batch waits for more streams (default: the service's)",
+    )
+    parser.add_argument(
         "--schedulers", type=int, help="engine.schedulers (default: the service's, 1; 0 = one per usable core)"
     )
     parser.add_argument(
@@ -442,6 +447,8 @@ def run(args: argparse.Namespace) -> int:
                 engine["step_threads"] = args.step_threads
             if args.schedulers is not None:
                 engine["schedulers"] = args.schedulers
+            if args.max_wait_ms is not None:
+                engine["max_wait_ms"] = args.max_wait_ms
             if args.finals_workers is not None:
                 engine["finals_workers"] = args.finals_workers
             if args.finals_niceness is not None:
