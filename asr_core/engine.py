@@ -28,7 +28,7 @@ from asr_core.finalizer import Finalizer
 from asr_core.finals import WORKER_NICENESS, FinalSearch, FinalSettings, ProcessFinalSearch
 from asr_core.frontend import encoder_frame_ms
 from asr_core.model.loader import LoadedModel
-from asr_core.scheduler import Scheduler
+from asr_core.scheduler import Scheduler, cache_window
 from asr_core.stream import Stream, StreamConfig, chunk_input_frames
 from asr_core.tokens import tokens_to_text
 from kv_ring import KvPool
@@ -171,13 +171,17 @@ class Engine:
             dtype=self.options.dtype,
             device=self.device,
         )
-        # fbank frames of a full chunk of each allowed size: the shapes batches mostly have.
-        self._chunk_inputs = tuple(
-            chunk_input_frames(chunk_ms // self.frame_ms, self.subsampling, loaded.right_context)
+        # (fbank frames, cache frames) of a full chunk of each allowed size: the shapes batches
+        # mostly have.
+        self._chunk_shapes = tuple(
+            (
+                chunk_input_frames(chunk_ms // self.frame_ms, self.subsampling, loaded.right_context),
+                cache_window(self.pool.window, chunk_ms // self.frame_ms, self.options.max_left_chunks),
+            )
             for chunk_ms in self.options.allowed_chunk_ms
         )
-        for input_frames in self._chunk_inputs:
-            self.runner.expect(input_frames, self.pool.window)
+        for input_frames, window in self._chunk_shapes:
+            self.runner.expect(input_frames, window)
         self.stats = EngineStats()
         self._blank = loaded.blank_id
         self.finalizer = Finalizer(
@@ -230,21 +234,15 @@ class Engine:
         (tracing the torch graphs, first-run allocations) is done before calls arrive rather
         than in their first chunks. Returns the seconds it took. Call before ``start``."""
         started = time.perf_counter()
-        pool = self.pool
-        att = torch.zeros(
-            (pool.geometry.num_layers, 1, pool.geometry.heads, pool.window, 2 * pool.geometry.d_k),
-            dtype=self.options.dtype,
-            device=self.device,
-        )
-        cnn = torch.zeros(
-            (pool.geometry.num_layers, 1, pool.geometry.d_model, pool.geometry.cnn_frames),
-            dtype=self.options.dtype,
-            device=self.device,
-        )
-        pos = torch.full((1, pool.window), -1, dtype=torch.int64, device=self.device)
-        mask = torch.zeros((1, pool.window), dtype=torch.bool, device=self.device)
+        g = self.pool.geometry
         offsets = torch.zeros(1, dtype=torch.int64, device=self.device)
-        for input_frames in self._chunk_inputs:
+        cnn = torch.zeros((g.num_layers, 1, g.d_model, g.cnn_frames), dtype=self.options.dtype, device=self.device)
+        for input_frames, window in self._chunk_shapes:
+            att = torch.zeros(
+                (g.num_layers, 1, g.heads, window, 2 * g.d_k), dtype=self.options.dtype, device=self.device
+            )
+            pos = torch.full((1, window), -1, dtype=torch.int64, device=self.device)
+            mask = torch.zeros((1, window), dtype=torch.bool, device=self.device)
             xs = torch.zeros(
                 (1, input_frames, self.loaded.config.input_dim), dtype=self.options.dtype, device=self.device
             )

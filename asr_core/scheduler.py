@@ -49,6 +49,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def cache_window(pool_window: int, chunk_frames: int, max_left_chunks: int) -> int:
+    """Cache frames a batch of ``chunk_frames``-frame chunks attends over: the most such a stream
+    may keep (``max_left_chunks`` chunks), not the pool's window, which is sized for the largest
+    chunk size. A slot's frames only land at ring positions below its own window, so the
+    positions past it are never anything but masked; attending over them made the service's
+    320 ms chunks (pool window 128 frames) cost 2-4x (docs/BENCHMARKS.md)."""
+    return min(pool_window, chunk_frames * max_left_chunks)
+
+
 class Scheduler:
     """The batching loop over the open streams (``streams``, guarded by ``lock``).
 
@@ -230,13 +239,14 @@ class Scheduler:
         slots = torch.tensor([stream.slot for stream in streams], dtype=torch.int64)
         offsets = torch.tensor([stream.utterance.offset for stream in streams], dtype=torch.int64)
         started = time.perf_counter()
+        window = self.cache_window(streams[0].chunk_frames)
         if self.runner.reads_pool:  # the step reads each layer's rows of the pool where they lie
-            rows, pos, mask = self.pool.positions(slots)
+            rows, pos, mask = self.pool.positions(slots, window)
             ys, log_probs, new_kv, new_cnn = self.runner.step(
-                xs, offsets.to(self.device), self.pool.att, pos, mask, self.pool.cnn, rows=rows
+                xs, offsets.to(self.device), self.pool.attention_cache(window), pos, mask, self.pool.cnn, rows=rows
             )  # ys (B, C, D), log_probs (B, C, V)
         else:
-            cache = self.pool.gather(slots, reuse_buffer=True)
+            cache = self.pool.gather(slots, reuse_buffer=True, window=window)
             ys, log_probs, new_kv, new_cnn = self.runner.step(
                 xs, offsets.to(self.device), cache.att, cache.pos, cache.mask, cache.cnn
             )
@@ -288,6 +298,10 @@ class Scheduler:
             self.stats.behind_realtime_chunks += len(behind)
         if behind:
             self._note_behind(max(behind))
+
+    def cache_window(self, chunk_frames: int) -> int:
+        """Cache frames a batch of ``chunk_frames``-frame chunks attends over (``cache_window``)."""
+        return cache_window(self.pool.window, chunk_frames, self.options.max_left_chunks)
 
     def _loud_frames(self, streams: list[Stream], feats: torch.Tensor, chunk: int) -> np.ndarray:
         """(B, C) bool: new encoder frames whose audio stands out from each stream's noise floor.

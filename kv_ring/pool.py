@@ -164,7 +164,7 @@ class KvPool:
         self._require_in_use(slot, "query")
         return int(self._frames_written[slot])
 
-    def gather(self, slots: torch.Tensor, reuse_buffer: bool = False) -> CacheView:
+    def gather(self, slots: torch.Tensor, reuse_buffer: bool = False, window: int | None = None) -> CacheView:
         """Batched copy of the caches of `slots` (B,) for one encoder step.
 
         A frame is valid when it was written since the last reset and lies within the
@@ -174,28 +174,45 @@ class KvPool:
         calling thread (grown once to the largest batch seen) and stay valid only until that
         thread's next such gather. On CPU this avoids page-faulting a fresh B * bytes_per_slot buffer every
         step, which costs several times the copy itself.
+
+        `window`: only the first `window` ring positions (W' <= W; at least every slot's w_s,
+        whose frames only ever land at `position % w_s`), so that a batch of streams with
+        small windows does not attend over the pool's largest window of masked frames.
         """
-        index, pos, mask = self.positions(slots)
+        index, pos, mask = self.positions(slots, window)
+        att_source = self.attention_cache(pos.shape[1])
         if reuse_buffer:
-            att_out, cnn_out = self._staging(index.numel())
-            att = torch.index_select(self.att, 1, index, out=att_out)
+            att_out, cnn_out = self._staging(index.numel(), pos.shape[1])
+            att = torch.index_select(att_source, 1, index, out=att_out)
             cnn = torch.index_select(self.cnn, 1, index, out=cnn_out)
         else:
-            att = self.att.index_select(1, index)
+            att = att_source.index_select(1, index)
             cnn = self.cnn.index_select(1, index)
         return CacheView(att=att, pos=pos, mask=mask, cnn=cnn)
 
-    def positions(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def positions(
+        self, slots: torch.Tensor, window: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """What ``gather`` returns of `slots` (B,) besides the copies, for a step that reads the
-        caches where they lie (rows ``index`` of `att` and `cnn`, along dim 1): (index (B,) on the
-        pool's device, pos (B, W) int64 with -1 where masked, mask (B, W) bool). Checked as
-        ``gather`` checks them."""
-        _, index = self._indices(slots, "gather")  # (B,)
-        pos = self.pos.index_select(0, index)  # (B, W)
-        window = self._windows.index_select(0, index).unsqueeze(1)  # (B, 1)
+        caches where they lie (rows ``index`` of ``attention_cache(W')`` and `cnn`, along dim 1):
+        (index (B,) on the pool's device, pos (B, W') int64 with -1 where masked, mask (B, W')
+        bool), W' = `window` (default W). Checked as ``gather`` checks them."""
+        host, index = self._indices(slots, "gather")  # (B,)
+        width = self.window if window is None else window
+        widest = int(self._windows_host[host].max()) if host.numel() else 1
+        if not widest <= width <= self.window:
+            raise ValueError(
+                f"window must be {widest}..{self.window} (the slots' largest window .. the pool's), got {width}"
+            )
+        pos = self.pos[:, :width].index_select(0, index)  # (B, W')
+        windows = self._windows.index_select(0, index).unsqueeze(1)  # (B, 1)
         end = pos.amax(dim=1, keepdim=True) + 1  # (B, 1) one past the newest position; 0 if empty
-        mask = (pos >= 0) & (pos >= end - window)  # (B, W)
+        mask = (pos >= 0) & (pos >= end - windows)  # (B, W')
         return index, pos.masked_fill(~mask, -1), mask
+
+    def attention_cache(self, window: int | None = None) -> torch.Tensor:
+        """The attention cache (L, S, H, W', 2*d_k) over its first `window` ring positions (a view)."""
+        return self.att if window is None or window == self.window else self.att[:, :, :, :window]
 
     def write(
         self,
@@ -259,15 +276,16 @@ class KvPool:
         self.cnn.index_copy_(1, index, new_cnn.to(g.dtype))
         self._frames_written.index_add_(0, index, written)
 
-    def _staging(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Contiguous (L, B, H, W, 2*d_k) and (L, B, D, K-1) views over reusable flat buffers."""
+    def _staging(self, batch: int, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Contiguous (L, B, H, W', 2*d_k) and (L, B, D, K-1) views over reusable flat buffers."""
         g = self.geometry
         local = self._staging_local
         if getattr(local, "batch", 0) < batch:
             local.att = torch.empty(batch * g.att_elements, dtype=g.dtype, device=self.device)
             local.cnn = torch.empty(batch * g.cnn_elements, dtype=g.dtype, device=self.device)
             local.batch = batch
-        att = local.att[: batch * g.att_elements].view(g.num_layers, batch, g.heads, g.window, 2 * g.d_k)
+        elements = g.num_layers * batch * g.heads * window * 2 * g.d_k
+        att = local.att[:elements].view(g.num_layers, batch, g.heads, window, 2 * g.d_k)
         cnn = local.cnn[: batch * g.cnn_elements].view(g.num_layers, batch, g.d_model, g.cnn_frames)
         return att, cnn
 

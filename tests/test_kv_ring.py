@@ -309,3 +309,29 @@ def test_pool_on_cuda_matches_the_cpu_pool() -> None:
     cpu, cuda = (pools[d].gather(index, reuse_buffer=True) for d in ("cpu", "cuda"))
     for name in ("att", "pos", "mask", "cnn"):
         assert torch.equal(getattr(cpu, name), getattr(cuda, name).cpu()), name
+
+
+def test_a_gather_over_fewer_ring_positions_than_the_pools() -> None:
+    """``window``: the first W' ring positions, as many as the batch's slots use; the rest of the
+    pool's window, never written for them, is left out; a W' below a slot's window is refused."""
+    generator = torch.Generator().manual_seed(8)
+    pool = make_pool(num_slots=3)
+    slots = [pool.allocate(w) for w in (3, 5, 12)]
+    for offset in range(0, 12, 3):
+        new_kv, new_cnn = random_chunk(3, 3, generator)
+        positions = (offset + torch.arange(3)).expand(3, 3).contiguous()
+        pool.write(torch.tensor(slots), new_kv, positions, new_cnn)
+    small = torch.tensor(slots[:2])
+    full = pool.gather(small)
+    for reuse in (False, True):
+        part = pool.gather(small, reuse_buffer=reuse, window=5)
+        assert part.att.shape[3] == 5 and part.pos.shape == (2, 5)
+        assert torch.equal(part.att, full.att[:, :, :, :5]) and torch.equal(part.pos, full.pos[:, :5])
+        assert torch.equal(part.mask, full.mask[:, :5]) and torch.equal(part.cnn, full.cnn)
+        assert not bool(full.mask[:, 5:].any())  # what was left out held nothing
+    rows, pos, mask = pool.positions(small, 5)
+    assert torch.equal(pool.attention_cache(5).index_select(1, rows), full.att[:, :, :, :5])
+    with pytest.raises(ValueError, match="window must be 12"):
+        pool.positions(torch.tensor(slots), 5)
+    with pytest.raises(ValueError, match="window must be"):
+        pool.gather(small, window=pool.window + 1)
