@@ -329,7 +329,7 @@ def test_a_gather_over_fewer_ring_positions_than_the_pools() -> None:
         assert torch.equal(part.att, full.att[:, :, :, :5]) and torch.equal(part.pos, full.pos[:, :5])
         assert torch.equal(part.mask, full.mask[:, :5]) and torch.equal(part.cnn, full.cnn)
         assert not bool(full.mask[:, 5:].any())  # what was left out held nothing
-    rows, pos, mask = pool.positions(small, 5)
+    rows, _, _ = pool.positions(small, 5)
     assert torch.equal(pool.attention_cache(5).index_select(1, rows), full.att[:, :, :, :5])
     with pytest.raises(ValueError, match="window must be 12"):
         pool.positions(torch.tensor(slots), 5)
