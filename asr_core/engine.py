@@ -229,15 +229,27 @@ class Engine:
             scheduler.start()
 
     @torch.inference_mode()
-    def warm_up(self) -> float:
+    def warm_up(self, streams: Iterable[tuple[int, int]] = ()) -> float:
         """Run one chunk step of each allowed chunk size on an empty cache, so that one-time work
         (tracing the torch graphs, first-run allocations) is done before calls arrive rather
-        than in their first chunks. Returns the seconds it took. Call before ``start``."""
+        than in their first chunks. Returns the seconds it took. Call before ``start``.
+
+        A batch attends over its streams' largest cache window, so each (chunk_ms, left_chunks)
+        streams will use (the service's routing profiles) is a shape of its own: ``streams``
+        names them, each allowed chunk size at ``max_left_chunks`` is always warmed."""
         started = time.perf_counter()
+        shapes = dict.fromkeys(self._chunk_shapes)
+        for chunk_ms, left_chunks in streams:
+            if chunk_ms not in self.options.allowed_chunk_ms or not 1 <= left_chunks <= self.options.max_left_chunks:
+                raise ValueError(f"warm_up: streams of {chunk_ms} ms x {left_chunks} left chunks cannot open here")
+            frames = chunk_ms // self.frame_ms
+            shape = (chunk_input_frames(frames, self.subsampling, self.loaded.right_context), frames * left_chunks)
+            self.runner.expect(*shape)
+            shapes[shape] = None
         g = self.pool.geometry
         offsets = torch.zeros(1, dtype=torch.int64, device=self.device)
         cnn = torch.zeros((g.num_layers, 1, g.d_model, g.cnn_frames), dtype=self.options.dtype, device=self.device)
-        for input_frames, window in self._chunk_shapes:
+        for input_frames, window in shapes:
             att = torch.zeros(
                 (g.num_layers, 1, g.heads, window, 2 * g.d_k), dtype=self.options.dtype, device=self.device
             )
@@ -342,7 +354,11 @@ class Engine:
         with self._open_lock:
             if any(stream_id in scheduler.streams for scheduler in self.schedulers):
                 raise ValueError(f"stream id {stream_id!r} is already open")
-            slot = self.pool.allocate(chunk_frames * config.left_chunks)
+            window = chunk_frames * config.left_chunks
+            slot = self.pool.allocate(window)
+            # Its batches attend over this window: a graph for it is traced on first use unless
+            # ``warm_up`` built it (``warm_up(streams=...)``).
+            self.runner.expect(chunk_input_frames(chunk_frames, self.subsampling, self.loaded.right_context), window)
             try:
                 scheduler = min(self.schedulers, key=lambda s: s.open_streams)
                 stream = Stream(

@@ -50,11 +50,14 @@ log = logging.getLogger(__name__)
 
 
 def cache_window(pool_window: int, chunk_frames: int, max_left_chunks: int) -> int:
-    """Cache frames a batch of ``chunk_frames``-frame chunks attends over: the most such a stream
-    may keep (``max_left_chunks`` chunks), not the pool's window, which is sized for the largest
-    chunk size. A slot's frames only land at ring positions below its own window, so the
-    positions past it are never anything but masked; attending over them made the service's
-    320 ms chunks (pool window 128 frames) cost 2-4x (docs/BENCHMARKS.md)."""
+    """The most cache frames a stream of ``chunk_frames``-frame chunks may keep
+    (``max_left_chunks`` chunks): the widest window a batch of that chunk size attends over.
+
+    A batch attends over its streams' largest window (``Stream.cache_frames``), not over the
+    pool's, which is sized for the largest allowed chunk: a slot's frames only land at ring
+    positions below its own window, so the positions past it are never anything but masked.
+    Attending over them made the service's 320 ms chunks with 4 left chunks (32 frames kept, a
+    pool window of 128) cost several times the CPU (docs/BENCHMARKS.md)."""
     return min(pool_window, chunk_frames * max_left_chunks)
 
 
@@ -239,7 +242,7 @@ class Scheduler:
         slots = torch.tensor([stream.slot for stream in streams], dtype=torch.int64)
         offsets = torch.tensor([stream.utterance.offset for stream in streams], dtype=torch.int64)
         started = time.perf_counter()
-        window = self.cache_window(streams[0].chunk_frames)
+        window = max(stream.cache_frames for stream in streams)
         if self.runner.reads_pool:  # the step reads each layer's rows of the pool where they lie
             rows, pos, mask = self.pool.positions(slots, window)
             ys, log_probs, new_kv, new_cnn = self.runner.step(
@@ -298,10 +301,6 @@ class Scheduler:
             self.stats.behind_realtime_chunks += len(behind)
         if behind:
             self._note_behind(max(behind))
-
-    def cache_window(self, chunk_frames: int) -> int:
-        """Cache frames a batch of ``chunk_frames``-frame chunks attends over (``cache_window``)."""
-        return cache_window(self.pool.window, chunk_frames, self.options.max_left_chunks)
 
     def _loud_frames(self, streams: list[Stream], feats: torch.Tensor, chunk: int) -> np.ndarray:
         """(B, C) bool: new encoder frames whose audio stands out from each stream's noise floor.

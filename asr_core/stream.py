@@ -125,6 +125,11 @@ class Stream:
 
     # -- producer side (any thread) -------------------------------------------------
 
+    @property
+    def cache_frames(self) -> int:
+        """Encoder frames of attention cache this stream keeps (its cache slot's window)."""
+        return self.chunk_frames * self.config.left_chunks
+
     def accept_waveform(self, samples: np.ndarray) -> None:
         """Queue 16 kHz mono PCM (int16, or float in int16 range) of any length; never blocks on the engine."""
         if samples.ndim != 1:

@@ -311,7 +311,8 @@ class Service:
         await self.publisher.start()
         self.bridge.start()
         # Before SIP listens: the first calls' chunks must not wait for one-time set-up.
-        warm_s = await asyncio.get_running_loop().run_in_executor(None, self.engine.warm_up)
+        shapes = sorted({(p.chunk_ms, p.left_chunks) for p in self.router.routes.profiles.values()})
+        warm_s = await asyncio.get_running_loop().run_in_executor(None, self.engine.warm_up, shapes)
         log.info("engine warmed up in %.1f s", warm_s)
         self.engine.start()
         self.warm = True

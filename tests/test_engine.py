@@ -471,16 +471,21 @@ def assert_finals_close_to_reference(
         assert edit_distance(ref.best, final.tokens) <= 0.2 * len(ref.best)
 
 
-def test_each_chunk_size_attends_over_its_own_window_not_the_pools(loaded: LoadedModel) -> None:
-    """The pool is sized for the largest chunk (640 ms x 8 left chunks = 128 frames); a batch of
-    smaller chunks attends over the most its streams may keep (chunk x max_left_chunks), so the
-    traced graphs are built for those windows (the many-streams test above checks the outputs)."""
+def test_each_batch_attends_over_its_streams_window_not_the_pools(loaded: LoadedModel) -> None:
+    """The pool is sized for the largest chunk (640 ms x 8 left chunks = 128 frames); a batch
+    attends over the largest window its streams keep (chunk x left chunks), so graphs are built
+    for those windows: each allowed chunk size at 8 left chunks, plus the shapes ``warm_up`` is
+    given (the many-streams test above checks the outputs of mixed windows)."""
     engine = Engine(loaded, EngineOptions(max_streams=2, traced_step=True))
     frame_ms = engine.frame_ms
     assert engine.pool.window == 640 // frame_ms * 8
-    engine.warm_up()
+    engine.warm_up(streams=[(320, 4)])
     runner = engine.runner
     assert runner.traced is not None
     windows = sorted({window for _, window, _ in runner.traced._graphs})
-    assert windows == sorted(min(engine.pool.window, chunk_ms // frame_ms * 8) for chunk_ms in (160, 240, 320, 640))
-    assert [engine.schedulers[0].cache_window(c // frame_ms) for c in (160, 640)] == [32, 128]
+    widest = [min(engine.pool.window, chunk_ms // frame_ms * 8) for chunk_ms in (160, 240, 320, 640)]
+    assert windows == sorted({*widest, 320 // frame_ms * 4})
+    with pytest.raises(ValueError, match="cannot open here"):
+        engine.warm_up(streams=[(320, 9)])
+    stream = engine.open_stream(StreamConfig(chunk_ms=320, left_chunks=2), lambda event: None)
+    assert stream.cache_frames == 320 // frame_ms * 2
