@@ -28,7 +28,7 @@ from asr_core.finalizer import Finalizer
 from asr_core.finals import WORKER_NICENESS, FinalSearch, FinalSettings, ProcessFinalSearch
 from asr_core.frontend import encoder_frame_ms
 from asr_core.model.loader import LoadedModel
-from asr_core.scheduler import Scheduler, cache_window
+from asr_core.scheduler import Scheduler
 from asr_core.stream import Stream, StreamConfig, chunk_input_frames
 from asr_core.tokens import tokens_to_text
 from kv_ring import KvPool
@@ -171,14 +171,10 @@ class Engine:
             dtype=self.options.dtype,
             device=self.device,
         )
-        # (fbank frames, cache frames) of a full chunk of each allowed size: the shapes batches
-        # mostly have.
+        # The step shape of each allowed chunk size at the most left chunks: the widest its
+        # batches have.
         self._chunk_shapes = tuple(
-            (
-                chunk_input_frames(chunk_ms // self.frame_ms, self.subsampling, loaded.right_context),
-                cache_window(self.pool.window, chunk_ms // self.frame_ms, self.options.max_left_chunks),
-            )
-            for chunk_ms in self.options.allowed_chunk_ms
+            self._step_shape(chunk_ms, self.options.max_left_chunks) for chunk_ms in self.options.allowed_chunk_ms
         )
         for input_frames, window in self._chunk_shapes:
             self.runner.expect(input_frames, window)
@@ -240,10 +236,8 @@ class Engine:
         started = time.perf_counter()
         shapes = dict.fromkeys(self._chunk_shapes)
         for chunk_ms, left_chunks in streams:
-            if chunk_ms not in self.options.allowed_chunk_ms or not 1 <= left_chunks <= self.options.max_left_chunks:
-                raise ValueError(f"warm_up: streams of {chunk_ms} ms x {left_chunks} left chunks cannot open here")
-            frames = chunk_ms // self.frame_ms
-            shape = (chunk_input_frames(frames, self.subsampling, self.loaded.right_context), frames * left_chunks)
+            self._check_stream_shape(chunk_ms, left_chunks)
+            shape = self._step_shape(chunk_ms, left_chunks)
             self.runner.expect(*shape)
             shapes[shape] = None
         g = self.pool.geometry
@@ -344,21 +338,17 @@ class Engine:
 
     def open_stream(self, config: StreamConfig, on_event: Callable[[Event], None]) -> Stream:
         """A new stream in a free cache slot; raises ``CapacityError`` when none is free."""
-        if config.chunk_ms not in self.options.allowed_chunk_ms:
-            allowed = ", ".join(str(ms) for ms in self.options.allowed_chunk_ms)
-            raise ValueError(f"chunk_ms {config.chunk_ms} is not one of the engine's chunk sizes {allowed}")
-        if not 1 <= config.left_chunks <= self.options.max_left_chunks:
-            raise ValueError(f"left_chunks must be 1..{self.options.max_left_chunks}, got {config.left_chunks}")
+        self._check_stream_shape(config.chunk_ms, config.left_chunks)
         chunk_frames = config.chunk_frames(self.subsampling, self.frame_ms // self.subsampling)
         stream_id = config.stream_id or uuid.uuid4().hex
         with self._open_lock:
             if any(stream_id in scheduler.streams for scheduler in self.schedulers):
                 raise ValueError(f"stream id {stream_id!r} is already open")
-            window = chunk_frames * config.left_chunks
+            input_frames, window = self._step_shape(config.chunk_ms, config.left_chunks)
             slot = self.pool.allocate(window)
             # Its batches attend over this window: a graph for it is traced on first use unless
             # ``warm_up`` built it (``warm_up(streams=...)``).
-            self.runner.expect(chunk_input_frames(chunk_frames, self.subsampling, self.loaded.right_context), window)
+            self.runner.expect(input_frames, window)
             try:
                 scheduler = min(self.schedulers, key=lambda s: s.open_streams)
                 stream = Stream(
@@ -377,6 +367,24 @@ class Engine:
                 self.pool.release(slot)
                 raise
         return stream
+
+    def _check_stream_shape(self, chunk_ms: int, left_chunks: int) -> None:
+        """``ValueError`` unless streams of ``chunk_ms`` chunks keeping ``left_chunks`` may open."""
+        if chunk_ms not in self.options.allowed_chunk_ms:
+            allowed = ", ".join(str(ms) for ms in self.options.allowed_chunk_ms)
+            raise ValueError(f"chunk_ms {chunk_ms} is not one of the engine's chunk sizes {allowed}")
+        if not 1 <= left_chunks <= self.options.max_left_chunks:
+            raise ValueError(f"left_chunks must be 1..{self.options.max_left_chunks}, got {left_chunks}")
+
+    def _step_shape(self, chunk_ms: int, left_chunks: int) -> tuple[int, int]:
+        """(fbank frames of a full chunk, cache frames kept) of a stream of ``chunk_ms`` chunks
+        keeping ``left_chunks``: the chunk step's shape for batches of such streams, whose cache
+        window (the first ring positions of the pool) is all they attend over. The pool's own
+        window is sized for the largest chunk; attending over its positions past a stream's
+        window, never written and always masked, cost the service's 320 ms chunks with 4 left
+        chunks (32 frames of a 128-frame pool) several times the CPU (docs/BENCHMARKS.md)."""
+        chunk_frames = chunk_ms // self.frame_ms
+        return chunk_input_frames(chunk_frames, self.subsampling, self.loaded.right_context), chunk_frames * left_chunks
 
     # -- driving without threads ----------------------------------------------------
 

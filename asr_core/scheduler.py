@@ -49,18 +49,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def cache_window(pool_window: int, chunk_frames: int, max_left_chunks: int) -> int:
-    """The most cache frames a stream of ``chunk_frames``-frame chunks may keep
-    (``max_left_chunks`` chunks): the widest window a batch of that chunk size attends over.
-
-    A batch attends over its streams' largest window (``Stream.cache_frames``), not over the
-    pool's, which is sized for the largest allowed chunk: a slot's frames only land at ring
-    positions below its own window, so the positions past it are never anything but masked.
-    Attending over them made the service's 320 ms chunks with 4 left chunks (32 frames kept, a
-    pool window of 128) cost several times the CPU (docs/BENCHMARKS.md)."""
-    return min(pool_window, chunk_frames * max_left_chunks)
-
-
 class Scheduler:
     """The batching loop over the open streams (``streams``, guarded by ``lock``).
 
@@ -242,7 +230,7 @@ class Scheduler:
         slots = torch.tensor([stream.slot for stream in streams], dtype=torch.int64)
         offsets = torch.tensor([stream.utterance.offset for stream in streams], dtype=torch.int64)
         started = time.perf_counter()
-        window = max(stream.cache_frames for stream in streams)
+        window = max(stream.cache_frames for stream in streams)  # all they attend over (Engine._step_shape)
         if self.runner.reads_pool:  # the step reads each layer's rows of the pool where they lie
             rows, pos, mask = self.pool.positions(slots, window)
             ys, log_probs, new_kv, new_cnn = self.runner.step(

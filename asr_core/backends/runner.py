@@ -22,8 +22,8 @@ class ChunkStep(NamedTuple):
 
 
 class ChunkRunner(Protocol):
-    """What the engine calls on a backend: ``expect`` while it is built, ``step`` once per
-    batch, ``close`` when it stops. Every backend implements all three (no-ops where a
+    """What the engine calls on a backend: ``expect`` while it is built and as streams of new
+    shapes open, ``step`` once per batch, ``close`` when it stops. Every backend implements all three (no-ops where a
     backend has nothing to prepare or release), so callers never probe for them.
 
     ``reads_pool``: whether ``step`` is best given the whole cache pool and the batch's ``rows``
