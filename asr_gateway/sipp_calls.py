@@ -24,6 +24,7 @@ import shutil
 import socket
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +46,9 @@ KEY_PACKETS = 5  # a key press: 100 ms of event packets, then its End packet thr
 SECOND_LEG_MARK = "SECOND_LEG_PORT"
 ANSWERED_MARK = "CALL_ANSWERED"
 FIRST_LEG_MARK = "FIRST_LEG_PORT"
+BIND_ATTEMPTS = 5
+# sipp's messages when a port it was given is taken before it binds it (it exits before any call)
+_STARTUP_BIND_FAILURE = re.compile(r"Unable to bind main socket|Unable to bind UDP socket|Can't bind media raw socket")
 
 
 def _ip_checksum(header: bytes) -> int:
@@ -319,40 +323,28 @@ async def place_call(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate:
     )
     scenario.write_text(xml, encoding="latin-1")
     log_file = workdir / "sipp.log"
-    log_file.unlink(missing_ok=True)
-    media_base = _free_udp_ports(4, host)
-    process = await asyncio.create_subprocess_exec(
-        sipp_path(), "-sf", str(scenario), "-m", "1", "-l", "1", "-i", host, "-p", str(_free_udp_ports(1, host)),
-        "-mp", str(media_base), "-timeout", f"{int(timeout_s or seconds + 30)}s", "-timeout_error", "-nostdin",
-        "-trace_err", "-error_file", str(workdir / "errors.log"), "-trace_logs", "-log_file", str(log_file),
-        *(["-cid_str", f"{call_tag}-%u-%p@%s"] if call_tag else []), f"{target_host or host}:{sip_port}",
-        cwd=workdir, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    sender: asyncio.Task[None] | None = None
-    if siprec:
-        packets = rtp_packets(pcm if second_pcm is None else second_pcm, sample_rate, payload_type, ssrc=0x5678)
-        sender = asyncio.create_task(_stream_leg(log_file, SECOND_LEG_MARK, host, packets, process))
-    elif srtp is not None:
-        protector = SrtpSender(SrtpKeys(srtp.suite, srtp_send_key or srtp.key))
-        packets = [protector.protect(p) for p in rtp_packets(pcm, sample_rate, payload_type)]
-        sender = asyncio.create_task(_stream_leg(log_file, FIRST_LEG_MARK, host, packets, process))
-    try:
-        _, stderr = await process.communicate()
-    except asyncio.CancelledError:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-        raise
-    finally:
-        if sender is not None:
-            sender.cancel()
-            await asyncio.gather(sender, return_exceptions=True)
-    errors = stderr.decode(errors="replace")
-    error_log = workdir / "errors.log"
-    if error_log.exists():
-        errors += error_log.read_text(errors="replace")
+
+    def arguments(sip_local: int, media_base: int) -> list[str]:
+        return [
+            "-sf", str(scenario), "-m", "1", "-l", "1", "-i", host, "-p", str(sip_local), "-mp", str(media_base),
+            "-timeout", f"{int(timeout_s or seconds + 30)}s", "-timeout_error", "-nostdin",
+            "-trace_err", "-error_file", str(workdir / "errors.log"), "-trace_logs", "-log_file", str(log_file),
+            *(["-cid_str", f"{call_tag}-%u-%p@%s"] if call_tag else []), f"{target_host or host}:{sip_port}",
+        ]  # fmt: skip
+
+    def second_leg(process: asyncio.subprocess.Process) -> asyncio.Task[None] | None:
+        if siprec:
+            packets = rtp_packets(pcm if second_pcm is None else second_pcm, sample_rate, payload_type, ssrc=0x5678)
+            return asyncio.create_task(_stream_leg(log_file, SECOND_LEG_MARK, host, packets, process))
+        if srtp is not None:
+            protector = SrtpSender(SrtpKeys(srtp.suite, srtp_send_key or srtp.key))
+            packets = [protector.protect(p) for p in rtp_packets(pcm, sample_rate, payload_type)]
+            return asyncio.create_task(_stream_leg(log_file, FIRST_LEG_MARK, host, packets, process))
+        return None
+
+    returncode, stderr = await run_sipp(workdir, host, arguments, second_leg, log_file)
     answered = log_file.exists() and ANSWERED_MARK in log_file.read_text(errors="replace")
-    return CallResult(process.returncode or 0, errors[-4000:], answered)
+    return CallResult(returncode, stderr[-4000:], answered)
 
 
 async def place_calls(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate: int, count: int, *,
@@ -369,26 +361,66 @@ async def place_calls(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate
     seconds = write_rtp_pcap(workdir / "audio.pcap", pcm, sample_rate, payload_type)
     scenario = workdir / "scenario.xml"
     scenario.write_text(scenario_xml(seconds, payload_type), encoding="latin-1")
-    process = await asyncio.create_subprocess_exec(
-        sipp_path(), "-sf", str(scenario), "-m", str(total), "-l", str(count), "-r", str(rate_per_s),
-        "-i", host, "-p", str(_free_udp_ports(1, host)), "-mp", str(_free_udp_ports(4, host)),
-        "-timeout", f"{int(seconds + 30 + total / rate_per_s)}s", "-timeout_error", "-nostdin",
-        "-trace_err", "-error_file", str(workdir / "errors.log"), "-cid_str", f"{call_tag}-%u-%p@%s",
-        f"{host}:{sip_port}",
-        cwd=workdir, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        _, stderr = await process.communicate()
-    except asyncio.CancelledError:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-        raise
-    errors = stderr.decode(errors="replace")
-    error_log = workdir / "errors.log"
-    if error_log.exists():
-        errors += error_log.read_text(errors="replace")
-    return CallResult(process.returncode or 0, errors[-4000:])
+
+    def arguments(sip_local: int, media_base: int) -> list[str]:
+        return [
+            "-sf", str(scenario), "-m", str(total), "-l", str(count), "-r", str(rate_per_s),
+            "-i", host, "-p", str(sip_local), "-mp", str(media_base),
+            "-timeout", f"{int(seconds + 30 + total / rate_per_s)}s", "-timeout_error", "-nostdin",
+            "-trace_err", "-error_file", str(workdir / "errors.log"), "-cid_str", f"{call_tag}-%u-%p@%s",
+            f"{host}:{sip_port}",
+        ]  # fmt: skip
+
+    returncode, stderr = await run_sipp(workdir, host, arguments)
+    return CallResult(returncode, stderr[-4000:])
+
+
+async def run_sipp(
+    workdir: Path,
+    host: str,
+    arguments: Callable[[int, int], list[str]],
+    companion: Callable[[asyncio.subprocess.Process], asyncio.Task[None] | None] | None = None,
+    log_file: Path | None = None,
+    tcp: bool = False,
+) -> tuple[int, str]:
+    """Run sipp in ``workdir`` with ``arguments(sip_port, media_base)``: ports free on ``host``
+    (a TCP one for SIP when ``tcp``), ``-error_file errors.log`` expected among the arguments.
+    Returns its exit status and its errors (stderr, then its error file).
+
+    A port found free can be taken by another process before sipp binds it; sipp then exits at
+    start-up, before sending anything, and is started again on other ports (up to
+    ``BIND_ATTEMPTS`` times). ``companion`` starts a task beside each sipp process (a leg sipp
+    cannot stream itself); it is cancelled when sipp ends.
+    """
+    attempt = 0
+    while True:
+        attempt += 1
+        if log_file is not None:
+            log_file.unlink(missing_ok=True)
+        (workdir / "errors.log").unlink(missing_ok=True)
+        process = await asyncio.create_subprocess_exec(
+            sipp_path(), *arguments(_free_port(host, tcp), _free_udp_ports(4, host)),
+            cwd=workdir, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        task = companion(process) if companion is not None else None
+        try:
+            _, raw = await process.communicate()
+        except asyncio.CancelledError:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+            raise
+        finally:
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        errors = raw.decode(errors="replace")
+        error_log = workdir / "errors.log"
+        if error_log.exists():
+            errors += error_log.read_text(errors="replace")
+        returncode = process.returncode or 0
+        if returncode == 0 or not _STARTUP_BIND_FAILURE.search(errors) or attempt == BIND_ATTEMPTS:
+            return returncode, errors
 
 
 async def _stream_leg(
@@ -413,6 +445,14 @@ async def _stream_leg(
             if delay > 0:
                 await asyncio.sleep(delay)
             sock.sendto(packet, (media_host, port))
+
+
+def _free_port(host: str, tcp: bool) -> int:
+    if not tcp:
+        return _free_udp_ports(1, host)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
 
 
 def _free_udp_ports(count: int, host: str = "127.0.0.1") -> int:

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from asr_gateway import sipp_calls
 from rtp.g711 import encode
 from rtp.leg import RtpLeg
 from rtp.ports import PortAllocator
@@ -94,12 +95,6 @@ def write_rtp_pcap(path: Path, payload_type: int, seconds: float = 1.0, first_se
     return count
 
 
-# sipp binds the ports free_port() found free a moment earlier; another test's process may
-# take one in between. sipp then exits before sending anything, so the run is simply repeated.
-PORT_TAKEN = "Address already in use"
-SIPP_ATTEMPTS = 3
-
-
 async def run_sipp(
     scenario: str,
     server_port: int,
@@ -108,65 +103,23 @@ async def run_sipp(
     timeout_s: float = 20.0,
     transport: str = "u1",
 ) -> tuple[int, str]:
-    """Run one sipp call of ``scenario``; returns (exit code, its error log). Retried with
-    new ports when sipp could not bind the ones picked for it."""
-    for _ in range(SIPP_ATTEMPTS - 1):
-        rc, errors = await _run_sipp_once(scenario, server_port, workdir, keys, timeout_s, transport)
-        if rc == 0 or PORT_TAKEN not in errors:
-            return rc, errors
-    return await _run_sipp_once(scenario, server_port, workdir, keys, timeout_s, transport)
+    """Run one sipp call of ``scenario``; returns (exit code, its error log). sipp_calls.run_sipp
+    starts it again on other ports when a port picked for it was taken before sipp bound it."""
 
+    def arguments(sip_local: int, media_base: int) -> list[str]:
+        args = [
+            "-sf", str(SCENARIOS / scenario), "-m", "1", "-l", "1", "-t", transport,
+            "-i", "127.0.0.1", "-p", str(sip_local), "-mp", str(media_base), "-s", "4000",
+            "-timeout", f"{int(timeout_s)}s", "-timeout_error", "-nostdin",
+            "-trace_err", "-error_file", str(workdir / "errors.log"),
+        ]  # fmt: skip
+        for key, value in (keys or {}).items():
+            args += ["-key", key, value]
+        return [*args, f"127.0.0.1:{server_port}"]
 
-async def _run_sipp_once(
-    scenario: str,
-    server_port: int,
-    workdir: Path,
-    keys: dict[str, str] | None,
-    timeout_s: float,
-    transport: str,
-) -> tuple[int, str]:
-    assert SIPP is not None
-    (workdir / "sipp_errors.log").unlink(missing_ok=True)
-    args = [
-        SIPP,
-        "-sf",
-        str(SCENARIOS / scenario),
-        "-m",
-        "1",
-        "-l",
-        "1",
-        "-t",
-        transport,
-        "-i",
-        "127.0.0.1",
-        "-p",
-        str(free_port(socket.SOCK_STREAM if transport.startswith("t") else socket.SOCK_DGRAM)),
-        "-mp",
-        str(free_port(pair=True)),
-        "-s",
-        "4000",
-        "-timeout",
-        f"{int(timeout_s)}s",
-        "-timeout_error",
-        "-nostdin",
-        "-trace_err",
-        "-error_file",
-        str(workdir / "sipp_errors.log"),
-    ]
-    for key, value in (keys or {}).items():
-        args += ["-key", key, value]
-    args.append(f"127.0.0.1:{server_port}")
-    process = await asyncio.create_subprocess_exec(
-        *args, cwd=workdir, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+    return await asyncio.wait_for(
+        sipp_calls.run_sipp(workdir, "127.0.0.1", arguments, tcp=transport.startswith("t")), 3 * (timeout_s + 10)
     )
-    try:
-        _, stderr = await asyncio.wait_for(process.communicate(), timeout_s + 10)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise
-    errors = (workdir / "sipp_errors.log").read_text(errors="replace") if (workdir / "sipp_errors.log").exists() else ""
-    return process.returncode or 0, errors + stderr.decode(errors="replace")
 
 
 class Harness:
@@ -222,6 +175,34 @@ def test_basic_call_with_rtp(tmp_path: Path, payload_type: int, codec: str) -> N
             assert h.server.counters["responses.200"] >= 2
 
     asyncio.run(scenario())
+
+
+def test_sipp_started_again_when_its_port_is_taken_before_it_binds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race a free-port probe leaves open: another process binds the port first. sipp exits at
+    start-up ("Unable to bind main socket"), is started again on a fresh port, and the call goes through."""
+    write_rtp_pcap(tmp_path / "audio.pcap", 0)
+    taken = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    taken.bind(("127.0.0.1", 0))
+    handed: list[int] = []
+    real_free_port = sipp_calls._free_port
+
+    def first_one_taken(host: str, tcp: bool) -> int:
+        handed.append(taken.getsockname()[1] if not handed else real_free_port(host, tcp))
+        return handed[-1]
+
+    monkeypatch.setattr(sipp_calls, "_free_port", first_one_taken)
+
+    async def scenario() -> None:
+        async with Harness(tmp_path) as h:
+            await h.sipp("uac_call.xml", codec="0", codec_name="PCMU")
+            await h.settle()
+            assert list(h.handler.ended.values()) == ["bye"]
+
+    with taken:
+        asyncio.run(scenario())
+    assert len(handed) == 2 and handed[0] != handed[1]
 
 
 def test_cancel_before_answer(tmp_path: Path) -> None:
