@@ -6,6 +6,7 @@ stays close to float."""
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 
 import numpy as np
@@ -165,6 +166,33 @@ def test_fused_attention_in_eval_mode_equals_the_explicit_path() -> None:
     for explicit, fused in zip(outputs[True], outputs[False], strict=True):
         assert float((explicit - fused).abs().max()) <= 1e-5
     assert torch.equal(outputs[False][0][0, 2], att.linear_out.bias)  # zeros through linear_out
+
+
+def test_kernel_mask_is_an_additive_bias_only_where_every_query_keeps_a_key() -> None:
+    """A mask prepared once for a decoder's layers: as an additive bias it gives the bool mask's
+    outputs (fused and explicit path, source attention over shared memory too); a mask with an
+    all-masked query, or a module not running the fused kernel, keeps the bool mask."""
+    torch.manual_seed(4)
+    att = MultiHeadedAttention(4, 32, 0.0).eval()
+    query, memory = torch.randn(3, 5, 32), torch.randn(3, 7, 32)
+    mask = (torch.rand(3, 5, 7) > 0.4) | torch.eye(5, 7, dtype=torch.bool)
+    source_mask = torch.ones(2, 1, 7, dtype=torch.bool)
+    source_mask[1, 0, 4:] = False
+    rows = torch.tensor([0, 1, 1])
+    bias, source_bias = att.kernel_mask(mask, torch.float32), att.kernel_mask(source_mask, torch.float32)
+    assert bias.dtype == torch.float32 and set(bias.unique().tolist()) == {0.0, -math.inf}
+    with torch.no_grad():
+        assert torch.equal(att(query, memory, memory, bias), att(query, memory, memory, mask))
+        shared = att.forward_shared_memory(query, memory[:2], source_bias, rows)
+        assert torch.equal(shared, att.forward_shared_memory(query, memory[:2], source_mask, rows))
+        q, k, v = att._heads(query, att.linear_q), att._heads(memory, att.linear_k), att._heads(memory, att.linear_v)
+        by_bias = att.attend(q, k, v, att.scores(q, k, None, 0), bias)
+        by_bool = att.attend(q, k, v, att.scores(q, k, None, 0), mask)
+        assert float((by_bias - by_bool).abs().max()) <= 1e-6
+    mask[0, 2] = False  # a query with nothing to attend: WeNet's zeros need the bool mask
+    assert att.kernel_mask(mask, torch.float32) is mask
+    att.train()
+    assert att.kernel_mask(source_mask, torch.float32) is source_mask
 
 
 def test_chunk_query_dot_products_equal_the_plain_product() -> None:

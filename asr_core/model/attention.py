@@ -156,11 +156,14 @@ class MultiHeadedAttention(nn.Module):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, scores: Tensor, mask: Tensor | None) -> Tensor:
         """Masked softmax over keys and weighted sum of values.
 
-        scores: (B, H, T1, T2); v: (B, H, T2, d_k); mask: (B, 1 or T1, T2) bool (True = keep).
+        scores: (B, H, T1, T2); v: (B, H, T2, d_k); mask: (B, 1 or T1, T2) bool (True = keep), or
+        float, added to the scores (:meth:`kernel_mask`).
         Masked keys get -inf; a row with every key masked yields zeros (as WeNet).
         Returns (B, T1, D).
         """
-        if mask is not None:
+        if mask is not None and mask.is_floating_point():  # an additive bias (:meth:`kernel_mask`)
+            attn = torch.softmax(scores + mask.unsqueeze(1), dim=-1)
+        elif mask is not None:
             drop = ~mask.unsqueeze(1)  # (B, 1, 1|T1, T2)
             scores = scores.masked_fill(drop, -float("inf"))
             attn = torch.softmax(scores, dim=-1).masked_fill(drop, 0.0)
@@ -182,12 +185,25 @@ class MultiHeadedAttention(nn.Module):
         b, _, t1, _ = x.shape
         return self.linear_out(x.transpose(1, 2).reshape(b, t1, self.h * self.d_k))
 
+    def kernel_mask(self, mask: Tensor, dtype: torch.dtype) -> Tensor:
+        """``mask`` (B, 1|T1, T2) bool, prepared once for many attention calls of the same shape
+        (every layer of a decoder): when this module runs torch's fused kernel and every query
+        keeps at least one key, as the additive bias the kernel takes (0 kept, -inf masked), so
+        that each call neither converts the mask again nor looks for all-masked queries (the
+        prefix trees' node-by-node masks: a quarter of their self-attention); else unchanged."""
+        if self.training or not self.plain_scores or exporting() or not bool(mask.any(dim=-1).all()):
+            return mask
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, -math.inf)
+
     @staticmethod
     def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         """torch's fused kernel on heads: (B, H, T1, d_k) -> (B, H, T1, d_k); mask (B, 1|T1, T2)
-        bool (True = keep); a query whose keys are all masked gets zeros, as WeNet."""
+        bool (True = keep): a query whose keys are all masked gets zeros, as WeNet; or float,
+        an additive bias with a kept key for every query (:meth:`kernel_mask`)."""
         if mask is None:
             return nn.functional.scaled_dot_product_attention(q, k, v)
+        if mask.is_floating_point():
+            return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask.unsqueeze(1))
         keep = mask.unsqueeze(1)  # (B, 1, 1|T1, T2)
         x = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
         return x.masked_fill(~keep.any(dim=-1, keepdim=True), 0.0)  # all-masked rows: zeros, not NaN

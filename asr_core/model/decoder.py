@@ -160,6 +160,9 @@ class TransformerDecoder(nn.Module):
         pos_enc = self.embed[1]
         assert isinstance(pos_enc, PositionalEncoding)
         x = pos_enc(embedding(tokens), positions)
+        if len(self.decoders):  # every layer attends with the same masks: prepared once
+            tree_mask = self._layer(0).self_attn.kernel_mask(tree_mask, x.dtype)
+            memory_mask = self._layer(0).src_attn.kernel_mask(memory_mask, x.dtype)
         for layer in self.decoders:
             x = layer(x, tree_mask, memory, memory_mask, memory_rows)
         if self.normalize_before:
