@@ -13,7 +13,7 @@ import torch
 
 from asr_core.ctc_search import Hypothesis
 from asr_core.model.attention import MultiHeadedAttention, RowPacking
-from rescoring.attention import PrefixTree, attention_rescore, build_decoder_batch, length_groups
+from rescoring.attention import PrefixTree, attention_rescore, build_decoder_batch, length_groups, tree_batch
 
 FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "wenet_u2pp_small"
 needs_fixture = pytest.mark.skipif(
@@ -281,6 +281,36 @@ def test_prefix_tree_shares_prefixes_and_masks_ancestors() -> None:
     assert mask[4].tolist() == [True, True, True, False, True, False]  # 8 sees sos, 5, 6 and itself, not 7
     assert mask[3].tolist() == [True, True, True, True, False, False]
     assert mask[5].tolist() == [False] * 5 + [True]  # padding sees only itself
+
+
+@needs_fixture
+def test_int8_rescoring_decoder_fuses_each_relu_into_its_linear_with_the_same_outputs() -> None:
+    """The int8 rescoring decoder runs each feed-forward's first Linear and its ReLU as one int8
+    op; its prefix-tree log-probs are those of the same int8 Linears with separate ReLUs."""
+    import copy
+
+    from torch import nn
+    from torch.ao.nn.intrinsic.quantized.dynamic import LinearReLU
+
+    loader = pytest.importorskip("asr_core.model.loader")
+    from asr_core.backends import rescoring_decoder
+    from asr_core.backends.quantize import quantize_linears
+
+    torch.set_num_threads(1)
+    loaded = loader.load_wenet_model(FIXTURE / "model")
+    fused = rescoring_decoder("torch-int8", loaded.model.decoder)
+    separate = quantize_linears(copy.deepcopy(loaded.model.decoder), {nn.Linear})
+    layers = len(loaded.model.decoder.left_decoder.decoders) + len(loaded.model.decoder.right_decoder.decoders)
+    assert sum(isinstance(m, LinearReLU) for m in fused.modules()) == layers
+    trees = [PrefixTree.of([[5, 6, 7], [5, 6, 8], [9]], loaded.sos_id), PrefixTree.of([[4, 4]], loaded.sos_id)]
+    batch = tree_batch(trees, loaded.eos_id)
+    memory = torch.randn(2, 20, loaded.d_model, generator=torch.Generator().manual_seed(5))
+    memory_mask = torch.ones(2, 1, 20, dtype=torch.bool)
+    memory_mask[1, 0, 12:] = False
+    with torch.inference_mode():
+        ours = fused.forward_tree(memory, memory_mask, batch, batch)
+        theirs = separate.forward_tree(memory, memory_mask, batch, batch)
+    assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])
 
 
 @needs_fixture

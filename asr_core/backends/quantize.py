@@ -12,10 +12,12 @@ from typing import TypeVar
 
 import torch
 from torch import nn
+from torch.ao.nn.intrinsic import LinearReLU
 
 from asr_core import cpu_isa
 from asr_core.model.attention import MultiHeadedAttention
 from asr_core.model.convolution import ConvolutionModule, pointwise_as_linear
+from asr_core.model.feed_forward import PositionwiseFeedForward
 from asr_core.model.subsampling import Conv2dSubsampling
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
@@ -64,7 +66,20 @@ def rescoring_decoder(backend: str, decoder: ModuleT) -> ModuleT:
     int8 backend on the CPU, where rescoring is the other large cost besides the encoder."""
     if not backend.endswith("int8") or next(decoder.parameters()).device.type != "cpu":
         return decoder
-    return quantize_linears(copy.deepcopy(decoder), {nn.Linear})
+    return quantize_linears(fuse_linear_relus(copy.deepcopy(decoder)), {nn.Linear, LinearReLU})
+
+
+def fuse_linear_relus(module: ModuleT) -> ModuleT:
+    """``module`` (changed in place) with each feed-forward's first Linear and its ReLU fused
+    into one ``LinearReLU``, which ``quantize_linears`` turns into one int8 op that applies the
+    ReLU to its output (same values). The decoder's feed-forward output of a rescoring call is
+    large (positions x 2,048 floats, 13 MB for a call of 1,600 tree nodes): a separate ReLU
+    wrote it once more into freshly mapped memory, and the feed-forward of such a call took
+    3.6x as long as the fused one (onednn engine, one thread)."""
+    for feed_forward in module.modules():
+        if isinstance(feed_forward, PositionwiseFeedForward) and type(feed_forward.activation) is nn.ReLU:
+            torch.ao.quantization.fuse_modules(feed_forward, [["w_1", "activation"]], inplace=True)
+    return module
 
 
 @functools.cache
