@@ -18,6 +18,7 @@ from asr_core.backends import Bf16Convs, make_runner, native_bf16_cpu
 from asr_core.model import LoadedModel, load_wenet_model
 from asr_core.model.attention import MultiHeadedAttention, RelPositionMultiHeadedAttention, dot_products
 from asr_core.model.convolution import ConvolutionModule, pointwise_as_linear
+from asr_core.model.decoder import log_softmax_over_logits
 from asr_core.model.subsampling import Conv2dSubsampling
 
 FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "wenet_u2pp_small"
@@ -367,3 +368,17 @@ def test_glu_cache_layout_gives_wenets_outputs_chunk_after_chunk(loaded: LoadedM
         wenet_inputs = out[False][2][0].transpose(1, 2)  # (B, K-1, D)
         glu_of_inputs = nn.functional.glu(conv.pointwise_conv1(wenet_inputs.transpose(1, 2)), dim=1)
         torch.testing.assert_close(out[True][2][0], glu_of_inputs, rtol=1e-4, atol=1e-4)
+
+
+def test_log_softmax_over_logits_is_exact_and_in_place_only_outside_autograd() -> None:
+    logits = 3.0 * torch.randn(37, 4233, generator=torch.Generator().manual_seed(6))
+    expected = torch.log_softmax(logits, dim=-1)
+    with torch.inference_mode():
+        given = logits.clone()
+        out = log_softmax_over_logits(given)
+        assert torch.equal(out, expected) and out.data_ptr() == given.data_ptr()
+    trained = logits.clone().requires_grad_(True)
+    out = log_softmax_over_logits(trained)
+    assert torch.equal(out.detach(), expected) and out.data_ptr() != trained.data_ptr()
+    out.sum().backward()
+    assert trained.grad is not None
