@@ -19,6 +19,7 @@ from asr_core.model import LoadedModel, load_wenet_model
 from asr_core.model.attention import MultiHeadedAttention, RelPositionMultiHeadedAttention, dot_products
 from asr_core.model.convolution import ConvolutionModule, pointwise_as_linear
 from asr_core.model.decoder import log_softmax_over_logits
+from asr_core.model.feed_forward import PositionwiseFeedForward
 from asr_core.model.subsampling import Conv2dSubsampling
 
 FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "wenet_u2pp_small"
@@ -382,3 +383,19 @@ def test_log_softmax_over_logits_is_exact_and_in_place_only_outside_autograd() -
     assert torch.equal(out.detach(), expected) and out.data_ptr() != trained.data_ptr()
     out.sum().backward()
     assert trained.grad is not None
+
+
+@pytest.mark.parametrize("activation", ["relu", "swish", "gelu"])
+def test_feed_forward_activation_in_place_in_inference_gives_the_same_values(activation: str) -> None:
+    """Outside autograd the ReLU / SiLU overwrite the first Linear's output; with autograd, in
+    training mode (dropout) and for activations without an in-place form nothing changes."""
+    torch.manual_seed(7)
+    block = PositionwiseFeedForward(16, 64, 0.0, activation).eval()
+    x = torch.randn(3, 5, 16)
+    expected = block.w_2(block.activation(block.w_1(x))).detach()
+    with torch.inference_mode():
+        assert torch.equal(block(x), expected)
+    trained = block(x)
+    assert trained.requires_grad and torch.equal(trained.detach(), expected)
+    trained.sum().backward()
+    assert block.w_1.weight.grad is not None
