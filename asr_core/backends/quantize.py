@@ -73,9 +73,9 @@ def fuse_linear_relus(module: ModuleT) -> ModuleT:
     """``module`` (changed in place) with each feed-forward's first Linear and its ReLU fused
     into one ``LinearReLU``, which ``quantize_linears`` turns into one int8 op that applies the
     ReLU to its output (same values). The decoder's feed-forward output of a rescoring call is
-    large (positions x 2,048 floats, 13 MB for a call of 1,600 tree nodes): a separate ReLU
-    wrote it once more into freshly mapped memory, and the feed-forward of such a call took
-    3.6x as long as the fused one (onednn engine, one thread)."""
+    large (positions x 2,048 floats, 13 MB for a call of 1,600 tree nodes), and a separate ReLU
+    made one more pass over it: fused, rescoring calls took 4 % less CPU (AISHELL size, onednn
+    engine, one thread; docs/BENCHMARKS.md)."""
     for feed_forward in module.modules():
         if isinstance(feed_forward, PositionwiseFeedForward) and type(feed_forward.activation) is nn.ReLU:
             torch.ao.quantization.fuse_modules(feed_forward, [["w_1", "activation"]], inplace=True)
