@@ -34,10 +34,10 @@ class RedisNotInstalled(LocalRedisError):
     """No ``redis-server`` on the PATH."""
 
 
-def free_tcp_port() -> int:
-    """A loopback TCP port that was free a moment ago."""
+def free_tcp_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` (default loopback) that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 

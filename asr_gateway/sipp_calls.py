@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import soxr
 
+from asr_gateway.local_redis import free_tcp_port
 from rtp.dtmf import KEYS
 from rtp.g711 import encode_alaw, encode_ulaw
 from rtp.g722 import SAMPLE_RATE as G722_RATE
@@ -448,11 +449,7 @@ async def _stream_leg(
 
 
 def _free_port(host: str, tcp: bool) -> int:
-    if not tcp:
-        return _free_udp_ports(1, host)
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
+    return free_tcp_port(host) if tcp else _free_udp_ports(1, host)
 
 
 def _free_udp_ports(count: int, host: str = "127.0.0.1") -> int:
