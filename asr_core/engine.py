@@ -58,7 +58,7 @@ class EngineOptions:
     dtype: torch.dtype = torch.float32
     backend: str = "torch"
     behind_ms: float = 1000.0
-    trim_interval_s: float = 60.0  # return freed heap to the OS this often (glibc); 0 = never
+    trim_interval_s: float = 60.0  # return freed heap to the OS this often (memtrim.trim); 0 = never
     # Where finals are searched and rescored while the engine runs: "thread" (a thread of this
     # process) or "process" (a child process, CPU only: keeps that Python work off this
     # process's GIL; see asr_core/finals.py). Without the engine's threads (run_once) finals

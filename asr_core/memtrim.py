@@ -1,10 +1,14 @@
-"""Give freed heap memory back to the OS on glibc (``malloc_trim``).
+"""Give freed heap memory back to the OS: jemalloc's purge where the process runs on it
+(``asr_common.allocator``), else glibc's ``malloc_trim``.
 
 A long-running engine allocates tensors of many shapes (batch size and chunk length change every
 tick) from several threads. glibc keeps the freed blocks in per-thread arenas, so the process's
 resident size creeps up for hours although nothing leaks. ``malloc_trim(0)`` returns the free
 pages at the top of every arena and the unused pages inside them; calling it about once a
-minute keeps RSS flat at a cost of a few milliseconds. Elsewhere (musl, macOS) it is a no-op.
+minute keeps RSS flat at a cost of a few milliseconds. jemalloc, as this project configures it,
+keeps every freed page for reuse (faster steps); purging all its arenas
+(``mallctl("arena.<all>.purge")``) once a minute gives them back instead. Elsewhere (musl,
+macOS) it is a no-op.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import ctypes
 import ctypes.util
 import functools
 from collections.abc import Callable
+
+from asr_common import allocator
 
 
 @functools.cache
@@ -30,12 +36,34 @@ def _malloc_trim() -> Callable[[int], int] | None:
     return trim
 
 
+JEMALLOC_ALL_ARENAS = 4096  # MALLCTL_ARENAS_ALL: "arena.4096.purge" purges every arena
+
+
+@functools.cache
+def _jemalloc_purge() -> Callable[[], int] | None:
+    """jemalloc's purge of all arenas, where jemalloc is this process's malloc (preloaded)."""
+    if not allocator.jemalloc_loaded():
+        return None
+    try:
+        mallctl = ctypes.CDLL(None).mallctl
+    except (OSError, AttributeError):
+        return None
+    mallctl.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    mallctl.restype = ctypes.c_int
+    command = f"arena.{JEMALLOC_ALL_ARENAS}.purge".encode()
+    return lambda: int(mallctl(command, None, None, None, 0))
+
+
 def available() -> bool:
-    return _malloc_trim() is not None
+    return _jemalloc_purge() is not None or _malloc_trim() is not None
 
 
 def trim() -> bool:
-    """Release free heap memory to the OS; True when glibc gave some back."""
+    """Release free heap memory to the OS; True when the allocator did (jemalloc: the purge
+    succeeded; glibc: it gave some back)."""
+    purge = _jemalloc_purge()
+    if purge is not None:
+        return purge() == 0
     function = _malloc_trim()
     return bool(function(0)) if function is not None else False
 

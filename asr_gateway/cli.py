@@ -4,11 +4,13 @@ subcommands installed packages register, such as ``console``)."""
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
 
+from asr_common import allocator
 from asr_common.yamlconf import ConfigError
 from asr_gateway.config import ServiceConfig, load_config
 from asr_gateway.state_dir import writable_problems
@@ -78,6 +80,7 @@ def _serve(args: argparse.Namespace) -> int:
             print(line, file=sys.stderr)
         return 1
     configure_logging(config.logging.level, config.logging.format)
+    logging.getLogger(__name__).info("memory allocator: %s", allocator.describe())
     return run_service(config)
 
 
@@ -128,7 +131,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+ALLOCATOR_COMMANDS = ("serve", "demo")
+"""The subcommands that run the engine, and so run on jemalloc where it is installed."""
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None and sys.argv[1:2] and sys.argv[1] in ALLOCATOR_COMMANDS:
+        allocator.prefer_jemalloc()
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["tail"]:
         return _tail(argv[1:])

@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 import redis
 
+from asr_common import allocator
 from asr_core.audio_io import read_wav
 from asr_gateway.config import ServiceConfig
 from asr_gateway.demo import DATA_DIR, EventCollector, demo_config
@@ -340,6 +341,11 @@ def test_sigterm_to_serve_flushes_finals_and_exits_0(tmp_path: Path, redis_serve
     )  # fmt: skip
     try:
         wait_for_health(metrics_port, server, 30)
+        if allocator.jemalloc_installed():  # serve ran itself again on jemalloc (same PID), its finals child too
+            children = Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()
+            assert children, "the finals search runs in a child process"
+            for pid in [server.pid, *children]:
+                assert allocator.jemalloc_loaded(Path(f"/proc/{pid}/maps")), f"process {pid} is not on jemalloc"
 
         async def scenario() -> None:
             calls = [

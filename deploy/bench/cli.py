@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
+from asr_common import allocator
 from deploy.bench import e2e_bench, engine_bench
 
 
@@ -56,6 +57,8 @@ PASSTHROUGH: dict[str, tuple[Callable[[list[str]], int], str]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # a command of its own: the engine's allocator (HOTLINE_ASR_ALLOCATOR=system: glibc's)
+        allocator.prefer_jemalloc()
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] and argv[0] in PASSTHROUGH:
         return PASSTHROUGH[argv[0]][0](argv[1:])

@@ -53,6 +53,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from asr_common import allocator
 from asr_common.scoring import cer
 from asr_core import memtrim
 from asr_core.audio_io import read_wav
@@ -317,6 +318,7 @@ async def run_bench(
         **cpu,
         "machine_cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "allocator": allocator.describe(),
         "schedulers": len(service.engine.schedulers),
         "finals_niceness": service.engine.options.finals_niceness,
         "finals_workers": service.engine.options.finals_workers,

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from asr_common import allocator
 from asr_core.backends import ChunkRunner, make_runner
 from asr_core.backends.traced import POSITION_LIMIT
 from asr_core.model.loader import LoadedModel, load_wenet_model
@@ -161,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         "window": args.window,
         "threads": args.threads,
         "torch": torch.__version__,
+        "allocator": allocator.describe(),
         "traced": args.traced,
         "step_threads": args.step_threads,
     }
@@ -181,4 +183,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    allocator.prefer_jemalloc()
     sys.exit(main())

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from asr_common import allocator
 from asr_common.audio import SAMPLE_RATE
 from asr_core.audio_io import read_wav
 from asr_core.backends import BACKENDS
@@ -570,6 +571,7 @@ def run(args: argparse.Namespace) -> int:
         "step_threads": base.step_threads,
         "schedulers": base.schedulers,
         "torch_threads": torch.get_num_threads(),
+        "allocator": allocator.describe(),
     }
     if args.hotwords_ab > 0 or args.hotwords is not None:
         if args.hotwords is not None:

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from asr_common import allocator
 from asr_core.backends import rescoring_decoder
 from asr_core.engine import Engine, EngineOptions
 from asr_core.finals import FinalRequest, FinalResult, FinalSearch, FinalSettings
@@ -111,6 +112,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "batch": args.batch,
         "attention_beam": args.attention_beam,
         "threads": args.threads,
+        "allocator": allocator.describe(),
         "cpu_ms_min": {name: round(1000 * value, 1) for name, value in cpu_s.items()},
         "per_utterance_ms": {name: round(1000 * value / max(1, len(requests)), 2) for name, value in cpu_s.items()},
         "same_transcripts": {
@@ -138,4 +140,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    allocator.prefer_jemalloc()
     sys.exit(main())

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from asr_common import allocator
 from asr_core.backends import rescoring_decoder
 from asr_core.ctc_search import Hypothesis
 from asr_core.model.loader import LoadedModel, load_wenet_model
@@ -153,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "model": str(args.model) if args.model else f"random:{args.arch}",
         "threads": args.threads,
+        "allocator": allocator.describe(),
     }
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model
@@ -166,4 +168,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    allocator.prefer_jemalloc()
     sys.exit(main())

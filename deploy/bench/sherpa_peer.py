@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from asr_common import allocator
 from asr_core import cpu_isa
 from asr_core.backends import BACKENDS
 from asr_core.backends.onnx_graph import int8_mode_for, quantize_int8
@@ -348,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
             "sherpa_onnx_model": model_file,
             "sherpa_onnx_version": getattr(sherpa_onnx, "__version__", None),
             "ours_rescore": args.rescore,
+            "allocator": allocator.describe(),
             "latency_rule": "p95 <= 300 ms and no chunk later than 1 s over the last quarter (meets_latency_rule)",
         }
         if not args.find_max:
@@ -402,4 +404,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    allocator.prefer_jemalloc()
     sys.exit(main())
