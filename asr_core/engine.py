@@ -21,6 +21,7 @@ import torch
 
 from asr_common.errors import CapacityError
 from asr_common.latency import BATCH_BUCKETS, LATENCY_BUCKETS_S, STEP_BUCKETS_S, Histogram, MeasurementRing
+from asr_core import memtrim
 from asr_core.backends import ChunkRunner, make_runner, rescoring_decoder
 from asr_core.endpoint import EndpointRules
 from asr_core.events import Event
@@ -58,7 +59,7 @@ class EngineOptions:
     dtype: torch.dtype = torch.float32
     backend: str = "torch"
     behind_ms: float = 1000.0
-    trim_interval_s: float = 60.0  # return freed heap to the OS this often (memtrim.trim); 0 = never
+    trim_interval_s: float = memtrim.DEFAULT_INTERVAL_S  # return freed heap to the OS this often; 0 = never
     # Where finals are searched and rescored while the engine runs: "thread" (a thread of this
     # process) or "process" (a child process, CPU only: keeps that Python work off this
     # process's GIL; see asr_core/finals.py). Without the engine's threads (run_once) finals

@@ -40,6 +40,7 @@ from typing import cast
 import numpy as np
 import torch
 
+from asr_core import memtrim
 from asr_core.context_graph import ContextGraph
 from asr_core.ctc_search import Hypothesis, ctc_prefix_beam_search_topk, ctc_scores_topk, ctc_token_frames_topk
 from asr_core.model.loader import LoadedModel
@@ -342,6 +343,7 @@ def serve(fd: int) -> None:
     decoder = torch.load(io.BytesIO(decoder_bytes), weights_only=False).eval()
     search = FinalSearch(rescoring_decoder(backend, decoder), settings, proposer=decoder)
     conn.send("ready")
+    trim = memtrim.Periodic()  # jemalloc keeps freed pages in this process too (asr_common.allocator)
     while True:
         try:
             requests = conn.recv()
@@ -350,3 +352,4 @@ def serve(fd: int) -> None:
         if requests is None:
             return
         conn.send(search.run(requests))
+        trim()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import time
 from collections.abc import Callable
 
 from asr_common import allocator
@@ -66,6 +67,31 @@ def trim() -> bool:
         return purge() == 0
     function = _malloc_trim()
     return bool(function(0)) if function is not None else False
+
+
+DEFAULT_INTERVAL_S = 60.0
+"""How often a long-running loop trims (the engine threads' ``EngineOptions.trim_interval_s``,
+the finals process)."""
+
+
+class Periodic:
+    """:func:`trim` at most once per ``interval_s`` (0: never), for a loop to call every turn."""
+
+    def __init__(self, interval_s: float = DEFAULT_INTERVAL_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self._clock = clock
+        self._due = clock() + interval_s
+
+    def __call__(self) -> bool:
+        """Trim if the interval has passed since the last trim (or the start); whether it did."""
+        if self.interval_s <= 0:
+            return False
+        now = self._clock()
+        if now < self._due:
+            return False
+        trim()
+        self._due = now + self.interval_s
+        return True
 
 
 def rss_mb(pid: int | str = "self") -> float | None:

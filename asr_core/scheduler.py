@@ -140,11 +140,10 @@ class Scheduler:
 
     def _run(self) -> None:
         torch.set_grad_enabled(False)
-        next_trim = time.monotonic() + self.options.trim_interval_s
+        trim = memtrim.Periodic(self.options.trim_interval_s)
         while not self._stop.is_set():
-            if self.trims_heap and self.options.trim_interval_s > 0 and time.monotonic() >= next_trim:
-                memtrim.trim()
-                next_trim = time.monotonic() + self.options.trim_interval_s
+            if self.trims_heap:
+                trim()
             try:
                 timeout = self.run_once()
             except Exception:

@@ -28,3 +28,15 @@ def test_trim_returns_freed_heap_pages() -> None:
     after = rss_mb()
     assert before - after > 100, (before, after)
     assert len(kept) == 188
+
+
+def test_periodic_trims_once_per_interval_and_never_at_zero() -> None:
+    now = [100.0]
+    trim = memtrim.Periodic(60.0, clock=lambda: now[0])
+    turns = []
+    for now[0] in (100.0, 159.9, 160.0, 200.0, 219.9, 220.0, 500.0):
+        turns.append(trim())
+    assert turns == [False, False, True, False, False, True, True]
+    never = memtrim.Periodic(0.0, clock=lambda: now[0])
+    now[0] += 1e6
+    assert never() is False
