@@ -42,6 +42,8 @@ LOW_FREQ_HZ = 20.0
 POVEY_POWER = 0.85
 # Frames computed per call by `FbankStream.get_frames` (a whole file is cut into such calls).
 MAX_FRAMES_PER_CALL = 4096
+INITIAL_BUFFER_SAMPLES = 16_000
+"""A stream's sample buffer to start with (1 s at 16 kHz; it doubles when it must hold more)."""
 
 
 @dataclass(frozen=True)
@@ -174,12 +176,12 @@ def num_fbank_frames(num_samples: int, config: FrontendConfig = DEFAULT_FRONTEND
     return 1 + (num_samples - config.frame_length_samples) // config.frame_shift_samples
 
 
-def _as_float_samples(samples: np.ndarray) -> np.ndarray:
-    """A float32 copy (the stream keeps it; the caller may reuse its array)."""
+def _mono(samples: np.ndarray) -> np.ndarray:
+    """``samples`` as an (N,) array (not copied; the stream copies what it keeps)."""
     x = np.asarray(samples)
     if x.ndim != 1:
         raise ValueError(f"expected mono samples of shape (N,), got shape {x.shape}")
-    return np.array(x, dtype=np.float32)
+    return x
 
 
 def compute_fbank(samples: np.ndarray, config: FrontendConfig = DEFAULT_FRONTEND) -> np.ndarray:
@@ -209,9 +211,14 @@ class FbankStream:
 
     def __init__(self, config: FrontendConfig = DEFAULT_FRONTEND) -> None:
         self.config = config
-        self._pieces: list[np.ndarray] = []
-        self._buffer = np.zeros(0, dtype=np.float32)
-        self._buffer_start = 0  # absolute index of self._buffer[0]
+        # Held samples are self._buffer[self._begin:self._end], absolute indices from
+        # self._buffer_start: received samples are written behind them and dropped ones skipped,
+        # and only when the buffer's end is reached do the held ones move to its front (or to a
+        # larger buffer), so that a chunk costs no copy of the samples it keeps.
+        self._buffer = np.zeros(INITIAL_BUFFER_SAMPLES, dtype=np.float32)
+        self._begin = 0
+        self._end = 0
+        self._buffer_start = 0  # absolute index of self._buffer[self._begin]
         self._total = 0  # samples received
         self._first = 0  # absolute index of the oldest frame still held
         self._finished = False
@@ -239,23 +246,26 @@ class FbankStream:
         """Append (N,) samples (int16, or floats in int16 range, at ``config.sample_rate``)."""
         if self._finished:
             raise RuntimeError("accept_waveform() after input_finished(): start a new FbankStream")
-        x = _as_float_samples(samples)
-        if x.shape[0]:
-            self._pieces.append(x)
-            self._total += x.shape[0]
+        x = _mono(samples)
+        count = x.shape[0]
+        if count:
+            self._make_room(count)
+            self._buffer[self._end : self._end + count] = x  # converted to float32 on the way
+            self._end += count
+            self._total += count
 
     def input_finished(self) -> None:
         """Mark the end of the audio; with snip_edges no further frame appears."""
         self._finished = True
 
     def window(self, start: int, n: int) -> np.ndarray:
-        """The samples of frames [start, start + n), (window_samples(n),) float32 (a view)."""
+        """The samples of frames [start, start + n), (window_samples(n),) float32: a view, valid
+        until the next ``accept_waveform`` (copy it to keep it)."""
         if start < self._first or n < 0 or start + n > self.num_frames_ready:
             raise IndexError(
                 f"frames [{start}, {start + n}) not available: held frames are [{self._first}, {self.num_frames_ready})"
             )
-        self._consolidate()
-        begin = start * self.config.frame_shift_samples - self._buffer_start
+        begin = self._begin + start * self.config.frame_shift_samples - self._buffer_start
         return self._buffer[begin : begin + window_samples(n, self.config)]
 
     def get_frames(self, start: int, n: int) -> np.ndarray:
@@ -280,15 +290,22 @@ class FbankStream:
         self._first += n
         keep_from = self._first * self.config.frame_shift_samples - self._buffer_start
         if keep_from > 0:
-            self._consolidate()
-            self._buffer = self._buffer[keep_from:].copy()
+            self._begin += keep_from
             self._buffer_start += keep_from
 
-    def _consolidate(self) -> None:
-        """Append the pieces received since the last call to the sample buffer."""
-        if self._pieces:
-            self._buffer = np.concatenate([self._buffer, *self._pieces])
-            self._pieces = []
+    def _make_room(self, count: int) -> None:
+        """Room for ``count`` more samples behind the held ones: the held samples move to the
+        buffer's front, or to a buffer twice as large where they would fill more than half of it."""
+        if self._end + count <= self._buffer.shape[0]:
+            return
+        held = self._end - self._begin
+        if 2 * (held + count) > self._buffer.shape[0]:
+            larger = np.empty(max(2 * (held + count), 2 * self._buffer.shape[0]), dtype=np.float32)
+            larger[:held] = self._buffer[self._begin : self._end]
+            self._buffer = larger
+        else:
+            self._buffer[:held] = self._buffer[self._begin : self._end]  # numpy copies overlaps safely
+        self._begin, self._end = 0, held
 
     def pop_frames(self, n: int) -> np.ndarray:
         """Remove and return the ``n`` oldest held frames, (n, num_mel_bins) float32."""

@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from asr_core import frontend
 from asr_core.audio_io import read_wav
 from asr_core.frontend import NUM_MEL_BINS, FbankStream, compute_fbank, fbank_windows, num_fbank_frames, window_samples
 from tests.knf_reference import knf_fbank
@@ -133,3 +134,26 @@ def test_popped_frames_are_freed_and_indices_stay_absolute() -> None:
     stream.input_finished()
     with pytest.raises(RuntimeError):
         stream.accept_waveform(WAVE[:10])
+
+
+@pytest.mark.parametrize("initial", [1, 400, 5000])
+def test_samples_move_to_the_buffer_front_or_a_larger_buffer_and_stay_bounded(
+    initial: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A small starting buffer forces both ways to make room (moving the held samples to the
+    front, growing the buffer), often, as a long call would; the frames stay exact, and a
+    stream whose frames are taken as they come keeps a buffer bounded by what it holds."""
+    monkeypatch.setattr(frontend, "INITIAL_BUFFER_SAMPLES", initial)
+    stream = FbankStream()
+    rng = np.random.default_rng(initial)
+    frames, pos, sizes = [], 0, []
+    while pos < WAVE.shape[0]:
+        n = int(rng.integers(0, 700))
+        stream.accept_waveform(WAVE[pos : pos + n])
+        pos += n
+        sizes.append(stream._buffer.shape[0])
+        frames.append(stream.pop_frames(stream.num_frames_available))
+    stream.input_finished()
+    frames.append(stream.pop_frames(stream.num_frames_available))
+    assert np.array_equal(np.concatenate(frames), WHOLE)
+    assert max(sizes) <= max(initial, 4 * (700 + 400)), "the buffer grew with the stream, not with what it holds"
