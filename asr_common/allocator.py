@@ -3,9 +3,10 @@
 Why: the chunk step allocates and frees hundreds of tensors per call, from two or more threads,
 in shapes that change every tick. Under glibc's malloc the int8 step spent about 5 % of its time
 inside ``posix_memalign``; under jemalloc, with its return of freed pages to the kernel turned
-off (``MALLOC_CONF`` below), the same traced steps took 7-12 % less time and the engine's step
-CPU per second of audio fell 6 % (AISHELL size, torch-int8, 16-84 streams, docs/BENCHMARKS.md).
-jemalloc's default, which gives freed pages back within seconds, was no faster than glibc.
+off (``MALLOC_CONF`` below), the same traced steps took 9-14 % less time on an AMX Xeon (2-6 %
+with oneDNN capped to AVX2) and the engine's step CPU per second of audio fell 6 % (AISHELL size,
+torch-int8, 16-84 streams, docs/BENCHMARKS.md). jemalloc's default, which gives freed pages back
+within seconds, was no faster than glibc at 84 streams.
 
 How: an allocator is chosen when the process starts, so the command-line entry points call
 :func:`prefer_jemalloc` first: where ``libjemalloc.so.2`` is installed (Debian's
