@@ -7,7 +7,6 @@ import sys
 from collections.abc import Callable
 
 from asr_common import allocator
-from deploy.bench import e2e_bench, engine_bench
 
 
 def _accuracy(argv: list[str]) -> int:
@@ -59,6 +58,10 @@ PASSTHROUGH: dict[str, tuple[Callable[[list[str]], int], str]] = {
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # a command of its own: the engine's allocator (HOTLINE_ASR_ALLOCATOR=system: glibc's)
         allocator.prefer_jemalloc()
+    # Imported only now: importing torch (2 s) before the command runs itself again on jemalloc
+    # would be wasted.
+    from deploy.bench import e2e_bench, engine_bench
+
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] and argv[0] in PASSTHROUGH:
         return PASSTHROUGH[argv[0]][0](argv[1:])
