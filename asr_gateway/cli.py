@@ -12,8 +12,8 @@ from pathlib import Path
 
 from asr_common import allocator
 from asr_common.yamlconf import ConfigError
-from asr_gateway.config import ServiceConfig, load_config
-from asr_gateway.state_dir import writable_problems
+from asr_gateway.config import load_config
+from asr_gateway.config_check import check_referenced_files
 
 
 def _check_config(args: argparse.Namespace) -> int:
@@ -30,40 +30,6 @@ def _check_config(args: argparse.Namespace) -> int:
         return 1
     print("ok")
     return 0
-
-
-def check_referenced_files(config: ServiceConfig) -> list[str]:
-    """Validate the files the config points at (routes, KB, tag rules, model) and that the spool
-    directory is writable; one line per problem."""
-    from asr_gateway.service import load_router
-    from kb_hooks.kb import load_kb
-    from kb_hooks.tags import load_tag_rules
-
-    problems: list[str] = []
-    try:
-        load_router(config)
-    except ConfigError as exc:
-        problems += exc.errors
-    for path in config.kb_hooks.kb_sets.values():
-        try:
-            load_kb(path)
-        except ConfigError as exc:
-            problems += exc.errors
-    for path in config.kb_hooks.tag_rule_sets.values():
-        try:
-            load_tag_rules(path)
-        except ConfigError as exc:
-            problems += exc.errors
-    problems += writable_problems(config.redis.spool_dir, "redis.spool_dir")
-    model_dir = config.engine.model_dir
-    if model_dir is not None:
-        missing = [name for name in MODEL_FILES if not (Path(model_dir) / name).is_file()]
-        if missing:
-            problems.append(f"{model_dir}: engine.model_dir lacks {', '.join(missing)}")
-    return problems
-
-
-MODEL_FILES = ("train.yaml", "final.pt", "units.txt")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -91,13 +57,13 @@ def _tail(argv: list[str]) -> int:
 
 
 def _demo(argv: list[str]) -> int:
-    from asr_gateway.demo import main as demo_main
+    from asr_gateway.dev.demo import main as demo_main
 
     return demo_main(argv)
 
 
 def _cluster(argv: list[str]) -> int:
-    from asr_gateway.cluster import main as cluster_main
+    from asr_gateway.dev.cluster import main as cluster_main
 
     return cluster_main(argv)
 

@@ -160,7 +160,7 @@ class ConfigStore:
 
     def validate(self, key: str, content: str) -> list[str]:
         """``check-config``'s messages for the service config with ``key`` replaced by ``content``."""
-        from asr_gateway.cli import check_referenced_files
+        from asr_gateway.config_check import check_referenced_files
 
         if len(content.encode()) > MAX_FILE_BYTES:
             return [f"{self.path_of(key)}: larger than {MAX_FILE_BYTES} bytes"]

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import uvicorn
 
-from asr_gateway.local_redis import free_tcp_port
+from asr_gateway.dev.local_redis import free_tcp_port
 from console.app import build_app
 from console.cli import server_config
 from console.settings import load_settings

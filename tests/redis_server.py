@@ -1,4 +1,4 @@
-"""A real redis-server for tests: ``asr_gateway.local_redis.LocalRedis`` (the demo's), skipping
+"""A real redis-server for tests: ``asr_gateway.dev.local_redis.LocalRedis`` (the demo's), skipping
 the test when redis-server is not installed.
 
 Use the ``redis_server`` fixture (``from tests.redis_server import redis_server``) or
@@ -15,8 +15,8 @@ from typing import TypeVar
 
 import pytest
 
-from asr_gateway.local_redis import LocalRedis, LocalRedisCluster, LocalSentinelGroup, RedisNotInstalled
-from asr_gateway.local_redis import free_tcp_port as free_port
+from asr_gateway.dev.local_redis import LocalRedis, LocalRedisCluster, LocalSentinelGroup, RedisNotInstalled
+from asr_gateway.dev.local_redis import free_tcp_port as free_port
 
 __all__ = ["RedisServer", "free_port", "redis_cluster", "redis_server", "sentinel_group"]
 

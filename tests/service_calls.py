@@ -21,8 +21,8 @@ import jsonschema
 import redis
 
 from asr_gateway.config import ServiceConfig
+from asr_gateway.dev.sipp_calls import CallResult
 from asr_gateway.service import DEMO_MODEL_DIR, Ports, Service
-from asr_gateway.sipp_calls import CallResult
 from kb_hooks import events as ev
 
 REPO = Path(__file__).resolve().parents[1]

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from asr_core.audio_io import read_wav
-from asr_gateway.cluster import (
+from asr_gateway.dev.cluster import (
     DISPATCHER_CFG,
     FINAL,
     ClusterOptions,
@@ -38,8 +38,8 @@ from asr_gateway.cluster import (
     missing_programs,
     selections,
 )
-from asr_gateway.cluster import main as cluster_main
-from asr_gateway.sipp_calls import CallResult, place_call
+from asr_gateway.dev.cluster import main as cluster_main
+from asr_gateway.dev.sipp_calls import CallResult, place_call
 
 REPO = Path(__file__).resolve().parents[1]
 AUDIO = REPO / "tests" / "data" / "hotline_8k" / "hotline_1.wav"

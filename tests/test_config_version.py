@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from asr_gateway.demo import DATA_DIR, demo_config
+from asr_gateway.dev.demo import DATA_DIR, demo_config
 from asr_gateway.service import DEMO_MODEL_DIR as MODEL_DIR
 from asr_gateway.service import Service
 

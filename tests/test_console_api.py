@@ -19,10 +19,10 @@ import pytest
 import redis
 
 from asr_common.yamlconf import ConfigError
-from asr_gateway.cli import check_referenced_files
 from asr_gateway.config import load_config
+from asr_gateway.config_check import check_referenced_files
+from asr_gateway.dev.local_redis import LocalRedisCluster
 from asr_gateway.heartbeat import Heartbeat, control_channel
-from asr_gateway.local_redis import LocalRedisCluster
 from kb_hooks import events as ev
 from kb_hooks.processor import TranscriptProcessor
 from kb_hooks.types import CallContext, Participant, RedactionMode, TranscriptUpdate

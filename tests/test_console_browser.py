@@ -27,8 +27,8 @@ import redis
 
 from asr_core.audio_io import read_wav
 from asr_gateway.config import load_config
+from asr_gateway.dev.sipp_calls import PCMU, place_call
 from asr_gateway.service import Service
-from asr_gateway.sipp_calls import PCMU, place_call
 from tests.console_helpers import PASSWORDS, running_console, write_configs
 from tests.redis_server import RedisServer, free_port, redis_server
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from asr_gateway.cli import main as cli_main
-from asr_gateway.demo import DATA_DIR, DEMO_CALLS, load_references
+from asr_gateway.dev.demo import DATA_DIR, DEMO_CALLS, load_references
 from asr_gateway.service import DEMO_MODEL_DIR
 from tests.demo_quality import GOOD_ENOUGH_CER
 

@@ -30,10 +30,10 @@ import redis
 from asr_common import allocator
 from asr_core.audio_io import read_wav
 from asr_gateway.config import ServiceConfig
-from asr_gateway.demo import DATA_DIR, EventCollector, demo_config
-from asr_gateway.local_redis import free_tcp_port
+from asr_gateway.dev.demo import DATA_DIR, EventCollector, demo_config
+from asr_gateway.dev.local_redis import free_tcp_port
+from asr_gateway.dev.sipp_calls import PCMA, CallResult, place_call, rtp_packets, sipp_path
 from asr_gateway.service import DEMO_MODEL_DIR, Service
-from asr_gateway.sipp_calls import PCMA, CallResult, place_call, rtp_packets, sipp_path
 from tests.redis_server import RedisServer
 
 MODEL = DEMO_MODEL_DIR  # the bundled model must read the bundled recordings: no fallback, no skip

@@ -20,9 +20,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from asr_core.audio_io import read_wav
-from asr_gateway.demo import DATA_DIR, EventCollector, demo_config
+from asr_gateway.dev.demo import DATA_DIR, EventCollector, demo_config
+from asr_gateway.dev.sipp_calls import place_call
 from asr_gateway.service import DEMO_MODEL_DIR, Service
-from asr_gateway.sipp_calls import place_call
 from tests.redis_server import RedisServer, redis_server
 
 __all__ = ["redis_server"]  # the fixture, used by name

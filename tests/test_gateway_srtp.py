@@ -20,8 +20,8 @@ import pytest
 
 from asr_core.audio_io import read_wav
 from asr_gateway.config import load_config
+from asr_gateway.dev.sipp_calls import place_call
 from asr_gateway.service import Ports, Service
-from asr_gateway.sipp_calls import place_call
 from rtp.srtp import SrtpKeys
 from tests.redis_server import RedisServer, redis_server
 from tests.service_calls import DATA, read_valid_events, run_calls, write_config

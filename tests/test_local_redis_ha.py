@@ -1,4 +1,4 @@
-"""The Sentinel group and Cluster launchers in asr_gateway.local_redis start real processes that
+"""The Sentinel group and Cluster launchers in asr_gateway.dev.local_redis start real processes that
 behave as Redis says: the sentinels promote the replica when the master dies, the cluster spreads
 slots over three masters and redirects keys to their slot's owner."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
-from asr_gateway.local_redis import LocalRedisCluster, LocalSentinelGroup
+from asr_gateway.dev.local_redis import LocalRedisCluster, LocalSentinelGroup
 from tests.redis_server import redis_cluster, sentinel_group
 
 __all__ = ["redis_cluster", "sentinel_group"]

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from asr_gateway.demo import demo_config
+from asr_gateway.dev.demo import demo_config
 from asr_gateway.service import DEMO_MODEL_DIR, Service
 from tests.redis_server import RedisServer, redis_server
 

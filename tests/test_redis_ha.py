@@ -25,8 +25,8 @@ from redis.cluster import ClusterNode, RedisCluster, key_slot
 
 from asr_core.audio_io import read_wav
 from asr_gateway.config import load_config
-from asr_gateway.local_redis import LocalRedisCluster, LocalSentinelGroup
-from asr_gateway.sipp_calls import place_call
+from asr_gateway.dev.local_redis import LocalRedisCluster, LocalSentinelGroup
+from asr_gateway.dev.sipp_calls import place_call
 from kb_hooks import events as ev
 from kb_hooks import tail
 from kb_hooks.config import RedisSettings

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from asr_gateway.sipp_calls import place_call
+from asr_gateway.dev.sipp_calls import place_call
 from rtp.ports import PortAllocator
 from sip.app import CountingCallHandler
 from sip.config import SipSettings

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from asr_gateway import sipp_calls
+from asr_gateway.dev import sipp_calls
 from rtp.g711 import encode
 from rtp.leg import RtpLeg
 from rtp.ports import PortAllocator

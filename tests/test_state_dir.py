@@ -18,8 +18,8 @@ import pytest
 
 from asr_gateway import state_dir
 from asr_gateway.config import load_config
-from asr_gateway.demo import DATA_DIR
-from asr_gateway.local_redis import free_tcp_port
+from asr_gateway.dev.demo import DATA_DIR
+from asr_gateway.dev.local_redis import free_tcp_port
 from asr_gateway.service import DEMO_MODEL_DIR, Service
 
 REPO = Path(__file__).resolve().parents[1]

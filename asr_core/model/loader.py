@@ -113,6 +113,10 @@ def _apply_state_dict(model: ASRModel, state: dict[str, torch.Tensor], path: Pat
     model.load_state_dict(state, strict=True)
 
 
+MODEL_FILES = ("train.yaml", "final.pt", "units.txt")
+"""The files every WeNet released-model directory holds (``global_cmvn`` too when train.yaml names CMVN)."""
+
+
 def load_wenet_model(model_dir: str | Path, device: str | torch.device = "cpu") -> LoadedModel:
     """Build the model from ``model_dir`` and load its weights; returns it in eval mode.
 
@@ -121,8 +125,7 @@ def load_wenet_model(model_dir: str | Path, device: str | torch.device = "cpu") 
     as WeNet does.
     """
     model_dir = Path(model_dir)
-    required = ["train.yaml", "final.pt", "units.txt"]
-    missing = [name for name in required if not (model_dir / name).is_file()]
+    missing = [name for name in MODEL_FILES if not (model_dir / name).is_file()]
     config = load_model_config(model_dir / "train.yaml") if "train.yaml" not in missing else None
     if config is not None and config.cmvn is not None and not (model_dir / CMVN_FILE).is_file():
         missing.append(CMVN_FILE)

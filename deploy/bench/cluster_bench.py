@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from asr_core.audio_io import read_wav
-from asr_gateway.cluster import (
+from asr_gateway.dev.cluster import (
     FINAL,
     ClusterError,
     ClusterOptions,
@@ -41,8 +41,8 @@ from asr_gateway.cluster import (
     missing_programs,
     selections,
 )
-from asr_gateway.demo import DATA_DIR
-from asr_gateway.sipp_calls import CallResult, place_call
+from asr_gateway.dev.demo import DATA_DIR
+from asr_gateway.dev.sipp_calls import CallResult, place_call
 
 PBX_HOST = "127.0.0.100"
 VICTIM = "node1"

@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from asr_gateway.local_redis import LocalRedis, free_tcp_port
+from asr_gateway.dev.local_redis import LocalRedis, free_tcp_port
 from kb_hooks import events as ev
 from kb_hooks.config import RedisSettings
 from kb_hooks.publisher import Publisher, percentile

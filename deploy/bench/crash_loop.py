@@ -36,9 +36,9 @@ from typing import Any
 import numpy as np
 import redis
 
-from asr_gateway.demo import DemoError, check_model_dir, default_model_dir
-from asr_gateway.local_redis import LocalRedis
-from asr_gateway.sipp_calls import place_call
+from asr_gateway.dev.demo import DemoError, check_model_dir, default_model_dir
+from asr_gateway.dev.local_redis import LocalRedis
+from asr_gateway.dev.sipp_calls import place_call
 from deploy.bench.e2e_bench import call_audio
 from deploy.bench.soak import wait_healthy, write_config
 

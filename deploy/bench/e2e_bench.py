@@ -57,7 +57,7 @@ from asr_common import allocator
 from asr_common.scoring import cer
 from asr_core import memtrim
 from asr_core.audio_io import read_wav
-from asr_gateway.demo import (
+from asr_gateway.dev.demo import (
     DATA_DIR,
     DemoError,
     EventCollector,
@@ -67,9 +67,9 @@ from asr_gateway.demo import (
     demo_config,
     load_references,
 )
-from asr_gateway.local_redis import LocalRedis, LocalRedisError, redis_reachable
+from asr_gateway.dev.local_redis import LocalRedis, LocalRedisError, redis_reachable
+from asr_gateway.dev.sipp_calls import HANGUP_AFTER_AUDIO_S, PCMA, PCMU, CallResult, place_calls
 from asr_gateway.service import Service
-from asr_gateway.sipp_calls import HANGUP_AFTER_AUDIO_S, PCMA, PCMU, CallResult, place_calls
 from deploy.bench.engine_bench import FINAL_LATENCY_LIMIT_MS
 
 GAP_S = 1.0  # between sentences: longer than the 800 ms endpoint rule, so each sentence is an utterance

@@ -2,7 +2,7 @@
 
     python -m deploy.bench.failover_bench [--calls 20] [--seconds 20] [--mode kill|failover]
 
-Starts a Sentinel group on loopback (``asr_gateway.local_redis.LocalSentinelGroup``: master,
+Starts a Sentinel group on loopback (``asr_gateway.dev.local_redis.LocalSentinelGroup``: master,
 replica, three sentinels, down-after 1 s), has ``--calls`` calls speak (a partial and a final
 every ``--interval-ms`` each) through the real publisher for ``--seconds``, and halfway through
 SIGKILLs the master (``kill``) or asks the sentinels for ``SENTINEL FAILOVER``. Then it ends the
@@ -30,7 +30,7 @@ from typing import Any
 
 import redis
 
-from asr_gateway.local_redis import LocalRedisError, LocalSentinelGroup
+from asr_gateway.dev.local_redis import LocalRedisError, LocalSentinelGroup
 from kb_hooks import events as ev
 from kb_hooks.config import RedisSettings
 from kb_hooks.keys import SINGLE

@@ -38,7 +38,7 @@ from asr_core.engine import Engine, EngineOptions
 from asr_core.finals import FinalRequest, FinalResult, FinalSearch, FinalSettings
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_core.stream import StreamConfig
-from asr_gateway.demo import default_model_dir
+from asr_gateway.dev.demo import default_model_dir
 from deploy.bench.e2e_bench import call_audio
 
 

@@ -36,9 +36,9 @@ import numpy as np
 
 from asr_common.audio import SAMPLE_RATE
 from asr_core import memtrim
-from asr_gateway.demo import DATA_DIR, DemoError, check_model_dir, default_model_dir
-from asr_gateway.local_redis import LocalRedis, LocalRedisError, free_tcp_port, redis_reachable
-from asr_gateway.sipp_calls import PCMA, PCMU, place_call
+from asr_gateway.dev.demo import DATA_DIR, DemoError, check_model_dir, default_model_dir
+from asr_gateway.dev.local_redis import LocalRedis, LocalRedisError, free_tcp_port, redis_reachable
+from asr_gateway.dev.sipp_calls import PCMA, PCMU, place_call
 from deploy.bench.e2e_bench import call_audio
 
 

@@ -38,12 +38,12 @@ from redis.exceptions import RedisError
 
 from asr_common.scoring import cer
 from asr_core.audio_io import read_wav
-from asr_gateway.cli import MODEL_FILES
+from asr_core.model.loader import MODEL_FILES
 from asr_gateway.config import ServiceConfig
-from asr_gateway.local_redis import LocalRedis, LocalRedisError, redis_reachable
+from asr_gateway.dev.local_redis import LocalRedis, LocalRedisError, redis_reachable
+from asr_gateway.dev.sipp_calls import PCMA, PCMU, CallResult, place_call, sipp_path
 from asr_gateway.logs import configure_logging
 from asr_gateway.service import DEMO_MODEL_DIR, Service
-from asr_gateway.sipp_calls import PCMA, PCMU, CallResult, place_call, sipp_path
 from kb_hooks.connection import make_client
 from kb_hooks.publisher import firehose_key, live_channel
 from kb_hooks.tail import Printer

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import soxr
 
-from asr_gateway.local_redis import free_tcp_port
+from asr_gateway.dev.local_redis import free_tcp_port
 from rtp.dtmf import KEYS
 from rtp.g711 import encode_alaw, encode_ulaw
 from rtp.g722 import SAMPLE_RATE as G722_RATE

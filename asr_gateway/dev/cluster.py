@@ -39,9 +39,9 @@ from typing import Any
 import redis
 from redis.exceptions import RedisError
 
-from asr_gateway.local_redis import LocalRedis, LocalRedisError, redis_reachable
+from asr_gateway.dev.local_redis import LocalRedis, LocalRedisError, redis_reachable
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DISPATCHER_CFG = REPO / "deploy" / "cluster" / "kamailio-dispatcher.cfg"
 STATE_FILE = "cluster.json"
 PROXY_HOST = "127.0.0.1"
@@ -520,7 +520,7 @@ FINAL = "transcript.final"
 
 def _sentinel_group_class() -> Any:
     """``LocalSentinelGroup`` where this version has it, else None."""
-    from asr_gateway import local_redis
+    from asr_gateway.dev import local_redis
 
     return getattr(local_redis, "LocalSentinelGroup", None)
 

@@ -1,0 +1,42 @@
+"""What ``check-config`` (and the console's config editor) checks beyond the config's own schema:
+the files it names (routes, KB sets, tag rules, model) load, and the spool directory is writable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from asr_common.yamlconf import ConfigError
+from asr_core.model.loader import MODEL_FILES
+from asr_gateway.config import ServiceConfig
+from asr_gateway.state_dir import writable_problems
+
+
+def check_referenced_files(config: ServiceConfig) -> list[str]:
+    """Validate the files the config points at (routes, KB, tag rules, model) and that the spool
+    directory is writable; one line per problem."""
+    from asr_gateway.service import load_router
+    from kb_hooks.kb import load_kb
+    from kb_hooks.tags import load_tag_rules
+
+    problems: list[str] = []
+    try:
+        load_router(config)
+    except ConfigError as exc:
+        problems += exc.errors
+    for path in config.kb_hooks.kb_sets.values():
+        try:
+            load_kb(path)
+        except ConfigError as exc:
+            problems += exc.errors
+    for path in config.kb_hooks.tag_rule_sets.values():
+        try:
+            load_tag_rules(path)
+        except ConfigError as exc:
+            problems += exc.errors
+    problems += writable_problems(config.redis.spool_dir, "redis.spool_dir")
+    model_dir = config.engine.model_dir
+    if model_dir is not None:
+        missing = [name for name in MODEL_FILES if not (Path(model_dir) / name).is_file()]
+        if missing:
+            problems.append(f"{model_dir}: engine.model_dir lacks {', '.join(missing)}")
+    return problems
