@@ -1,7 +1,8 @@
-"""Between SIP calls, engine streams and the Redis publisher.
+"""Between incoming calls, engine streams and the Redis publisher.
 
-``CallBridge`` is the ``sip.app.CallHandler`` of the service: each transcribed call leg
-becomes an engine ``Stream`` whose PCM comes straight from the RTP leg. Engine events are
+``CallBridge`` is the ``calls.handler.CallHandler`` of the service (every front door's
+application): each transcribed call leg becomes an engine ``Stream`` whose PCM comes straight
+from the door's leg (SIP: the RTP leg). Engine events are
 handed to one worker thread (bounded queue) that runs KB matching, tagging and redaction
 (``kb_hooks.TranscriptProcessor``) and submits the results to the publisher, so neither the
 engine thread nor the event loop ever waits on them. ``call.ended`` is published after the
@@ -31,12 +32,12 @@ from asr_core.engine import Engine
 from asr_core.events import Ended, Event, Final, Partial
 from asr_core.stream import Stream, StreamConfig
 from asr_gateway.hotwords import HotwordLists
+from calls.call import CallInfo, LegInfo
 from kb_hooks import events as ev
 from kb_hooks.processor import TranscriptProcessor
 from kb_hooks.publisher import Publisher
 from kb_hooks.types import CallContext, Participant, RedactionMode, TranscriptUpdate
 from rtp.dtmf import KeyPress
-from sip.app import CallInfo, LegInfo
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ _STOP = object()
 
 
 class StreamSink:
-    """``rtp.sink.PcmSink`` that feeds an engine stream; key presses (``rtp.sink.DtmfSink``) go
+    """``asr_common.audio.PcmSink`` that feeds an engine stream; key presses (``rtp.sink.DtmfSink``) go
     to ``on_dtmf`` (None: ignored, the route's ``dtmf: off``)."""
 
     def __init__(self, stream: Stream, on_dtmf: Callable[[KeyPress], None] | None = None) -> None:
@@ -129,7 +130,7 @@ class CallBridge:
         with self._lock:
             return len(self._calls)
 
-    # -- sip.app.CallHandler ----------------------------------------------------------
+    # -- calls.handler.CallHandler -------------------------------------------------------
 
     def has_capacity(self, legs: int) -> bool:
         """A free engine slot per leg, and an engine that keeps up: while it is behind real time
@@ -329,7 +330,7 @@ class CallBridge:
         profile = call.profile
         return CallContext(
             call_id=call.call_id,
-            sip_call_id=call.sip_call_id,
+            sip_call_id=call.source_call_id,
             route=call.route,
             key_prefix=profile.key_prefix,
             redaction=RedactionMode(profile.redaction) if profile.redaction else self.default_redaction,
