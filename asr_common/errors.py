@@ -3,7 +3,7 @@
 Admission control (SIP's 503 with Retry-After) catches ``CapacityError`` and nothing broader,
 so a bug in the application is never mistaken for a busy node; each layer raises its own
 subclass (``kv_ring.PoolExhausted``: no cache slot; ``rtp.ports.PortsExhausted``: no RTP port;
-``sip.app.LegsExhausted``: a handler's own leg limit).
+``calls.handler.LegsExhausted``: a handler's own leg limit).
 """
 
 

@@ -1,17 +1,18 @@
-"""Between SIP calls, engine streams and the Redis publisher.
+"""Between incoming calls, engine streams and the Redis publisher.
 
-``CallBridge`` is the ``sip.app.CallHandler`` of the service: each transcribed call leg
-becomes an engine ``Stream`` whose PCM comes straight from the RTP leg. Engine events are
+``CallBridge`` is the ``calls.handler.CallHandler`` of the service (every front door's
+application): each transcribed call leg becomes an engine ``Stream`` whose PCM comes straight
+from the door's leg (SIP: the RTP leg). Engine events are
 handed to one worker thread (bounded queue) that runs KB matching, tagging and redaction
 (``kb_hooks.TranscriptProcessor``) and submits the results to the publisher, so neither the
 engine thread nor the event loop ever waits on them. ``call.ended`` is published after the
 last final of the call's last leg.
 
-Plain INVITEs with the same ``CallInfo.join_key`` (CUCM built-in-bridge recording: one INVITE
+Plain calls with the same ``CallInfo.join_key`` (CUCM built-in-bridge recording: one INVITE
 per direction) are one call here: the second one's legs become more participants of the first
-one's call, which ends when every INVITE of it has ended. The first waits up to its profile's
-``join_timeout_s`` for its partner before ``call.started`` is published (at once if a
-transcript of it comes first); a partner after that is a call of its own.
+one's call, which ends when every call joined into it has ended. The first waits up to its
+profile's ``join_timeout_s`` for its partner (``calls.join.Joiner``) before ``call.started`` is
+published (at once if a transcript of it comes first); a partner after that is a call of its own.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,12 +33,13 @@ from asr_core.engine import Engine
 from asr_core.events import Ended, Event, Final, Partial
 from asr_core.stream import Stream, StreamConfig
 from asr_gateway.hotwords import HotwordLists
+from calls.call import CallInfo, LegInfo
+from calls.join import Joiner
 from kb_hooks import events as ev
 from kb_hooks.processor import TranscriptProcessor
 from kb_hooks.publisher import Publisher
 from kb_hooks.types import CallContext, Participant, RedactionMode, TranscriptUpdate
 from rtp.dtmf import KeyPress
-from sip.app import CallInfo, LegInfo
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +47,7 @@ _STOP = object()
 
 
 class StreamSink:
-    """``rtp.sink.PcmSink`` that feeds an engine stream; key presses (``rtp.sink.DtmfSink``) go
+    """``asr_common.audio.PcmSink`` that feeds an engine stream; key presses (``rtp.sink.DtmfSink``) go
     to ``on_dtmf`` (None: ignored, the route's ``dtmf: off``)."""
 
     def __init__(self, stream: Stream, on_dtmf: Callable[[KeyPress], None] | None = None) -> None:
@@ -71,7 +74,7 @@ class _CallState:
     started: bool = False
     ended_reason: str | None = None
     audio_ms: dict[str, int] = field(default_factory=dict)
-    members: set[str] = field(default_factory=set)  # ids of the SIP calls (INVITEs) joined here
+    members: set[str] = field(default_factory=set)  # ids of the incoming calls (SIP: INVITEs) joined here
     ended_members: set[str] = field(default_factory=set)
     join_key: str | None = None  # open for a partner INVITE while set
     waiting: bool = False  # call.started held back for the partner
@@ -97,8 +100,8 @@ class CallBridge:
         self.default_redaction = default_redaction
         self._calls: dict[str, _CallState] = {}
         self._leg_call: dict[str, str] = {}  # stream/leg id -> call id
-        self._joins: dict[str, str] = {}  # join key -> call id waiting for its partner INVITE
-        self._member_call: dict[str, str] = {}  # SIP call id -> call id it was joined to
+        self._joiner = Joiner()  # join key -> call id waiting for its partner (under the lock)
+        self._member_call: dict[str, str] = {}  # incoming call id -> call id it was joined to
         self._lock = threading.Lock()
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
         self._worker: threading.Thread | None = None
@@ -129,7 +132,7 @@ class CallBridge:
         with self._lock:
             return len(self._calls)
 
-    # -- sip.app.CallHandler ----------------------------------------------------------
+    # -- calls.handler.CallHandler -------------------------------------------------------
 
     def has_capacity(self, legs: int) -> bool:
         """A free engine slot per leg, and an engine that keeps up: while it is behind real time
@@ -171,12 +174,13 @@ class CallBridge:
         return StreamSink(stream, lambda press: self._queue_put(("dtmf", leg.leg_id, press, publish)))
 
     def _state_for(self, call: CallInfo) -> tuple[str, _CallState, bool]:
-        """(call id, state, whether this INVITE opened a new call waiting for a partner) of a
-        leg of ``call``, joining it to a waiting partner with its join key. Under the lock."""
+        """(call id, state, whether this call opened a new one waiting for a partner) of a leg of
+        ``call``, joining it to a partner waiting with its join key. Under the lock."""
+        now = time.monotonic()
         call_id = self._member_call.get(call.call_id)
         if call_id is None:
             call_id = call.call_id
-            partner = self._joins.pop(call.join_key, None) if call.join_key is not None else None
+            partner = self._joiner.take(call.join_key, now) if call.join_key is not None else None
             partner_state = self._calls.get(partner) if partner is not None else None
             if partner is not None and partner_state is not None and partner_state.ended_reason is None:
                 call_id = partner
@@ -190,7 +194,7 @@ class CallBridge:
             if call.join_key is not None:
                 state.join_key = call.join_key
                 state.waiting = True
-                self._joins[call.join_key] = call_id
+                self._joiner.wait(call.join_key, call_id, now, call.profile.join_timeout_s)
             self._calls[call_id] = state
         state.members.add(call.call_id)
         return call_id, state, fresh
@@ -286,7 +290,7 @@ class CallBridge:
         self.publisher.call_started(state.ctx, list(state.participants.values()), state.metadata)
 
     def _join_timed_out(self, call_id: str) -> None:
-        """The partner INVITE did not come in time: close the join and announce the call alone."""
+        """The partner call did not come in time: close the join and announce the call alone."""
         state = self._calls.get(call_id)
         if state is None:
             return
@@ -295,8 +299,8 @@ class CallBridge:
 
     def _close_join(self, state: _CallState) -> None:
         with self._lock:
-            if state.join_key is not None and self._joins.get(state.join_key) == state.ctx.call_id:
-                del self._joins[state.join_key]
+            if state.join_key is not None:
+                self._joiner.close(state.join_key, state.ctx.call_id)
             state.join_key = None
             state.waiting = False
 
@@ -308,7 +312,7 @@ class CallBridge:
             return
         state.ended_members.add(member)
         if state.members - state.ended_members:
-            return  # another INVITE of the call is still up
+            return  # another call joined into it is still up
         self._close_join(state)
         state.ended_reason = reason
         self._maybe_publish_ended(state)
@@ -329,7 +333,7 @@ class CallBridge:
         profile = call.profile
         return CallContext(
             call_id=call.call_id,
-            sip_call_id=call.sip_call_id,
+            sip_call_id=call.source_call_id,
             route=call.route,
             key_prefix=profile.key_prefix,
             redaction=RedactionMode(profile.redaction) if profile.redaction else self.default_redaction,

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from asr_common.audio import SAMPLE_RATE, TELEPHONE_RATE
+from asr_common.audio import SAMPLE_RATE, TELEPHONE_RATE, PcmSink
 from asr_common.draining import wait_while_progressing
 from asr_common.yamlconf import ConfigError
 from asr_core import memtrim
@@ -42,14 +42,13 @@ from asr_gateway.config import ServiceConfig
 from asr_gateway.heartbeat import Heartbeat, default_node_id
 from asr_gateway.hotwords import HotwordLists
 from asr_gateway.metrics import MetricsServer
+from calls.routing import Router, load_routes
 from kb_hooks.processor import TranscriptProcessor
 from kb_hooks.publisher import Publisher
 from rtp.leg import RtpLeg
 from rtp.poller import FastReceiver
 from rtp.ports import PortAllocator
-from rtp.sink import PcmSink
 from rtp.stats import LegStats
-from sip.routing import Router, load_routes
 from sip.transport import SipServer
 
 log = logging.getLogger(__name__)

@@ -176,7 +176,7 @@ class ConfigStore:
     def try_text(self, text: str, profile_name: str | None, drafts: dict[str, str]) -> dict[str, Any]:
         """What the service would publish for ``text`` as a final: redacted transcript, KB
         suggestions (score, homophone), tags and entities; drafts (unapplied edits) included."""
-        from sip.routing import load_routes
+        from calls.routing import load_routes
 
         with self._drafts(drafts) as (config, made):
             try:

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from asr_common.audio import PcmSink
 from rtp.dtmf import KeyPress, TelephoneEvents
 from rtp.fastpath import FastPath
 from rtp.g711 import DECODE_TABLES
@@ -39,7 +40,7 @@ from rtp.packet import RTP_HEADER_LENGTH, RtpPacket, is_rtcp, parse_rtcp
 from rtp.poller import DatagramPoller
 from rtp.resample import PassThroughStream, SharedUpsampler, SoxrStream, UpsamplerStream
 from rtp.seq import timestamp_diff
-from rtp.sink import DtmfSink, PcmSink
+from rtp.sink import DtmfSink
 from rtp.srtp import SrtpKeys, SrtpReceiver
 from rtp.stats import LegStats
 

@@ -1,20 +1,11 @@
-"""Where a leg's audio goes: 16 kHz mono int16 PCM pieces of any length."""
+"""What a leg's sink may take besides 16 kHz PCM (``asr_common.audio.PcmSink``): key presses."""
 
 from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-import numpy as np
-
+from asr_common.audio import CountingPcmSink
 from rtp.dtmf import KeyPress
-
-
-class PcmSink(Protocol):
-    def accept_waveform(self, samples: np.ndarray) -> None:
-        """Take int16 samples at 16 kHz, mono, shape (N,), N >= 0. Must not block."""
-
-    def input_finished(self) -> None:
-        """No more audio will come; called exactly once per leg."""
 
 
 @runtime_checkable
@@ -25,32 +16,12 @@ class DtmfSink(Protocol):
         """One key press, called on the event loop. Must not block."""
 
 
-class CountingSink:
-    """Counts what arrives; keeps the PCM itself only when `keep` is set (tests)."""
+class CountingSink(CountingPcmSink):
+    """Counts what arrives, key presses included; keeps the PCM only when ``keep`` is set (tests)."""
 
     def __init__(self, *, keep: bool = False) -> None:
-        self.samples = 0
-        self.pieces = 0
-        self.finished = 0
+        super().__init__(keep=keep)
         self.presses: list[KeyPress] = []
-        self._keep = keep
-        self._kept: list[np.ndarray] = []
-
-    def accept_waveform(self, samples: np.ndarray) -> None:
-        self.samples += len(samples)
-        self.pieces += 1
-        if self._keep:
-            self._kept.append(samples.copy())
-
-    def input_finished(self) -> None:
-        self.finished += 1
 
     def dtmf(self, press: KeyPress) -> None:
         self.presses.append(press)
-
-    @property
-    def pcm(self) -> np.ndarray:
-        """All kept samples, shape (samples,), int16."""
-        if not self._kept:
-            return np.zeros(0, dtype=np.int16)
-        return np.concatenate(self._kept)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from asr_common.audio import PcmSink
+from calls.call import CallInfo, LegInfo
 from rtp.srtp import SrtpKeys
-from sip.app import CallInfo, LegInfo, PcmSink
 from sip.errors import SipParseError
 from sip.message import Address, Message, Response, Via, split_list
 

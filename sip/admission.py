@@ -21,8 +21,9 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable
 
+from asr_common.errors import CapacityError
+from calls.handler import CallHandler
 from rtp.ports import PortsExhausted
-from sip.app import CallHandler, CapacityError
 from sip.config import Network, SipSettings
 from sip.message import Request
 from sip.responses import HeaderPairs

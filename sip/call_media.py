@@ -15,16 +15,19 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from asr_common.audio import PcmSink
+from calls.call import LegInfo
+from calls.handler import CallHandler
+from calls.metadata import clean_value
+from calls.profile import Profile
+from calls.roles import Role, assign_roles
 from sip import cucm
 from sip.actions import Action, LegUpdated, StartMedia, StopMedia, UpdateMedia
 from sip.admission import CAPACITY_ERRORS
-from sip.app import CallHandler, LegInfo, PcmSink
-from sip.call_metadata import clean_value
 from sip.dialog import Call, Leg
 from sip.errors import ProtocolError, SipParseError
 from sip.message import NameAddr, Request
 from sip.responses import HeaderPairs, Reject, warning
-from sip.routing import Profile
 from sip.sdp import (
     MediaDescription,
     SessionDescription,
@@ -36,7 +39,7 @@ from sip.sdp import (
     plan_answer,
     plan_streams,
 )
-from sip.siprec import RecordingMetadata, Role, assign_roles, split_body
+from sip.siprec import RecordingMetadata, split_body
 
 log = logging.getLogger(__name__)
 

@@ -1,35 +1,18 @@
-"""What a dashboard needs to tie a call to the agent's desktop or a CRM case, read off the INVITE.
+"""The call metadata of an INVITE: SIP's side of ``calls.metadata.CallMetadata``.
 
-Sans-IO: a ``CallMetadata`` record is built from the accepted INVITE (From/To, the Request-URI,
-the SIPREC session id) plus the values of the headers the route's profile lists in
-``metadata_headers``. Header values come from the peer, so they are cleaned before they travel
-on: control characters dropped, whitespace trimmed, at most ``MAX_VALUE_CHARS`` characters kept.
+Sans-IO: the record is built from the accepted INVITE (From/To, the Request-URI, the SIPREC
+session id) plus the values of the headers the route's profile lists in ``metadata_headers``,
+each cleaned by ``calls.metadata.clean_value`` (the record and its limits live there).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 from urllib.parse import unquote
 
+from calls.metadata import CallMetadata, clean_value
 from sip.message import NameAddr, Request
 from sip.siprec import RecordingMetadata
-
-MAX_VALUE_CHARS = 256
-"""Longest header value (characters) kept; longer ones are cut, not refused."""
-MAX_METADATA_HEADERS = 16
-"""Most header names a profile may list in ``metadata_headers``."""
-HEADER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,63}$")
-"""What a listed header name may look like: a SIP token without ``_`` (so it never collides
-with the fixed, snake_case keys of ``CallMetadata.as_map``)."""
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def clean_value(value: str) -> str:
-    """``value`` without control characters, trimmed, cut to ``MAX_VALUE_CHARS``."""
-    return _CONTROL.sub("", value).strip()[:MAX_VALUE_CHARS]
 
 
 def uri_user(uri: str) -> str | None:
@@ -52,39 +35,6 @@ def uri_user(uri: str) -> str | None:
         return None
     number = clean_value(unquote(number))
     return number or None
-
-
-@dataclass(frozen=True)
-class CallMetadata:
-    """Who called whom, as the INVITE said it; every field None (or empty) when absent.
-
-    ``dialled`` is the Request-URI's user part (the number the PBX routed on), else the To
-    user. ``headers`` are the listed headers that were present, as (name as listed, value).
-    """
-
-    from_uri: str | None = None
-    from_name: str | None = None
-    to_uri: str | None = None
-    to_name: str | None = None
-    dialled: str | None = None
-    request_uri: str | None = None
-    siprec_session_id: str | None = None
-    headers: tuple[tuple[str, str], ...] = ()
-
-    def as_map(self) -> dict[str, str]:
-        """The flat string map published as ``call.started.metadata`` (absent fields left out)."""
-        fixed = {
-            "from_uri": self.from_uri,
-            "from_name": self.from_name,
-            "to_uri": self.to_uri,
-            "to_name": self.to_name,
-            "dialled_number": self.dialled,
-            "request_uri": self.request_uri,
-            "siprec_session_id": self.siprec_session_id,
-        }
-        result = {key: value for key, value in fixed.items() if value is not None}
-        result.update(self.headers)
-        return result
 
 
 def extract(

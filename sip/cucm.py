@@ -4,39 +4,22 @@ Sans-IO. Cisco CUCM's built-in-bridge recording sends two INVITEs per recorded c
 per direction. Each From URI carries ``;x-nearend`` (the recorded phone: the agent) or
 ``;x-farend`` (the other party: the caller) and the same ``;x-refci=<id>`` (the recorded call
 leg's reference), so ``x-refci`` ties the pair together. A routing profile picks how a plain
-call's role and join key are read (``Profile.role`` / ``Profile.join_by``):
+call's role and join key are read (``Profile.role`` / ``Profile.join_by``; the rules, the
+key's form and the wait for the partner are the call model's, ``calls.join``):
 
 - ``cucm``: role from ``x-nearend``/``x-farend``, key from ``x-refci``;
 - ``header:NAME``: key is the value of the INVITE header ``NAME``;
 - ``uri-param:NAME``: key is the value of the From URI parameter ``NAME``.
-
-A key is namespaced by the join rule, so two rules never join each other's calls.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-from sip.call_metadata import HEADER_NAME, clean_value
+from calls.join import join_key
+from calls.roles import Role
 from sip.errors import SipParseError
 from sip.message import Request, SipUri
-from sip.siprec import Role
-
-_PARAM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._~!*'+-]{0,63}$")
-"""A URI parameter name as ``join_by: uri-param:NAME`` may give it (RFC 3261 ``pname`` chars)."""
-
-
-def check_join_by(value: str) -> str:
-    """``value`` if it is a join rule (``cucm``, ``header:NAME``, ``uri-param:NAME``), else ValueError."""
-    if value == "cucm":
-        return value
-    kind, sep, name = value.partition(":")
-    if sep and kind == "header" and HEADER_NAME.match(name):
-        return value
-    if sep and kind == "uri-param" and _PARAM_NAME.match(name):
-        return value
-    raise ValueError(f"{value!r} is not a join rule: use cucm, header:NAME or uri-param:NAME")
 
 
 @dataclass(frozen=True)
@@ -76,12 +59,7 @@ def plain_call(request: Request, from_uri: str, role: Role, join_by: str | None)
     params = uri_params(from_uri)
     if join_by == "cucm":
         side = cucm_side(params)
-        return PlainCall(side or role, _key("cucm", params.get("x-refci")) if side else None)
+        return PlainCall(side or role, join_key("cucm", params.get("x-refci")) if side else None)
     kind, _, name = join_by.partition(":")
     value = request.headers.get(name) if kind == "header" else params.get(name.lower())
-    return PlainCall(role, _key(join_by, value))
-
-
-def _key(rule: str, value: str | None) -> str | None:
-    cleaned = clean_value(value) if value is not None else ""
-    return f"{rule}={cleaned}" if cleaned else None
+    return PlainCall(role, join_key(join_by, value))

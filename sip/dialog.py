@@ -13,11 +13,12 @@ import enum
 import secrets
 from dataclasses import dataclass, field
 
-from sip.app import CallInfo, LegInfo
+from calls.call import CallInfo, LegInfo
+from calls.roles import Role
 from sip.errors import LocalProtocolError, RemoteProtocolError, SipParseError
 from sip.message import BRANCH_MAGIC, Address, Headers, NameAddr, Request, SipUri, split_list
 from sip.sdp import SessionDescription, StreamPlan
-from sip.siprec import RecordingMetadata, Role
+from sip.siprec import RecordingMetadata
 
 
 class CallState(enum.Enum):

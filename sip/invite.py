@@ -16,9 +16,10 @@ import uuid
 from collections import Counter
 from collections.abc import Hashable
 
+from calls.call import CallInfo
+from calls.routing import CallFacts, Router
 from sip import call_metadata, cucm, session_timer
 from sip.admission import Admission
-from sip.app import CallInfo
 from sip.auth import DigestAuth
 from sip.call_media import no_stream, read_body, select_streams
 from sip.config import SipSettings
@@ -26,7 +27,6 @@ from sip.dialog import Call
 from sip.errors import SipParseError
 from sip.message import Address, NameAddr, Request, SipUri, parse_cseq
 from sip.responses import SUPPORTED_OPTIONS, Reject, warning
-from sip.routing import CallFacts, Router
 from sip.sdp import offered_plan, plan_streams
 from sip.siprec import is_siprec
 
@@ -96,12 +96,13 @@ class InviteGate:
         contact = request.headers.get_all("Contact")
         info = CallInfo(
             call_id=uuid.uuid4().hex,
-            sip_call_id=request.headers.get("Call-ID") or "",
+            source="sip",
+            source_call_id=request.headers.get("Call-ID") or "",
             from_aor=from_party.uri,
             from_name=from_party.display,
             to_aor=to.uri,
             to_name=to.display,
-            source=(peer.host, peer.port, peer.transport),
+            peer=(peer.host, peer.port, peer.transport),
             route=decision.route,
             profile=profile,
             siprec=siprec,
@@ -110,7 +111,7 @@ class InviteGate:
         )
         call = Call(
             info=info,
-            sip_call_id=info.sip_call_id,
+            sip_call_id=info.source_call_id,
             local_tag=secrets.token_hex(6),
             remote_tag=from_party.tag,
             local_party=to,

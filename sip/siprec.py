@@ -1,25 +1,22 @@
-"""SIPREC (RFC 7865 metadata, RFC 7866 protocol): recognise recording sessions and map streams.
+"""SIPREC (RFC 7865 metadata, RFC 7866 protocol): recognise recording sessions and read their metadata.
 
 A Session Recording Client (an SBC or PBX) sends an INVITE with ``Require: siprec``, a
 Contact with ``+sip.src`` (AudioCodes: ``;src``) and a multipart body holding the SDP and
 ``application/rs-metadata+xml``. Each SDP m-line carries ``a=label``; the metadata maps labels
 to streams and streams to participants (``participantstreamassoc``/``send``). We accept the
 RFC form, the older draft form used by Oracle/Acme SBCs (``<participant id=...><send>``) and
-any namespace prefix.
+any namespace prefix. The streams' roles are the call model's rule (``calls.roles``).
 """
 
 from __future__ import annotations
 
-import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
-from typing import Literal
 
 from sip.errors import SipParseError
 from sip.message import NameAddr, Request
 from sip.multipart import media_type, parse_multipart
 
-Role = Literal["caller", "agent", "mixed"]
 METADATA_TYPES = ("application/rs-metadata+xml", "application/rs-metadata")
 MAX_METADATA_BYTES = 65536
 
@@ -152,30 +149,3 @@ def _read_name(element: ET.Element, participant: Participant) -> None:
             participant.aor = (child.text or "").strip()
         elif tag == "name" and (child.text or "").strip():
             participant.name = (child.text or "").strip()
-
-
-@dataclass(frozen=True)
-class RoleRule:
-    """How a SIPREC stream gets its role: AOR patterns first, then the order of the labels."""
-
-    agent_aor: str | None = None
-    caller_aor: str | None = None
-    label_order: tuple[Role, ...] = ("caller", "agent")
-
-
-def assign_roles(rule: RoleRule, aors: list[str | None]) -> list[Role]:
-    """Roles of the streams (in offer order) sent by ``aors``.
-
-    A stream whose AOR matches a pattern takes that role; the others take, in order, the
-    roles of ``label_order`` that no pattern gave away, then ``mixed``.
-    """
-    matched: list[Role | None] = []
-    for aor in aors:
-        if aor is not None and rule.agent_aor and re.search(rule.agent_aor, aor):
-            matched.append("agent")
-        elif aor is not None and rule.caller_aor and re.search(rule.caller_aor, aor):
-            matched.append("caller")
-        else:
-            matched.append(None)
-    free = [role for role in rule.label_order if role not in matched]
-    return [role if role is not None else (free.pop(0) if free else "mixed") for role in matched]

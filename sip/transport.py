@@ -24,16 +24,16 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, runtime_checkable
 
+from asr_common.audio import PcmSink
+from calls.handler import CallHandler
+from calls.routing import Router
 from rtp.leg import END_RTCP_BYE, RtpLeg
-from rtp.sink import PcmSink
 from rtp.srtp import SrtpKeys
 from sip.actions import Action, CallEnded, LegUpdated, SendMessage, StartMedia, StopMedia, UpdateMedia
-from sip.app import CallHandler
 from sip.call_media import PortSource
 from sip.config import SipSettings
 from sip.errors import SipParseError
 from sip.message import Address, StreamFramer
-from sip.routing import Router
 from sip.uas import UasCore
 
 log = logging.getLogger(__name__)

@@ -24,10 +24,11 @@ import logging
 import secrets
 from collections import Counter
 
+from calls.handler import CallHandler
+from calls.routing import Router
 from sip import session_timer
 from sip.actions import Action, CallEnded, SendMessage, StopMedia
 from sip.admission import Admission
-from sip.app import CallHandler
 from sip.auth import DigestAuth
 from sip.call_media import CallMedia, PortSource, read_body
 from sip.config import Network, SipSettings
@@ -46,7 +47,6 @@ from sip.responses import (
     reason_header,
     warning,
 )
-from sip.routing import Router
 from sip.transaction import ClientTransaction, ServerTransaction, TimerConfig, TimerQueue, TxState, server_key
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,6 @@
-"""Plain-call roles and joining (issue 23 item 3): ``sip.cucm``, the profile fields, and
-``CallBridge`` making two INVITEs with one join key a single call with two participants."""
+"""Plain-call roles and joining (issue 23 item 3): ``sip.cucm`` and ``CallBridge`` making two
+INVITEs with one join key a single call with two participants (the rules, the profile fields and
+the joiner: tests/test_calls_join.py)."""
 
 from __future__ import annotations
 
@@ -7,17 +8,16 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
-from pydantic import ValidationError
-
 from asr_core.events import Ended
 from asr_gateway.bridge import CallBridge
+from calls.call import CallInfo, LegInfo
+from calls.handler import CountingCallHandler
+from calls.profile import Profile
+from calls.routing import Router, RoutesFile
 from sip.actions import SendMessage, StartMedia, UpdateMedia
-from sip.app import CallInfo, CountingCallHandler, LegInfo
 from sip.config import SipSettings
 from sip.cucm import plain_call
 from sip.message import Headers, NameAddr, Request, Response
-from sip.routing import Profile, Router, RoutesFile
 from sip.uas import UasCore
 from tests.test_sip_support import OFFER_PCMU, SOURCE, FakePorts, ack
 from tests.test_sip_support import invite as raw_invite
@@ -49,24 +49,6 @@ def test_header_and_uri_param_join_keys() -> None:
     assert plain_call(invite(), "sip:a@b", "agent", "header:X-Recording-Ref").join_key is None
     by_param = plain_call(invite(), "sip:a@b;Session=77", "caller", "uri-param:session")
     assert by_param.join_key == "uri-param:session=77"
-
-
-@pytest.mark.parametrize("rule", ["cucm", "header:X-Ref", "uri-param:x-refci"])
-def test_profile_takes_join_rules(rule: str) -> None:
-    assert Profile(join_by=rule, role="caller").join_by == rule
-
-
-@pytest.mark.parametrize("rule", ["", "refci", "header:", "header:bad name", "uri-param:a;b", "cookie:x"])
-def test_profile_refuses_bad_join_rules(rule: str) -> None:
-    with pytest.raises(ValidationError, match="join rule"):
-        Profile(join_by=rule)
-
-
-def test_profile_refuses_bad_roles_and_timeouts() -> None:
-    with pytest.raises(ValidationError):
-        Profile(role="boss")
-    with pytest.raises(ValidationError):
-        Profile(join_timeout_s=0)
 
 
 # -- CallBridge joining, with stand-ins for the engine and the Redis side -----------------
@@ -112,8 +94,8 @@ class FakePublisher:
 
 def call(call_id: str, key: str | None, timeout_s: float = 5.0) -> CallInfo:
     profile = Profile(join_by="cucm", join_timeout_s=timeout_s)
-    return CallInfo(call_id, f"sip-{call_id}", "sip:a@b", None, "sip:r@asr", None, ("127.0.0.1", 5060, "udp"),
-                    "cucm", profile, False, join_key=key)  # fmt: skip
+    return CallInfo(call_id, "sip", f"sip-{call_id}", "sip:a@b", None, "sip:r@asr", None,
+                    ("127.0.0.1", 5060, "udp"), "cucm", profile, False, join_key=key)  # fmt: skip
 
 
 def leg(call_id: str, role: Any) -> LegInfo:
@@ -152,7 +134,7 @@ def test_two_invites_with_one_key_are_one_call_ended_when_both_end() -> None:
     bridge.stop()
     assert publisher.started == [("a", ["agent", "caller"])]
     assert publisher.ended == ["a"]
-    assert bridge.active_calls == 0 and not bridge._joins and not bridge._member_call
+    assert bridge.active_calls == 0 and not bridge._joiner and not bridge._member_call
 
 
 def test_a_partner_that_never_comes_times_out_and_a_late_one_is_its_own_call() -> None:

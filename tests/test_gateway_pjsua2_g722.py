@@ -18,11 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from asr_common.audio import PcmSink
 from asr_common.scoring import cer
 from asr_core.audio_io import read_wav
 from asr_gateway.config import load_config
 from asr_gateway.service import Service
-from sip.app import CallInfo, LegInfo, PcmSink
+from calls.call import CallInfo, LegInfo
 from tests.demo_quality import GOOD_ENOUGH_CER
 from tests.redis_server import RedisServer, redis_server
 from tests.service_calls import DATA, read_valid_events, wait_drained, write_config
@@ -59,7 +60,7 @@ def test_pjsua2_g722_call_reads_like_its_pcmu_call(tmp_path: Path, redis_server:
         open_leg = bridge.open_leg
 
         def noting_open_leg(call: CallInfo, leg: LegInfo) -> PcmSink:
-            codecs[call.sip_call_id] = leg.codec
+            codecs[call.source_call_id] = leg.codec
             return open_leg(call, leg)
 
         bridge.open_leg = noting_open_leg  # type: ignore[method-assign]

@@ -10,7 +10,7 @@ import numpy as np
 from asr_core.context_graph import ContextGraph
 from asr_core.finals import FinalRequest
 from asr_gateway.hotwords import HotwordLists
-from sip.routing import Profile
+from calls.profile import Profile
 
 UNITS = ["<blank>", "<unk>", "新", "华", "路", "号"]
 

@@ -9,11 +9,11 @@ import ipaddress
 import pytest
 
 from asr_gateway.config import MetricsSettings
+from calls.handler import CountingCallHandler
+from calls.routing import Router, RoutesFile
 from sip.actions import Action, SendMessage
-from sip.app import CountingCallHandler
 from sip.config import SipSettings
 from sip.message import Address, Response
-from sip.routing import Router, RoutesFile
 from sip.uas import UasCore
 from tests.test_sip_support import FakePorts, invite
 

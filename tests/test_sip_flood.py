@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 import pytest
 
-from sip.app import CountingCallHandler, PcmSink
+from asr_common.audio import PcmSink
+from calls.handler import CountingCallHandler
 from sip.config import SipSettings
 from sip.message import Response, parse
 from sip.transport import SipServer

@@ -15,12 +15,13 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from calls.handler import CountingCallHandler
+from calls.profile import Profile
+from calls.routing import Match, Route, Router, RoutesFile
 from sip.actions import Action, SendMessage
-from sip.app import CountingCallHandler
 from sip.config import SipSettings
 from sip.message import Address, Request, Response, StreamFramer, parse
 from sip.multipart import BodyPart, build_multipart
-from sip.routing import Match, Profile, Route, Router, RoutesFile
 from sip.sdes import SdesError, parse_crypto
 from sip.uas import UasCore
 from tests.test_sip_support import OFFER_PCMU, FakePorts, ack, invite

@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 
 from asr_gateway.dev.sipp_calls import place_call
+from calls.handler import CountingCallHandler
 from rtp.ports import PortAllocator
-from sip.app import CountingCallHandler
 from sip.config import SipSettings
 from sip.transport import SipServer
 from tests.test_sip_sipp import free_port, run_sipp
@@ -157,7 +157,7 @@ def test_siprec_session_through_the_record_routing_proxy(tmp_path: Path) -> None
             await server.stop(0.5)
         assert list(handler.ended.values()) == ["bye"], stderr[-2000:]
         (call,) = handler.calls.values()
-        assert call.siprec and call.source[0] == "127.0.0.1"  # it came from Kamailio
+        assert call.siprec and call.peer[0] == "127.0.0.1"  # it came from Kamailio
         assert sorted(leg.role for leg in handler.legs.values()) == ["agent", "caller"]
         assert all(sink.samples >= 16000 * (seconds - 0.2) for sink in handler.sinks.values())
         counters = server.counters

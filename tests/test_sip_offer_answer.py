@@ -7,12 +7,13 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from calls.handler import CountingCallHandler
+from calls.profile import Profile
+from calls.routing import Router, RoutesFile
 from sip.actions import Action, CallEnded, LegUpdated, StartMedia, UpdateMedia
-from sip.app import CountingCallHandler
 from sip.config import SipSettings
 from sip.dialog import CallState
 from sip.message import NameAddr, Request
-from sip.routing import Profile, Router, RoutesFile
 from sip.sdp import SessionDescription, build_answer, plan_streams
 from sip.uas import UasCore
 from tests.test_sip_support import OFFER_PCMU, SOURCE, FakePorts, ack, invite

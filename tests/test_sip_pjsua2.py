@@ -25,13 +25,15 @@ from typing import Any
 import numpy as np
 import pytest
 
+from calls.call import CallInfo, LegInfo
+from calls.handler import CountingCallHandler
+from calls.profile import Profile
+from calls.routing import Router, RoutesFile
 from rtp.g711 import decode, encode
 from rtp.ports import PortAllocator
 from rtp.resample import Upsampler
 from rtp.sink import CountingSink
-from sip.app import CallInfo, CountingCallHandler, LegInfo
 from sip.config import SipSettings
-from sip.routing import Profile, Router, RoutesFile
 from sip.transport import SipServer
 from tests.certs import self_signed_cert
 from tests.test_sip_sipp import free_port
@@ -234,10 +236,10 @@ def test_four_concurrent_calls_each_get_their_own_audio(tmp_path: Path) -> None:
             assert len(handler.legs) == 4
             # Our call records carry the SIP Call-ID; pjsua2 reports which WAV each Call-ID played.
             wav_of = {result["sip_call_id"]: Path(result["wav"]) for result in report["calls"]}
-            assert sorted(wav_of) == sorted(call.sip_call_id for call in handler.calls.values())
+            assert sorted(wav_of) == sorted(call.source_call_id for call in handler.calls.values())
             for call in handler.calls.values():
                 (leg,) = call.legs
-                sent = signals[wavs.index(wav_of[call.sip_call_id])]
+                sent = signals[wavs.index(wav_of[call.source_call_id])]
                 assert_delivered("PCMU", handler.sinks[leg.leg_id], sent)
 
     asyncio.run(scenario())
@@ -319,7 +321,7 @@ def test_srtp_over_tls_from_pjsua2_reaches_sink_sample_accurate(tmp_path: Path) 
             await call_with_pjsua2(server, "PCMA", [wav], srtp=True, tls=True)
             await settle(server, handler, 1)
             (call,) = handler.calls.values()
-            assert call.source[2] == "tls"
+            assert call.peer[2] == "tls"
             (leg,) = handler.legs.values()
             assert_delivered("PCMA", handler.sinks[leg.leg_id], sent)
 

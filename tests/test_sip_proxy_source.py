@@ -8,12 +8,12 @@ import logging
 
 import pytest
 
+from calls.handler import CountingCallHandler
+from calls.routing import Router, RoutesFile
 from sip.actions import SendMessage
 from sip.admission import parse_source_address
-from sip.app import CountingCallHandler
 from sip.config import SipSettings
 from sip.message import Address, Response
-from sip.routing import Router, RoutesFile
 from sip.uas import UasCore
 from tests.test_sip_support import FakePorts, invite
 
@@ -57,7 +57,7 @@ def test_a_trusted_proxy_states_the_source_for_routing_and_the_acl() -> None:
     assert answers(uas, stated(f"{PBX_IP}:5060"), PROXY) == [(200, PROXY)]  # the answer goes to the proxy
     (call,) = handler.calls.values()
     assert call.route == "from-pbx"
-    assert call.source[0] == PROXY.host  # the dialog's peer stays the proxy
+    assert call.peer[0] == PROXY.host  # the dialog's peer stays the proxy
     # A stated source outside the ACL is refused although the proxy itself is admitted.
     assert answers(uas, stated("203.0.113.5:5060", 2), PROXY) == [(403, PROXY)]
     assert uas.counters["acl.denied"] == 1

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from asr_common.audio import PcmSink
+from calls.handler import CountingCallHandler
 from sip.actions import SendMessage
-from sip.app import CountingCallHandler, PcmSink
 from sip.config import SipSettings
 from sip.message import Address, NameAddr
 from sip.transport import SipServer
@@ -312,6 +313,6 @@ def test_final_answer_after_the_peer_closed_opens_a_connection_to_its_via() -> N
         counters = server.counters
         assert (counters["connections.opened"], counters["connections.reused"]) == (1, 3)
         assert counters["dropped.no_connection"] == 0 and counters["calls.ack_timeout"] == 0
-        assert sorted(handler.calls[call].sip_call_id for call in handler.ended) == ["early-1", "early-2"]
+        assert sorted(handler.calls[call].source_call_id for call in handler.ended) == ["early-1", "early-2"]
 
     asyncio.run(scenario())

@@ -12,7 +12,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from sip.app import CountingCallHandler, PcmSink
+from asr_common.audio import PcmSink
+from calls.handler import CountingCallHandler
 from sip.config import SipSettings
 from sip.message import Message, NameAddr, Request, Response, parse
 from sip.transport import RTCP_BYE_GRACE_S, SipServer

@@ -18,16 +18,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from asr_common.audio import PcmSink
 from asr_gateway.dev import sipp_calls
+from calls.handler import CountingCallHandler
+from calls.profile import Profile, RoleRuleModel
+from calls.routing import Router, RoutesFile
 from rtp.g711 import encode
 from rtp.leg import RtpLeg
 from rtp.ports import PortAllocator
-from rtp.sink import PcmSink
 from rtp.srtp import SrtpKeys, SrtpSender
-from sip.app import CountingCallHandler
 from sip.config import SipSettings
 from sip.message import Address
-from sip.routing import Profile, RoleRuleModel, Router, RoutesFile
 from sip.transport import LegFactory, SipServer
 from tests.test_rtp_leg import tone_packets
 

@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 
 from asr_common.yamlconf import ConfigError
+from calls.handler import CountingCallHandler
+from calls.profile import Profile
+from calls.routing import Router, RoutesFile, load_routes
 from rtp.srtp import AWAITING_KEYS
 from sip.actions import Action, SendMessage, StartMedia, UpdateMedia
-from sip.app import CountingCallHandler
 from sip.config import SipSettings
 from sip.message import NameAddr, Request
 from sip.multipart import BodyPart, build_multipart
-from sip.routing import Profile, Router, RoutesFile, load_routes
 from sip.sdes import SdesError, parse_crypto, select_key
 from sip.sdp import SessionDescription, SrtpPolicy
 from sip.uas import UasCore

@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from sip.app import CountingCallHandler, PcmSink
+from asr_common.audio import PcmSink
+from calls.handler import CountingCallHandler
+from calls.profile import Profile
+from calls.routing import Router, RoutesFile
 from sip.config import SipSettings
 from sip.message import Message, NameAddr, Request, Response, parse
-from sip.routing import Profile, Router, RoutesFile
 from sip.transport import SipServer
 from tests.test_sip_support import FakePorts, ack, invite
 

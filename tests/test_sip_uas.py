@@ -6,9 +6,11 @@ import hashlib
 
 import pytest
 
+from asr_common.errors import CapacityError
+from calls.call import CallInfo, LegInfo
+from calls.handler import CountingCallHandler
 from rtp.sink import CountingSink
 from sip.actions import Action, CallEnded, LegUpdated, SendMessage, StartMedia, StopMedia, UpdateMedia
-from sip.app import CallInfo, CapacityError, CountingCallHandler, LegInfo
 from sip.config import AuthSettings, SipSettings
 from sip.dialog import Call, CallEvent, CallState
 from sip.errors import LocalProtocolError, RemoteProtocolError

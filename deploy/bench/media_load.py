@@ -3,7 +3,7 @@
     asr-bench media --calls 1000 --seconds 20 [--rate 200] [--codec PCMU] [--compare-no-sip]
 
 This process runs the server: the real `sip.transport.SipServer` (UDP) with real
-`rtp.leg.RtpLeg` legs, the engine replaced by `sip.app.CountingCallHandler`'s counting sinks,
+`rtp.leg.RtpLeg` legs, the engine replaced by `calls.handler.CountingCallHandler`'s counting sinks,
 on one event loop (uvloop unless `--no-uvloop`), as `asr-gateway serve` runs them. A child
 process is the load generator (`deploy.bench.sip_uac`): it places `--calls` calls at
 `--rate` calls/s (INVITE with a PCMU/PCMA/G.722 offer, 100, 200 with our SDP answer, ACK), then
@@ -55,14 +55,15 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from asr_common.audio import PcmSink
+from calls.handler import CountingCallHandler
 from deploy.bench.sip_uac import PACKET_MS, UacConfig, run_uac, stream_rtp
 from rtp.leg import DEFAULT_POLL_INTERVAL_MS, DEFAULT_RESAMPLE_BATCH_MS, RESAMPLERS, RtpLeg
 from rtp.packet import RtpPacket
 from rtp.poller import FastReceiver
 from rtp.ports import PortAllocator
-from rtp.sink import CountingSink, PcmSink
+from rtp.sink import CountingSink
 from rtp.srtp import SrtpKeys, SrtpSender
-from sip.app import CountingCallHandler
 from sip.config import SipSettings
 from sip.transport import SipServer
 
@@ -273,10 +274,10 @@ async def run_sip(args: argparse.Namespace) -> dict[str, Any]:
             for info in call.legs:
                 leg = legs_by_sink.get(id(handler.sinks.get(info.leg_id)))
                 if leg is not None:
-                    legs[call.sip_call_id] = leg
+                    legs[call.source_call_id] = leg
 
         window = await _measure_streaming(conn, generator, legs.values())
-        ended_early = {handler.calls[call_id].sip_call_id for call_id in handler.ended}
+        ended_early = {handler.calls[call_id].source_call_id for call_id in handler.ended}
         ended_early |= set(window.streamed["ended_by_server"])
         report = {"mode": "sip", "setup_rate_per_s": args.rate}
         report |= _report(args, legs, window.streamed["sent_by_call"], ended_early, window)

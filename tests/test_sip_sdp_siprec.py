@@ -1,20 +1,16 @@
-"""SDP answers, SIPREC detection and metadata (RFC 7865 and the older Oracle/Acme form), routing."""
+"""SDP answers, SIPREC detection and metadata (RFC 7865 and the older Oracle/Acme form).
+
+The roles and routing these feed are the call model's: tests/test_calls_routing.py."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from asr_common.yamlconf import ConfigError
 from sip.errors import SipParseError
 from sip.message import parse
-from sip.routing import CallFacts, Router, load_routes
 from sip.sdp import SessionDescription, build_answer, plan_streams
-from sip.siprec import RecordingMetadata, RoleRule, assign_roles, is_siprec, split_body
+from sip.siprec import RecordingMetadata, is_siprec, split_body
 from tests.test_sip_support import invite
-
-EXAMPLE_ROUTES = Path(__file__).resolve().parents[1] / "deploy" / "config" / "routes.example.yaml"
 
 SIPREC_SDP = (
     "v=0\r\no=src 1 1 IN IP4 10.20.0.10\r\ns=-\r\nc=IN IP4 10.20.0.10\r\nt=0 0\r\n"
@@ -155,81 +151,3 @@ def test_split_multipart_body() -> None:
     with pytest.raises(SipParseError, match="unsupported body type") as info:
         split_body("text/html", b"<p>")
     assert info.value.status_hint == 415
-
-
-def test_role_rules() -> None:
-    by_aor = RoleRule(agent_aor=r"^sip:[0-9]{4}@pbx")
-    assert assign_roles(by_aor, ["sip:+86138@carrier", "sip:1001@pbx.example"]) == ["caller", "agent"]
-    assert assign_roles(by_aor, ["sip:1001@pbx.example", "sip:+86138@carrier"]) == ["agent", "caller"]
-    assert assign_roles(RoleRule(), [None, None, None]) == ["caller", "agent", "mixed"]
-    assert assign_roles(RoleRule(label_order=("agent", "caller")), [None, None]) == ["agent", "caller"]
-
-
-def facts(**overrides: object) -> CallFacts:
-    values: dict[str, object] = {
-        "source_ip": "10.10.0.7",
-        "to_user": "4000",
-        "from_user": "alice",
-        "headers": {},
-        "siprec": False,
-    }
-    values.update(overrides)
-    return CallFacts(**values)  # type: ignore[arg-type]
-
-
-def test_example_routes_first_match_wins() -> None:
-    router = load_routes(EXAMPLE_ROUTES)
-    sales = router.decide(facts(source_ip="10.20.0.10", siprec=True, headers={"x-queue": "sales-east"}))
-    assert (sales.route, sales.profile.name, sales.profile.chunk_ms) == ("siprec-sales-queue", "sales", 160)  # type: ignore[union-attr]
-    assert router.decide(facts(source_ip="10.20.0.10", siprec=False, headers={"X-Queue": "sales"})).route is None
-    assert router.decide(facts(to_user="95555")).route == "complaints-did"
-    assert router.decide(facts()).route == "pbx-default"
-    fallback = router.decide(facts(source_ip="172.16.0.1"))
-    assert (fallback.route, fallback.profile.name) == (None, "default")  # type: ignore[union-attr]
-
-
-def test_no_default_rejects(tmp_path: Path) -> None:
-    path = tmp_path / "routes.yaml"
-    path.write_text("default_profile: null\nreject_code: 403\nroutes: []\n")
-    decision = load_routes(path).decide(facts())
-    assert (decision.profile, decision.reject_code) == (None, 403)
-
-
-def test_routes_errors_name_file_line_and_key(tmp_path: Path) -> None:
-    path = tmp_path / "routes.yaml"
-    path.write_text(
-        "profiles:\n  default:\n    chunk_ms: 150\n    colour: red\nroutes:\n"
-        "  - name: a\n    match:\n      to_user: '('\n    profile: default\n"
-    )
-    with pytest.raises(ConfigError) as info:
-        load_routes(path)
-    errors = "\n".join(info.value.errors)
-    assert f"{path}:3 profiles.default.chunk_ms: 150 is invalid" in errors
-    assert f"{path}:4 profiles.default.colour: unknown key" in errors
-    assert f"{path}:8 routes.0.match.to_user:" in errors and "regular expression" in errors
-    path.write_text(
-        "routes:\n  - name: a\n    profile: nope\n  - name: b\n    match: {trunk: t1}\n    profile: default\n"
-    )
-    with pytest.raises(ConfigError) as info:
-        load_routes(path)
-    assert info.value.errors == [
-        f"{path}:3 routes.0.profile: unknown profile 'nope' (known: default)",
-        f"{path}:5 routes.1.match.trunk: unknown trunk 't1' (known: none)",
-    ]
-
-
-def test_router_defaults() -> None:
-    decision = Router().decide(facts())
-    assert decision.profile is not None and decision.profile.chunk_ms == 320
-
-
-def test_profile_rtp_latch_overrides_only_when_set(tmp_path: Path) -> None:
-    path = tmp_path / "routes.yaml"
-    path.write_text("profiles:\n  default: {}\n  nat: {rtp_latch: first}\ndefault_profile: nat\n")
-    routes = load_routes(path)
-    assert routes.decide(facts()).profile.rtp_latch == "first"  # type: ignore[union-attr]
-    assert load_routes(EXAMPLE_ROUTES).decide(facts()).profile.rtp_latch is None  # type: ignore[union-attr]
-    path.write_text("profiles:\n  default:\n    rtp_latch: sometimes\n")
-    with pytest.raises(ConfigError) as info:
-        load_routes(path)
-    assert info.value.errors[0].startswith(f"{path}:3 profiles.default.rtp_latch:")

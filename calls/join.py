@@ -1,0 +1,85 @@
+"""Which incoming calls are one call: the join rule a profile names, the key a call carries
+under it, and the bookkeeping of calls waiting for their partner.
+
+Sans-IO. Some recorders send one call set-up per direction of a conversation (Cisco CUCM's
+built-in bridge: two INVITEs tied by ``x-refci``). A profile's ``join_by`` names where a
+front door reads the tie (``sip/cucm.py`` for SIP):
+
+- ``cucm``: CUCM's ``x-refci`` From-URI parameter (the door also reads who speaks);
+- ``header:NAME``: the value of the header (or attribute) ``NAME``;
+- ``uri-param:NAME``: the value of the From URI's parameter ``NAME``.
+
+A key is namespaced by the rule (``join_key``), so two rules never join each other's calls.
+The first call of a pair waits in a ``Joiner`` for its partner until a deadline; a partner
+later than that is a call of its own.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from calls.metadata import HEADER_NAME, clean_value
+
+_PARAM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._~!*'+-]{0,63}$")
+"""A URI parameter name as ``join_by: uri-param:NAME`` may give it (RFC 3261 ``pname`` chars)."""
+
+
+def check_join_by(value: str) -> str:
+    """``value`` if it is a join rule (``cucm``, ``header:NAME``, ``uri-param:NAME``), else ValueError."""
+    if value == "cucm":
+        return value
+    kind, sep, name = value.partition(":")
+    if sep and kind == "header" and HEADER_NAME.match(name):
+        return value
+    if sep and kind == "uri-param" and _PARAM_NAME.match(name):
+        return value
+    raise ValueError(f"{value!r} is not a join rule: use cucm, header:NAME or uri-param:NAME")
+
+
+def join_key(rule: str, value: str | None) -> str | None:
+    """The key a call carries under join rule ``rule`` when the tie reads ``value``: ``rule=value``
+    (cleaned), or None when the value is missing or empty (the call stands alone, never refused)."""
+    cleaned = clean_value(value) if value is not None else ""
+    return f"{rule}={cleaned}" if cleaned else None
+
+
+@dataclass(frozen=True)
+class _Waiting:
+    call_id: str
+    deadline: float  # s, on the caller's clock
+
+
+class Joiner:
+    """The call waiting for its partner under each join key, and until when.
+
+    Times are seconds on the caller's clock (``time.monotonic()``), passed in as ``now``; the
+    joiner reads no clock and starts no timer. Not thread-safe: its owner serialises calls.
+    """
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, _Waiting] = {}
+
+    def __len__(self) -> int:
+        """Keys with a call waiting (expired ones included until taken or closed)."""
+        return len(self._waiting)
+
+    def wait(self, key: str, call_id: str, now: float, timeout_s: float) -> None:
+        """``call_id`` waits for a partner carrying ``key`` until ``now + timeout_s``; a call
+        waiting under ``key`` before is forgotten."""
+        self._waiting[key] = _Waiting(call_id, now + timeout_s)
+
+    def take(self, key: str, now: float) -> str | None:
+        """The call waiting under ``key``, which stops waiting: this call is its partner. None
+        when no call waits or its deadline passed (the key is closed then too)."""
+        waiting = self._waiting.pop(key, None)
+        if waiting is None or now >= waiting.deadline:
+            return None
+        return waiting.call_id
+
+    def close(self, key: str, call_id: str) -> None:
+        """``call_id`` stops waiting under ``key`` (it timed out or ended); another call waiting
+        under the same key is left alone."""
+        waiting = self._waiting.get(key)
+        if waiting is not None and waiting.call_id == call_id:
+            del self._waiting[key]

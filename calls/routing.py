@@ -1,0 +1,160 @@
+"""Routing of an incoming call to a ``Profile``: the admins' routes file.
+
+Rules are tried in file order and the first whose every condition holds wins. A rule may
+match what any front door can state (``CallFacts``): the source address (CIDRs or a named
+trunk), the called and calling numbers (``to_user``, ``from_user``: regular expressions,
+searched), headers or the door's key-value attributes (``X-Queue: ^sales``) and whether the
+call is a SIPREC recording. No match gives ``default_profile``, or when that is unset the call
+is rejected with ``reject_code``. Load files with ``load_routes``: errors name file:line and key.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from asr_common.yamlconf import ConfigError, read_yaml, validate_data
+from calls.profile import Profile, check_regex
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class Match(BaseModel):
+    """Conditions of a rule; all given ones must hold. Regexes are searched (anchor with ^...$)."""
+
+    model_config = ConfigDict(extra="forbid")
+    source_cidrs: list[Network] = Field(default_factory=list)
+    trunk: str | None = None
+    to_user: str | None = None
+    from_user: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    siprec: bool | None = None
+
+    _regex = field_validator("to_user", "from_user")(check_regex)
+
+    @field_validator("headers")
+    @classmethod
+    def _header_regexes(cls, value: dict[str, str]) -> dict[str, str]:
+        for pattern in value.values():
+            check_regex(pattern)
+        return value
+
+
+class Route(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    match: Match = Field(default_factory=Match)
+    profile: str
+
+
+class RoutesFile(BaseModel):
+    """The routes file. ``profiles`` by name; ``trunks`` name groups of source CIDRs."""
+
+    model_config = ConfigDict(extra="forbid")
+    profiles: dict[str, Profile] = Field(default_factory=lambda: {"default": Profile()})
+    trunks: dict[str, list[Network]] = Field(default_factory=dict)
+    routes: list[Route] = Field(default_factory=list)
+    default_profile: str | None = "default"
+    reject_code: int = Field(404, ge=400, le=699)
+
+    def reference_errors(self) -> list[tuple[tuple[str | int, ...], str]]:
+        """Names that point nowhere, as (key path, message) pairs."""
+        errors: list[tuple[tuple[str | int, ...], str]] = []
+        known = ", ".join(sorted(self.profiles)) or "none"
+        for i, route in enumerate(self.routes):
+            if route.profile not in self.profiles:
+                errors.append((("routes", i, "profile"), f"unknown profile {route.profile!r} (known: {known})"))
+            if route.match.trunk is not None and route.match.trunk not in self.trunks:
+                trunks = ", ".join(sorted(self.trunks)) or "none"
+                errors.append(
+                    (("routes", i, "match", "trunk"), f"unknown trunk {route.match.trunk!r} (known: {trunks})")
+                )
+        if self.default_profile is not None and self.default_profile not in self.profiles:
+            errors.append((("default_profile",), f"unknown profile {self.default_profile!r} (known: {known})"))
+        return errors
+
+
+@dataclass(frozen=True)
+class CallFacts:
+    """What a rule can look at, as a front door states it; named after the ``Match`` keys."""
+
+    source_ip: str
+    """The caller's address (SIP: the peer's, or the one a trusted proxy states)."""
+    to_user: str
+    """The called number or user (SIP: the To URI's user part); empty when unknown."""
+    from_user: str
+    """The calling number or user (SIP: the From URI's user part); empty when unknown."""
+    headers: dict[str, str]
+    """Named values the ``headers`` conditions match, names case-insensitive (SIP: the ``X-``
+    headers; other doors: their key-value attributes)."""
+    siprec: bool
+    """A SIPREC recording session (RFC 7866); False from every other door."""
+
+
+@dataclass(frozen=True)
+class RouteDecision:
+    route: str | None
+    profile: Profile | None
+    reject_code: int | None
+
+
+class Router:
+    def __init__(self, routes: RoutesFile | None = None) -> None:
+        self.routes = routes or RoutesFile()
+        problems = self.routes.reference_errors()
+        if problems:
+            raise ValueError("; ".join(message for _, message in problems))
+        self._profiles = {
+            name: profile.model_copy(update={"name": name}) for name, profile in self.routes.profiles.items()
+        }
+
+    def decide(self, facts: CallFacts) -> RouteDecision:
+        for route in self.routes.routes:
+            if self._matches(route.match, facts):
+                return RouteDecision(route.name, self._profiles[route.profile], None)
+        if self.routes.default_profile is not None:
+            return RouteDecision(None, self._profiles[self.routes.default_profile], None)
+        return RouteDecision(None, None, self.routes.reject_code)
+
+    def _matches(self, match: Match, facts: CallFacts) -> bool:
+        try:
+            address = ipaddress.ip_address(facts.source_ip)
+        except ValueError:
+            return False
+        if match.source_cidrs and not any(address in net for net in match.source_cidrs):
+            return False
+        if match.trunk is not None and not any(address in net for net in self.routes.trunks[match.trunk]):
+            return False
+        if match.to_user is not None and not re.search(match.to_user, facts.to_user):
+            return False
+        if match.from_user is not None and not re.search(match.from_user, facts.from_user):
+            return False
+        lowered = {name.lower(): value for name, value in facts.headers.items()}
+        for name, pattern in match.headers.items():
+            value = lowered.get(name.lower())
+            if value is None or not re.search(pattern, value):
+                return False
+        return match.siprec is None or match.siprec == facts.siprec
+
+
+def load_routes(path: Path | str) -> Router:
+    """Load and validate a routes file; raise ``ConfigError`` whose lines read ``file:line key: message``."""
+    data, index = read_yaml(path)
+    routes = validate_data(path, data, RoutesFile, index)
+    problems = routes.reference_errors()
+    if problems:
+        raise ConfigError(
+            [f"{path}:{_line_of(index, loc)} {'.'.join(map(str, loc))}: {message}" for loc, message in problems]
+        )
+    return Router(routes)
+
+
+def _line_of(index: dict[tuple[str | int, ...], int], loc: tuple[str | int, ...]) -> int:
+    for cut in range(len(loc), -1, -1):
+        if loc[:cut] in index:
+            return index[loc[:cut]]
+    return 1
