@@ -3,6 +3,7 @@
 Admins edit the service config, the routes, the KB and the tag rules by hand; an error
 must say where it is (``config.yaml:12 engine.chunk_ms: ...``) and what is allowed. Every
 package loads the files it owns with it, so it lives in ``asr_common``, below all of them.
+Checks pydantic cannot do (duplicate ids, regular expressions) head their lines with ``locate``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
+
+KeyIndex = Mapping[tuple[str | int, ...], int]
+"""Key path (``("entries", 3, "keywords", 0)``) -> 1-based line, as ``read_yaml`` returns it."""
 
 
 class ConfigError(Exception):
@@ -43,13 +47,12 @@ def _line_index(node: yaml.Node | None, prefix: tuple[str | int, ...] = ()) -> d
     return index
 
 
-def _nearest_line(index: Mapping[tuple[str | int, ...], int], loc: tuple[str | int, ...]) -> int:
-    """The line of ``loc`` or, for a missing key, of its closest existing parent."""
-    for cut in range(len(loc), -1, -1):
-        line = index.get(loc[:cut])
-        if line is not None:
-            return line
-    return 1
+def locate(path: Path | str, index: KeyIndex, loc: tuple[str | int, ...]) -> str:
+    """``file:line dotted.key``: the head of an error line about ``loc``. The line is that of
+    ``loc`` or, for a missing key, of its closest existing parent; ``()`` reads ``(top level)``."""
+    line = next((index[loc[:cut]] for cut in range(len(loc), -1, -1) if loc[:cut] in index), 1)
+    dotted = ".".join(str(part) for part in loc) or "(top level)"
+    return f"{path}:{line} {dotted}"
 
 
 def _describe(error: Mapping[str, Any]) -> str:
@@ -72,9 +75,7 @@ def _is_branch_tag(part: str | int) -> bool:
     return isinstance(part, str) and (part.startswith("function-") or any(c in part for c in "[]()"))
 
 
-def format_validation_error(
-    path: Path | str, exc: ValidationError, index: Mapping[tuple[str | int, ...], int]
-) -> list[str]:
+def format_validation_error(path: Path | str, exc: ValidationError, index: KeyIndex) -> list[str]:
     """Turn a pydantic error into ``file:line dotted.key: message`` lines (one per key)."""
     by_loc: dict[tuple[str | int, ...], list[str]] = {}
     for error in exc.errors():
@@ -85,12 +86,11 @@ def format_validation_error(
             messages.append(message)
     lines = []
     for loc, messages in by_loc.items():
-        dotted = ".".join(str(part) for part in loc) or "(top level)"
         # Union types fail once per branch: "X is invalid: A", "X is invalid: B" -> "X is invalid: A; or B".
         head, _, first = messages[0].partition(" is invalid: ")
         rest = [m.partition(" is invalid: ")[2] or m for m in messages[1:]]
         text = f"{head} is invalid: {'; or '.join([first, *rest])}" if first else "; ".join(messages)
-        lines.append(f"{path}:{_nearest_line(index, loc)} {dotted}: {text}")
+        lines.append(f"{locate(path, index, loc)}: {text}")
     return lines
 
 
@@ -114,9 +114,7 @@ def read_yaml(path: Path | str) -> tuple[Any, dict[tuple[str | int, ...], int]]:
     return data, _line_index(node)
 
 
-def validate_data(
-    path: Path | str, data: Any, model: type[ModelT], index: Mapping[tuple[str | int, ...], int]
-) -> ModelT:
+def validate_data(path: Path | str, data: Any, model: type[ModelT], index: KeyIndex) -> ModelT:
     """Validate already-parsed data, reporting errors against ``path`` and ``index``."""
     try:
         return model.model_validate({} if data is None else data)

@@ -11,15 +11,19 @@ Paths: ``/metrics``; ``/health/live`` (200 while the process serves HTTP: restar
 this fails); ``/health/ready`` (200 when the node takes new calls, 503 with the reasons when it
 is full, draining, not started or cannot publish); ``/health``, the ready probe under its old
 name.
+
+What it reads is declared here, not taken from the service: a ``Monitored`` source (the
+service) hands over ``NodeFigures`` at each scrape and its readiness reasons at each probe.
 """
 
 from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from socketserver import ThreadingMixIn
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
@@ -33,111 +37,165 @@ from prometheus_client.registry import Collector
 
 from asr_common.latency import Histogram
 
-if TYPE_CHECKING:
-    from asr_gateway.service import Service
-
 JOURNAL_COUNTERS = ("spooled", "replayed", "duplicates_suppressed", "spool_full_dropped", "spool_corrupt_skipped",
                     "spool_torn_records", "calls_ended_on_restart")  # fmt: skip
 
 
-class ServiceCollector(Collector):
-    def __init__(self, service: Service) -> None:
-        self.service = service
+@dataclass(frozen=True)
+class EngineFigures:
+    """The engine's gauges, counters and latency histograms (seconds unless named otherwise)."""
+
+    streams: int  # open streams (call legs)
+    slots: int  # cache pool slots in total
+    used_slots: int
+    pool_bytes: int
+    chunks: int
+    batches: int
+    finals: int
+    errors: int
+    behind_realtime_chunks: int
+    lag_s: float  # the oldest ready chunk's wait for a step (latest tick)
+    finals_lag_s: float  # the oldest ended utterance's wait for its final (0: none waiting)
+    overload_refusals: int  # calls and OPTIONS refused while the engine was behind
+    batch_size: Histogram  # streams per batched chunk step
+    step_seconds: Histogram
+    partial_latency: Histogram
+    final_latency: Histogram
+
+
+@dataclass(frozen=True)
+class RedisFigures:
+    """The publisher's: connection, queue, spool (bytes), counters and publish latency."""
+
+    connected: bool
+    queue_depth: int
+    spool_bytes: int  # journal bytes Redis has not acknowledged
+    spool_max_bytes: int
+    journal: Mapping[str, int]  # by name, ``JOURNAL_COUNTERS``
+    published: int
+    errors: int
+    publish_latency: Histogram  # a chunk's last sample handed to the engine -> its event acknowledged
+
+
+@dataclass(frozen=True)
+class NodeFigures:
+    """Everything ``/metrics`` shows of a node (process metrics aside), read at one scrape."""
+
+    healthy: bool  # ready for new calls
+    active_calls: int
+    partials_dropped: int  # by the bridge and the publisher together
+    engine: EngineFigures
+    redis: RedisFigures
+    sip_counters: Mapping[str, int]  # ``responses.<code>`` and the SIP core's own counters
+    rtp_counters: Mapping[str, int]  # over every leg, open or closed
+    config_version: str
+    last_reload_ok: bool
+    last_reload_at_unix: float
+    reloads: int
+    reload_failures: int
+
+
+class Monitored(Protocol):
+    """What ``/metrics`` and the probes read of a node."""
+
+    def figures(self) -> NodeFigures: ...
+
+    def not_ready(self) -> list[str]:
+        """Why the node should get no new call now (empty: ready)."""
+        ...
+
+
+class NodeCollector(Collector):
+    def __init__(self, source: Monitored) -> None:
+        self.source = source
 
     def collect(self) -> Iterator[Any]:
-        s = self.service
-        yield from self._calls_and_engine(s)
-        yield from self._sip_and_rtp(s)
-        yield from self._redis(s)
-        yield from self._config(s)
+        figures = self.source.figures()
+        yield from self._calls_and_engine(figures)
+        yield from self._sip_and_rtp(figures)
+        yield from self._redis(figures.redis)
+        yield from self._config(figures)
 
-    def _calls_and_engine(self, s: Service) -> Iterator[Any]:
-        engine, pool = s.engine, s.engine.pool
-        yield GaugeMetricFamily("asr_active_calls", "SIP calls in progress", value=s.sip.active_calls)
-        yield GaugeMetricFamily("asr_engine_streams", "engine streams (call legs) open", value=engine.active_streams)
-        yield GaugeMetricFamily("asr_kv_pool_slots", "cache pool slots in total", value=pool.num_slots)
-        yield GaugeMetricFamily("asr_kv_pool_used_slots", "cache pool slots in use", value=pool.used_slots)
-        yield GaugeMetricFamily("asr_kv_pool_bytes", "cache pool memory", value=pool.total_bytes)
-        yield GaugeMetricFamily("asr_healthy", "1 while the node is ready for new calls", value=int(s.healthy))
-        stats = engine.stats
-        yield CounterMetricFamily("asr_engine_chunks", "stream-chunks decoded", value=stats.chunks)
-        yield CounterMetricFamily("asr_engine_batches", "batched chunk steps run", value=stats.batches)
-        yield CounterMetricFamily("asr_engine_finals", "final transcripts produced", value=stats.finals)
-        yield CounterMetricFamily("asr_engine_errors", "engine ticks or final batches that failed", value=stats.errors)
+    def _calls_and_engine(self, node: NodeFigures) -> Iterator[Any]:
+        engine = node.engine
+        yield GaugeMetricFamily("asr_active_calls", "SIP calls in progress", value=node.active_calls)
+        yield GaugeMetricFamily("asr_engine_streams", "engine streams (call legs) open", value=engine.streams)
+        yield GaugeMetricFamily("asr_kv_pool_slots", "cache pool slots in total", value=engine.slots)
+        yield GaugeMetricFamily("asr_kv_pool_used_slots", "cache pool slots in use", value=engine.used_slots)
+        yield GaugeMetricFamily("asr_kv_pool_bytes", "cache pool memory", value=engine.pool_bytes)
+        yield GaugeMetricFamily("asr_healthy", "1 while the node is ready for new calls", value=int(node.healthy))
+        yield CounterMetricFamily("asr_engine_chunks", "stream-chunks decoded", value=engine.chunks)
+        yield CounterMetricFamily("asr_engine_batches", "batched chunk steps run", value=engine.batches)
+        yield CounterMetricFamily("asr_engine_finals", "final transcripts produced", value=engine.finals)
+        yield CounterMetricFamily("asr_engine_errors", "engine ticks or final batches that failed", value=engine.errors)
         yield CounterMetricFamily(
             "asr_engine_behind_realtime_chunks",
             "chunks whose latency exceeded the real-time budget",
-            value=stats.behind_realtime_chunks,
+            value=engine.behind_realtime_chunks,
         )
         yield GaugeMetricFamily(
-            "asr_engine_lag_seconds", "oldest ready chunk's wait for a step (latest tick)", value=engine.lag_ms / 1e3
+            "asr_engine_lag_seconds", "oldest ready chunk's wait for a step (latest tick)", value=engine.lag_s
         )
         yield GaugeMetricFamily(
             "asr_finals_lag_seconds",
             "oldest ended utterance's wait for its final (0: none waiting)",
-            value=engine.finals_lag_ms / 1e3,
+            value=engine.finals_lag_s,
         )
         yield CounterMetricFamily(
             "asr_engine_overload_refusals",
             "calls and OPTIONS refused (503) while the engine was behind real time or behind on finals",
-            value=s.bridge.overload_refusals,
+            value=engine.overload_refusals,
         )
-        yield histogram("asr_engine_batch_size", "streams per batched chunk step", stats.batch_size_histogram)
-        yield histogram("asr_engine_step_seconds", "time of one batched chunk step (forward)", stats.step_seconds)
+        yield histogram("asr_engine_batch_size", "streams per batched chunk step", engine.batch_size)
+        yield histogram("asr_engine_step_seconds", "time of one batched chunk step (forward)", engine.step_seconds)
         yield histogram(
             "asr_partial_latency_seconds",
             "a chunk's last sample handed to the engine -> its partial produced",
-            stats.partial_latency_seconds,
+            engine.partial_latency,
         )
-        yield histogram("asr_final_latency_seconds", "endpoint -> final produced", stats.final_latency_seconds)
+        yield histogram("asr_final_latency_seconds", "endpoint -> final produced", engine.final_latency)
         yield CounterMetricFamily(
-            "asr_partials_dropped",
-            "partials dropped under backpressure",
-            value=s.publisher.partials_dropped + s.bridge.partials_dropped,
+            "asr_partials_dropped", "partials dropped under backpressure", value=node.partials_dropped
         )
 
-    def _sip_and_rtp(self, s: Service) -> Iterator[Any]:
+    def _sip_and_rtp(self, node: NodeFigures) -> Iterator[Any]:
         responses = CounterMetricFamily("asr_sip_responses", "SIP responses sent", labels=["code"])
         sip_events = CounterMetricFamily("asr_sip_events", "SIP core counters", labels=["event"])
-        for key, value in sorted(s.sip.counters.items()):
+        for key, value in sorted(node.sip_counters.items()):
             if key.startswith("responses."):
                 responses.add_metric([key.split(".", 1)[1]], value)
             else:
                 sip_events.add_metric([key], value)
         yield responses
         yield sip_events
-        yield labelled("asr_rtp", "RTP receive counters over all legs", s.rtp_totals.snapshot().items())
+        yield labelled("asr_rtp", "RTP receive counters over all legs", node.rtp_counters.items())
 
-    def _redis(self, s: Service) -> Iterator[Any]:
-        publisher = s.publisher
-        yield GaugeMetricFamily("asr_redis_connected", "1 while Redis answers", value=int(publisher.connected))
-        yield GaugeMetricFamily("asr_redis_queue_depth", "events waiting for Redis", value=publisher.queued())
+    def _redis(self, redis: RedisFigures) -> Iterator[Any]:
+        yield GaugeMetricFamily("asr_redis_connected", "1 while Redis answers", value=int(redis.connected))
+        yield GaugeMetricFamily("asr_redis_queue_depth", "events waiting for Redis", value=redis.queue_depth)
         yield GaugeMetricFamily("asr_redis_spool_bytes", "journal bytes not yet acknowledged by Redis",
-                                value=publisher.spool_pending_bytes())  # fmt: skip
-        yield GaugeMetricFamily("asr_redis_spool_max_bytes", "redis.spool_max_bytes",
-                                value=s.config.redis.spool_max_bytes)  # fmt: skip
-        counters = ((name, getattr(publisher, name)) for name in JOURNAL_COUNTERS)
-        yield labelled("asr_redis_journal", "spool journal and replay counters", counters)
-        yield CounterMetricFamily("asr_redis_published", "events published", value=publisher.published)
-        yield CounterMetricFamily("asr_redis_errors", "Redis errors", value=publisher.redis_errors)
+                                value=redis.spool_bytes)  # fmt: skip
+        yield GaugeMetricFamily("asr_redis_spool_max_bytes", "redis.spool_max_bytes", value=redis.spool_max_bytes)
+        yield labelled("asr_redis_journal", "spool journal and replay counters", redis.journal.items())
+        yield CounterMetricFamily("asr_redis_published", "events published", value=redis.published)
+        yield CounterMetricFamily("asr_redis_errors", "Redis errors", value=redis.errors)
         yield histogram(
             "asr_publish_latency_seconds",
             "a chunk's last sample handed to the engine -> its event acknowledged by Redis",
-            publisher.audio_to_ack_histogram,
+            redis.publish_latency,
         )
 
-    def _config(self, s: Service) -> Iterator[Any]:
+    def _config(self, node: NodeFigures) -> Iterator[Any]:
         yield InfoMetricFamily("asr_config", "version (hash) of the routes, KB, tag and hotword files in force",
-                               value={"version": s.config_version})  # fmt: skip
-        reload = s.last_reload
+                               value={"version": node.config_version})  # fmt: skip
         yield GaugeMetricFamily("asr_config_last_reload_success", "1 if the last config load put every file in force",
-                                value=int(reload.ok))  # fmt: skip
+                                value=int(node.last_reload_ok))  # fmt: skip
         yield GaugeMetricFamily("asr_config_last_reload_timestamp_seconds", "Unix time of the last config load",
-                                value=reload.at_unix)  # fmt: skip
+                                value=node.last_reload_at_unix)  # fmt: skip
         yield CounterMetricFamily("asr_config_reloads", "config reloads tried (SIGHUP or a file change)",
-                                  value=s.reloads)  # fmt: skip
+                                  value=node.reloads)  # fmt: skip
         yield CounterMetricFamily("asr_config_reload_failures", "config reloads that rejected a file",
-                                  value=s.reload_failures)  # fmt: skip
+                                  value=node.reload_failures)  # fmt: skip
 
 
 def histogram(name: str, doc: str, source: Histogram) -> HistogramMetricFamily:
@@ -153,7 +211,7 @@ def labelled(name: str, doc: str, values: Iterable[tuple[str, int]]) -> CounterM
     return family
 
 
-def health_app(service: Service, metrics: Callable[..., Any]) -> Callable[..., Any]:
+def health_app(source: Monitored, metrics: Callable[..., Any]) -> Callable[..., Any]:
     """WSGI app: the probes, and prometheus_client's own exposition under ``/metrics``."""
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
@@ -164,7 +222,7 @@ def health_app(service: Service, metrics: Callable[..., Any]) -> Callable[..., A
         if path == "/health/live":
             status, body = "200 OK", "live\n"
         elif path in ("/health/ready", "/health"):
-            reasons = service.not_ready()
+            reasons = source.not_ready()
             status = "503 Service Unavailable" if reasons else "200 OK"
             body = f"not ready: {'; '.join(reasons)}\n" if reasons else "ready\n"
         else:
@@ -188,12 +246,12 @@ class _QuietHandler(WSGIRequestHandler):
 class MetricsServer:
     """Serves ``/metrics`` (prometheus_client) and the health probes on ``host:port``."""
 
-    def __init__(self, service: Service, host: str, port: int) -> None:
-        self.service = service
+    def __init__(self, source: Monitored, host: str, port: int) -> None:
+        self.source = source
         self.host = host
         self.port = port
         self.registry = CollectorRegistry()
-        self.registry.register(ServiceCollector(service))
+        self.registry.register(NodeCollector(source))
         ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
@@ -201,7 +259,7 @@ class MetricsServer:
     def start(self) -> int:
         """Listen and serve in a thread; returns the port (chosen by the OS when configured as 0)."""
         server_class = type("Server", (_ThreadingServer,), {"address_family": _family(self.host)})
-        app = health_app(self.service, make_wsgi_app(self.registry))
+        app = health_app(self.source, make_wsgi_app(self.registry))
         self._server = make_server(self.host, self.port, app, server_class, handler_class=_QuietHandler)
         self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True)
         self._thread.start()

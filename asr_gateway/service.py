@@ -1,4 +1,5 @@
-"""``asr-gateway serve``: one process wiring SIP + RTP, the engine and the Redis publisher.
+"""``asr-gateway serve``: one process wiring SIP + RTP, the engine and the Redis publisher,
+and its lifecycle (start, drain, stop).
 
 Threads: the asyncio loop (uvloop when installed) runs SIP, the RTP legs, the publisher and
 the health/metrics HTTP server; the engine runs its scheduler thread; KB matching and tagging
@@ -6,34 +7,31 @@ run in the bridge's worker thread. Bounded queues sit between them.
 
 Signals: SIGTERM/SIGINT drain (new INVITEs and OPTIONS get 503, calls may end on their own
 for ``sip.drain_wait_s``, then the rest get BYE within the grace period, their finals are
-decoded and published, the spool is flushed); SIGHUP reloads the routes, KB and tag files
-(also reloaded when their files change, and on ``reload`` from the console on
-``{prefix}:control``; see ``heartbeat``). An invalid file is rejected, logged with its
-errors, and the previous version stays in force.
-SIGUSR2 logs a memory report (RSS, Python objects by type, and, when the process was started
-with ``python -X tracemalloc``, the code lines holding the most Python memory).
+decoded and published, the spool is flushed); SIGHUP reloads the routes, KB, tag and hotword
+files (``reloading``: also when they change, and on ``reload`` from the console, see
+``heartbeat``); SIGUSR2 logs a memory report (``memory_report``).
+
+The service's other jobs live beside it: ``readiness`` (the reasons of ``/health/ready``),
+``rtp_totals`` (RTP counters over all legs) and ``metrics``, which declares the figures it
+shows (``NodeFigures``, filled in by ``Service.figures``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
-import hashlib
 import logging
 import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from asr_common.audio import SAMPLE_RATE, TELEPHONE_RATE, PcmSink
 from asr_common.draining import wait_while_progressing
 from asr_common.yamlconf import ConfigError
-from asr_core import memtrim
 from asr_core.endpoint import EndpointRules
 from asr_core.engine import Engine, EngineOptions, resolve_dtype
 from asr_core.model.loader import LoadedModel, load_wenet_model
@@ -41,44 +39,25 @@ from asr_gateway.bridge import CallBridge
 from asr_gateway.config import ServiceConfig
 from asr_gateway.heartbeat import Heartbeat, default_node_id
 from asr_gateway.hotwords import HotwordLists
-from asr_gateway.metrics import MetricsServer
+from asr_gateway.memory_report import log_memory_report
+from asr_gateway.metrics import JOURNAL_COUNTERS, EngineFigures, MetricsServer, NodeFigures, RedisFigures
+from asr_gateway.readiness import NodeState, not_ready
+from asr_gateway.reloading import ConfigReloader, routes_hash
+from asr_gateway.rtp_totals import CountedRtpLeg, RtpTotals
 from calls.routing import Router, load_routes
 from kb_hooks.processor import TranscriptProcessor
 from kb_hooks.publisher import Publisher
 from rtp.leg import RtpLeg
 from rtp.poller import FastReceiver
 from rtp.ports import PortAllocator
-from rtp.stats import LegStats
 from sip.transport import SipServer
 
 log = logging.getLogger(__name__)
 
-
-def memory_report(top: int = 15) -> dict[str, object]:
-    """What holds this process's memory: RSS, the most numerous Python object types, and the
-    allocation sites holding the most Python memory when tracemalloc is tracing."""
-    import collections
-    import tracemalloc
-
-    types = collections.Counter(type(o).__name__ for o in gc.get_objects())
-    report: dict[str, object] = {"rss_mb": memtrim.rss_mb() or 0.0, "objects": dict(types.most_common(top))}
-    if tracemalloc.is_tracing():
-        stats = tracemalloc.take_snapshot().statistics("lineno")[:top]
-        report["tracemalloc_kb"] = {str(stat.traceback): round(stat.size / 1024, 1) for stat in stats}
-    return report
-
-
-def log_memory_report() -> None:
-    log.warning("memory report %s", memory_report())
-
-
 DEMO_MODEL_DIR = Path(__file__).resolve().parents[1] / "asr_core" / "demo_model"
-RELOAD_POLL_S = 2.0
 # A stopping node waits for its engine, finalizer and KB worker to finish the work already
 # accepted, without a total deadline; it gives up on one that did nothing for this long (s).
 DRAIN_STALL_S = 30.0
-# While Redis is unreachable a node stays ready until its spool is this full (of redis.spool_max_bytes).
-SPOOL_READY_SHARE = 0.9
 
 
 def model_dir_of(config: ServiceConfig) -> Path:
@@ -162,74 +141,6 @@ def load_router(config: ServiceConfig) -> Router:
     return router
 
 
-def _routes_hash(config: ServiceConfig) -> str:
-    """sha256 of the routes file as read now ("" when the built-in default routes are used)."""
-    if config.routes is None:
-        return ""
-    try:
-        return hashlib.sha256(Path(config.routes).read_bytes()).hexdigest()
-    except OSError:
-        return ""
-
-
-@dataclass(frozen=True)
-class ReloadStatus:
-    """The outcome of the last configuration load (start-up or reload), for /metrics and the console."""
-
-    at_unix: float
-    ok: bool
-    errors: tuple[str, ...] = ()
-
-
-def _files_signature(paths: list[Path]) -> str:
-    digest = hashlib.sha256()
-    for path in paths:
-        with contextlib.suppress(OSError):
-            stat = path.stat()
-            digest.update(f"{path}:{stat.st_mtime_ns}:{stat.st_size};".encode())
-    return digest.hexdigest()
-
-
-RTP_COUNTERS = ("packets", "lost", "late", "duplicate", "reordered", "bad_packets", "foreign_packets", "dtmf_events",
-                "foreign_address", "foreign_port", "unknown_payload_packets", "concealed_samples",
-                "srtp_auth_failed", "srtp_replayed", "srtp_bad")  # fmt: skip
-
-
-class RtpTotals:
-    """RTP receive counters summed over every leg, open or closed (for /metrics)."""
-
-    def __init__(self) -> None:
-        self.closed = dict.fromkeys(RTP_COUNTERS, 0)
-        self.open: set[RtpLeg] = set()
-
-    def snapshot(self) -> dict[str, int]:
-        totals = dict(self.closed)
-        for leg in list(self.open):
-            for name in RTP_COUNTERS:
-                totals[name] += getattr(leg.stats, name)
-        return totals
-
-    def leg_closed(self, leg: RtpLeg, stats: LegStats) -> None:
-        if leg in self.open:
-            self.open.discard(leg)
-            for name in RTP_COUNTERS:
-                self.closed[name] += getattr(stats, name)
-
-
-class CountedRtpLeg(RtpLeg):
-    """An ``RtpLeg`` whose counters are added to the service's ``RtpTotals`` when it closes."""
-
-    def __init__(self, totals: RtpTotals, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._totals = totals
-        totals.open.add(self)
-
-    async def close(self) -> LegStats:
-        stats = await super().close()
-        self._totals.leg_closed(self, stats)
-        return stats
-
-
 @dataclass
 class Ports:
     """Where the service actually listens (ports may be chosen by the OS when configured as 0)."""
@@ -247,9 +158,8 @@ class Service:
         if config.engine.resolved_threads > 0:
             torch.set_num_threads(config.engine.resolved_threads)
         self.loaded = loaded or load_wenet_model(model_dir_of(config))
-        routes_hash = _routes_hash(config)
+        routes_in_force = routes_hash(config)
         self.router = load_router(config)
-        self._routes_hash = routes_hash
         base = config.routes.parent if config.routes is not None else Path()
         self.hotwords = HotwordLists(self.loaded.units, base)
         problems = self.hotwords.sync(hotword_names(self.router))
@@ -275,13 +185,9 @@ class Service:
             sip_settings, self.bridge, self.ports_allocator, self.router, leg_factory=self._rtp_leg, media_host=None
         )
         self.metrics = MetricsServer(self, config.metrics.host, config.metrics.port)
+        self.reloader = ConfigReloader(config, self.processor, self.hotwords, self._reload_routes, routes_in_force)
         self._stopping = asyncio.Event()
-        self._reload_signature = _files_signature(self._watched_files())
-        self._reload_task: asyncio.Task[None] | None = None
         self.started_at = 0.0
-        self.last_reload = ReloadStatus(time.time(), True)
-        self.reloads = 0  # reloads tried since start (SIGHUP or a watched file changed)
-        self.reload_failures = 0  # of which at least one file was rejected
         self.warm = False  # the engine has run its warm-up and its threads are started
         self.sip_listening = False
         self.heartbeat: Heartbeat | None = None
@@ -320,7 +226,7 @@ class Service:
         metrics_port = self.metrics.start() if self.config.metrics.enabled else None
         for warning in self.config.metrics.open_settings():
             log.warning("open setting: %s", warning)
-        self._reload_task = asyncio.create_task(self._watch_files(), name="config-reload")
+        self.reloader.start()
         transports = self.config.sip.transports
         ports = Ports(
             sip_udp=self.sip.port("udp") if "udp" in transports else None,
@@ -329,7 +235,7 @@ class Service:
         )
         redis = self.config.redis
         node_id = default_node_id(ports.sip_udp or ports.sip_tcp)
-        self.heartbeat = Heartbeat(redis.url, redis.key_prefix, node_id, self.node_report, self.reload)
+        self.heartbeat = Heartbeat(redis.url, redis.key_prefix, node_id, self.node_report, self.reloader.reload)
         self.heartbeat.start()
         log.info(
             "hotline-asr serving: sip udp %s tcp %s, metrics %s, engine %d slots (%.1f MB kv), model %s, backend %s, "
@@ -354,7 +260,7 @@ class Service:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
-        loop.add_signal_handler(signal.SIGHUP, self.reload)
+        loop.add_signal_handler(signal.SIGHUP, self.reloader.reload)
         loop.add_signal_handler(signal.SIGUSR2, log_memory_report)
         await self._stopping.wait()
         await self.wait_for_calls()
@@ -379,8 +285,7 @@ class Service:
         final and call.ended, flush Redis (what it does not take within ``grace_s`` stays in
         the spool for the next start)."""
         log.info("draining: %d active calls", self.sip.active_calls)
-        if self._reload_task is not None:
-            self._reload_task.cancel()
+        self.reloader.stop()
         self._stopping.set()  # not ready from now on (request_stop may not have come first)
         self.sip_listening = False
         await self.sip.stop(grace_s)
@@ -412,105 +317,86 @@ class Service:
     # -- health -----------------------------------------------------------------------
 
     def not_ready(self) -> list[str]:
-        """Why this node should get no new call now (empty: ready): ``/health/ready``.
+        """Why this node should get no new call now (empty: ready): ``/health/ready``."""
+        return not_ready(
+            NodeState(
+                draining=self._stopping.is_set(),
+                sip_listening=self.sip_listening,
+                engine_warm=self.warm,
+                engine_slots=self.engine.pool.num_slots,
+                free_engine_slots=self.engine.free_slots,
+                active_calls=self.sip.active_calls,
+                max_calls=self.config.sip.max_calls,
+                redis_connected=self.publisher.connected,
+                spool_pending_bytes=self.publisher.spool_pending_bytes(),
+                spool_max_bytes=self.config.redis.spool_max_bytes,
+            )
+        )
 
-        Ready means SIP listens, the engine is warm, events reach Redis or the spool has room
-        for them, and a new call would be taken (not full, not draining), i.e. what the SIP
-        OPTIONS answer says and more. A full or draining node is still live: it must not be
-        restarted in the middle of its calls.
-        """
-        reasons = []
-        if self._stopping.is_set():
-            reasons.append("draining")
-        if not self.sip_listening:
-            reasons.append("SIP not listening")
-        if not self.warm:
-            reasons.append("engine not warmed up")
-        if self.engine.free_slots <= 0:
-            reasons.append(f"full: all {self.engine.pool.num_slots} engine slots in use")
-        if self.sip.active_calls >= self.config.sip.max_calls:
-            reasons.append(f"full: {self.sip.active_calls} calls, sip.max_calls {self.config.sip.max_calls}")
-        if not self.publisher.connected:
-            pending, limit = self.publisher.spool_pending_bytes(), self.config.redis.spool_max_bytes
-            if pending >= limit * SPOOL_READY_SHARE:
-                reasons.append(f"Redis unreachable and the spool {pending} of {limit} bytes full")
-        return reasons
-
-    @property
-    def healthy(self) -> bool:
-        """Ready for new calls (``not_ready()`` is empty); ``asr_healthy`` in /metrics."""
-        return not self.not_ready()
+    def figures(self) -> NodeFigures:
+        """What ``/metrics`` shows, read from the components now."""
+        engine, stats, publisher = self.engine, self.engine.stats, self.publisher
+        last = self.reloader.last_reload
+        return NodeFigures(
+            healthy=not self.not_ready(),
+            active_calls=self.sip.active_calls,
+            partials_dropped=publisher.partials_dropped + self.bridge.partials_dropped,
+            engine=EngineFigures(
+                streams=engine.active_streams,
+                slots=engine.pool.num_slots,
+                used_slots=engine.pool.used_slots,
+                pool_bytes=engine.pool.total_bytes,
+                chunks=stats.chunks,
+                batches=stats.batches,
+                finals=stats.finals,
+                errors=stats.errors,
+                behind_realtime_chunks=stats.behind_realtime_chunks,
+                lag_s=engine.lag_ms / 1e3,
+                finals_lag_s=engine.finals_lag_ms / 1e3,
+                overload_refusals=self.bridge.overload_refusals,
+                batch_size=stats.batch_size_histogram,
+                step_seconds=stats.step_seconds,
+                partial_latency=stats.partial_latency_seconds,
+                final_latency=stats.final_latency_seconds,
+            ),
+            redis=RedisFigures(
+                connected=publisher.connected,
+                queue_depth=publisher.queued(),
+                spool_bytes=publisher.spool_pending_bytes(),
+                spool_max_bytes=self.config.redis.spool_max_bytes,
+                journal={name: getattr(publisher, name) for name in JOURNAL_COUNTERS},
+                published=publisher.published,
+                errors=publisher.redis_errors,
+                publish_latency=publisher.audio_to_ack_histogram,
+            ),
+            sip_counters=self.sip.counters,
+            rtp_counters=self.rtp_totals.snapshot(),
+            config_version=self.reloader.config_version,
+            last_reload_ok=last.ok,
+            last_reload_at_unix=last.at_unix,
+            reloads=self.reloader.reloads,
+            reload_failures=self.reloader.reload_failures,
+        )
 
     # -- reload -----------------------------------------------------------------------
 
-    def _watched_files(self) -> list[Path]:
-        files = [*self.config.kb_hooks.kb_sets.values(), *self.config.kb_hooks.tag_rule_sets.values()]
-        files.extend(self.hotwords.files())
-        if self.config.routes is not None:
-            files.append(self.config.routes)
-        return files
-
-    @property
-    def config_version(self) -> str:
-        """A short hash of the routing, KB, tag and hotword files in force.
-
-        It changes exactly when a reload puts a new version of one of them in force (a rejected
-        file keeps the previous hash), so operators and the console can see which version each
-        node runs.
-        """
-        parts = {"routes": self._routes_hash, **self.processor.content_hashes(), **self.hotwords.content_hashes()}
-        digest = hashlib.sha256()
-        for name in sorted(parts):
-            digest.update(f"{name}={parts[name]};".encode())
-        return digest.hexdigest()[:16]
+    def _reload_routes(self) -> None:
+        """Load the routes file and put it in force; ``ConfigError`` leaves the previous routes."""
+        router = load_router(self.config)
+        problems = self.hotwords.sync(hotword_names(router))
+        if problems:
+            raise ConfigError(problems)
+        self.sip.core.router = router
+        self.router = router
 
     def node_report(self) -> dict[str, object]:
         """What the heartbeat tells the console: the version in force, the last reload, the load."""
-        last = self.last_reload
+        last = self.reloader.last_reload
         return {
-            "config_version": self.config_version,
+            "config_version": self.reloader.config_version,
             "last_reload": {"at": last.at_unix, "ok": last.ok, "errors": list(last.errors)},
             "active_calls": self.sip.active_calls,
         }
-
-    def reload(self) -> bool:
-        """Reload routes, KB and tag files; keep the previous version of any invalid one."""
-        ok = True
-        errors: list[str] = []
-        try:
-            routes_hash = _routes_hash(self.config)
-            router = load_router(self.config)
-            problems = self.hotwords.sync(hotword_names(router))
-            if problems:
-                raise ConfigError(problems)
-        except (ConfigError, ValueError) as exc:
-            ok = False
-            errors.extend(exc.errors if isinstance(exc, ConfigError) else [str(exc)])
-            log.error("routes reload rejected, previous routes kept: %s", exc)
-        else:
-            self.sip.core.router = router
-            self.router = router
-            self._routes_hash = routes_hash
-            log.info("routes reloaded from %s", self.config.routes or "defaults")
-        for name, result in {**self.processor.reload_all(), **self.hotwords.reload_all()}.items():
-            if not result.ok:
-                ok = False
-                errors.extend(result.errors)
-                log.error("%s reload rejected, previous version kept: %s", name, "; ".join(result.errors))
-            elif result.changed:
-                log.info("%s reloaded, content hash %s", name, result.content_hash)
-        self._reload_signature = _files_signature(self._watched_files())
-        self.last_reload = ReloadStatus(time.time(), ok, tuple(errors))
-        self.reloads += 1
-        self.reload_failures += not ok
-        log.info("config version %s", self.config_version)
-        return ok
-
-    async def _watch_files(self) -> None:
-        while True:
-            await asyncio.sleep(RELOAD_POLL_S)
-            if _files_signature(self._watched_files()) != self._reload_signature:
-                self.reload()
 
 
 def run_service(config: ServiceConfig) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from asr_common.yamlconf import ConfigError, read_yaml, validate_data
+from asr_common.yamlconf import ConfigError, locate, read_yaml, validate_data
 from calls.profile import Profile, check_regex
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -147,14 +147,5 @@ def load_routes(path: Path | str) -> Router:
     routes = validate_data(path, data, RoutesFile, index)
     problems = routes.reference_errors()
     if problems:
-        raise ConfigError(
-            [f"{path}:{_line_of(index, loc)} {'.'.join(map(str, loc))}: {message}" for loc, message in problems]
-        )
+        raise ConfigError([f"{locate(path, index, loc)}: {message}" for loc, message in problems])
     return Router(routes)
-
-
-def _line_of(index: dict[tuple[str | int, ...], int], loc: tuple[str | int, ...]) -> int:
-    for cut in range(len(loc), -1, -1):
-        if loc[:cut] in index:
-            return index[loc[:cut]]
-    return 1

@@ -7,10 +7,14 @@ master; ``?sentinel_password=...`` authenticates to the sentinels.
 Cluster URLs: ``redis+cluster://[[user]:password@]host:port[,host:port...]`` (``rediss+cluster://``
 for TLS; ``?ssl_ca_certs=`` / ``?ssl_cert_reqs=`` as for ``rediss://``). Any reachable node is
 enough to discover the others; a cluster has only database 0, so no path is allowed.
+
+``RETRYABLE``: the errors after which the publisher connects again and sends the batch again
+(a lost or restarted server, a failover in progress).
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -20,12 +24,41 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
+from redis.exceptions import (
+    ClusterDownError,
+    MovedError,
+    NoScriptError,
+    ReadOnlyError,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 PLAIN_SCHEMES = ("redis", "rediss", "unix")
 SENTINEL_TLS_OPTIONS = frozenset({"ssl_ca_certs", "ssl_cert_reqs"})
 CLUSTER_OPTIONS = SENTINEL_TLS_OPTIONS
+RETRYABLE: tuple[type[BaseException], ...] = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    ReadOnlyError,  # a replica after a Sentinel failover: reconnect to the new master
+    NoScriptError,  # Redis restarted between SCRIPT LOAD and EVALSHA
+    ClusterDownError,  # Cluster: a master failed, its replica not yet promoted
+    TryAgainError,
+    SlotNotCoveredError,
+    MovedError,  # Cluster: redirects kept changing (slots moving); ask again later
+    OSError,
+    asyncio.TimeoutError,
+)
+
+
+def refused_without_replicas(exc: BaseException) -> bool:
+    """``NOREPLICAS``: a master with ``min-replicas-to-write`` that has lost its replicas (or a
+    master cut off from them in a failover) refuses writes; retry like a lost connection."""
+    return isinstance(exc, ResponseError) and "NOREPLICAS" in str(exc)
 
 
 def shown(url: str) -> str:

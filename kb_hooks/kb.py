@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from asr_common.yamlconf import ConfigError, format_validation_error, read_yaml, validate_data
+from asr_common.yamlconf import ConfigError, format_validation_error, locate, read_yaml, validate_data
 from kb_hooks.matcher import Hit, PatternSpec, PhraseMatcher, PhraseSpec, normalized_phrase
 
 SuggestionKind = Literal["keyword", "all_of", "pattern"]
@@ -162,9 +162,7 @@ def _load_yaml(path: Path) -> list[KbEntry]:
     model = validate_data(path, data, KbFile, index)
 
     def where(i: int, *keys: str | int) -> str:
-        loc: tuple[str | int, ...] = ("entries", i, *keys)
-        line = next((index[loc[:c]] for c in range(len(loc), 0, -1) if loc[:c] in index), 1)
-        return f"{path}:{line} {'.'.join(str(k) for k in loc)}:"
+        return f"{locate(path, index, ('entries', i, *keys))}:"
 
     errors = _check_entries(path, model.entries, where)
     if errors:

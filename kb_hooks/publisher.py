@@ -9,17 +9,20 @@ events are read back from the journal) -> the sender task, which sends one scrip
 tick: first a batch that failed (retry), then journal records not in memory, then the mirror,
 so per-call order holds. Acknowledged records are trimmed from the journal (``kb_hooks.spool``).
 
-Per event one Lua call (atomic on the server) does ``SADD {prefix}:call:{call_id}:ids
-<event_id>``, ``XADD {prefix}:call:{call_id}`` with an explicit ID ``<ms>-<seq>``, ``XADD
-{prefix}:events``, ``PUBLISH`` to ``{prefix}:live:{call_id}`` and ``{prefix}:live``, and the
-TTLs. An event_id already in the set (a retry, or a replay after a crash) is a no-op, counted
-in ``duplicates_suppressed``. Partials go to pub/sub only (unless ``partials_to_stream``, which
+A batch goes out as one Redis script call per slot group (``kb_hooks.publish_script``: per
+event a de-duplicating ``SADD``, ``XADD`` to the call stream and the firehose, ``PUBLISH``);
+an event_id already published (a retry, or a replay after a crash) is a no-op, counted in
+``duplicates_suppressed``. Partials go to pub/sub only (unless ``partials_to_stream``, which
 journals them too) and are dropped, and counted, whenever Redis is down, journal records are
 being replayed, or the memory queue is full. After a crash the next start replays the journal
 and publishes ``call.ended`` (reason ``node_restart``) for every call it shows as still open.
-Kept whole (about 700 lines) on purpose: the intake, journal and sender tasks share one
+
+Kept whole (about 640 lines) on purpose: the intake, journal and sender tasks share one
 ordering state (the memory mirror, the journal read-back position, the batch in flight), and the
-per-call order guarantee is easiest to check when that state lives in one class.
+per-call order guarantee is easiest to check when that state lives in one class. What does not
+touch that state lives apart: the script and its packing (``publish_script``), the
+``WAIT``/sentinel I/O (``replication``), the counters (``publish_stats``) and the journal's line
+format (``journal_records``).
 
 High availability. Sentinel: the client asks the sentinels for the master on every new
 connection; a dead master (connection error) or a demoted one (READONLY) fails the batch, which
@@ -45,121 +48,23 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 import redis.asyncio as aioredis
-from redis.asyncio.sentinel import SentinelConnectionPool
-from redis.exceptions import (
-    ClusterDownError,
-    MovedError,
-    NoScriptError,
-    ReadOnlyError,
-    ResponseError,
-    SlotNotCoveredError,
-    TryAgainError,
-)
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import ResponseError
 
-from asr_common.latency import LATENCY_BUCKETS_S, Histogram, MeasurementRing
 from kb_hooks import events as ev
 from kb_hooks.config import RedisSettings
-from kb_hooks.connection import make_client, shown
-from kb_hooks.keys import event_ids_key, firehose_key, live_channel, stream_key
-from kb_hooks.ledger import CHECKPOINT_KEY, NODE_RESTART, CallLedger
-from kb_hooks.replicas import MasterChanged, ReplicaConfirmations
+from kb_hooks.connection import RETRYABLE, make_client, refused_without_replicas, shown
+from kb_hooks.journal_records import EventRecord, event_line, parse_line
+from kb_hooks.ledger import NODE_RESTART, CallLedger
+from kb_hooks.publish_script import ADDED, ALREADY_THERE, PUBLISH_LUA, ScriptCall, pack
+from kb_hooks.publish_stats import PublisherStats
+from kb_hooks.replication import ReplicationWatch, ScriptReply
 from kb_hooks.spool import Spool
 from kb_hooks.types import CallContext, Participant
 
 log = logging.getLogger(__name__)
 
-RETRYABLE: tuple[type[BaseException], ...] = (
-    RedisConnectionError,
-    RedisTimeoutError,
-    ReadOnlyError,  # a replica after a Sentinel failover: reconnect to the new master
-    NoScriptError,  # Redis restarted between SCRIPT LOAD and EVALSHA
-    ClusterDownError,  # Cluster: a master failed, its replica not yet promoted
-    TryAgainError,
-    SlotNotCoveredError,
-    MovedError,  # Cluster: redirects kept changing (slots moving); ask again later
-    OSError,
-    asyncio.TimeoutError,
-)
-COUNTERS = (
-    "connected",
-    "submitted",
-    "published",
-    "partials_dropped",
-    "duplicates_suppressed",
-    "rejected",
-    "spooled",
-    "replayed",
-    "spool_full_dropped",
-    "spool_corrupt_skipped",
-    "spool_torn_records",
-    "calls_ended_on_restart",
-    "inbox_full_dropped",
-    "redis_errors",
-    "reconnects",
-    "replica_ack_timeouts",
-)
 _ENDED_CALLS_REMEMBERED = 10_000
 _PROBE_INTERVAL_S = 0.5  # idle with an unconfirmed batch: look at the replicas' offsets this often
-_LATENCY_SAMPLES = 100_000
-
-# One call publishes a whole batch. KEYS: the call streams, firehoses and event-id sets of the
-# batch. ARGV: call maxlen, firehose maxlen, orphan ttl, then per event 12 fields: mode ('s'
-# stream and pub/sub, 'n' stream only, 'p' pub/sub only), call key index, firehose key index,
-# event-id set key index ('0' = none: partials), event_id, stream id, json, type, ttl when
-# ended ('0' = none), call channel, all channel, call_id.
-# Result per event: 1 added, 0 already there (a retry or a replay), or the error text.
-# The event-id set (SADD, same lifetime as the call stream) makes a replay idempotent even when
-# the stream entry was trimmed; the explicit stream id refuses what predates the set.
-_PUBLISH_LUA = """
-local call_maxlen, fire_maxlen, orphan_ttl = ARGV[1], ARGV[2], ARGV[3]
-local out = {}
-for i = 4, #ARGV, 12 do
-  local mode, ck, fk = ARGV[i], KEYS[tonumber(ARGV[i + 1])], KEYS[tonumber(ARGV[i + 2])]
-  local ik = ARGV[i + 3] ~= '0' and KEYS[tonumber(ARGV[i + 3])] or nil
-  local id, payload, kind, ttl = ARGV[i + 5], ARGV[i + 6], ARGV[i + 7], ARGV[i + 8]
-  local result = 1
-  if mode ~= 'p' then
-    if ik and redis.call('SADD', ik, ARGV[i + 4]) == 0 then
-      result = 0
-    else
-      local added = redis.pcall('XADD', ck, 'MAXLEN', '~', call_maxlen, id, 'type', kind, 'event', payload)
-      if type(added) == 'table' and added.err then
-        if string.find(added.err, 'equal or smaller', 1, true) then
-          result = 0
-        else
-          result = added.err
-          if ik then redis.call('SREM', ik, ARGV[i + 4]) end
-        end
-      else
-        local fire = redis.pcall('XADD', fk, 'MAXLEN', '~', fire_maxlen, '*', 'type', kind,
-                                 'call_id', ARGV[i + 11], 'event', payload)
-        if type(fire) == 'table' and fire.err then result = fire.err end
-      end
-    end
-    if ttl ~= '0' then
-      redis.call('EXPIRE', ck, ttl)
-      if ik then redis.call('EXPIRE', ik, ttl) end
-    else
-      if redis.call('TTL', ck) == -1 then redis.call('EXPIRE', ck, orphan_ttl) end
-      if ik and redis.call('TTL', ik) == -1 then redis.call('EXPIRE', ik, orphan_ttl) end
-    end
-  end
-  if result == 1 and mode ~= 'n' then
-    redis.call('PUBLISH', ARGV[i + 9], payload)
-    redis.call('PUBLISH', ARGV[i + 10], payload)
-  end
-  out[#out + 1] = result
-end
-return out
-"""
-
-
-def _no_replicas(exc: BaseException) -> bool:
-    """``NOREPLICAS``: a master with ``min-replicas-to-write`` that has lost its replicas (or a
-    master cut off from them in a failover) refuses writes; retry like a lost connection."""
-    return isinstance(exc, ResponseError) and "NOREPLICAS" in str(exc)
 
 
 @dataclass
@@ -178,6 +83,18 @@ class _Item:
     def partial(self) -> bool:
         return ev.is_partial(self.event)
 
+    @property
+    def call_id(self) -> str:
+        return str(self.event["call_id"])
+
+    @property
+    def event_type(self) -> str:
+        return str(self.event["event_type"])
+
+    @property
+    def event_id(self) -> str:
+        return str(self.event["event_id"])
+
     _payload: str | None = None
 
     def payload(self) -> str:
@@ -187,25 +104,15 @@ class _Item:
         return self._payload
 
     def record(self) -> str:
-        """The journal line: ``{"id", "prefix", "event"}`` (the event's JSON spliced in)."""
-        head = json.dumps({"id": self.stream_id, "prefix": self.prefix}, ensure_ascii=False)
-        return f'{head[:-1]}, "event": {self.payload()}}}'
+        """The journal line (``kb_hooks.journal_records``)."""
+        return event_line(self.stream_id, self.prefix, self.payload())
 
 
-__all__ = ["COUNTERS", "Publisher", "event_ids_key", "firehose_key", "live_channel", "percentile", "stream_key"]
-
-
-def percentile(samples: Iterable[float], q: float) -> float | None:
-    ordered = sorted(samples)
-    if not ordered:
-        return None
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-class Publisher:
-    """Feeds Redis from the engine. Counters are plain int attributes (read them for metrics)."""
+class Publisher(PublisherStats):
+    """Feeds Redis from the engine. Counters are plain int attributes (``kb_hooks.publish_stats``)."""
 
     def __init__(self, settings: RedisSettings, client: aioredis.Redis | None = None) -> None:
+        super().__init__()
         self.settings = settings
         self._layout = settings.layout
         self._client = client
@@ -232,31 +139,7 @@ class Publisher:
         self._stopping = False
         self._sender: asyncio.Task[None] | None = None
         self._journal_task: asyncio.Task[None] | None = None
-        self.connected = False
-        self.submitted = 0
-        self.published = 0
-        self._inbox_partials_dropped = 0  # counted by submitters, under the lock
-        self._loop_partials_dropped = 0  # counted on the event loop
-        self.duplicates_suppressed = 0
-        self.rejected = 0
-        self.spooled = 0
-        self.replayed = 0
-        self.spool_full_dropped = 0
-        self.spool_corrupt_skipped = 0
-        self.spool_torn_records = 0
-        self.calls_ended_on_restart = 0
-        self.inbox_full_dropped = 0
-        self.redis_errors = 0
-        self.reconnects = 0
-        self.replica_ack_timeouts = 0
-        self._replicas = ReplicaConfirmations(settings.wait_replicas, settings.replica_ack_grace_s)
-        self.ack_latency_s = MeasurementRing(_LATENCY_SAMPLES)
-        self.audio_to_ack_s = MeasurementRing(_LATENCY_SAMPLES)
-        self.audio_to_ack_histogram = Histogram(LATENCY_BUCKETS_S)  # every one since start, for /metrics
-
-    @property
-    def partials_dropped(self) -> int:
-        return self._inbox_partials_dropped + self._loop_partials_dropped
+        self._replication = ReplicationWatch(settings)
 
     # ---- engine side (any thread) -------------------------------------------------------
 
@@ -344,7 +227,7 @@ class Publisher:
             self._audit = s.journal_audit_file.open("a", encoding="utf-8")
         if self._client is None:
             self._client = make_client(s.url, s.connect_timeout_s, s.op_timeout_s)
-        self._script = self._client.register_script(_PUBLISH_LUA)
+        self._script = self._client.register_script(PUBLISH_LUA)
         self._journal_task = asyncio.create_task(self._journal_loop(), name="kb_hooks.journal")
         self._sender = asyncio.create_task(self._send_loop(), name="kb_hooks.publisher")
         with self._lock:
@@ -358,11 +241,11 @@ class Publisher:
         self._ledger = CallLedger()
         for line, _ in self._spool.scan():
             try:
-                record = json.loads(line)
-                if CHECKPOINT_KEY in record:
-                    self._ledger.load_checkpoint(record[CHECKPOINT_KEY])
+                record = parse_line(line)
+                if isinstance(record, EventRecord):
+                    self._ledger.note(record.event, record.prefix, record.stream_id)
                 else:
-                    self._ledger.note(record["event"], record["prefix"], record["id"])
+                    self._ledger.load_checkpoint(record)
             except (ValueError, KeyError, TypeError, AttributeError):
                 self.spool_corrupt_skipped += 1
                 log.error("skipping a corrupt spool record: %.200s", line)
@@ -552,7 +435,7 @@ class Publisher:
                 continue
             if not self._has_work():
                 self._work.clear()
-                if self._replicas.pending is None:
+                if self._replication.confirmations.pending is None:
                     await self._work.wait()
                 else:
                     with contextlib.suppress(TimeoutError):
@@ -564,7 +447,7 @@ class Publisher:
             try:
                 confirmed = await self._send(batch, ack)
             except Exception as exc:
-                if not isinstance(exc, RETRYABLE) and not _no_replicas(exc):
+                if not isinstance(exc, RETRYABLE) and not refused_without_replicas(exc):
                     # a server-side script error or a bug: retrying would fail the same way
                     self.rejected += len(batch)
                     log.exception("redis rejected a batch of %d events; dropping it", len(batch))
@@ -598,7 +481,7 @@ class Publisher:
         master may have died before a replica had those records); ``durable`` (the failed batch)
         goes back to the front of the memory mirror, and what lies before it is read back."""
         self._retry, self._retry_ack = [], None
-        self._replicas.reset()
+        self._replication.confirmations.reset()
         self._mirror.extendleft(reversed([i for i in durable if i.gen == self._journal_gen]))
         self._send_offset = self._ack_offset
 
@@ -639,7 +522,7 @@ class Publisher:
             log.info("redis connection up")
         self.reconnects += 1
         self.connected = True
-        self._replicas.reset()
+        self._replication.confirmations.reset()
         return True
 
     def _lost_connection(self, exc: BaseException) -> None:
@@ -682,125 +565,60 @@ class Publisher:
 
     def _parse_record(self, line: str) -> _Item | None:
         try:
-            record = json.loads(line)
-            if CHECKPOINT_KEY in record:
+            record = parse_line(line)
+            if not isinstance(record, EventRecord):
                 return None
-            return _Item(record["event"], record["prefix"], record["id"], time.monotonic(), best_effort=False)
-        except (ValueError, KeyError, TypeError):
+            return _Item(record.event, record.prefix, record.stream_id, time.monotonic(), best_effort=False)
+        except ValueError:
             self.spool_corrupt_skipped += 1
             log.error("skipping a corrupt spool record: %.200s", line)
             return None
 
     async def _send(self, batch: list[_Item], ack: tuple[int, int] | None = None) -> bool:
-        """One EVALSHA per slot group (the whole batch on a single Redis; one per shard on a
-        Cluster), then ``WAIT`` when replicas must confirm. Returns whether they did (or none
-        had to); the Script object reloads the script after a Redis restart."""
+        """One script call per slot group, with ``WAIT`` when replicas must confirm; whether they
+        did (or none had to). The Script object reloads the script after a Redis restart."""
         assert self._client is not None
-        s = self.settings
-        groups: dict[str, tuple[dict[str, int], list[str | int], list[int]]] = {}  # keys, argv, batch indexes
-        sent: list[int] = []
-        for index, item in enumerate(batch):
-            call_id = str(item.event["call_id"])
-            kind = str(item.event["event_type"])
-            if item.partial and not s.partials_to_stream:
-                mode = "p" if s.partials_to_pubsub else "-"
-            else:
-                mode = "s" if s.partials_to_pubsub or not item.partial else "n"
-            if mode == "-":
-                continue
-            fire = self._layout.firehose_of(item.prefix, call_id)
-            group = fire if self._layout.shards else ""  # Cluster: one slot per script call
-            keys, args, members = groups.setdefault(
-                group, ({}, [s.stream_maxlen, s.firehose_maxlen, s.orphan_ttl_s], [])
-            )
-            call_key = keys.setdefault(self._layout.call_stream(item.prefix, call_id), len(keys) + 1)
-            fire_key = keys.setdefault(fire, len(keys) + 1)
-            ids_key = (
-                0 if item.partial else keys.setdefault(self._layout.event_ids(item.prefix, call_id), len(keys) + 1)
-            )
-            args += [mode, call_key, fire_key, ids_key, str(item.event["event_id"]), item.stream_id,
-                     item.payload(), kind,
-                     s.call_ttl_s if kind == "call.ended" else 0,
-                     live_channel(item.prefix, call_id), live_channel(item.prefix), call_id]  # fmt: skip
-            members.append(index)
-            sent.append(index)
-        outcome: dict[int, Any] = {}
+        replies: dict[int, Any] = {}
         confirmed = True
-        for keys, args, members in groups.values():
-            results, acked = await asyncio.wait_for(self._call_script(list(keys), args, ack), s.op_timeout_s * 2)
-            confirmed = confirmed and acked
-            outcome.update(zip(members, results, strict=True))
-        self._account(batch, [outcome[i] for i in sent])
+        for call in pack(batch, self.settings, self._layout):
+            reply = await asyncio.wait_for(self._call_script(call, ack), self.settings.op_timeout_s * 2)
+            confirmed = confirmed and reply.confirmed
+            replies.update(zip(call.members, reply.results, strict=True))
+        self._account(batch, replies)
         return confirmed
 
-    async def _call_script(
-        self, keys: list[str], args: list[str | int], ack: tuple[int, int] | None
-    ) -> tuple[list[Any], bool]:
-        """The script, and with ``wait_replicas`` a ``WAIT`` and ``INFO replication`` on the same connection
-        (a pipeline); the script's results and whether the batch counts as confirmed
-        (``kb_hooks.replicas``)."""
+    async def _call_script(self, call: ScriptCall, ack: tuple[int, int] | None) -> ScriptReply:
+        """The call, and the sentinels asked about the master when replicas did not confirm it."""
         assert self._client is not None
-        if not self.settings.wait_replicas:
-            return await self._script(keys=keys, args=args), True
-        wanted = self._replicas.wanted()
-        pipe = self._client.pipeline(transaction=False)
-        await self._script(keys=keys, args=args, client=pipe)
-        if wanted:
-            pipe.wait(wanted, self.settings.replica_ack_timeout_ms)
-        pipe.info("replication")
-        replies = await pipe.execute()
-        acked = int(replies[1]) if wanted else 0
-        if wanted and acked < wanted:
-            self.replica_ack_timeouts += 1
-        confirmed = self._replicas.after_batch(wanted, acked, replies[-1], ack)
-        if not confirmed:
-            await self._check_sentinels()
-        return replies[0], confirmed
-
-    async def _check_sentinels(self) -> None:
-        """A master without enough replicas may be one the sentinels have just replaced (they
-        demote it only seconds later): ask them, and on a new master raise ``MasterChanged`` (the
-        pool drops its idle connections, so the next ones go to the new master)."""
-        pool = getattr(self._client, "connection_pool", None)
-        if not isinstance(pool, SentinelConnectionPool) or pool.master_address is None:
-            return
-        before = pool.master_address
-        if await pool.get_master_address() != before:
-            self._replicas.reset()
-            raise MasterChanged(f"the sentinels name a new master instead of {before[0]}:{before[1]}")
+        reply = await self._replication.call(self._client, self._script, call.keys, call.args, ack)
+        self.replica_ack_timeouts += reply.wait_timed_out
+        if not reply.confirmed:
+            await self._replication.check_sentinels(self._client)
+        return reply
 
     async def _probe_replicas(self) -> None:
-        """Idle with a batch no replica has confirmed yet: look at INFO again (replicas report
-        their offset every second) and acknowledge the journal once it is confirmed."""
+        """Idle with a batch no replica has confirmed yet: acknowledge the journal once it is."""
         assert self._client is not None
         try:
-            info = await asyncio.wait_for(self._client.info("replication"), self.settings.op_timeout_s * 2)
-            confirmed = self._replicas.probe(info)
-            if confirmed is None:
-                await asyncio.wait_for(self._check_sentinels(), self.settings.op_timeout_s * 2)
-            self._acknowledge(confirmed)
+            self._acknowledge(await self._replication.probe(self._client))
         except RETRYABLE as exc:
             self._lost_connection(exc)
             self._rewind([])
 
-    def _account(self, batch: list[_Item], results: list[Any]) -> None:
+    def _account(self, batch: list[_Item], replies: dict[int, Any]) -> None:
+        """Count the script's reply for each event (by batch position; one sent nowhere counts as added)."""
         now = time.monotonic()
-        outcomes = iter(results)
-        skipped = not self.settings.partials_to_stream and not self.settings.partials_to_pubsub
-        for item in batch:
-            outcome = 1 if item.partial and skipped else next(outcomes)
+        for index, item in enumerate(batch):
+            outcome = replies.get(index, ADDED)
             if isinstance(outcome, bytes):
                 self.rejected += 1
-                log.error("redis rejected %s of call %s: %s", item.event["event_type"], item.event["call_id"],
+                log.error("redis rejected %s of call %s: %s", item.event_type, item.call_id,
                           outcome.decode(errors="replace"))  # fmt: skip
                 continue
-            if outcome == 0:
+            if outcome == ALREADY_THERE:
                 self.duplicates_suppressed += 1
             self.published += 1
-            self.ack_latency_s.append(now - item.submitted)
-            if item.audio_end is not None:
-                self.audio_to_ack_s.append(now - item.audio_end)
-                self.audio_to_ack_histogram.observe(now - item.audio_end)
+            self.record_ack(item.submitted, item.audio_end, now)
 
     # ---- observability ------------------------------------------------------------------
 
@@ -814,11 +632,9 @@ class Publisher:
 
     def metrics(self) -> dict[str, Any]:
         """Counters and latency percentiles (ms) for the service's /metrics and logs."""
-        out: dict[str, Any] = {name: getattr(self, name) for name in COUNTERS}
-        out["queued"] = self.queued()
-        out["spool_pending_bytes"] = self.spool_pending_bytes()
-        for name, samples in (("ack", self.ack_latency_s), ("audio_to_ack", self.audio_to_ack_s)):
-            for q in (0.5, 0.95, 0.99):
-                value = percentile(samples, q)
-                out[f"{name}_p{round(q * 100)}_ms"] = None if value is None else round(value * 1000, 3)
-        return out
+        return {
+            **self.counters(),
+            "queued": self.queued(),
+            "spool_pending_bytes": self.spool_pending_bytes(),
+            **self.latency_percentiles_ms(),
+        }

@@ -1,5 +1,5 @@
 """When a batch written to a Redis master counts as safe from a failover: the bookkeeping
-behind the publisher's ``replica_acks`` (``kb_hooks.publisher`` does the I/O).
+behind the publisher's ``replica_acks`` (``kb_hooks.replication`` does the I/O).
 
 A batch is *confirmed* when ``WAIT`` says ``required`` replicas have it, or later when the
 master's ``INFO replication`` shows replicas whose acknowledged offset reached the master's

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from asr_common.yamlconf import ConfigError, read_yaml, validate_data
+from asr_common.yamlconf import ConfigError, locate, read_yaml, validate_data
 from kb_hooks.matcher import Hit, MatchKind, PatternSpec, PhraseMatcher, PhraseSpec, normalized_phrase
 
 RuleKind = Literal["demand", "category"]
@@ -100,9 +100,7 @@ def load_tag_rules(path: Path | str) -> TagRules:
     errors: list[str] = []
 
     def where(*loc: str | int) -> str:
-        full: tuple[str | int, ...] = ("rules", *loc)
-        line = next((index[full[:c]] for c in range(len(full), 0, -1) if full[:c] in index), 1)
-        return f"{path}:{line} {'.'.join(str(k) for k in full)}:"
+        return f"{locate(path, index, ('rules', *loc))}:"
 
     for i, rule in enumerate(model.rules):
         if not (rule.phrases or rule.all_of or rule.patterns):

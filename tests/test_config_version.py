@@ -30,19 +30,19 @@ def service_on_copies(tmp_path: Path) -> tuple[Service, Path, Path]:
 
 def test_config_version_follows_what_is_in_force(tmp_path: Path) -> None:
     service, routes, kb = service_on_copies(tmp_path)
-    first = service.config_version
-    assert len(first) == 16 and service.last_reload.ok
+    first = service.reloader.config_version
+    assert len(first) == 16 and service.reloader.last_reload.ok
 
-    assert service.reload() is True  # nothing changed on disk: same version
-    assert service.config_version == first
+    assert service.reloader.reload() is True  # nothing changed on disk: same version
+    assert service.reloader.config_version == first
 
     kb.write_text(kb.read_text(encoding="utf-8") + "\n# a comment changes the bytes\n", encoding="utf-8")
-    assert service.reload() is True
-    second = service.config_version
-    assert second != first and service.last_reload.ok and service.last_reload.errors == ()
+    assert service.reloader.reload() is True
+    second = service.reloader.config_version
+    assert second != first and service.reloader.last_reload.ok and service.reloader.last_reload.errors == ()
 
     routes.write_text("profiles: [this is not a mapping\n", encoding="utf-8")
-    assert service.reload() is False
-    assert service.config_version == second  # the broken routes file is not in force
-    assert not service.last_reload.ok
-    assert any("routes.yaml" in error for error in service.last_reload.errors)
+    assert service.reloader.reload() is False
+    assert service.reloader.config_version == second  # the broken routes file is not in force
+    assert not service.reloader.last_reload.ok
+    assert any("routes.yaml" in error for error in service.reloader.last_reload.errors)

@@ -149,7 +149,7 @@ def test_console_in_chromium(tmp_path: Path, redis_server: RedisServer, browser:
     driver = browser
     with ServiceThread(conf / "gateway.yaml") as gateway, running_console(console_yaml) as base:
         assert gateway.service is not None
-        first_version = gateway.service.config_version
+        first_version = gateway.service.reloader.config_version
 
         # -- an agent watches their call live --------------------------------------------------
         sign_in(driver, base, "agent1")
@@ -213,7 +213,7 @@ def test_console_in_chromium(tmp_path: Path, redis_server: RedisServer, browser:
         redrawn = WebDriverWait(driver, 10, ignored_exceptions=(StaleElementReferenceException,))
         redrawn.until(lambda d: "running the applied version" in d.find_element(By.CSS_SELECTOR, row_sel).text)
         new_version = redrawn.until(lambda d: d.find_element(By.CSS_SELECTOR, f"{row_sel} .node-version").text)
-        assert new_version == gateway.service.config_version != first_version
+        assert new_version == gateway.service.reloader.config_version != first_version
         driver.save_screenshot(str(REPO / "docs" / "console-admin.png"))
 
         # -- the next call's suggestion carries the new title ---------------------------------

@@ -191,7 +191,7 @@ def test_a_rejected_reload_shows_in_metrics_and_the_node_stays_ready(tmp_path: P
         try:
             before = await asyncio.to_thread(scrape, ports.metrics)
             routes.write_text("profiles: [not, a, mapping]\n", encoding="utf-8")
-            assert not service.reload()
+            assert not service.reloader.reload()
             after = await asyncio.to_thread(scrape, ports.metrics)
             ready = (await asyncio.to_thread(http_get, ports.metrics, "/health/ready"))[0]
         finally:

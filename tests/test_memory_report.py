@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tracemalloc
 
-from asr_gateway.service import memory_report
+from asr_gateway.memory_report import memory_report
 
 
 def test_memory_report_names_what_holds_memory() -> None:

@@ -14,7 +14,8 @@ import redis.asyncio as aioredis
 from kb_hooks import events as ev
 from kb_hooks.config import RedisSettings
 from kb_hooks.connection import parse_sentinel_url
-from kb_hooks.publisher import Publisher, firehose_key, live_channel, stream_key
+from kb_hooks.keys import firehose_key, live_channel, stream_key
+from kb_hooks.publisher import Publisher
 from kb_hooks.types import CallContext, Participant
 from tests.redis_server import RedisServer, redis_server  # noqa: F401
 

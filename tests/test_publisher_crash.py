@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from kb_hooks.keys import event_ids_key, firehose_key, stream_key
 from kb_hooks.ledger import NODE_RESTART
-from kb_hooks.publisher import Publisher, event_ids_key, firehose_key, stream_key
+from kb_hooks.publisher import Publisher
 from kb_hooks.spool import SPOOL_FILE, Spool, SpoolInUseError
 from kb_hooks.types import CallContext
 from tests.redis_server import RedisServer, free_port, redis_server  # noqa: F401

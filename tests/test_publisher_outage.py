@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from kb_hooks.publisher import Publisher, firehose_key, stream_key
+from kb_hooks.keys import firehose_key, stream_key
+from kb_hooks.publisher import Publisher
 from kb_hooks.spool import SPOOL_FILE
 from kb_hooks.types import CallContext
 from tests.redis_server import RedisServer, free_port

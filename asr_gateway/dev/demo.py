@@ -45,7 +45,7 @@ from asr_gateway.dev.sipp_calls import PCMA, PCMU, CallResult, place_call, sipp_
 from asr_gateway.logs import configure_logging
 from asr_gateway.service import DEMO_MODEL_DIR, Service
 from kb_hooks.connection import make_client
-from kb_hooks.publisher import firehose_key, live_channel
+from kb_hooks.keys import firehose_key, live_channel
 from kb_hooks.tail import Printer
 
 DATA_DIR = Path(__file__).resolve().parent / "data"

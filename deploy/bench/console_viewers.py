@@ -30,7 +30,8 @@ import httpx
 from asr_gateway.dev.local_redis import LocalRedis, free_tcp_port
 from kb_hooks import events as ev
 from kb_hooks.config import RedisSettings
-from kb_hooks.publisher import Publisher, percentile
+from kb_hooks.publish_stats import percentile
+from kb_hooks.publisher import Publisher
 from kb_hooks.types import CallContext, Participant
 
 USER, PASSWORD = "bench", "bench-password"

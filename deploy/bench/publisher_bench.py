@@ -26,7 +26,8 @@ from typing import Any
 
 from kb_hooks import events as ev
 from kb_hooks.config import RedisSettings
-from kb_hooks.publisher import Publisher, percentile
+from kb_hooks.publish_stats import percentile
+from kb_hooks.publisher import Publisher
 from kb_hooks.types import CallContext, Participant
 
 
