@@ -202,7 +202,8 @@ def build_app(settings: ConsoleSettings) -> Starlette:
 
     @need("agent", page=True)
     async def call_page(request: Request) -> Response:
-        return page("call.html", request, call_id=request.path_params["call_id"])
+        _, call_id = await find_call(request)  # 404 for another agent's call, as the API answers
+        return page("call.html", request, call_id=call_id, agent_id_key=settings.agent_id_key)
 
     @need("admin", page=True)
     async def admin_page(request: Request) -> Response:

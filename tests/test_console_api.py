@@ -135,6 +135,11 @@ def test_agents_see_their_calls_supervisors_all(console: tuple[str, Path], redis
     assert [c["call_id"] for c in listed["calls"]] == ["call-a"]
     assert agent1.get("/api/calls/call-b").status_code == 404
     assert agent1.get("/api/calls/call-b/events").status_code == 404
+    # the call page checks exactly as the API does: another agent's call and an unknown id are 404
+    assert agent1.get("/calls/call-b").status_code == 404
+    assert agent1.get("/calls/no-such-call").status_code == 404
+    assert sup.get("/calls/no-such-call").status_code == 404
+    assert agent1.get("/calls/call-a").status_code == 200 and sup.get("/calls/call-b").status_code == 200
     snapshot = agent1.get("/api/calls/call-a").json()
     types = [e["event_type"] for e in snapshot["events"]]
     assert types[0] == "call.started" and types[-1] == "call.ended" and "kb.suggestion" in types
