@@ -87,7 +87,7 @@
         const last = call.last_text ? `${call.last_text.role || ""} ${call.last_text.text}` : "";
         const row = el("tr", { class: call.active ? "active" : "ended", "data-call-id": call.call_id },
           el("td", {}, el("a", { href: "/calls/" + encodeURIComponent(call.call_id) }, time(call.started_at) || call.call_id)),
-          el("td", {}, call.route || ""), el("td", {}, who), el("td", {}, call.agent_id || ""),
+          el("td", {}, call.route || "default profile"), el("td", {}, who), el("td", {}, call.agent_id || ""),
           el("td", { class: call.last_text && call.last_text.is_partial ? "partial" : "" }, last),
           el("td", {}, (call.suggestions || []).join("、")),
           el("td", {}, call.active ? "live" : `ended: ${endReason(call.end_reason)}`));
@@ -188,7 +188,7 @@
       const who = (event.participants || []).map((p) => `${p.role} ${p.name || p.aor || ""}`).join(" · ");
       const agent = (event.metadata || {})[root.dataset.agentKey];
       document.getElementById("call-info").textContent =
-        `started ${time(event.ts)} · route ${event.route || "(default)"} · ${who}${agent ? " · agent " + agent : ""}`;
+        `started ${time(event.ts)} · ${event.route ? "route " + event.route : "default profile"} · ${who}${agent ? " · agent " + agent : ""}`;
     }
 
     function ended(event) {
