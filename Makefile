@@ -8,7 +8,7 @@ APT_BINARIES := redis-server redis-sentinel redis-cli sipp espeak-ng sox kamaili
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: setup apt-deps test lint demo demo-model bench clean
+.PHONY: setup apt-deps test lint demo demo-console demo-model bench clean
 
 setup: apt-deps $(STAMP)
 
@@ -54,6 +54,11 @@ demo-model: setup
 
 demo: setup
 	$(VENV)/bin/asr-gateway demo
+
+# The product as its users see it: the service, the console (URL and three users' passwords
+# printed once) and the demo calls placed again and again for the demo agent, until Ctrl-C.
+demo-console: setup
+	$(VENV)/bin/asr-gateway demo --console
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache

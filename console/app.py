@@ -133,10 +133,10 @@ def build_app(settings: ConsoleSettings) -> Starlette:
 
         return wrap
 
-    def page(name: str, request: Request, **extra: Any) -> Response:
+    def page(name: str, request: Request, status_code: int = 200, **extra: Any) -> Response:
         user: User = request.state.user
         context = {"user": user, "csrf": csrf_token(request), **extra}
-        return templates.TemplateResponse(request, name, context)
+        return templates.TemplateResponse(request, name, context, status_code=status_code)
 
     def store() -> ConfigStore:
         assert console.store is not None
@@ -202,7 +202,11 @@ def build_app(settings: ConsoleSettings) -> Starlette:
 
     @need("agent", page=True)
     async def call_page(request: Request) -> Response:
-        return page("call.html", request, call_id=request.path_params["call_id"])
+        try:
+            _, call_id = await find_call(request)
+        except HTTPException:  # another agent's call, or none: 404, as the API answers
+            return page("missing.html", request, status_code=404, call_id=request.path_params["call_id"])
+        return page("call.html", request, call_id=call_id, agent_id_key=settings.agent_id_key)
 
     @need("admin", page=True)
     async def admin_page(request: Request) -> Response:

@@ -1,7 +1,11 @@
-"""``asr-console`` (also ``asr-gateway console``): run the console, or hash a password.
+"""``asr-console`` (also ``asr-gateway console``): run the console, check its config, or hash a password.
 
 asr-console --config console.yaml [--listen HOST:PORT]
-asr-console hash-password            # prints an argon2 hash for the users file
+asr-console check-config console.yaml   # file:line problems, or "ok"; exit 1 on problems
+asr-console hash-password               # prints an argon2 hash for the users file
+
+A problem found at start (a missing or unreadable file, the gateway's config given instead of
+the console's, Redis not answering) is one line each on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -12,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+from pydantic import ValidationError
 
-from asr_common.yamlconf import ConfigError
-from console.settings import ConsoleSettings, load_settings
+from console.settings import ConsoleSettings
+from console.startup import StartupError, check_files, check_redis
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,28 +48,45 @@ def server_config(app: Any, settings: ConsoleSettings, log_level: str = "info") 
     )
 
 
+def check_config_main(argv: list[str]) -> int:
+    """``asr-console check-config FILE``: the file checks of a start, without Redis."""
+    parser = argparse.ArgumentParser(prog="asr-console check-config", description=check_files.__doc__)
+    parser.add_argument("file", type=Path, help="console config (YAML)")
+    args = parser.parse_args(argv)
+    try:
+        check_files(args.file)
+    except StartupError as exc:
+        for line in exc.lines:
+            print(line, file=sys.stderr)
+        return 1
+    print("ok")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["hash-password"]:
         from console.users import hash_password_main
 
         return hash_password_main(argv[1:])
+    if argv[:1] == ["check-config"]:
+        return check_config_main(argv[1:])
     args = build_parser().parse_args(argv)
     from console.app import build_app
 
     try:
-        settings = load_settings(args.config)
+        settings, service = check_files(args.config)
         if args.listen:
-            settings = settings.model_copy(update={"listen": args.listen})
-            settings = type(settings).model_validate(settings.model_dump())
+            settings = type(settings).model_validate({**settings.model_dump(), "listen": args.listen})
+        check_redis(service, settings.service_config)
         app = build_app(settings)
-    except ConfigError as exc:
-        for line in exc.errors:
+    except StartupError as exc:
+        for line in exc.lines:
             print(line, file=sys.stderr)
-        return 1
-    except ValueError as exc:
-        print(f"{args.config}: {exc}", file=sys.stderr)
-        return 1
+        return 2
+    except ValidationError as exc:
+        print(f"--listen {args.listen}: {exc.errors()[0]['msg']}; give HOST:PORT", file=sys.stderr)
+        return 2
     uvicorn.Server(server_config(app, settings, args.log_level)).run()
     return 0
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from asr_common.yamlconf import load_yaml_model
+from asr_gateway.state_dir import default_state_dir
 
 
 class ConsoleSettings(BaseModel):
@@ -18,7 +20,10 @@ class ConsoleSettings(BaseModel):
     service_config: Path = Field(description="the gateways' config file: Redis, routes, KB and tag rule files")
     listen: str = Field("127.0.0.1:8088", pattern=r"^\[?[^\s]+\]?:\d+$", description="HOST:PORT")
     users_file: Path = Field(description="users, roles and argon2 password hashes (docs/console.md)")
-    state_dir: Path = Field(Path("console-state"), description="kept versions, audit log, session key")
+    state_dir: Path = Field(
+        default_factory=lambda: default_state_dir(os.environ) / "console",
+        description="kept versions, audit log, session key (default: STATE/console, asr_gateway/state_dir.py)",
+    )
     key_prefixes: list[str] = Field(
         default_factory=list, description="Redis key prefixes to read (default: the service's redis.key_prefix)"
     )

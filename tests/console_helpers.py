@@ -17,16 +17,21 @@ from typing import Any
 import httpx
 import uvicorn
 
+from asr_gateway.config import load_config
 from asr_gateway.dev.local_redis import free_tcp_port
 from console.app import build_app
 from console.cli import server_config
 from console.settings import load_settings
 from console.users import hash_password
+from kb_hooks import events as ev
 from kb_hooks.config import RedisSettings
+from kb_hooks.processor import TranscriptProcessor
 from kb_hooks.publisher import Publisher
+from kb_hooks.types import CallContext, Participant, RedactionMode, TranscriptUpdate
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "deploy" / "config"
+MANHOLE = "我今天发现新华路十二号井盖发生了破损有安全隐患"
 PASSWORDS = {"admin": "admin-pass-1", "sup": "sup-pass-1", "agent1": "agent-pass-1", "agent2": "agent-pass-2"}
 
 
@@ -129,3 +134,18 @@ class LivePublisher:
         asyncio.run_coroutine_threadsafe(self.publisher.stop(), self.loop).result(15)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
+
+
+def call_events(call_id: str, agent: str, conf: Path, text: str = MANHOLE, *, agent_key: str = "X-Agent-Id",
+                reason: str = "bye", stats: dict[str, Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """A call as the gateway publishes it: started (the agent's id in metadata under ``agent_key``),
+    a partial, the final with its KB suggestion and tags (from the real processor), ended."""
+    config = load_config(conf / "gateway.yaml")
+    processor = TranscriptProcessor.from_settings(config.kb_hooks)
+    ctx = CallContext(call_id, route="default", redaction=RedactionMode.MASK, kb_set="hotline", tag_rules=("hotline",))
+    caller = Participant("caller", "sip:citizen@pbx")
+    out = [ev.call_started(ctx, [caller, Participant("agent", f"sip:{agent}@pbx")], {agent_key: agent})]
+    out += processor.process(TranscriptUpdate(ctx, caller, 0, True, text[:8]))
+    out += processor.process(TranscriptUpdate(ctx, caller, 0, False, text))
+    out.append(ev.call_ended(ctx, reason, {"duration_ms": 4000} if stats is None else stats))
+    return out

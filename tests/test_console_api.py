@@ -24,14 +24,10 @@ from asr_gateway.config_check import check_referenced_files
 from asr_gateway.dev.local_redis import LocalRedisCluster
 from asr_gateway.heartbeat import Heartbeat, control_channel
 from kb_hooks import events as ev
-from kb_hooks.processor import TranscriptProcessor
-from kb_hooks.types import CallContext, Participant, RedactionMode, TranscriptUpdate
-from tests.console_helpers import LivePublisher, login, running_console, write_configs
+from tests.console_helpers import MANHOLE, LivePublisher, call_events, login, running_console, write_configs
 from tests.redis_server import RedisServer, redis_cluster, redis_server
 
 __all__ = ["redis_cluster", "redis_server"]
-
-MANHOLE = "我今天发现新华路十二号井盖发生了破损有安全隐患"
 
 
 @pytest.fixture()
@@ -39,20 +35,6 @@ def console(tmp_path: Path, redis_server: RedisServer) -> Iterator[tuple[str, Pa
     console_yaml = write_configs(tmp_path, redis_server.url)
     with running_console(console_yaml) as base:
         yield base, console_yaml.parent
-
-
-def call_events(call_id: str, agent: str, conf: Path, text: str = MANHOLE) -> list[dict[str, Any]]:
-    """A call as the gateway publishes it: started (agent id in metadata), a partial, the final
-    with its KB suggestion and tags (from the real processor), ended."""
-    config = load_config(conf / "gateway.yaml")
-    processor = TranscriptProcessor.from_settings(config.kb_hooks)
-    ctx = CallContext(call_id, route="default", redaction=RedactionMode.MASK, kb_set="hotline", tag_rules=("hotline",))
-    caller = Participant("caller", "sip:citizen@pbx")
-    out = [ev.call_started(ctx, [caller, Participant("agent", f"sip:{agent}@pbx")], {"X-Agent-Id": agent})]
-    out += processor.process(TranscriptUpdate(ctx, caller, 0, True, text[:8]))
-    out += processor.process(TranscriptUpdate(ctx, caller, 0, False, text))
-    out.append(ev.call_ended(ctx, "bye", {"duration_ms": 4000}))
-    return out
 
 
 def sse(client: httpx.Client, url: str, count: int, headers: dict[str, str] | None = None,
@@ -135,6 +117,11 @@ def test_agents_see_their_calls_supervisors_all(console: tuple[str, Path], redis
     assert [c["call_id"] for c in listed["calls"]] == ["call-a"]
     assert agent1.get("/api/calls/call-b").status_code == 404
     assert agent1.get("/api/calls/call-b/events").status_code == 404
+    # the call page checks exactly as the API does: another agent's call and an unknown id are 404
+    assert agent1.get("/calls/call-b").status_code == 404
+    assert agent1.get("/calls/no-such-call").status_code == 404
+    assert sup.get("/calls/no-such-call").status_code == 404
+    assert agent1.get("/calls/call-a").status_code == 200 and sup.get("/calls/call-b").status_code == 200
     snapshot = agent1.get("/api/calls/call-a").json()
     types = [e["event_type"] for e in snapshot["events"]]
     assert types[0] == "call.started" and types[-1] == "call.ended" and "kb.suggestion" in types

@@ -6,7 +6,7 @@ text and the 井盖破损应急处置流程 card must show within 3 s of the fin
 edits that KB entry in the browser and applies it; the gateway reloads (the console's reload
 request), reports the new version hash, and the next call's suggestion carries the new title.
 A rollback in the browser restores the entry. Requests without login and writes without the
-CSRF token are refused. The run writes docs/console-call.png and docs/console-admin.png.
+CSRF token are refused. The run writes docs/img/console-call.png and docs/img/console-admin.png.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from asr_core.audio_io import read_wav
 from asr_gateway.config import load_config
 from asr_gateway.dev.sipp_calls import PCMU, place_call
 from asr_gateway.service import Service
+from tests.browser_helpers import chromium, needs_chromium
+from tests.browser_helpers import sign_in as sign_in_as
 from tests.console_helpers import PASSWORDS, running_console, write_configs
 from tests.redis_server import RedisServer, free_port, redis_server
 
@@ -36,18 +38,15 @@ __all__ = ["redis_server"]
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data" / "hotline_8k"
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
+IMG = REPO / "docs" / "img"
 CARD_TITLE = "井盖破损应急处置流程"
 NEW_TITLE = "井盖破损应急处置流程（2024修订）"
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp not installed (Debian package sip-tester)"),
-    pytest.mark.skipif(
-        shutil.which("chromium") is None or not CHROMEDRIVER.is_file(),
-        reason="chromium and chromium-driver not installed",
-    ),
+    needs_chromium,
 ]
-webdriver = pytest.importorskip("selenium.webdriver")
+pytest.importorskip("selenium.webdriver")
 from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
@@ -103,17 +102,8 @@ metrics: {{host: 127.0.0.1, port: 0}}
 
 @pytest.fixture()
 def browser(tmp_path: Path) -> Iterator[Any]:
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium") or "chromium"
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--window-size=1440,960", f"--user-data-dir={tmp_path / 'chromium'}"):  # fmt: skip
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=str(CHROMEDRIVER)), options=options)
-    try:
+    with chromium(tmp_path / "chromium") as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def events_of(url: str, sip_tag: str) -> list[dict[str, Any]]:
@@ -123,12 +113,7 @@ def events_of(url: str, sip_tag: str) -> list[dict[str, Any]]:
 
 
 def sign_in(driver: Any, base: str, user: str, path: str = "/") -> None:
-    driver.get(base + path)
-    WebDriverWait(driver, 10).until(lambda d: d.find_elements(By.ID, "login-form"))
-    driver.find_element(By.ID, "username").send_keys(user)
-    driver.find_element(By.ID, "password").send_keys(PASSWORDS[user])
-    driver.find_element(By.ID, "login-submit").click()
-    WebDriverWait(driver, 10).until(lambda d: d.find_elements(By.CSS_SELECTOR, "[data-page]"))
+    sign_in_as(driver, base, user, PASSWORDS[user], path)
 
 
 def ts_ms(ts: str) -> float:
@@ -141,10 +126,7 @@ def attr_ms(driver: Any, selector: str, name: str) -> float:
 
 def test_console_in_chromium(tmp_path: Path, redis_server: RedisServer, browser: Any) -> None:
     console_yaml = write_configs(tmp_path, redis_server.url, gateway_sections(tmp_path))
-    conf = console_yaml.parent
-    routes = conf / "routes.yaml"
-    routes.write_text(routes.read_text(encoding="utf-8").replace(
-        "  default:\n", "  default:\n    metadata_headers: [X-Agent-Id]\n", 1), encoding="utf-8")  # fmt: skip
+    conf = console_yaml.parent  # the example routes' default profile publishes X-Agent-Id
     original_kb = (conf / "kb.yaml").read_text(encoding="utf-8")
     driver = browser
     with ServiceThread(conf / "gateway.yaml") as gateway, running_console(console_yaml) as base:
@@ -170,8 +152,8 @@ def test_console_in_chromium(tmp_path: Path, redis_server: RedisServer, browser:
         final_lag = attr_ms(driver, "#lane-caller .utt.final", "data-final-at") - made
         card_lag = attr_ms(driver, card_sel, "data-confirmed-at") - made
         assert final_lag <= 3000 and card_lag <= 3000, (final_lag, card_lag)
-        (REPO / "docs").mkdir(exist_ok=True)
-        driver.save_screenshot(str(REPO / "docs" / "console-call.png"))
+        IMG.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(IMG / "console-call.png"))
 
         # -- refused: no login, and a write without the CSRF token ----------------------------
         with httpx.Client(base_url=base, timeout=10) as anonymous:
@@ -214,7 +196,7 @@ def test_console_in_chromium(tmp_path: Path, redis_server: RedisServer, browser:
         redrawn.until(lambda d: "running the applied version" in d.find_element(By.CSS_SELECTOR, row_sel).text)
         new_version = redrawn.until(lambda d: d.find_element(By.CSS_SELECTOR, f"{row_sel} .node-version").text)
         assert new_version == gateway.service.reloader.config_version != first_version
-        driver.save_screenshot(str(REPO / "docs" / "console-admin.png"))
+        driver.save_screenshot(str(IMG / "console-admin.png"))
 
         # -- the next call's suggestion carries the new title ---------------------------------
         assert gateway.call(tmp_path / "call2", "1001").result(60).returncode == 0

@@ -38,7 +38,7 @@ def test_bad_console_config_names_file_and_line(tmp_path: Path) -> None:
     config = tmp_path / "console.yaml"
     config.write_text("service_config: gw.yaml\nusers_file: users.yaml\nlisten: nowhere\n", encoding="utf-8")
     done = run_console("--config", str(config))
-    assert done.returncode == 1
+    assert done.returncode == 2
     assert f"{config}:3" in done.stderr and "listen" in done.stderr, done.stderr
 
 

@@ -11,7 +11,9 @@ suggestions, tags) and stops everything it started.
 The pieces (``local_redis.LocalRedis``, ``demo_config``, ``EventCollector``, ``summarize``) are reused by
 the end-to-end benchmark, the soak command and the tests.
 
-Kept as one module (about 520 lines) because it is one command's script whose reusable
+``--console`` (``console_demo``) keeps the service up with the console beside it.
+
+Kept as one module (about 460 lines) because it is one command's script whose reusable
 pieces are already separate names the benchmarks import; splitting it would scatter that
 one sequence over files.
 """
@@ -382,16 +384,18 @@ async def run_demo(
 
 
 async def place_demo_call(
-    call: DemoCall, tag: str, workdir: Path, sip_port: int, data_dir: Path = DATA_DIR
+    call: DemoCall, tag: str, workdir: Path, sip_port: int, data_dir: Path = DATA_DIR, extra_headers: str = ""
 ) -> CallResult:
-    """Stream ``call``'s recordings from sipp to ``sip_port``; its SIP Call-ID starts with ``tag``."""
+    """Stream ``call``'s recordings from sipp to ``sip_port``; its SIP Call-ID starts with ``tag``;
+    ``extra_headers`` (``X-Agent-Id: 1001``) go into the INVITE."""
     audio = read_wav(data_dir / f"{call.wav}.wav")
     second = read_wav(data_dir / f"{call.second_wav}.wav").samples if call.second_wav else None
     if second is not None and second.shape[0] != audio.samples.shape[0]:
         length = max(second.shape[0], audio.samples.shape[0])
         second = np.pad(second, (0, length - second.shape[0]))
     return await place_call(workdir / tag, sip_port, audio.samples, audio.sample_rate, payload_type=call.payload_type,
-                            siprec=call.siprec, second_pcm=second, call_tag=tag)  # fmt: skip
+                            siprec=call.siprec, second_pcm=second, call_tag=tag,
+                            extra_headers=extra_headers)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -404,6 +408,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     parser.add_argument("--quiet", action="store_true", help="do not print the live events")
+    console = parser.add_argument_group("the console (asr_gateway/dev/console_demo.py)")
+    console.add_argument("--console", action="store_true",
+                         help="also start the console with an agent, a supervisor and an admin, and keep placing "
+                              "the demo calls for the agent until Ctrl-C")  # fmt: skip
+    console.add_argument("--listen", default="127.0.0.1:8088", metavar="HOST:PORT", help="the console's address")
+    console.add_argument("--rounds", type=int, default=0, help="with --console: stop after this many rounds of calls")
     return parser
 
 
@@ -425,6 +435,11 @@ def main(argv: list[str] | None = None) -> int:
                 local = LocalRedis(workdir / "redis")
                 local.start()
                 redis_url = local.url
+            if args.console:
+                from asr_gateway.dev.console_demo import run_console_demo
+
+                asyncio.run(run_console_demo(model_dir, redis_url, workdir, args.listen, args.rounds, sys.stdout))
+                return 0
             out = None if args.quiet or args.json else sys.stdout
             report = asyncio.run(run_demo(model_dir, redis_url, workdir, out))
         except (DemoError, LocalRedisError, FileNotFoundError) as exc:

@@ -20,6 +20,53 @@
     return ts ? new Date(ts).toLocaleTimeString() : "";
   }
 
+  // -- event fields in words (docs/events.md) -----------------------------------------
+  const END_REASONS = {
+    bye: "hung up",
+    cancel: "cancelled before it was answered",
+    error: "a signalling error",
+    "rtp-timeout": "no audio arrived for too long",
+    "rtcp-bye": "the media stream said goodbye (RTCP BYE)",
+    shutdown: "the gateway shut down",
+    node_restart: "the gateway restarted during the call",
+    "no-acceptable-answer": "no acceptable media offer",
+    "session-refresh-failed": "the session refresh failed",
+    "ack-timeout": "the call was never confirmed (no ACK)",
+    "session-expired": "the session timer expired",
+  };
+  const MATCH_KINDS = { keyword: "keyword", all_of: "all keywords", pattern: "pattern" };
+  const ENTITY_LABELS = { phone: "phone", id_number: "ID number", address: "address", date: "date", time: "time" };
+  const STAT_NAMES = { audio_ms: "audio", duration_ms: "duration", dtmf_events: "key presses" };
+
+  function words(name) {
+    return String(name).replace(/[-_]+/g, " ");
+  }
+
+  function endReason(reason) {
+    return reason ? END_REASONS[reason] || words(reason) : "ended";
+  }
+
+  function seconds(ms) {
+    return `${(ms / 1000).toFixed(1)} s`;
+  }
+
+  // One stats value: milliseconds as seconds; a per-leg object as its values, one per leg.
+  function statValue(key, value) {
+    if (value !== null && typeof value === "object") {
+      const parts = Object.values(value).map((v) => statValue(key, v));
+      return parts.length > 1 ? `${parts.join(" + ")} (${parts.length} legs)` : parts.join("");
+    }
+    return typeof value === "number" && key.endsWith("_ms") ? seconds(value) : String(value);
+  }
+
+  function statsText(stats) {
+    return Object.entries(stats || {}).map(([key, value]) => `${STAT_NAMES[key] || words(key)}: ${statValue(key, value)}`).join(" · ");
+  }
+
+  function tagText(tag) {
+    return tag.kind === "entity" ? `${ENTITY_LABELS[tag.label] || words(tag.label)}: ${tag.value}` : tag.label;
+  }
+
   for (const form of document.querySelectorAll("form[data-csrf-form]")) {
     form.addEventListener("submit", async (e) => {
       e.preventDefault();
@@ -40,10 +87,10 @@
         const last = call.last_text ? `${call.last_text.role || ""} ${call.last_text.text}` : "";
         const row = el("tr", { class: call.active ? "active" : "ended", "data-call-id": call.call_id },
           el("td", {}, el("a", { href: "/calls/" + encodeURIComponent(call.call_id) }, time(call.started_at) || call.call_id)),
-          el("td", {}, call.route || ""), el("td", {}, who), el("td", {}, call.agent_id || ""),
+          el("td", {}, call.route || "default profile"), el("td", {}, who), el("td", {}, call.agent_id || ""),
           el("td", { class: call.last_text && call.last_text.is_partial ? "partial" : "" }, last),
           el("td", {}, (call.suggestions || []).join("、")),
-          el("td", {}, call.active ? "live" : `ended (${call.end_reason || ""})`));
+          el("td", {}, call.active ? "live" : `ended: ${endReason(call.end_reason)}`));
         body.append(row);
       }
     });
@@ -118,7 +165,7 @@
       const parts = [
         el("div", { class: "title" }, event.title, el("span", { class: "badge" }, event.status)),
         event.summary ? el("div", {}, event.summary) : null,
-        el("div", { class: "meta" }, `score ${event.score} · ${event.match_kind}${event.homophone ? " · homophone" : ""} · “${event.matched_text}”`),
+        el("div", { class: "meta" }, `match ${Math.round(event.score * 100)} % · ${MATCH_KINDS[event.match_kind] || words(event.match_kind)}${event.homophone ? " · sounds alike" : ""} · heard “${event.matched_text}”`),
         event.url ? el("a", { href: event.url, target: "_blank", rel: "noopener" }, event.url) : null];
       card.replaceChildren(...parts.filter((p) => p !== null));
       if (event.span && event.status !== "withdrawn") {
@@ -133,23 +180,22 @@
         const key = [tag.kind, tag.label, tag.value].join("|");
         if (tagsSeen.has(key)) continue;
         tagsSeen.add(key);
-        const text = tag.kind === "entity" ? `${tag.label}: ${tag.value}` : tag.label;
-        document.getElementById("chips").append(el("span", { class: "chip " + tag.kind, title: tag.kind }, text));
+        document.getElementById("chips").append(el("span", { class: "chip " + tag.kind, title: tag.kind }, tagText(tag)));
       }
     }
 
     function started(event) {
       const who = (event.participants || []).map((p) => `${p.role} ${p.name || p.aor || ""}`).join(" · ");
-      const agent = (event.metadata || {})["X-Agent-Id"];
+      const agent = (event.metadata || {})[root.dataset.agentKey];
       document.getElementById("call-info").textContent =
-        `${time(event.ts)} · route ${event.route || "(default)"} · ${who}${agent ? " · agent " + agent : ""}`;
+        `started ${time(event.ts)} · ${event.route ? "route " + event.route : "default profile"} · ${who}${agent ? " · agent " + agent : ""}`;
     }
 
     function ended(event) {
       const box = document.getElementById("summary");
       box.hidden = false;
-      const stats = Object.entries(event.stats || {}).map(([k, v]) => `${k} ${typeof v === "object" ? JSON.stringify(v) : v}`).join(" · ");
-      document.getElementById("summary-text").textContent = `${time(event.ts)} · ${event.reason}${stats ? " · " + stats : ""}`;
+      const stats = statsText(event.stats);
+      document.getElementById("summary-text").textContent = `${time(event.ts)} · ${endReason(event.reason)}${stats ? " · " + stats : ""}`;
       state.textContent = "ended";
     }
 
@@ -265,7 +311,7 @@
         el("p", {}, `redacted (${answer.redaction}): `, el("span", { class: "mono try-text" }, answer.text)),
         el("table", { class: "try-suggestions" }, el("tr", {}, el("th", {}, "KB entry"), el("th", {}, "score"), el("th", {}, "kind"), el("th", {}, "homophone"), el("th", {}, "matched")),
           ...answer.suggestions.map((s) => el("tr", { "data-entry-id": s.entry_id }, el("td", {}, s.title), el("td", {}, String(s.score)), el("td", {}, s.match_kind), el("td", {}, s.homophone ? "yes" : "no"), el("td", {}, s.matched_text)))),
-        el("p", {}, ...answer.tags.map((t) => el("span", { class: "chip " + t.kind }, t.kind === "entity" ? `${t.label}: ${t.value}` : t.label))));
+        el("p", {}, ...answer.tags.map((t) => el("span", { class: "chip " + t.kind }, tagText(t)))));
     };
     select.onchange = loadFile;
 
