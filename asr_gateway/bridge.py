@@ -276,7 +276,7 @@ class CallBridge:
             state.waiting = False
             self._publish_started(state.ctx.call_id)
         participant = state.participants.get(leg_id, Participant("mixed"))
-        self.publisher.submit(ev.dtmf(state.ctx, participant, press.key, index, press.duration_ms))
+        self.publisher.submit(ev.Dtmf.press(state.ctx, participant, press.key, index, press.duration_ms))
 
     def _publish_started(self, call_id: str) -> None:
         state = self._calls.get(call_id)

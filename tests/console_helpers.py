@@ -12,7 +12,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import httpx
 import uvicorn
@@ -22,6 +21,7 @@ from console.app import build_app
 from console.cli import server_config
 from console.settings import load_settings
 from console.users import hash_password
+from kb_hooks import events as ev
 from kb_hooks.config import RedisSettings
 from kb_hooks.publisher import Publisher
 
@@ -114,7 +114,7 @@ class LivePublisher:
             time.sleep(0.01)
         return self
 
-    def submit(self, event: dict[str, Any]) -> None:
+    def submit(self, event: ev.Event) -> None:
         self.publisher.submit(event)
 
     def wait_published(self, count: int, timeout_s: float = 10.0) -> None:

@@ -7,6 +7,7 @@ Cluster, the calls of every firehose shard and their hash-tagged streams."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import time
@@ -41,17 +42,18 @@ def console(tmp_path: Path, redis_server: RedisServer) -> Iterator[tuple[str, Pa
         yield base, console_yaml.parent
 
 
-def call_events(call_id: str, agent: str, conf: Path, text: str = MANHOLE) -> list[dict[str, Any]]:
+def call_events(call_id: str, agent: str, conf: Path, text: str = MANHOLE) -> list[ev.Event]:
     """A call as the gateway publishes it: started (agent id in metadata), a partial, the final
     with its KB suggestion and tags (from the real processor), ended."""
     config = load_config(conf / "gateway.yaml")
     processor = TranscriptProcessor.from_settings(config.kb_hooks)
     ctx = CallContext(call_id, route="default", redaction=RedactionMode.MASK, kb_set="hotline", tag_rules=("hotline",))
     caller = Participant("caller", "sip:citizen@pbx")
-    out = [ev.call_started(ctx, [caller, Participant("agent", f"sip:{agent}@pbx")], {"X-Agent-Id": agent})]
+    agent_side = Participant("agent", f"sip:{agent}@pbx")
+    out: list[ev.Event] = [ev.CallStarted(call=ctx, participants=(caller, agent_side), metadata={"X-Agent-Id": agent})]
     out += processor.process(TranscriptUpdate(ctx, caller, 0, True, text[:8]))
     out += processor.process(TranscriptUpdate(ctx, caller, 0, False, text))
-    out.append(ev.call_ended(ctx, "bye", {"duration_ms": 4000}))
+    out.append(ev.CallEnded(call=ctx, reason="bye", stats={"duration_ms": 4000}))
     return out
 
 
@@ -178,7 +180,7 @@ def test_call_events_resume_from_last_event_id_and_go_live(console: tuple[str, P
                                                            tmp_path: Path) -> None:  # fmt: skip
     base, conf = console
     events = call_events("call-live", "1001", conf)
-    stored, ended = [e for e in events[:-1] if not ev.is_partial(e)], events[-1]
+    stored, ended = [e for e in events[:-1] if not isinstance(e, ev.TranscriptPartial)], events[-1]
     sup = login(base, "sup")
     with LivePublisher(redis_server.url, tmp_path / "pub") as publisher:
         for event in stored:
@@ -188,13 +190,13 @@ def test_call_events_resume_from_last_event_id_and_go_live(console: tuple[str, P
         while sup.get("/api/calls/call-live").status_code != 200 and time.monotonic() < deadline:
             time.sleep(0.05)
         first = sse(sup, "/api/calls/call-live/events", len(stored))
-        assert [e["event_id"] for _, e in first] == [e["event_id"] for e in stored]
+        assert [e["event_id"] for _, e in first] == [e.event_id for e in stored]
         assert all(sid for sid, _ in first)
         # A viewer that saw the first two resumes after the second: it gets the rest, nothing twice.
         resumed = sse(sup, "/api/calls/call-live/events", len(stored) - 2, {"Last-Event-ID": first[1][0] or ""})
-        assert [e["event_id"] for _, e in resumed] == [e["event_id"] for e in stored[2:]]
+        assert [e["event_id"] for _, e in resumed] == [e.event_id for e in stored[2:]]
         # Live: a partial (no id) and call.ended arrive while the viewer waits after the history.
-        partial = {**events[1], "event_id": "p" * 32}
+        partial = dataclasses.replace(events[1], call=CallContext("call-live"), event_id="p" * 32)
 
         def later() -> None:
             time.sleep(0.8)

@@ -71,6 +71,7 @@ from asr_gateway.dev.local_redis import LocalRedis, LocalRedisError, redis_reach
 from asr_gateway.dev.sipp_calls import HANGUP_AFTER_AUDIO_S, PCMA, PCMU, CallResult, place_calls
 from asr_gateway.service import Service
 from deploy.bench.engine_bench import FINAL_LATENCY_LIMIT_MS
+from kb_hooks.events import Event
 
 GAP_S = 1.0  # between sentences: longer than the 800 ms endpoint rule, so each sentence is an utterance
 GAP_NOISE_RMS = 30.0  # int16 units: about -60 dBFS
@@ -207,9 +208,9 @@ def record_audio_ends(service: Service) -> dict[str, float]:
     audio_end: dict[str, float] = {}
     submit = service.publisher.submit
 
-    def recording(event: dict[str, Any], *, audio_end_monotonic: float | None = None) -> None:
+    def recording(event: Event, *, audio_end_monotonic: float | None = None) -> None:
         if audio_end_monotonic is not None:
-            audio_end[str(event["event_id"])] = audio_end_monotonic
+            audio_end[event.event_id] = audio_end_monotonic
         submit(event, audio_end_monotonic=audio_end_monotonic)
 
     service.publisher.submit = recording  # type: ignore[method-assign]
