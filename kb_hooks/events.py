@@ -46,7 +46,7 @@ class EventType(StrEnum):
 
 
 SuggestionStatus = Literal["suggested", "confirmed", "withdrawn"]
-MatchKind = Literal["keyword", "all_of", "pattern"]
+SuggestionKind = Literal["keyword", "all_of", "pattern"]  # how a KB entry matched (kb_hooks.kb)
 TagKind = Literal["demand", "entity", "category"]
 
 
@@ -162,8 +162,8 @@ class Tag(JsonRecord):
 class Event(JsonRecord):
     """The envelope every event carries; a subclass per ``event_type`` adds its fields.
 
-    ``call`` fills ``call_id``, ``sip_call_id`` and ``route``; ``event_id`` and ``ts`` are
-    fresh unless given (a test's fixed values).
+    ``call`` fills ``call_id``, ``sip_call_id`` and ``route`` (it is not kept, so
+    ``dataclasses.replace`` needs it again); ``event_id`` and ``ts`` are fresh unless given.
     """
 
     event_type: ClassVar[EventType]
@@ -231,7 +231,7 @@ class KbSuggestion(Event):
     title: str
     score: float
     status: SuggestionStatus
-    match_kind: MatchKind
+    match_kind: SuggestionKind
     homophone: bool
     matched_text: str
     span: Span
