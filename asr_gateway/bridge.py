@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import assert_never
 
 import numpy as np
 
@@ -43,7 +43,48 @@ from rtp.dtmf import KeyPress
 
 log = logging.getLogger(__name__)
 
-_STOP = object()
+
+# -- what the worker's queue carries besides the engine's events ---------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CallStarted:
+    """The call's legs are known: announce it, unless it waits for a partner INVITE."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class JoinTimedOut:
+    """The partner INVITE did not come within the profile's ``join_timeout_s``."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class KeyPressed:
+    """An RFC 4733 key press on a leg; ``publish``: the route sends ``dtmf`` events (else counts them)."""
+
+    leg_id: str
+    press: KeyPress
+    publish: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CallEnded:
+    """One SIP call (INVITE) of a call ended; the call ends with its last one."""
+
+    member: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Stop:
+    """The worker's last message: everything before it is handled."""
+
+
+_STOP = _Stop()
+_Message = CallStarted | JoinTimedOut | KeyPressed | CallEnded | Partial | Final | Ended
 
 
 class StreamSink:
@@ -103,7 +144,7 @@ class CallBridge:
         self._joiner = Joiner()  # join key -> call id waiting for its partner (under the lock)
         self._member_call: dict[str, str] = {}  # incoming call id -> call id it was joined to
         self._lock = threading.Lock()
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
+        self._queue: queue.Queue[_Message | _Stop] = queue.Queue(maxsize=queue_size)
         self._worker: threading.Thread | None = None
         self.partials_dropped = 0
         self.overload_refusals = 0  # admission checks refused while the engine was behind real time
@@ -160,18 +201,18 @@ class CallBridge:
         except RuntimeError:  # no event loop (direct use): announce now, wait for no partner
             loop = None
         if loop is not None and fresh and state.waiting:
-            loop.call_later(call.profile.join_timeout_s, self._queue_put, ("join_timeout", call_id))
+            loop.call_later(call.profile.join_timeout_s, self._queue_put, JoinTimedOut(call_id))
         elif loop is not None:
             # Legs of one call are opened back to back in one step of the SIP worker: announce
             # the call after that step, when all of them are known.
-            loop.call_soon(self._queue_put, ("started", call_id))
+            loop.call_soon(self._queue_put, CallStarted(call_id))
         else:
             state.waiting = False
-            self._queue_put(("started", call_id))
+            self._queue_put(CallStarted(call_id))
         if profile.dtmf == "off":
             return StreamSink(stream)
         publish = profile.dtmf == "publish"
-        return StreamSink(stream, lambda press: self._queue_put(("dtmf", leg.leg_id, press, publish)))
+        return StreamSink(stream, lambda press: self._queue_put(KeyPressed(leg.leg_id, press, publish)))
 
     def _state_for(self, call: CallInfo) -> tuple[str, _CallState, bool]:
         """(call id, state, whether this call opened a new one waiting for a partner) of a leg of
@@ -206,7 +247,7 @@ class CallBridge:
                 state.participants[leg.leg_id] = _participant(leg)
 
     def call_ended(self, call: CallInfo, reason: str) -> None:
-        self._queue_put(("ended", call.call_id, reason))
+        self._queue_put(CallEnded(call.call_id, reason))
 
     # -- engine events (engine thread) -----------------------------------------------
 
@@ -219,7 +260,7 @@ class CallBridge:
             return
         self._queue_put(event)
 
-    def _queue_put(self, item: Any) -> None:
+    def _queue_put(self, item: _Message | _Stop) -> None:
         """Finals, stream ends and call events are never dropped: wait for room if needed."""
         self._queue.put(item)
 
@@ -227,27 +268,32 @@ class CallBridge:
 
     def _work(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is _STOP:
+            message = self._queue.get()
+            if isinstance(message, _Stop):
                 return
             try:
-                self._handle(item)
+                self._handle(message)
             except Exception:
                 self.worker_errors += 1
-                log.exception("transcript post-processing failed for %r", item)
+                log.exception("transcript post-processing failed for %r", message)
             self._handled += 1
 
-    def _handle(self, item: Any) -> None:
-        if isinstance(item, tuple):
-            if item[0] == "started":
-                self._publish_started(item[1])
-            elif item[0] == "join_timeout":
-                self._join_timed_out(item[1])
-            elif item[0] == "dtmf":
-                self._key_pressed(*item[1:])
-            else:
-                self._mark_call_ended(item[1], item[2])
-            return
+    def _handle(self, message: _Message) -> None:
+        match message:
+            case CallStarted(call_id):
+                self._publish_started(call_id)
+            case JoinTimedOut(call_id):
+                self._join_timed_out(call_id)
+            case KeyPressed(leg_id, press, publish):
+                self._key_pressed(leg_id, press, publish)
+            case CallEnded(member, reason):
+                self._mark_call_ended(member, reason)
+            case Partial() | Final() | Ended():
+                self._engine_event(message)
+            case _:
+                assert_never(message)
+
+    def _engine_event(self, item: Partial | Final | Ended) -> None:
         call_id = self._leg_call.get(item.stream_id)
         state = self._calls.get(call_id) if call_id else None
         if state is None:
@@ -280,7 +326,7 @@ class CallBridge:
             state.waiting = False
             self._publish_started(state.ctx.call_id)
         participant = state.participants.get(leg_id, Participant("mixed"))
-        self.publisher.submit(ev.dtmf(state.ctx, participant, press.key, index, press.duration_ms))
+        self.publisher.submit(ev.Dtmf.press(state.ctx, participant, press.key, index, press.duration_ms))
 
     def _publish_started(self, call_id: str) -> None:
         state = self._calls.get(call_id)

@@ -31,6 +31,7 @@ from asr_common.yamlconf import ConfigError
 from asr_gateway.config import ServiceConfig, load_config
 from asr_gateway.heartbeat import RELOAD_MESSAGE, control_channel, nodes_key
 from kb_hooks.config import KbHooksSettings
+from kb_hooks.events import KbSuggestion, Tags, TranscriptFinal
 from kb_hooks.processor import TranscriptProcessor
 from kb_hooks.types import CallContext, Participant, RedactionMode, TranscriptUpdate
 
@@ -197,9 +198,9 @@ class ConfigStore:
             "profile": name,
             "profiles": sorted(profiles),
             "redaction": ctx.redaction.value,
-            "text": next((e["text"] for e in events if e["event_type"] == "transcript.final"), ""),
-            "suggestions": [e for e in events if e["event_type"] == "kb.suggestion"],
-            "tags": [t for e in events if e["event_type"] == "tags" for t in e["tags"]],
+            "text": next((e.text for e in events if isinstance(e, TranscriptFinal)), ""),
+            "suggestions": [e.to_json() for e in events if isinstance(e, KbSuggestion)],
+            "tags": [t.to_json() for e in events if isinstance(e, Tags) for t in e.tags],
         }
 
     # -- apply, versions, rollback ----------------------------------------------------

@@ -27,6 +27,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from kb_hooks.events import EventType
 from kb_hooks.keys import SINGLE, KeyLayout, live_channel
 
 log = logging.getLogger(__name__)
@@ -128,20 +129,24 @@ class CallIndex:
 def fold_event(call: CallSummary, event: dict[str, Any], agent_id_key: str) -> None:
     """Update ``call`` with what ``event`` says about it."""
     kind = event.get("event_type")
-    if kind == "call.started":
+    if kind == EventType.CALL_STARTED:
         call.started_at = event.get("ts")
         call.route = event.get("route")
         call.participants = list(event.get("participants") or [])
         call.metadata = dict(event.get("metadata") or {})
         call.agent_id = call.metadata.get(agent_id_key)
-    elif kind in ("transcript.partial", "transcript.final"):
+    elif kind in (EventType.TRANSCRIPT_PARTIAL, EventType.TRANSCRIPT_FINAL):
         role = (event.get("participant") or {}).get("role")
-        call.last_text = {"role": role, "text": event.get("text", ""), "is_partial": kind.endswith("partial")}
-    elif kind == "kb.suggestion" and event.get("status") != "withdrawn":
+        call.last_text = {
+            "role": role,
+            "text": event.get("text", ""),
+            "is_partial": kind == EventType.TRANSCRIPT_PARTIAL,
+        }
+    elif kind == EventType.KB_SUGGESTION and event.get("status") != "withdrawn":
         title = str(event.get("title", ""))
         if title not in call.suggestions:
             call.suggestions.append(title)
-    elif kind == "call.ended":
+    elif kind == EventType.CALL_ENDED:
         call.ended_at = event.get("ts")
         call.end_reason = event.get("reason")
 
@@ -360,7 +365,7 @@ class Hub:
             event = json.loads(text)
         except ValueError:
             return
-        if not isinstance(event, dict) or event.get("event_type") != "transcript.partial":
+        if not isinstance(event, dict) or event.get("event_type") != EventType.TRANSCRIPT_PARTIAL:
             return  # durable events come from the streams, in order
         self.index.apply(prefix, event)
         feed = self.feeds.get(str(event.get("call_id")))

@@ -1,37 +1,53 @@
-"""Event envelope v1: builders for every event type and the packaged JSON Schema.
+"""Event v1: the declared type of every event, its one JSON form, and the packaged JSON Schema.
 
 Every event is one flat JSON object: the envelope (``schema_version``, ``event_type``,
 ``event_id``, ``seq``, ``ts``, ``call_id``, ``sip_call_id``, ``route``, ``participant``) plus the
-fields of its type. ``seq`` is stamped by the Publisher when the event is submitted, so it
-follows publish order per call. docs/events.md describes every field.
+fields of its type. Here each type is a frozen dataclass whose fields are its JSON fields, by
+name and in order: the envelope is declared once, on ``Event``, and filled from the call's
+``CallContext`` when an event is made; ``to_json`` writes any event, so a type has exactly one
+JSON form (``seq`` excepted: the Publisher stamps it when the event is submitted, so it follows
+publish order per call). ``tests/test_events_schema.py`` holds every type to the packaged schema.
+docs/events.md describes every field.
+
+Making an event costs a constructor call: nothing is validated on the way out (partials are
+published many times a second per call); the types and that test keep the JSON right.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
+from dataclasses import InitVar, dataclass, field, fields
 from datetime import UTC, datetime
+from enum import StrEnum
 from functools import cache
 from importlib import resources
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, NamedTuple
 
 from kb_hooks.types import CallContext, Participant, RedactionMode
 
 SCHEMA_VERSION = "1"
-EventType = Literal[
-    "call.started", "transcript.partial", "transcript.final", "kb.suggestion", "tags", "call.ended", "dtmf"
-]
-EVENT_TYPES: tuple[EventType, ...] = (
-    "call.started",
-    "transcript.partial",
-    "transcript.final",
-    "kb.suggestion",
-    "tags",
-    "call.ended",
-    "dtmf",
-)
-Event = dict[str, Any]
+
+# Fields declared with this metadata are left out of the JSON while they are None.
+OMITTED_WHEN_NONE: Mapping[str, bool] = {"omit_when_none": True}
+
+
+class EventType(StrEnum):
+    """Every ``event_type`` of v1: compare a JSON event's ``event_type`` with these, not with literals."""
+
+    CALL_STARTED = "call.started"
+    TRANSCRIPT_PARTIAL = "transcript.partial"
+    TRANSCRIPT_FINAL = "transcript.final"
+    KB_SUGGESTION = "kb.suggestion"
+    TAGS = "tags"
+    CALL_ENDED = "call.ended"
+    DTMF = "dtmf"
+
+
+SuggestionStatus = Literal["suggested", "confirmed", "withdrawn"]
+SuggestionKind = Literal["keyword", "all_of", "pattern"]  # how a KB entry matched (kb_hooks.kb)
+TagKind = Literal["demand", "entity", "category"]
 
 
 def utc_timestamp(moment: datetime | None = None) -> str:
@@ -40,51 +56,265 @@ def utc_timestamp(moment: datetime | None = None) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
-def envelope(event_type: EventType, ctx: CallContext, participant: Participant | None) -> Event:
-    """The common fields; ``seq`` is added by the Publisher."""
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "event_type": event_type,
-        "event_id": uuid.uuid4().hex,
-        "ts": utc_timestamp(),
-        "call_id": ctx.call_id,
-        "sip_call_id": ctx.sip_call_id,
-        "route": ctx.route,
-        "participant": participant.to_json() if participant is not None else None,
-    }
+def new_event_id() -> str:
+    """A fresh ``event_id`` (UUID4 hex), the consumers' de-duplication key."""
+    return uuid.uuid4().hex
 
 
-def call_started(
-    ctx: CallContext, participants: Iterable[Participant], metadata: Mapping[str, str] | None = None
-) -> Event:
-    event = envelope("call.started", ctx, None)
-    event["participants"] = [p.to_json() for p in participants]
-    event["metadata"] = dict(metadata or {})
-    return event
+class JsonRecord:
+    """A frozen dataclass whose JSON object is its fields, by name and in order; nested records
+    and participants become objects, tuples arrays, mappings objects."""
+
+    __slots__ = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return _with_fields({}, self)
 
 
-def call_ended(ctx: CallContext, reason: str, stats: Mapping[str, Any] | None = None) -> Event:
-    event = envelope("call.ended", ctx, None)
-    event["reason"] = reason
-    event["stats"] = dict(stats or {})
-    return event
+def _with_fields(out: dict[str, Any], record: JsonRecord) -> dict[str, Any]:
+    """``out`` with the JSON of each field of ``record`` added, in order."""
+    for name, omit_when_none in _json_fields(type(record)):
+        value = getattr(record, name)
+        if value is not None or not omit_when_none:
+            out[name] = _json_value(value)
+    return out
 
 
-def dtmf(ctx: CallContext, participant: Participant, key: str, index: int, duration_ms: int) -> Event:
-    """One RFC 4733 key press of ``participant``. The key is published only where the call's
-    redaction is ``keep``: callers key in ID and card numbers, and a keyed hash of one of
-    sixteen keys would hide nothing, so ``hash`` masks like ``mask``."""
-    event = envelope("dtmf", ctx, participant)
-    shown = ctx.redaction is RedactionMode.KEEP
-    event["digit"] = key if shown else None
-    event["redacted"] = not shown
-    event["index"] = index
-    event["duration_ms"] = duration_ms
-    return event
+_FIELDS: dict[type, tuple[tuple[str, bool], ...]] = {}
+
+
+def _json_fields(cls: type) -> tuple[tuple[str, bool], ...]:
+    """(name, omitted when None) of each field of a record type, looked up once per type."""
+    known = _FIELDS.get(cls)
+    if known is None:
+        known = _FIELDS[cls] = tuple((f.name, bool(f.metadata.get("omit_when_none"))) for f in fields(cls))
+    return known
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, _SCALARS):
+        return value
+    if isinstance(value, Token):
+        return value.to_json()
+    if isinstance(value, tuple):
+        return [item.to_json() if isinstance(item, Token) else _json_value(item) for item in value]
+    if isinstance(value, JsonRecord | Participant):
+        return value.to_json()
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"an event field holds a {type(value).__name__}, which has no JSON form here")
+
+
+# -- records inside events ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Span(JsonRecord):
+    """Character offsets [begin, end) in the source utterance's published text."""
+
+    begin: int
+    end: int
+
+
+class Token(NamedTuple):
+    """A recognized unit as published (redacted); times in ms from the start of the participant's audio.
+
+    A NamedTuple, not a frozen dataclass: a partial carries one per unit, and a tuple is several
+    times cheaper to make; its JSON object is written out for the same reason.
+    """
+
+    text: str
+    begin_ms: int | None
+    end_ms: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"text": self.text, "begin_ms": self.begin_ms, "end_ms": self.end_ms}
+
+
+@dataclass(frozen=True, slots=True)
+class Alternative(JsonRecord):
+    """One n-best entry of a final: its (redacted) text and score, best first."""
+
+    text: str
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class Tag(JsonRecord):
+    """A demand or category rule's match, or an entity (phone, id_number, address, date, time)."""
+
+    kind: TagKind
+    label: str
+    value: str  # as published: redacted for phone and id_number unless the route keeps them
+    normalized: str | None  # digits form of entities; None when redacted or not an entity
+    span: Span
+    homophone: bool
+    redacted: bool
+
+
+# -- the envelope and the event types ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event(JsonRecord):
+    """The envelope every event carries; a subclass per ``event_type`` adds its fields.
+
+    ``call`` fills ``call_id``, ``sip_call_id`` and ``route`` (it is not kept, so
+    ``dataclasses.replace`` needs it again); ``event_id`` and ``ts`` are fresh unless given.
+    """
+
+    event_type: ClassVar[EventType]
+    call: InitVar[CallContext]
+    event_id: str = field(default_factory=new_event_id)
+    ts: str = field(default_factory=utc_timestamp)
+    call_id: str = field(init=False)
+    sip_call_id: str | None = field(init=False)
+    route: str | None = field(init=False)
+    participant: Participant | None = None  # None on call.*
+
+    def __post_init__(self, call: CallContext) -> None:
+        object.__setattr__(self, "call_id", call.call_id)
+        object.__setattr__(self, "sip_call_id", call.sip_call_id)
+        object.__setattr__(self, "route", call.route)
+
+    def to_json(self) -> dict[str, Any]:
+        """The event's JSON object without ``seq`` (the Publisher adds it)."""
+        return _with_fields({"schema_version": SCHEMA_VERSION, "event_type": self.event_type.value}, self)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallStarted(Event):
+    event_type = EventType.CALL_STARTED
+    participants: tuple[Participant, ...]
+    metadata: Mapping[str, str]  # From/To, dialled number, SIPREC session id, the route's listed headers
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Transcript(Event):
+    """What partials and finals share; only its two subclasses are events."""
+
+    participant: Participant
+    utterance_id: int
+    is_partial: bool = field(init=False)
+    text: str
+    begin_offset_ms: int  # utterance start, ms from the start of the participant's audio
+    end_offset_ms: int
+    tokens: tuple[Token, ...]
+    confidence: float | None
+    latency_ms: float | None  # engine latency of this result
+    text_raw: str | None = field(default=None, metadata=OMITTED_WHEN_NONE)  # spoken form where ITN rewrote text
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TranscriptPartial(Transcript):
+    event_type = EventType.TRANSCRIPT_PARTIAL
+    is_partial: Literal[True] = field(default=True, init=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TranscriptFinal(Transcript):
+    event_type = EventType.TRANSCRIPT_FINAL
+    is_partial: Literal[False] = field(default=False, init=False)
+    nbest: tuple[Alternative, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KbSuggestion(Event):
+    event_type = EventType.KB_SUGGESTION
+    participant: Participant
+    utterance_id: int
+    is_partial: bool  # of the source utterance
+    entry_id: str
+    title: str
+    score: float
+    status: SuggestionStatus
+    match_kind: SuggestionKind
+    homophone: bool
+    matched_text: str
+    span: Span
+    priority: int
+    entry_tags: tuple[str, ...]
+    summary: str
+    url: str | None
+
+    def withdrawn(self, call: CallContext, participant: Participant, utterance_id: int) -> KbSuggestion:
+        """This suggestion withdrawn by the final of ``utterance_id``: a new event, same entry."""
+        return KbSuggestion(
+            call=call,
+            participant=participant,
+            utterance_id=utterance_id,
+            is_partial=False,
+            entry_id=self.entry_id,
+            title=self.title,
+            score=self.score,
+            status="withdrawn",
+            match_kind=self.match_kind,
+            homophone=self.homophone,
+            matched_text=self.matched_text,
+            span=self.span,
+            priority=self.priority,
+            entry_tags=self.entry_tags,
+            summary=self.summary,
+            url=self.url,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Tags(Event):
+    event_type = EventType.TAGS
+    participant: Participant
+    utterance_id: int
+    is_partial: bool
+    tags: tuple[Tag, ...]  # at least one
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallEnded(Event):
+    event_type = EventType.CALL_ENDED
+    reason: str  # bye, rtp-timeout, shutdown, node_restart ...
+    stats: Mapping[str, Any]  # free-form: audio_ms, dtmf_events ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Dtmf(Event):
+    """One RFC 4733 key press of ``participant``; make it with ``Dtmf.press``."""
+
+    event_type = EventType.DTMF
+    participant: Participant
+    digit: str | None  # None unless the route's redaction is keep
+    redacted: bool
+    index: int  # the participant's key presses, counted from 0
+    duration_ms: int
+
+    @classmethod
+    def press(cls, call: CallContext, participant: Participant, key: str, index: int, duration_ms: int) -> Dtmf:
+        """The key is published only where the call's redaction is ``keep``: callers key in ID
+        and card numbers, and a keyed hash of one of sixteen keys would hide nothing, so
+        ``hash`` masks like ``mask``."""
+        shown = call.redaction is RedactionMode.KEEP
+        return cls(
+            call=call,
+            participant=participant,
+            digit=key if shown else None,
+            redacted=not shown,
+            index=index,
+            duration_ms=duration_ms,
+        )
+
+
+# Every event type of v1 and its declared type.
+EVENT_CLASSES: Mapping[EventType, type[Event]] = {
+    cls.event_type: cls
+    for cls in (CallStarted, TranscriptPartial, TranscriptFinal, KbSuggestion, Tags, CallEnded, Dtmf)
+}
 
 
 def is_partial(event: Mapping[str, Any]) -> bool:
-    return event.get("event_type") == "transcript.partial"
+    """Whether a JSON event (read back from the journal or Redis) is a ``transcript.partial``."""
+    return event.get("event_type") == EventType.TRANSCRIPT_PARTIAL
 
 
 @cache

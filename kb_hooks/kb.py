@@ -19,9 +19,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from asr_common.yamlconf import ConfigError, format_validation_error, locate, read_yaml, validate_data
+from kb_hooks.events import SuggestionKind
 from kb_hooks.matcher import Hit, PatternSpec, PhraseMatcher, PhraseSpec, normalized_phrase
-
-SuggestionKind = Literal["keyword", "all_of", "pattern"]
 
 SCORES: dict[tuple[SuggestionKind, bool], float] = {
     ("keyword", False): 1.0,

@@ -12,6 +12,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from kb_hooks.events import EventType
 from kb_hooks.types import CallContext
 
 NODE_RESTART = "node_restart"
@@ -39,12 +40,12 @@ class CallLedger:
         """Follow one journaled event (any type)."""
         call_id = str(event["call_id"])
         kind = event["event_type"]
-        if kind == "call.ended":
+        if kind == EventType.CALL_ENDED:
             self.open.pop(call_id, None)
             return
         ms = int(stream_id.split("-", 1)[0])
         entry = self.open.get(call_id)
-        if kind == "call.started":
+        if kind == EventType.CALL_STARTED:
             self.open[call_id] = OpenCall(prefix, event.get("sip_call_id"), event.get("route"), int(event["seq"]), ms)
         elif entry is not None:
             entry.seq = max(entry.seq, int(event["seq"]))

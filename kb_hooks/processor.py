@@ -10,19 +10,29 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 from asr_common.itn import normalize_numbers, normalize_tokens
 from kb_hooks.config import KbHooksSettings
 from kb_hooks.entities import Entity, extract_entities
-from kb_hooks.events import Event, EventType, envelope
+from kb_hooks.events import (
+    Alternative,
+    Event,
+    KbSuggestion,
+    Span,
+    SuggestionStatus,
+    Tag,
+    Tags,
+    Token,
+    TranscriptFinal,
+    TranscriptPartial,
+)
 from kb_hooks.kb import KbMatch, KnowledgeBase, load_kb
 from kb_hooks.redact import SENSITIVE_LABELS, Redacted, Redactor
 from kb_hooks.reload import ReloadableRef, ReloadResult
 from kb_hooks.tags import TagRules, load_tag_rules
 from kb_hooks.types import CallContext, RedactionMode, TranscriptUpdate
 
-SuggestionStatus = Literal["suggested", "confirmed", "withdrawn"]
 _TAGGED_ENTITIES = frozenset({"phone", "id_number", "address", "date", "time"})
 _SCORE_EPSILON = 1e-6
 
@@ -31,7 +41,7 @@ _SCORE_EPSILON = 1e-6
 class _Suggestion:
     status: SuggestionStatus
     score: float
-    event: Event  # the last event emitted for the entry, reused to build a withdrawal
+    event: KbSuggestion  # the last event emitted for the entry, reused to build a withdrawal
 
 
 @dataclass
@@ -114,7 +124,7 @@ class TranscriptProcessor:
             state.last_partial[utterance] = (update.text, redacted)
         else:
             state.last_partial.pop(utterance, None)
-        events = [self._transcript(update, redacted)]
+        events: list[Event] = [self._transcript(update, redacted)]
         events.extend(self._suggestions(update, redacted, state))
         if not update.is_partial or self.tags_on_partials:
             tags = self._tags(update, entities, redacted, state)
@@ -122,43 +132,50 @@ class TranscriptProcessor:
                 events.append(tags)
         return events
 
-    def _transcript(self, update: TranscriptUpdate, redacted: Redacted) -> Event:
-        kind: EventType = "transcript.partial" if update.is_partial else "transcript.final"
-        event = envelope(kind, update.call, update.participant)
+    def _transcript(self, update: TranscriptUpdate, redacted: Redacted) -> TranscriptPartial | TranscriptFinal:
         token_texts = self.redactor.redact_tokens(update.text, [t[0] for t in update.tokens], redacted)
-        event.update(
+        tokens = tuple(Token(text, tok[1], tok[2]) for text, tok in zip(token_texts, update.tokens, strict=True))
+        text_raw = self._redact_text(update.text_raw, update.call) if update.text_raw is not None else None
+        if update.is_partial:
+            return TranscriptPartial(
+                call=update.call,
+                participant=update.participant,
+                utterance_id=update.utterance_id,
+                text=redacted.text,
+                begin_offset_ms=update.begin_offset_ms,
+                end_offset_ms=update.end_offset_ms,
+                tokens=tokens,
+                confidence=update.confidence,
+                latency_ms=update.latency_ms,
+                text_raw=text_raw,
+            )
+        return TranscriptFinal(
+            call=update.call,
+            participant=update.participant,
             utterance_id=update.utterance_id,
-            is_partial=update.is_partial,
             text=redacted.text,
             begin_offset_ms=update.begin_offset_ms,
             end_offset_ms=update.end_offset_ms,
-            tokens=[
-                {"text": text, "begin_ms": tok[1], "end_ms": tok[2]}
-                for text, tok in zip(token_texts, update.tokens, strict=True)
-            ],
+            tokens=tokens,
             confidence=update.confidence,
             latency_ms=update.latency_ms,
+            text_raw=text_raw,
+            nbest=tuple(Alternative(self._redact_text(text, update.call), score) for text, score in update.nbest),
         )
-        if update.text_raw is not None:
-            event["text_raw"] = self._redact_text(update.text_raw, update.call)
-        if not update.is_partial:
-            event["nbest"] = [
-                {"text": self._redact_text(text, update.call), "score": score} for text, score in update.nbest
-            ]
-        return event
 
     def _redact_text(self, text: str, ctx: CallContext) -> str:
         return self.redactor.redact(text, extract_entities(text, self.mask_digit_runs), ctx.redaction).text
 
-    def _span(self, redacted: Redacted, begin: int, end: int) -> dict[str, int]:
-        return {"begin": redacted.map_offset(begin), "end": redacted.map_offset(end)}
+    def _span(self, redacted: Redacted, begin: int, end: int) -> Span:
+        return Span(redacted.map_offset(begin), redacted.map_offset(end))
 
     def _suggestion_event(
         self, update: TranscriptUpdate, redacted: Redacted, match: KbMatch, status: SuggestionStatus
-    ) -> Event:
-        event = envelope("kb.suggestion", update.call, update.participant)
+    ) -> KbSuggestion:
         span = self._span(redacted, match.begin, match.end)
-        event.update(
+        return KbSuggestion(
+            call=update.call,
+            participant=update.participant,
             utterance_id=update.utterance_id,
             is_partial=update.is_partial,
             entry_id=match.entry.id,
@@ -167,22 +184,21 @@ class TranscriptProcessor:
             status=status,
             match_kind=match.kind,
             homophone=match.homophone,
-            matched_text=redacted.text[span["begin"] : span["end"]],
+            matched_text=redacted.text[span.begin : span.end],
             span=span,
             priority=match.entry.priority,
-            entry_tags=list(match.entry.tags),
+            entry_tags=tuple(match.entry.tags),
             summary=match.entry.summary,
             url=match.entry.url,
         )
-        return event
 
-    def _suggestions(self, update: TranscriptUpdate, redacted: Redacted, state: _CallState) -> list[Event]:
+    def _suggestions(self, update: TranscriptUpdate, redacted: Redacted, state: _CallState) -> list[KbSuggestion]:
         ref = self.kb.get(update.call.kb_set) if update.call.kb_set else None
         if ref is None:
             return []
         matches = ref.get().match(update.text)[: self.max_suggestions]
         utterance = (*update.participant.key(), update.utterance_id)
-        out: list[Event] = []
+        out: list[KbSuggestion] = []
         for match in matches:
             previous = state.suggestions.get(match.entry.id)
             if update.is_partial:
@@ -209,21 +225,18 @@ class TranscriptProcessor:
                 out.extend(self._withdraw(update, state, entry_id))
         return out
 
-    def _withdraw(self, update: TranscriptUpdate, state: _CallState, entry_id: str) -> list[Event]:
+    def _withdraw(self, update: TranscriptUpdate, state: _CallState, entry_id: str) -> list[KbSuggestion]:
         previous = state.suggestions.get(entry_id)
         if previous is None or previous.status != "suggested":
             return []
-        event = envelope("kb.suggestion", update.call, update.participant)
-        for key, value in previous.event.items():
-            event.setdefault(key, value)
-        event.update(utterance_id=update.utterance_id, is_partial=False, status="withdrawn")
+        event = previous.event.withdrawn(update.call, update.participant, update.utterance_id)
         previous.status, previous.event = "withdrawn", event
         return [event]
 
     def _tags(
         self, update: TranscriptUpdate, entities: list[Entity], redacted: Redacted, state: _CallState
-    ) -> Event | None:
-        tags: list[dict[str, Any]] = []
+    ) -> Tags | None:
+        tags: list[Tag] = []
         for name in update.call.tag_rules:
             ref = self.tag_rules.get(name)
             if ref is None:
@@ -233,38 +246,33 @@ class TranscriptProcessor:
                     continue
                 state.tags_seen.add((match.kind, match.label, ""))
                 span = self._span(redacted, match.begin, match.end)
-                tags.append(
-                    {
-                        "kind": match.kind,
-                        "label": match.label,
-                        "value": redacted.text[span["begin"] : span["end"]],
-                        "normalized": None,
-                        "span": span,
-                        "homophone": match.homophone,
-                        "redacted": False,
-                    }
-                )
+                value = redacted.text[span.begin : span.end]
+                tags.append(Tag(match.kind, match.label, value, None, span, match.homophone, redacted=False))
         for entity in entities:
             if entity.label not in _TAGGED_ENTITIES or ("entity", entity.label, entity.normalized) in state.tags_seen:
                 continue
             state.tags_seen.add(("entity", entity.label, entity.normalized))
             hidden = entity.label in SENSITIVE_LABELS and update.call.redaction is not RedactionMode.KEEP
             tags.append(
-                {
-                    "kind": "entity",
-                    "label": entity.label,
-                    "value": self.redactor.published_value(entity, update.call.redaction),
-                    "normalized": None if hidden else entity.normalized,
-                    "span": self._span(redacted, entity.begin, entity.end),
-                    "homophone": False,
-                    "redacted": hidden,
-                }
+                Tag(
+                    "entity",
+                    entity.label,
+                    self.redactor.published_value(entity, update.call.redaction),
+                    None if hidden else entity.normalized,
+                    self._span(redacted, entity.begin, entity.end),
+                    homophone=False,
+                    redacted=hidden,
+                )
             )
         if not tags:
             return None
-        event = envelope("tags", update.call, update.participant)
-        event.update(utterance_id=update.utterance_id, is_partial=update.is_partial, tags=tags)
-        return event
+        return Tags(
+            call=update.call,
+            participant=update.participant,
+            utterance_id=update.utterance_id,
+            is_partial=update.is_partial,
+            tags=tuple(tags),
+        )
 
 
 def _normalized(update: TranscriptUpdate) -> TranscriptUpdate:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from kb_hooks.config import RedisSettings
+from kb_hooks.events import EventType
 from kb_hooks.keys import KeyLayout, live_channel
 
 # KEYS: the call streams, firehoses and event-id sets of the batch. ARGV: call maxlen, firehose
@@ -132,7 +133,7 @@ def pack(batch: Sequence[Outgoing], settings: RedisSettings, layout: KeyLayout) 
         fire_key = keys.setdefault(fire, len(keys) + 1)
         ids_key = 0 if item.partial else keys.setdefault(layout.event_ids(item.prefix, call_id), len(keys) + 1)
         args += [mode, call_key, fire_key, ids_key, item.event_id, item.stream_id, item.payload(), kind,
-                 s.call_ttl_s if kind == "call.ended" else 0,
+                 s.call_ttl_s if kind == EventType.CALL_ENDED else 0,
                  live_channel(item.prefix, call_id), live_channel(item.prefix), call_id]  # fmt: skip
         members.append(index)
     return [ScriptCall(list(keys), args, members) for keys, args, members in groups.values()]

@@ -143,13 +143,15 @@ class Publisher(PublisherStats):
 
     # ---- engine side (any thread) -------------------------------------------------------
 
-    def submit(self, event: dict[str, Any], *, audio_end_monotonic: float | None = None) -> None:
-        """Queue ``event`` for publishing; never blocks. Stamps ``seq`` (per call) into the dict."""
+    def submit(self, event: ev.Event, *, audio_end_monotonic: float | None = None) -> None:
+        """Queue ``event`` for publishing; never blocks. Its JSON gets ``seq`` (per call)."""
         now = time.monotonic()
-        call_id = str(event["call_id"])
+        call_id = event.call_id
+        partial = isinstance(event, ev.TranscriptPartial)
+        wire = event.to_json()
         with self._lock:
             if len(self._inbox) >= self.settings.queue_size * 4 or (
-                ev.is_partial(event) and len(self._inbox) >= self.settings.queue_size
+                partial and len(self._inbox) >= self.settings.queue_size
             ):
                 self._count_inbox_drop(event)
                 return
@@ -157,11 +159,11 @@ class Publisher(PublisherStats):
             seq += 1
             ms = max(last_ms, time.time_ns() // 1_000_000)
             self._calls[call_id] = (seq, ms, prefix)
-            event["seq"] = seq
-            best_effort = ev.is_partial(event) and not self.settings.partials_to_stream
-            self._inbox.append(_Item(event, prefix, f"{ms}-{seq}", now, audio_end_monotonic, best_effort))
+            wire["seq"] = seq
+            best_effort = partial and not self.settings.partials_to_stream
+            self._inbox.append(_Item(wire, prefix, f"{ms}-{seq}", now, audio_end_monotonic, best_effort))
             self.submitted += 1
-            if event["event_type"] == "call.ended":
+            if isinstance(event, ev.CallEnded):
                 self._ended[call_id] = None
                 while len(self._ended) > _ENDED_CALLS_REMEMBERED:
                     self._calls.pop(self._ended.popitem(last=False)[0], None)
@@ -178,29 +180,29 @@ class Publisher(PublisherStats):
                 with self._lock:
                     self._intake_scheduled = False
 
-    def _count_inbox_drop(self, event: dict[str, Any]) -> None:
-        if ev.is_partial(event):
+    def _count_inbox_drop(self, event: ev.Event) -> None:
+        if isinstance(event, ev.TranscriptPartial):
             self._inbox_partials_dropped += 1
         else:
             self.inbox_full_dropped += 1
             log.error("publisher inbox full (event loop stalled?): dropped %s of call %s",
-                      event["event_type"], event["call_id"])  # fmt: skip
+                      event.event_type, event.call_id)  # fmt: skip
 
     def call_started(
         self, ctx: CallContext, participants: Iterable[Participant], metadata: Mapping[str, str] | None = None
-    ) -> dict[str, Any]:
-        """Build and submit ``call.started``; later events of the call use ``ctx.key_prefix`` if set."""
+    ) -> ev.CallStarted:
+        """Make and submit ``call.started``; later events of the call use ``ctx.key_prefix`` if set."""
         with self._lock:
             seq, last_ms, _ = self._calls.pop(ctx.call_id, (0, 0, ""))
             self._calls[ctx.call_id] = (seq, last_ms, ctx.key_prefix or self.settings.key_prefix)
             self._ended.pop(ctx.call_id, None)
-        event = ev.call_started(ctx, participants, metadata)
+        event = ev.CallStarted(call=ctx, participants=tuple(participants), metadata=dict(metadata or {}))
         self.submit(event)
         return event
 
-    def call_ended(self, ctx: CallContext, reason: str, stats: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Build and submit ``call.ended``; the call stream then expires after ``call_ttl_s``."""
-        event = ev.call_ended(ctx, reason, stats)
+    def call_ended(self, ctx: CallContext, reason: str, stats: Mapping[str, Any] | None = None) -> ev.CallEnded:
+        """Make and submit ``call.ended``; the call stream then expires after ``call_ttl_s``."""
+        event = ev.CallEnded(call=ctx, reason=reason, stats=dict(stats or {}))
         self.submit(event)
         return event
 

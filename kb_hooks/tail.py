@@ -23,6 +23,7 @@ from redis.exceptions import RedisError
 
 from kb_hooks.config import RedisSettings
 from kb_hooks.connection import make_client, shown, url_kind
+from kb_hooks.events import EventType
 from kb_hooks.keys import KeyLayout, live_channel
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
@@ -70,7 +71,7 @@ class Printer:
             self.out.flush()
             return
         line = self.format(event)
-        if event.get("event_type") == "transcript.partial" and self.tty:
+        if event.get("event_type") == EventType.TRANSCRIPT_PARTIAL and self.tty:
             self.out.write(_CLEAR_LINE + line)
             self._partial_shown = True
         else:
@@ -85,28 +86,28 @@ class Printer:
         ts = str(event.get("ts", ""))[11:23]
         who = (event.get("participant") or {}).get("role", "")
         head = f"{ts} {event.get('call_id', '?')} {who:<6}"
-        if kind in ("transcript.partial", "transcript.final"):
-            if kind == "transcript.partial":
+        if kind in (EventType.TRANSCRIPT_PARTIAL, EventType.TRANSCRIPT_FINAL):
+            if kind == EventType.TRANSCRIPT_PARTIAL:
                 return f"{head} … {event.get('text', '')}"
             conf = event.get("confidence")
             tail = f"  (conf {conf:.2f})" if isinstance(conf, (int, float)) else ""
             return f"{head} {self._paint('final', '▶ ' + str(event.get('text', '')))}{tail}"
-        if kind == "kb.suggestion":
+        if kind == EventType.KB_SUGGESTION:
             status = event.get("status", "")
             mark = {"suggested": "?", "confirmed": "✓", "withdrawn": "✗"}.get(status, "")
             via = "homophone " if event.get("homophone") else ""
             body = (f"KB {mark} {status} {event.get('title')} [{event.get('entry_id')}] "
                     f"score {event.get('score')} {via}«{event.get('matched_text')}»")  # fmt: skip
             return f"{head} {self._paint('withdrawn' if status == 'withdrawn' else 'kb', body)}"
-        if kind == "tags":
+        if kind == EventType.TAGS:
             items = " · ".join(f"{t.get('kind')} {t.get('label')}={t.get('value')}" for t in event.get("tags", []))
             return f"{head} {self._paint('tags', 'TAGS ' + items)}"
-        if kind == "call.started":
+        if kind == EventType.CALL_STARTED:
             roles = ",".join(p.get("role", "?") for p in event.get("participants", []))
             body = (f"CALL STARTED route={event.get('route')} sip_call_id={event.get('sip_call_id')} "
                     f"participants={roles}")  # fmt: skip
             return f"{head} {self._paint('call', body)}"
-        if kind == "call.ended":
+        if kind == EventType.CALL_ENDED:
             body = f"CALL ENDED reason={event.get('reason')} {json.dumps(event.get('stats'), ensure_ascii=False)}"
             return f"{head} {self._paint('call', body)}"
         return f"{head} {kind} {json.dumps(event, ensure_ascii=False)}"
@@ -142,7 +143,7 @@ async def _read_partials(client: aioredis.Redis, channel: str, queue: asyncio.Qu
             message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
             if message is not None:
                 event = json.loads(message["data"])
-                if event.get("event_type") == "transcript.partial":
+                if event.get("event_type") == EventType.TRANSCRIPT_PARTIAL:
                     await queue.put((event, None))
     finally:
         await pubsub.aclose()

@@ -119,7 +119,7 @@ class LivePublisher:
             time.sleep(0.01)
         return self
 
-    def submit(self, event: dict[str, Any]) -> None:
+    def submit(self, event: ev.Event) -> None:
         self.publisher.submit(event)
 
     def wait_published(self, count: int, timeout_s: float = 10.0) -> None:
@@ -137,15 +137,16 @@ class LivePublisher:
 
 
 def call_events(call_id: str, agent: str, conf: Path, text: str = MANHOLE, *, agent_key: str = "X-Agent-Id",
-                reason: str = "bye", stats: dict[str, Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+                reason: str = "bye", stats: dict[str, Any] | None = None) -> list[ev.Event]:  # fmt: skip
     """A call as the gateway publishes it: started (the agent's id in metadata under ``agent_key``),
     a partial, the final with its KB suggestion and tags (from the real processor), ended."""
     config = load_config(conf / "gateway.yaml")
     processor = TranscriptProcessor.from_settings(config.kb_hooks)
     ctx = CallContext(call_id, route="default", redaction=RedactionMode.MASK, kb_set="hotline", tag_rules=("hotline",))
     caller = Participant("caller", "sip:citizen@pbx")
-    out = [ev.call_started(ctx, [caller, Participant("agent", f"sip:{agent}@pbx")], {agent_key: agent})]
+    agent_side = Participant("agent", f"sip:{agent}@pbx")
+    out: list[ev.Event] = [ev.CallStarted(call=ctx, participants=(caller, agent_side), metadata={agent_key: agent})]
     out += processor.process(TranscriptUpdate(ctx, caller, 0, True, text[:8]))
     out += processor.process(TranscriptUpdate(ctx, caller, 0, False, text))
-    out.append(ev.call_ended(ctx, reason, {"duration_ms": 4000} if stats is None else stats))
+    out.append(ev.CallEnded(call=ctx, reason=reason, stats={"duration_ms": 4000} if stats is None else stats))
     return out

@@ -28,7 +28,6 @@ import pytest
 from asr_core.audio_io import read_wav
 from asr_gateway.dev.cluster import (
     DISPATCHER_CFG,
-    FINAL,
     ClusterOptions,
     LocalCluster,
     Proc,
@@ -40,6 +39,7 @@ from asr_gateway.dev.cluster import (
 )
 from asr_gateway.dev.cluster import main as cluster_main
 from asr_gateway.dev.sipp_calls import CallResult, place_call
+from kb_hooks.events import EventType
 
 REPO = Path(__file__).resolve().parents[1]
 AUDIO = REPO / "tests" / "data" / "hotline_8k" / "hotline_1.wav"
@@ -170,9 +170,9 @@ def test_drain_and_sentinel_failover_mid_call_lose_no_call_and_no_final(cluster:
     assert cluster_main(["down", "--state-dir", str(cluster.state_dir)]) == 0
     recorded = LocalCluster.load(cluster.state_dir)
     assert not [p.name for p in recorded.procs if recorded.alive_proc(p)]
-    assert any(_epoch(e["ts"]) > marks["new_master"] for e in events if e["event_type"] == FINAL), (
-        "no final was published after the failover: the failover was not mid-call"
-    )
+    assert any(
+        _epoch(e["ts"]) > marks["new_master"] for e in events if e["event_type"] == EventType.TRANSCRIPT_FINAL
+    ), "no final was published after the failover: the failover was not mid-call"
 
 
 def _wait_for_finals(cluster: LocalCluster, master_url: str, timeout_s: float = 30.0) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ Cluster, the calls of every firehose shard and their hash-tagged streams."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import time
@@ -24,6 +25,7 @@ from asr_gateway.config_check import check_referenced_files
 from asr_gateway.dev.local_redis import LocalRedisCluster
 from asr_gateway.heartbeat import Heartbeat, control_channel
 from kb_hooks import events as ev
+from kb_hooks.types import CallContext
 from tests.console_helpers import MANHOLE, LivePublisher, call_events, login, running_console, write_configs
 from tests.redis_server import RedisServer, redis_cluster, redis_server
 
@@ -165,7 +167,7 @@ def test_call_events_resume_from_last_event_id_and_go_live(console: tuple[str, P
                                                            tmp_path: Path) -> None:  # fmt: skip
     base, conf = console
     events = call_events("call-live", "1001", conf)
-    stored, ended = [e for e in events[:-1] if not ev.is_partial(e)], events[-1]
+    stored, ended = [e for e in events[:-1] if not isinstance(e, ev.TranscriptPartial)], events[-1]
     sup = login(base, "sup")
     with LivePublisher(redis_server.url, tmp_path / "pub") as publisher:
         for event in stored:
@@ -175,13 +177,13 @@ def test_call_events_resume_from_last_event_id_and_go_live(console: tuple[str, P
         while sup.get("/api/calls/call-live").status_code != 200 and time.monotonic() < deadline:
             time.sleep(0.05)
         first = sse(sup, "/api/calls/call-live/events", len(stored))
-        assert [e["event_id"] for _, e in first] == [e["event_id"] for e in stored]
+        assert [e["event_id"] for _, e in first] == [e.event_id for e in stored]
         assert all(sid for sid, _ in first)
         # A viewer that saw the first two resumes after the second: it gets the rest, nothing twice.
         resumed = sse(sup, "/api/calls/call-live/events", len(stored) - 2, {"Last-Event-ID": first[1][0] or ""})
-        assert [e["event_id"] for _, e in resumed] == [e["event_id"] for e in stored[2:]]
+        assert [e["event_id"] for _, e in resumed] == [e.event_id for e in stored[2:]]
         # Live: a partial (no id) and call.ended arrive while the viewer waits after the history.
-        partial = {**events[1], "event_id": "p" * 32}
+        partial = dataclasses.replace(events[1], call=CallContext("call-live"), event_id="p" * 32)
 
         def later() -> None:
             time.sleep(0.8)

@@ -39,22 +39,28 @@ def update(text: str, partial: bool, utterance_id: int = 0, call: CallContext | 
                             0.91, () if partial else ((text, -1.2), (text[:-1], -3.4)), 35.0)  # fmt: skip
 
 
-def validated(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    for event in events:
-        event.setdefault("seq", next(_seq))  # the Publisher stamps seq
+def json_of(events: list[ev.Event]) -> list[dict[str, Any]]:
+    """The events' JSON as published: the Publisher stamps ``seq``."""
+    return [{**event.to_json(), "seq": next(_seq)} for event in events]
+
+
+def validated(events: list[ev.Event]) -> list[dict[str, Any]]:
+    wire = json_of(events)
+    for event in wire:
         jsonschema.validate(event, ev.schema())
-    return events
+    return wire
 
 
 def test_every_event_type_matches_the_schema(processor: TranscriptProcessor) -> None:
     call = ctx()
-    events = [ev.call_started(call, [CALLER, Participant("agent", "sip:1001@pbx.local", "agent-1001")])]
-    events += processor.process(update("我今天发现新华路", True))
-    events += processor.process(update(SEED, False))
-    events.append(ev.dtmf(call, CALLER, "#", 0, 120))
-    events.append(ev.call_ended(call, "bye", {"duration_ms": 61_000, "utterances": 1}))
-    validated(events)
-    assert {e["event_type"] for e in events} == set(ev.EVENT_TYPES)
+    agent = Participant("agent", "sip:1001@pbx.local", "agent-1001")
+    typed: list[ev.Event] = [ev.CallStarted(call=call, participants=(CALLER, agent), metadata={})]
+    typed += processor.process(update("我今天发现新华路", True))
+    typed += processor.process(update(SEED, False))
+    typed.append(ev.Dtmf.press(call, CALLER, "#", 0, 120))
+    typed.append(ev.CallEnded(call=call, reason="bye", stats={"duration_ms": 61_000, "utterances": 1}))
+    events = validated(typed)
+    assert {e["event_type"] for e in events} == set(ev.EventType)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**events[1], "participant": {"role": "boss", "aor": None, "label": None}}, ev.schema())
     with pytest.raises(jsonschema.ValidationError):
@@ -76,29 +82,33 @@ def test_seed_example_end_to_end(processor: TranscriptProcessor) -> None:
 
 
 def test_partial_suggestion_confirmed_or_withdrawn_by_the_final(processor: TranscriptProcessor) -> None:
-    first = processor.process(update("警盖破损", True, 0))
+    first = json_of(processor.process(update("警盖破损", True, 0)))
     assert [(e["status"], e["homophone"]) for e in first if e["event_type"] == "kb.suggestion"] == [("suggested", True)]
-    assert not [e for e in processor.process(update("警盖破损了", True, 0)) if e["event_type"] == "kb.suggestion"]
-    repeated = processor.process(update("警盖破损了", True, 0))
+    assert not [
+        e for e in json_of(processor.process(update("警盖破损了", True, 0))) if e["event_type"] == "kb.suggestion"
+    ]
+    repeated = json_of(processor.process(update("警盖破损了", True, 0)))
     assert [e["event_type"] for e in repeated] == ["transcript.partial"] and repeated[0]["text"] == "警盖破损了"
-    confirmed = [e for e in processor.process(update("井盖破损了", False, 0)) if e["event_type"] == "kb.suggestion"]
+    confirmed = [
+        e for e in json_of(processor.process(update("井盖破损了", False, 0))) if e["event_type"] == "kb.suggestion"
+    ]
     assert [(e["status"], e["score"]) for e in confirmed] == [("confirmed", 1.0)]
-    again = processor.process(update("井盖破损了", False, 1))
+    again = json_of(processor.process(update("井盖破损了", False, 1)))
     assert not [e for e in again if e["event_type"] == "kb.suggestion"]  # once per call
 
     processor.process(update("路灯不亮", True, 2))
-    withdrawn = [e for e in processor.process(update("路上有灯", False, 2)) if e["event_type"] == "kb.suggestion"]
-    validated(withdrawn)
+    final = processor.process(update("路上有灯", False, 2))
+    withdrawn = validated([e for e in final if isinstance(e, ev.KbSuggestion)])
     assert [(e["entry_id"], e["status"]) for e in withdrawn] == [("kb-streetlight", "withdrawn")]
     processor.end_call("call-1")
     assert processor.active_calls() == 0
 
 
 def test_tags_once_per_call_and_only_on_finals(processor: TranscriptProcessor) -> None:
-    assert [e["event_type"] for e in processor.process(update("井盖坏了", True))] == [
+    assert [e["event_type"] for e in json_of(processor.process(update("井盖坏了", True)))] == [
         "transcript.partial", "kb.suggestion"]  # fmt: skip
-    assert any(e["event_type"] == "tags" for e in processor.process(update("井盖坏了", False)))
-    assert not any(e["event_type"] == "tags" for e in processor.process(update("井盖坏了", False, 1)))
+    assert any(e["event_type"] == "tags" for e in json_of(processor.process(update("井盖坏了", False))))
+    assert not any(e["event_type"] == "tags" for e in json_of(processor.process(update("井盖坏了", False, 1))))
 
 
 @pytest.mark.parametrize("mode", list(RedactionMode))
@@ -117,11 +127,11 @@ def test_redaction_per_route(processor: TranscriptProcessor, mode: RedactionMode
 
 
 def test_dtmf_key_is_published_only_where_redaction_is_keep() -> None:
-    shown = ev.dtmf(ctx(RedactionMode.KEEP), CALLER, "7", 3, 100)
-    assert (shown["digit"], shown["redacted"], shown["index"], shown["duration_ms"]) == ("7", False, 3, 100)
+    shown = ev.Dtmf.press(ctx(RedactionMode.KEEP), CALLER, "7", 3, 100)
+    assert (shown.digit, shown.redacted, shown.index, shown.duration_ms) == ("7", False, 3, 100)
     for mode in (RedactionMode.MASK, RedactionMode.HASH):
-        hidden = ev.dtmf(ctx(mode), CALLER, "7", 3, 100)
-        assert (hidden["digit"], hidden["redacted"]) == (None, True)
+        hidden = ev.Dtmf.press(ctx(mode), CALLER, "7", 3, 100)
+        assert (hidden.digit, hidden.redacted) == (None, True)
     validated([shown, hidden])
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate({**shown, "digit": "77"}, ev.schema())
+        jsonschema.validate({**json_of([shown])[0], "digit": "77"}, ev.schema())

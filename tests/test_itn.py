@@ -11,7 +11,7 @@ import pytest
 from asr_common.itn import Span, normalize_numbers, normalize_tokens
 from kb_hooks.processor import TranscriptProcessor
 from kb_hooks.types import RedactionMode
-from tests.test_events import SEED, ctx, processor, update, validated
+from tests.test_events import SEED, ctx, json_of, processor, update, validated
 
 __all__ = ["processor"]  # the fixture, re-used
 
@@ -66,7 +66,7 @@ def test_an_itn_route_publishes_normalized_text_and_the_spoken_form(processor: T
     assert address["value"] == "新华路12号"
     assert final["text"][address["span"]["begin"] : address["span"]["end"]] == "新华路12号"
     # partials keep the spoken form
-    (partial, *_) = processor.process(update("新华路十二号", True, utterance_id=1, call=call))
+    (partial, *_) = json_of(processor.process(update("新华路十二号", True, utterance_id=1, call=call)))
     assert partial["text"] == "新华路十二号" and "text_raw" not in partial
 
 

@@ -24,14 +24,14 @@ pytestmark = pytest.mark.timeout(120)
 CALLER = Participant("caller", "sip:13800138000@pbx.local", "caller")
 
 
-def transcript(ctx: CallContext, utterance_id: int, partial: bool, text: str) -> dict[str, Any]:
-    kind: ev.EventType = "transcript.partial" if partial else "transcript.final"
-    event = ev.envelope(kind, ctx, CALLER)
-    event.update(utterance_id=utterance_id, is_partial=partial, text=text, begin_offset_ms=0, end_offset_ms=800,
-                 tokens=[], confidence=None, latency_ms=12.5)  # fmt: skip
-    if not partial:
-        event["nbest"] = [{"text": text, "score": -1.5}]
-    return event
+def transcript(ctx: CallContext, utterance_id: int, partial: bool, text: str) -> ev.Transcript:
+    if partial:
+        return ev.TranscriptPartial(call=ctx, participant=CALLER, utterance_id=utterance_id, text=text,
+                                    begin_offset_ms=0, end_offset_ms=800, tokens=(), confidence=None,
+                                    latency_ms=12.5)  # fmt: skip
+    return ev.TranscriptFinal(call=ctx, participant=CALLER, utterance_id=utterance_id, text=text, begin_offset_ms=0,
+                              end_offset_ms=800, tokens=(), confidence=None, latency_ms=12.5,
+                              nbest=(ev.Alternative(text, -1.5),))  # fmt: skip
 
 
 def settings(url: str, tmp_path: Path, **overrides: Any) -> RedisSettings:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from kb_hooks import events as ev
 from kb_hooks.keys import firehose_key, stream_key
 from kb_hooks.publisher import Publisher
 from kb_hooks.spool import SPOOL_FILE
@@ -34,7 +35,7 @@ def test_redis_killed_mid_stream_loses_no_final(tmp_path: Path) -> None:
     # appendfsync always: what Redis acknowledged survives the SIGKILL, so any gap would be ours.
     server = RedisServer(tmp_path / "redis", extra_args=["--appendonly", "yes", "--appendfsync", "always"])
     server.start()
-    sent: list[dict[str, Any]] = []
+    sent: list[ev.Transcript] = []
 
     def engine(publisher: Publisher) -> None:
         for i in range(1000):
@@ -56,7 +57,7 @@ def test_redis_killed_mid_stream_loses_no_final(tmp_path: Path) -> None:
         thread.start()
         while thread.is_alive():
             await asyncio.sleep(0.05)
-        finals = [e for e in sent if e["event_type"] != "transcript.partial"]
+        finals = [e for e in sent if not isinstance(e, ev.TranscriptPartial)]
         await wait_until(lambda: publisher.queued() == 0 and publisher.spool_pending_bytes() == 0, timeout_s=30)
         assert publisher.spooled > 0, "the outage should have spilled to the spool"
         assert publisher.replayed > 0
@@ -64,7 +65,7 @@ def test_redis_killed_mid_stream_loses_no_final(tmp_path: Path) -> None:
         assert publisher.inbox_full_dropped == publisher.spool_full_dropped == publisher.rejected == 0
 
         client = aioredis.from_url(server.url)
-        expected = Counter(e["event_id"] for e in finals)
+        expected = Counter(e.event_id for e in finals)
         arrived: Counter[str] = Counter()
         for ctx in CALLS:
             events = await ids_in(client, stream_key("asr", ctx.call_id))
@@ -110,7 +111,7 @@ def test_restarted_publisher_replays_its_spool(tmp_path: Path) -> None:
             client = aioredis.from_url(server.url)
             for ctx in CALLS[:2]:
                 events = await ids_in(client, stream_key("asr", ctx.call_id))
-                assert [e["event_id"] for e in events] == [e["event_id"] for e in finals if e["call_id"] == ctx.call_id]
+                assert [e["event_id"] for e in events] == [e.event_id for e in finals if e.call_id == ctx.call_id]
             await client.aclose()
             await publisher.stop()
             assert not (tmp_path / "spool" / SPOOL_FILE).exists()

@@ -199,7 +199,7 @@ def test_sentinel_failover_mid_call_keeps_every_final_once(
             for _ in range(count):
                 publisher.submit(transcript(ctx, len(finals), True, "partial"))
                 event = transcript(ctx, len(finals), False, f"final {len(finals)}")
-                finals.append(event["event_id"])
+                finals.append(event.event_id)
                 publisher.submit(event)
                 await asyncio.sleep(0.01)
 

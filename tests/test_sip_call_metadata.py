@@ -128,7 +128,8 @@ def test_uas_hands_metadata_and_names_to_the_application() -> None:
     (leg,) = handler.legs.values()
     assert (leg.aor, leg.name) == ("sip:alice@10.0.0.5", "Alice")
     participant = _participant(leg)
-    started = ev.call_started(CallContext(call.call_id), [participant], call.metadata.as_map())
+    started = ev.CallStarted(call=CallContext(call.call_id), participants=(participant,),
+                             metadata=call.metadata.as_map()).to_json()  # fmt: skip
     jsonschema.validate({**started, "seq": 1}, ev.schema())
     assert started["participants"][0]["name"] == "Alice"
     with pytest.raises(jsonschema.ValidationError):

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(60)
 CTX = CallContext("call-9", "x@pbx", "hotline")
 
 
-def publish(url: str, tmp_path: Path, events: list[dict[str, object]]) -> None:
+def publish(url: str, tmp_path: Path, events: list[ev.Event]) -> None:
     async def run() -> None:
         publisher = Publisher(settings(url, tmp_path))
         await publisher.start()
@@ -38,10 +38,10 @@ def publish(url: str, tmp_path: Path, events: list[dict[str, object]]) -> None:
 def test_tail_prints_history_of_one_call(redis_server: RedisServer, tmp_path: Path,  # noqa: F811
                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     publish(redis_server.url, tmp_path, [
-        ev.call_started(CTX, [CALLER]),
+        ev.CallStarted(call=CTX, participants=(CALLER,), metadata={}),
         transcript(CTX, 0, False, "我今天发现井盖破损"),
         transcript(CallContext("other"), 0, False, "别的电话"),
-        ev.call_ended(CTX, "bye"),
+        ev.CallEnded(call=CTX, reason="bye", stats={}),
     ])  # fmt: skip
     assert main(["--redis", redis_server.url, "--call", "call-9", "--from-start", "--no-partials",
                  "--max-events", "3", "--timeout", "10"]) == 0  # fmt: skip
@@ -93,7 +93,7 @@ def test_partials_rewrite_in_place_on_a_terminal() -> None:
     printer = Printer(out, as_json=False, tty=True)
     for event in (transcript(CTX, 0, True, "我今"), transcript(CTX, 0, True, "我今天"),
                   transcript(CTX, 0, False, "我今天发现")):  # fmt: skip
-        printer.show(event)
+        printer.show(event.to_json())
     text = out.getvalue()
     assert text.count("\r\033[K") == 3 and text.endswith("\n") and text.count("\n") == 1
     assert "\033[1m▶ 我今天发现" in text

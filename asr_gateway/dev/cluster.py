@@ -40,6 +40,7 @@ import redis
 from redis.exceptions import RedisError
 
 from asr_gateway.dev.local_redis import LocalRedis, LocalRedisError, redis_reachable
+from kb_hooks.events import EventType
 
 REPO = Path(__file__).resolve().parents[2]
 DISPATCHER_CFG = REPO / "deploy" / "cluster" / "kamailio-dispatcher.cfg"
@@ -504,8 +505,13 @@ def firehose(redis_url: str, key_prefix: str = "asr") -> list[dict[str, Any]]:
 
 def finals_report(cluster: LocalCluster, events: list[dict[str, Any]]) -> dict[str, Any]:
     """Finals each node journaled vs found on the firehose: counts, missing ids, duplicates by event_id."""
-    expected = {event_id for node in cluster.nodes for event_id, _, kind in journaled(node) if kind == FINAL}
-    counts = Counter(e["event_id"] for e in events if e["event_type"] == FINAL)
+    expected = {
+        event_id
+        for node in cluster.nodes
+        for event_id, _, kind in journaled(node)
+        if kind == EventType.TRANSCRIPT_FINAL
+    }
+    counts = Counter(e["event_id"] for e in events if e["event_type"] == EventType.TRANSCRIPT_FINAL)
     return {
         "finals_expected": len(expected),
         "finals_found": len(expected & set(counts)),
@@ -513,9 +519,6 @@ def finals_report(cluster: LocalCluster, events: list[dict[str, Any]]) -> dict[s
         "finals_duplicated": sorted(event_id for event_id, n in counts.items() if n > 1),
         "finals_unexpected": len(set(counts) - expected),
     }
-
-
-FINAL = "transcript.final"
 
 
 def _sentinel_group_class() -> Any:

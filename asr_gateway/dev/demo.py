@@ -47,6 +47,7 @@ from asr_gateway.dev.sipp_calls import PCMA, PCMU, CallResult, place_call, sipp_
 from asr_gateway.logs import configure_logging
 from asr_gateway.service import DEMO_MODEL_DIR, Service
 from kb_hooks.connection import make_client
+from kb_hooks.events import EventType
 from kb_hooks.keys import firehose_key, live_channel
 from kb_hooks.tail import Printer
 
@@ -204,7 +205,7 @@ class EventCollector:
                     continue
                 if message is not None:
                     event = json.loads(message["data"])
-                    if event.get("event_type") == "transcript.partial":
+                    if event.get("event_type") == EventType.TRANSCRIPT_PARTIAL:
                         self._add(event)
         finally:
             with contextlib.suppress(RedisError, OSError):
@@ -216,7 +217,9 @@ class EventCollector:
         return [r for r in self.received if str(r.event.get("sip_call_id", "")).startswith(sip_call_prefix)]
 
     def ended_calls(self) -> set[str]:
-        return {str(r.event.get("sip_call_id")) for r in self.received if r.event.get("event_type") == "call.ended"}
+        return {
+            str(r.event.get("sip_call_id")) for r in self.received if r.event.get("event_type") == EventType.CALL_ENDED
+        }
 
     async def wait_for(self, sip_call_prefixes: Sequence[str], timeout_s: float) -> bool:
         """Wait until every prefix has its call.ended; False on timeout."""
@@ -293,26 +296,26 @@ def summarize(call: DemoCall, result: CallResult, received: list[Received], refe
         event = item.event
         kind = event.get("event_type")
         summary.call_id = summary.call_id or event.get("call_id")
-        if kind == "call.started":
+        if kind == EventType.CALL_STARTED:
             started_at = item.at
             summary.roles = [p.get("role", "?") for p in event.get("participants", [])]
             for role in summary.roles:
                 finals.setdefault(role, [])
-        elif kind == "transcript.partial" and summary.first_partial_ms is None and started_at is not None:
+        elif kind == EventType.TRANSCRIPT_PARTIAL and summary.first_partial_ms is None and started_at is not None:
             summary.first_partial_ms = round((item.at - started_at) * 1000, 1)
-        elif kind == "transcript.final":
+        elif kind == EventType.TRANSCRIPT_FINAL:
             role = (event.get("participant") or {}).get("role", "?")
             finals.setdefault(role, []).append(str(event.get("text", "")))
-        elif kind == "kb.suggestion" and event.get("status") != "withdrawn":
+        elif kind == EventType.KB_SUGGESTION and event.get("status") != "withdrawn":
             title = f"{event.get('title')} [{event.get('entry_id')}]"
             if title not in summary.kb:
                 summary.kb.append(title)
-        elif kind == "tags":
+        elif kind == EventType.TAGS:
             for tag in event.get("tags", []):
                 label = f"{tag.get('label')}={tag.get('value')}" if tag.get("value") else str(tag.get("label"))
                 if label not in summary.tags:
                     summary.tags.append(label)
-        elif kind == "call.ended":
+        elif kind == EventType.CALL_ENDED:
             summary.ended_reason = str(event.get("reason"))
     for role, texts in finals.items():
         reference = references.get(call.reference_key(role))

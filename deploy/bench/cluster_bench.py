@@ -32,7 +32,6 @@ from typing import Any
 
 from asr_core.audio_io import read_wav
 from asr_gateway.dev.cluster import (
-    FINAL,
     ClusterError,
     ClusterOptions,
     LocalCluster,
@@ -43,6 +42,7 @@ from asr_gateway.dev.cluster import (
 )
 from asr_gateway.dev.demo import DATA_DIR
 from asr_gateway.dev.sipp_calls import CallResult, place_call
+from kb_hooks.events import EventType
 
 PBX_HOST = "127.0.0.100"
 VICTIM = "node1"
@@ -152,7 +152,7 @@ def _settle(cluster: LocalCluster, master_url: str, calls: int, timeout_s: float
     deadline = time.monotonic() + timeout_s
     while True:
         events = firehose(master_url)
-        ended = sum(1 for e in events if e["event_type"] == "call.ended")
+        ended = sum(1 for e in events if e["event_type"] == EventType.CALL_ENDED)
         if ended >= calls and not finals_report(cluster, events)["finals_missing"]:
             return events
         if time.monotonic() > deadline:
@@ -197,7 +197,7 @@ def _report(
         report["choices_of_victim_after_event"] = len(later)
     if "new_master_after_s" in event_time:
         report["redis_new_master_after_s"] = round(event_time["new_master_after_s"], 2)
-    report["calls_in_redis"] = len({e["sip_call_id"] for e in events if e["event_type"] == "call.started"})
+    report["calls_in_redis"] = len({e["sip_call_id"] for e in events if e["event_type"] == EventType.CALL_STARTED})
     return report
 
 
@@ -214,16 +214,20 @@ def _finals(cluster: LocalCluster, events: list[dict[str, Any]]) -> dict[str, An
 def _after_kill(cluster: LocalCluster, events: list[dict[str, Any]], master_url: str) -> dict[str, Any]:
     """The killed node's calls: cut ones, their finals before and after a restart replays its journal."""
     victim_calls = {s.sip_call_id for s in selections(cluster) if s.node == VICTIM}
-    per_call = Counter(e["sip_call_id"] for e in events if e["event_type"] == FINAL)
-    ended_by_bye = {e["sip_call_id"] for e in events if e["event_type"] == "call.ended" and e.get("reason") == "bye"}
+    per_call = Counter(e["sip_call_id"] for e in events if e["event_type"] == EventType.TRANSCRIPT_FINAL)
+    ended_by_bye = {
+        e["sip_call_id"] for e in events if e["event_type"] == EventType.CALL_ENDED and e.get("reason") == "bye"
+    }
     complete = [per_call[c] for c in ended_by_bye if c not in victim_calls]
     finals_per_call = statistics.median(complete) if complete else 0
     cut = sorted(c for c in victim_calls if c not in ended_by_bye)
     before = sum(per_call[c] for c in cut)
     cluster.restart_node(VICTIM)
     after_events = _settle(cluster, master_url, 0, 30.0)
-    per_call_after = Counter(e["sip_call_id"] for e in after_events if e["event_type"] == FINAL)
-    restart_ended = [e for e in after_events if e["event_type"] == "call.ended" and e.get("reason") == "node_restart"]
+    per_call_after = Counter(e["sip_call_id"] for e in after_events if e["event_type"] == EventType.TRANSCRIPT_FINAL)
+    restart_ended = [
+        e for e in after_events if e["event_type"] == EventType.CALL_ENDED and e.get("reason") == "node_restart"
+    ]
     return {
         "calls_cut": len(cut),
         "finals_per_completed_call": finals_per_call,

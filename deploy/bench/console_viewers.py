@@ -3,8 +3,8 @@
 Starts a throwaway redis-server and one console process (``python -m console``, as deployed),
 signs in, opens ``--viewers`` concurrent ``/api/calls/{id}/events`` streams spread over
 ``--calls`` calls, then publishes events through the gateway's real Publisher at ``--rate``
-events/s for ``--seconds`` (finals, KB suggestions and partials in turn). Each event carries its
-send time (``bench_sent``); every viewer records when it got it. Prints one JSON object:
+events/s for ``--seconds`` (finals, KB suggestions and partials in turn). The send time of each
+event is kept by its ``event_id``; every viewer records when it got it. Prints one JSON object:
 delivery latency p50/p95/p99/max (publish call -> viewer parsed it), durable events missed
 (should be 0), partials missed (best effort), and the console's CPU (% of one core) and RSS.
 
@@ -63,8 +63,9 @@ def _write_configs(tmp: Path, redis_url: str, port: int) -> Path:
 
 
 class Viewer:
-    def __init__(self, call_id: str) -> None:
+    def __init__(self, call_id: str, sent: dict[str, float]) -> None:
         self.call_id = call_id
+        self.sent = sent  # event_id -> time.time() when it was submitted
         self.got: set[str] = set()
         self.latencies: list[float] = []
         self.ready = asyncio.Event()
@@ -78,28 +79,31 @@ class Viewer:
                 event = json.loads(line[5:])
                 now = time.time()
                 self.got.add(event["event_id"])
-                if "bench_sent" in event:
-                    self.latencies.append(now - event["bench_sent"])
+                if event["event_id"] in self.sent:
+                    self.latencies.append(now - self.sent[event["event_id"]])
                 self.ready.set()
 
 
-def _events(contexts: list[CallContext], count: int) -> list[dict[str, Any]]:
+def _events(contexts: list[CallContext], count: int) -> list[ev.Event]:
     caller = Participant("caller", "sip:citizen@pbx")
-    out = []
+    out: list[ev.Event] = []
     for i in range(count):
         ctx = contexts[i % len(contexts)]
-        kind = ("transcript.partial", "transcript.final", "kb.suggestion")[i % 3]
-        event = ev.envelope(kind, ctx, caller)  # type: ignore[arg-type]
         utterance = i // len(contexts)
-        if kind == "kb.suggestion":
-            event.update(utterance_id=utterance, is_partial=False, entry_id=f"kb-{utterance}", title=TITLE,
-                         summary="", url=None, priority=80, entry_tags=[], score=0.85, match_kind="all_of",
-                         homophone=False, matched_text="井盖发生了破损", span={"begin": 11, "end": 18},
-                         status="confirmed")  # fmt: skip
+        if i % 3 == 0:
+            out.append(ev.TranscriptPartial(call=ctx, participant=caller, utterance_id=utterance, text=TEXT,
+                                            begin_offset_ms=0, end_offset_ms=3200, tokens=(), confidence=0.9,
+                                            latency_ms=100.0))  # fmt: skip
+        elif i % 3 == 1:
+            out.append(ev.TranscriptFinal(call=ctx, participant=caller, utterance_id=utterance, text=TEXT,
+                                          begin_offset_ms=0, end_offset_ms=3200, tokens=(), confidence=0.9,
+                                          latency_ms=100.0, nbest=()))  # fmt: skip
         else:
-            event.update(utterance_id=utterance, is_partial=kind.endswith("partial"), text=TEXT, begin_offset_ms=0,
-                         end_offset_ms=3200, tokens=[], confidence=0.9, latency_ms=100.0)  # fmt: skip
-        out.append(event)
+            out.append(ev.KbSuggestion(call=ctx, participant=caller, utterance_id=utterance, is_partial=False,
+                                       entry_id=f"kb-{utterance}", title=TITLE, summary="", url=None, priority=80,
+                                       entry_tags=(), score=0.85, match_kind="all_of", homophone=False,
+                                       matched_text="井盖发生了破损", span=ev.Span(11, 18),
+                                       status="confirmed"))  # fmt: skip
     return out
 
 
@@ -117,7 +121,8 @@ async def _run(args: argparse.Namespace, redis_url: str, base: str, pid: int, sp
         login = await client.post("/login", data={"username": USER, "password": PASSWORD, "csrf_token": token})
         if login.status_code != 303:
             raise RuntimeError(f"sign-in failed: {login.status_code}")
-        viewers = [Viewer(contexts[i % args.calls].call_id) for i in range(args.viewers)]
+        sent: dict[str, float] = {}
+        viewers = [Viewer(contexts[i % args.calls].call_id, sent) for i in range(args.viewers)]
         tasks = [asyncio.create_task(v.run(client)) for v in viewers]
         await asyncio.wait_for(asyncio.gather(*(v.ready.wait() for v in viewers)), 60)
         events = _events(contexts, int(args.rate * args.seconds))
@@ -126,7 +131,7 @@ async def _run(args: argparse.Namespace, redis_url: str, base: str, pid: int, sp
             delay = t0 + i / args.rate - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            event["bench_sent"] = time.time()
+            sent[event.event_id] = time.time()
             publisher.submit(event)
         await asyncio.sleep(args.drain_s)
         wall, cpu, own = time.monotonic() - t0, _cpu_s(pid) - cpu0, time.process_time() - own0
@@ -135,15 +140,15 @@ async def _run(args: argparse.Namespace, redis_url: str, base: str, pid: int, sp
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     await publisher.stop()
-    by_call: dict[str, list[dict[str, Any]]] = {}
+    by_call: dict[str, list[ev.Event]] = {}
     for event in events:
-        by_call.setdefault(event["call_id"], []).append(event)
+        by_call.setdefault(event.call_id, []).append(event)
     durable_missed = partial_missed = 0
     latencies: list[float] = []
     for viewer in viewers:
         for event in by_call.get(viewer.call_id, []):
-            if event["event_id"] not in viewer.got:
-                if ev.is_partial(event):
+            if event.event_id not in viewer.got:
+                if isinstance(event, ev.TranscriptPartial):
                     partial_missed += 1
                 else:
                     durable_missed += 1

@@ -41,6 +41,7 @@ from asr_gateway.dev.local_redis import LocalRedis
 from asr_gateway.dev.sipp_calls import place_call
 from deploy.bench.e2e_bench import call_audio
 from deploy.bench.soak import wait_healthy, write_config
+from kb_hooks.events import EventType
 
 SAMPLE_RATE = 16000
 KEY_PREFIX = "asr"
@@ -166,9 +167,9 @@ def compare(loop: Loop, drain_s: float) -> dict[str, Any]:
     events = redis_events(loop.redis.url)
     found = Counter(e["event_id"] for e in events)
     made_ids = {m[0] for m in made}
-    started = {e["call_id"] for e in events if e["event_type"] == "call.started"}
-    ended = Counter(e.get("reason") for e in events if e["event_type"] == "call.ended")
-    ended_calls = {e["call_id"] for e in events if e["event_type"] == "call.ended"}
+    started = {e["call_id"] for e in events if e["event_type"] == EventType.CALL_STARTED}
+    ended = Counter(e.get("reason") for e in events if e["event_type"] == EventType.CALL_ENDED)
+    ended_calls = {e["call_id"] for e in events if e["event_type"] == EventType.CALL_ENDED}
     disorder, stream_duplicates = call_stream_order_violations(loop.redis.url, started | ended_calls)
     return {
         "kills": loop.kills,

@@ -71,6 +71,7 @@ from asr_gateway.dev.local_redis import LocalRedis, LocalRedisError, redis_reach
 from asr_gateway.dev.sipp_calls import HANGUP_AFTER_AUDIO_S, PCMA, PCMU, CallResult, place_calls
 from asr_gateway.service import Service
 from deploy.bench.engine_bench import FINAL_LATENCY_LIMIT_MS
+from kb_hooks.events import Event, EventType
 
 GAP_S = 1.0  # between sentences: longer than the 800 ms endpoint rule, so each sentence is an utterance
 GAP_NOISE_RMS = 30.0  # int16 units: about -60 dBFS
@@ -207,9 +208,9 @@ def record_audio_ends(service: Service) -> dict[str, float]:
     audio_end: dict[str, float] = {}
     submit = service.publisher.submit
 
-    def recording(event: dict[str, Any], *, audio_end_monotonic: float | None = None) -> None:
+    def recording(event: Event, *, audio_end_monotonic: float | None = None) -> None:
         if audio_end_monotonic is not None:
-            audio_end[str(event["event_id"])] = audio_end_monotonic
+            audio_end[event.event_id] = audio_end_monotonic
         submit(event, audio_end_monotonic=audio_end_monotonic)
 
     service.publisher.submit = recording  # type: ignore[method-assign]
@@ -328,8 +329,8 @@ async def run_bench(
 
 def steady_window(received: list[Received]) -> tuple[float, float] | None:
     """From the first call.ended to the last call.started the subscriber got (None: empty)."""
-    ended = [r.at for r in received if r.event.get("event_type") == "call.ended"]
-    started = [r.at for r in received if r.event.get("event_type") == "call.started"]
+    ended = [r.at for r in received if r.event.get("event_type") == EventType.CALL_ENDED]
+    started = [r.at for r in received if r.event.get("event_type") == EventType.CALL_STARTED]
     if not ended or not started or max(started) <= min(ended):
         return None
     return min(ended), max(started)
@@ -360,19 +361,19 @@ def measure(
     for item in received:
         event, kind = item.event, item.event.get("event_type")
         call_id = str(event.get("call_id"))
-        if kind == "call.started":
+        if kind == EventType.CALL_STARTED:
             started[call_id] = item.at
-        elif kind == "transcript.partial":
+        elif kind == EventType.TRANSCRIPT_PARTIAL:
             end = audio_end.get(str(event.get("event_id")))
             if end is not None and (window is None or window[0] <= item.at <= window[1]):
                 partial_ms.append((item.at - end) * 1000)
             if call_id not in first_partial_ms and call_id in started:
                 first_partial_ms[call_id] = (item.at - started[call_id]) * 1000
-        elif kind == "transcript.final":
+        elif kind == EventType.TRANSCRIPT_FINAL:
             finals.setdefault(call_id, []).append((int(event.get("seq", 0)), str(event.get("text", ""))))
             if window is not None and window[0] <= item.at <= window[1] and event.get("latency_ms") is not None:
                 final_ms.append(float(event["latency_ms"]))
-        elif kind == "call.ended":
+        elif kind == EventType.CALL_ENDED:
             ended += 1
     scores = [cer("".join(text for _, text in sorted(items)), reference) for items in finals.values()]
     return {

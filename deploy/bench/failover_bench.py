@@ -38,7 +38,6 @@ from kb_hooks.publisher import Publisher
 from kb_hooks.types import CallContext, Participant
 
 CALLER = Participant("caller", "sip:caller@pbx.local", "caller")
-DURABLE = ("call.started", "transcript.final", "call.ended")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,14 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _transcript(ctx: CallContext, utterance: int, partial: bool) -> dict[str, Any]:
-    kind: ev.EventType = "transcript.partial" if partial else "transcript.final"
-    event = ev.envelope(kind, ctx, CALLER)
-    event.update(utterance_id=utterance, is_partial=partial, text=f"第{utterance}句", begin_offset_ms=0,
-                 end_offset_ms=800, tokens=[], confidence=None, latency_ms=10.0)  # fmt: skip
-    if not partial:
-        event["nbest"] = [{"text": event["text"], "score": -1.0}]
-    return event
+def _transcript(ctx: CallContext, utterance: int, partial: bool) -> ev.TranscriptPartial | ev.TranscriptFinal:
+    text = f"第{utterance}句"
+    if partial:
+        return ev.TranscriptPartial(call=ctx, participant=CALLER, utterance_id=utterance, text=text, begin_offset_ms=0,
+                                    end_offset_ms=800, tokens=(), confidence=None, latency_ms=10.0)  # fmt: skip
+    return ev.TranscriptFinal(call=ctx, participant=CALLER, utterance_id=utterance, text=text, begin_offset_ms=0,
+                              end_offset_ms=800, tokens=(), confidence=None, latency_ms=10.0,
+                              nbest=(ev.Alternative(text, -1.0),))  # fmt: skip
 
 
 def _timer(into: dict[str, float], name: str, start: float) -> Any:
@@ -77,9 +76,9 @@ async def _scenario(group: LocalSentinelGroup, args: argparse.Namespace, spool: 
     durable: list[str] = []
     outage: dict[str, float] = {}
 
-    def submit(event: dict[str, Any]) -> None:
-        if event["event_type"] in DURABLE:
-            durable.append(event["event_id"])
+    def submit(event: ev.Event) -> None:
+        if not isinstance(event, ev.TranscriptPartial):
+            durable.append(event.event_id)
         publisher.submit(event)
 
     async def watch_resume(start: float, reconnects: int) -> None:
@@ -93,7 +92,7 @@ async def _scenario(group: LocalSentinelGroup, args: argparse.Namespace, spool: 
             await asyncio.sleep(0.005)
 
     for ctx in calls:
-        durable.append(publisher.call_started(ctx, [CALLER])["event_id"])
+        durable.append(publisher.call_started(ctx, [CALLER]).event_id)
     begin, utterance, watcher = time.monotonic(), 0, None
     failover: asyncio.Task[None] | None = None
     while time.monotonic() - begin < args.seconds:
@@ -112,7 +111,7 @@ async def _scenario(group: LocalSentinelGroup, args: argparse.Namespace, spool: 
     assert failover is not None and watcher is not None
     await failover
     for ctx in calls:
-        durable.append(publisher.call_ended(ctx, "bye", {})["event_id"])
+        durable.append(publisher.call_ended(ctx, "bye", {}).event_id)
     deadline = time.monotonic() + args.grace_s + 30
     while (publisher.queued() or publisher.spool_pending_bytes()) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)

@@ -55,20 +55,23 @@ def _start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     sys.exit("redis-server did not start")
 
 
-def _events(n: int, calls: int, partial_ratio: float) -> list[dict[str, Any]]:
+def _events(n: int, calls: int, partial_ratio: float) -> list[ev.Event]:
     participant = Participant("caller", "sip:caller@pbx.local", None)
     contexts = [CallContext(f"bench-{c}", f"{c}@pbx", "bench") for c in range(calls)]
-    out = []
+    text = "我今天发现新华路十二号井盖发生了破损，有安全隐患"
+    tokens = tuple(ev.Token(ch, 40 * k, 40 * k + 40) for k, ch in enumerate(text))
+    out: list[ev.Event] = []
     for i in range(n):
         partial = (i * 7919 % 1000) < partial_ratio * 1000
-        event = ev.envelope("transcript.partial" if partial else "transcript.final", contexts[i % calls], participant)
-        text = "我今天发现新华路十二号井盖发生了破损，有安全隐患"
-        event.update(utterance_id=i // calls, is_partial=partial, text=text, begin_offset_ms=0, end_offset_ms=3200,
-                     tokens=[{"text": ch, "begin_ms": 40 * k, "end_ms": 40 * k + 40} for k, ch in enumerate(text)],
-                     confidence=0.9, latency_ms=120.0)  # fmt: skip
-        if not partial:
-            event["nbest"] = [{"text": text, "score": -1.0}]
-        out.append(event)
+        ctx, utterance = contexts[i % calls], i // calls
+        if partial:
+            out.append(ev.TranscriptPartial(call=ctx, participant=participant, utterance_id=utterance, text=text,
+                                            begin_offset_ms=0, end_offset_ms=3200, tokens=tokens, confidence=0.9,
+                                            latency_ms=120.0))  # fmt: skip
+        else:
+            out.append(ev.TranscriptFinal(call=ctx, participant=participant, utterance_id=utterance, text=text,
+                                          begin_offset_ms=0, end_offset_ms=3200, tokens=tokens, confidence=0.9,
+                                          latency_ms=120.0, nbest=(ev.Alternative(text, -1.0),)))  # fmt: skip
     return out
 
 
