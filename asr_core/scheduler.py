@@ -29,7 +29,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -37,14 +36,13 @@ import torch
 from asr_core import memtrim
 from asr_core.backends import ChunkRunner
 from asr_core.endpoint import LEADING_SILENCE, NO_ENDPOINT, REASONS, loud_frames, update_endpoints
+from asr_core.engine_options import EngineOptions
+from asr_core.engine_stats import EngineStats
 from asr_core.events import Partial
 from asr_core.finalizer import EndJob, Finalizer, FinalJob, UtteranceSnapshot, deliver
 from asr_core.frontend import DEFAULT_FRONTEND, FrontendConfig, encoder_frame_ms, fbank_windows
 from asr_core.stream import Stream
 from kv_ring import KvPool
-
-if TYPE_CHECKING:
-    from asr_core.engine import EngineOptions, EngineStats
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,8 @@ from asr_core.audio_io import read_wav
 from asr_core.backends import BACKENDS, make_runner
 from asr_core.backends.onnx_graph import ENCODER_FILE, int8_file, int8_mode_for, model_fingerprint
 from asr_core.endpoint import EndpointRules
-from asr_core.engine import Engine, EngineOptions
+from asr_core.engine import Engine
+from asr_core.engine_options import EngineOptions
 from asr_core.events import Event, Final, Partial
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_core.stream import StreamConfig

@@ -11,7 +11,8 @@ import torch
 
 from asr_core.backends import SPLIT_MIN_STREAMS, TorchChunkRunner, make_runner
 from asr_core.backends.traced import POSITION_LIMIT
-from asr_core.engine import Engine, EngineOptions
+from asr_core.engine import Engine
+from asr_core.engine_options import EngineOptions
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_core.stream import chunk_input_frames
 

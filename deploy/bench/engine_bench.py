@@ -34,7 +34,8 @@ from asr_core.backends import BACKENDS
 from asr_core.context_graph import DEFAULT_BONUS, ContextGraph, HotwordsError, load_graph, load_phrases
 from asr_core.ctc_search import ctc_greedy_batch
 from asr_core.endpoint import EndpointRules
-from asr_core.engine import DTYPES, Engine, EngineOptions, resolve_dtype
+from asr_core.engine import Engine
+from asr_core.engine_options import DTYPES, EngineOptions, resolve_dtype
 from asr_core.events import Event, Final
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_core.stream import StreamConfig
