@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 import torch
 
 from asr_common.errors import CapacityError
-from asr_core.backends import ChunkRunner, make_runner, rescoring_decoder
+from asr_core.backends import ChunkRunner, ChunkStepInputs, make_runner, rescoring_decoder
 from asr_core.engine_options import EngineOptions
 from asr_core.engine_stats import EngineStats
 from asr_core.events import Event
@@ -161,7 +161,7 @@ class Engine:
             xs = torch.zeros(
                 (1, input_frames, self.loaded.config.input_dim), dtype=self.options.dtype, device=self.device
             )
-            self.runner.step(xs, offsets, att, pos, mask, cnn)
+            self.runner.step(ChunkStepInputs(xs, offsets, att, pos, mask, cnn))
         return time.perf_counter() - started
 
     def stop(self, timeout: float = 10.0) -> None:
