@@ -70,14 +70,8 @@ class Engine:
         self.frame_ms = encoder_frame_ms(loaded.frontend, loaded.subsampling)
         max_chunk = max(self.options.allowed_chunk_ms) // self.frame_ms
         self.pool = KvPool(
-            num_slots=self.options.max_streams,
-            num_layers=loaded.num_blocks,
-            heads=loaded.heads,
-            d_k=loaded.d_k,
-            window=max_chunk * self.options.max_left_chunks,
-            d_model=loaded.d_model,
-            cnn_frames=loaded.cnn_cache_frames,
-            dtype=self.options.dtype,
+            self.options.max_streams,
+            loaded.cache_geometry(max_chunk * self.options.max_left_chunks, self.options.dtype),
             device=self.device,
         )
         # The step shape of each allowed chunk size at the most left chunks: the widest its
@@ -151,11 +145,9 @@ class Engine:
             shapes[shape] = None
         g = self.pool.geometry
         offsets = torch.zeros(1, dtype=torch.int64, device=self.device)
-        cnn = torch.zeros((g.num_layers, 1, g.d_model, g.cnn_frames), dtype=self.options.dtype, device=self.device)
+        cnn = torch.zeros(g.cnn_shape(1), dtype=self.options.dtype, device=self.device)
         for input_frames, window in shapes:
-            att = torch.zeros(
-                (g.num_layers, 1, g.heads, window, 2 * g.d_k), dtype=self.options.dtype, device=self.device
-            )
+            att = torch.zeros(g.att_shape(1, window), dtype=self.options.dtype, device=self.device)
             pos = torch.full((1, window), -1, dtype=torch.int64, device=self.device)
             mask = torch.zeros((1, window), dtype=torch.bool, device=self.device)
             xs = torch.zeros(

@@ -74,9 +74,7 @@ def calibration_inputs(
     with torch.inference_mode():
         for wav in wavs:
             fbank = torch.from_numpy(compute_fbank(read_wav(wav).samples))  # (T, n_mels)
-            pool = KvPool(
-                1, loaded.num_blocks, loaded.heads, loaded.d_k, window, loaded.d_model, loaded.cnn_cache_frames
-            )
+            pool = KvPool(1, loaded.cache_geometry(window))
             slot = torch.tensor([pool.allocate(window)])
             offset = 0
             for start, end in encoder.chunk_windows(fbank.size(0), chunk):

@@ -183,9 +183,7 @@ def stream_through_pool(
 
     Returns (encoder output (T', D), CTC log-probs (T', V)).
     """
-    pool = KvPool(
-        1, loaded.num_blocks, loaded.heads, loaded.d_k, chunk * left_chunks, loaded.d_model, loaded.cnn_cache_frames
-    )
+    pool = KvPool(1, loaded.cache_geometry(chunk * left_chunks))
     slot = torch.tensor([pool.allocate(chunk * left_chunks)])
     outputs: list[Tensor] = []
     log_probs: list[Tensor] = []
