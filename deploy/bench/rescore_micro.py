@@ -38,7 +38,8 @@ from asr_core.backends import rescoring_decoder
 from asr_core.ctc_search import Hypothesis
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from deploy.bench.make_random_model import ARCHS, make_random_model
-from rescoring.attention import MAX_CALL_POSITIONS, PADDING_SLACK, attention_rescore
+from rescoring.attention import attention_rescore
+from rescoring.packing import MAX_CALL_POSITIONS, PADDING_SLACK
 
 CHARS_PER_FRAME = 0.16  # ~4 characters per second at 40 ms frames
 
