@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from rtp.srtp import SrtpKeys
 from sip.app import CallInfo, LegInfo, PcmSink
 from sip.errors import SipParseError
-from sip.message import Address, Message, Response, Via, split_list
+from sip.header_values import Via, split_list
+from sip.message import Address, Message, Response
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ from sip.app import CallHandler, LegInfo, PcmSink
 from sip.call_metadata import clean_value
 from sip.dialog import Call, Leg
 from sip.errors import ProtocolError, SipParseError
-from sip.message import NameAddr, Request
+from sip.header_values import NameAddr
+from sip.message import Request
 from sip.responses import HeaderPairs, Reject, warning
 from sip.routing import Profile
 from sip.sdp import (

@@ -13,7 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from sip.message import NameAddr, Request
+from sip.header_values import NameAddr
+from sip.message import Request
 from sip.siprec import RecordingMetadata
 
 MAX_VALUE_CHARS = 256

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from sip.call_metadata import HEADER_NAME, clean_value
 from sip.errors import SipParseError
-from sip.message import Request, SipUri
+from sip.header_values import SipUri
+from sip.message import Request
 from sip.siprec import Role
 
 _PARAM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._~!*'+-]{0,63}$")

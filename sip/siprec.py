@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from sip.errors import SipParseError
-from sip.message import NameAddr, Request
+from sip.header_values import NameAddr
+from sip.message import Request
 from sip.multipart import media_type, parse_multipart
 
 Role = Literal["caller", "agent", "mixed"]

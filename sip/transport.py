@@ -32,7 +32,8 @@ from sip.app import CallHandler
 from sip.call_media import PortSource
 from sip.config import SipSettings
 from sip.errors import SipParseError
-from sip.message import Address, StreamFramer
+from sip.framing import StreamFramer
+from sip.message import Address
 from sip.routing import Router
 from sip.uas import UasCore
 

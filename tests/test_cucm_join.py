@@ -16,7 +16,8 @@ from sip.actions import SendMessage, StartMedia, UpdateMedia
 from sip.app import CallInfo, CountingCallHandler, LegInfo
 from sip.config import SipSettings
 from sip.cucm import plain_call
-from sip.message import Headers, NameAddr, Request, Response
+from sip.header_values import NameAddr
+from sip.message import Headers, Request, Response
 from sip.routing import Profile, Router, RoutesFile
 from sip.uas import UasCore
 from tests.test_sip_support import OFFER_PCMU, SOURCE, FakePorts, ack

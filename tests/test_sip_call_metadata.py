@@ -12,7 +12,8 @@ from kb_hooks.types import CallContext
 from sip.app import CountingCallHandler
 from sip.call_metadata import MAX_VALUE_CHARS, CallMetadata, extract, uri_user
 from sip.config import SipSettings
-from sip.message import NameAddr, Request, parse
+from sip.header_values import NameAddr
+from sip.message import Request, parse
 from sip.routing import Profile, Router, RoutesFile
 from sip.siprec import RecordingMetadata
 from sip.uas import UasCore

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from sip.actions import Action, SendMessage
 from sip.app import CountingCallHandler
 from sip.config import SipSettings
-from sip.message import Address, Request, Response, StreamFramer, parse
+from sip.framing import StreamFramer
+from sip.message import Address, Request, Response, parse
 from sip.multipart import BodyPart, build_multipart
 from sip.routing import Match, Profile, Route, Router, RoutesFile
 from sip.sdes import SdesError, parse_crypto

@@ -11,7 +11,8 @@ from sip.actions import Action, CallEnded, LegUpdated, StartMedia, UpdateMedia
 from sip.app import CountingCallHandler
 from sip.config import SipSettings
 from sip.dialog import CallState
-from sip.message import NameAddr, Request
+from sip.header_values import NameAddr
+from sip.message import Request
 from sip.routing import Profile, Router, RoutesFile
 from sip.sdp import SessionDescription, build_answer, plan_streams
 from sip.uas import UasCore

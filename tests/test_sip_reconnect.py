@@ -20,7 +20,8 @@ import pytest
 from sip.actions import SendMessage
 from sip.app import CountingCallHandler, PcmSink
 from sip.config import SipSettings
-from sip.message import Address, NameAddr
+from sip.header_values import NameAddr
+from sip.message import Address
 from sip.transport import SipServer
 from sip.uas import UasCore
 from tests.certs import self_signed_cert

@@ -14,7 +14,8 @@ from rtp.srtp import AWAITING_KEYS
 from sip.actions import Action, SendMessage, StartMedia, UpdateMedia
 from sip.app import CountingCallHandler
 from sip.config import SipSettings
-from sip.message import NameAddr, Request
+from sip.header_values import NameAddr
+from sip.message import Request
 from sip.multipart import BodyPart, build_multipart
 from sip.routing import Profile, Router, RoutesFile, load_routes
 from sip.sdes import SdesError, parse_crypto, select_key
