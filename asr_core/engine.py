@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from asr_common.errors import CapacityError
 from asr_core.backends import ChunkRunner, ChunkStepInputs, make_runner, rescoring_decoder
 from asr_core.engine_options import EngineOptions
 from asr_core.engine_stats import EngineStats
@@ -34,7 +33,7 @@ from kv_ring import KvPool
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CapacityError", "Engine", "StreamConfig"]
+__all__ = ["Engine"]
 
 
 class Engine:

@@ -1,7 +1,8 @@
 """The engine's options (``EngineOptions``) and its dtype names (``resolve_dtype``).
 
-Their own module because the engine's collaborators read them too: ``asr_core.engine``
-imports ``asr_core.scheduler``, which reads these options, and neither imports the other back.
+Their own module so that imports point one way: the engine and the scheduler it runs both read
+these options, and both import them from here (engine -> scheduler -> finalizer -> options and
+stats; the ``engine`` contract in setup.cfg).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from asr_core.finals import WORKER_NICENESS
 
 @dataclass(frozen=True, slots=True)
 class EngineOptions:
-    """Engine-wide limits. ``max_window_frames`` sizes the pool's per-slot ring."""
+    """Engine-wide limits. The largest allowed chunk times ``max_left_chunks`` sizes the pool's
+    per-slot ring (encoder frames)."""
 
     max_streams: int = 256
     max_batch: int = 64
