@@ -212,34 +212,25 @@ class Transcriber:
         hyps = ctc_prefix_beam_search(lp, beam=args.beam, blank=loaded.blank_id, context=self.context)
         if args.mode == "prefix_beam":
             return [self._entry(h.tokens, h.score) for h in hyps]
+        # The padded decoder call (one row per hypothesis), whose outputs are the arrays WeNet's
+        # reference dumps; the hook keeps them.
         captured: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-        def decoder_fn(
-            memory: torch.Tensor,
-            memory_mask: torch.Tensor,
-            ys_in_pad: torch.Tensor,
-            ys_in_lens: torch.Tensor,
-            r_ys_in_pad: torch.Tensor,
-            reverse_weight: float,
-            *,
-            memory_rows: torch.Tensor,
-        ) -> tuple[torch.Tensor, torch.Tensor]:
-            out: tuple[torch.Tensor, torch.Tensor] = loaded.model.decoder(
-                memory, memory_mask, ys_in_pad, ys_in_lens, r_ys_in_pad, reverse_weight, memory_rows=memory_rows
+        decoder = loaded.model.decoder
+        hook = decoder.register_forward_hook(lambda _module, _args, output: captured.append(output))
+        try:
+            (result,) = attention_rescore(
+                decoder,
+                [enc],
+                [hyps],
+                bonuses=[[h.context_score for h in hyps]] if self.context is not None else None,
+                sos=loaded.sos_id,
+                eos=loaded.eos_id,
+                ctc_weight=args.ctc_weight,
+                reverse_weight=args.reverse_weight,
+                prefix_tree=False,
             )
-            captured.append(out)
-            return out
-
-        (result,) = attention_rescore(
-            decoder_fn,
-            [enc],
-            [hyps],
-            bonuses=[[h.context_score for h in hyps]] if self.context is not None else None,
-            sos=loaded.sos_id,
-            eos=loaded.eos_id,
-            ctc_weight=args.ctc_weight,
-            reverse_weight=args.reverse_weight,
-        )
+        finally:
+            hook.remove()
         l2r, r2l = captured[0]
         arrays[f"decoder_logprobs_l2r_{self.setting}"] = l2r
         if r2l.numel():

@@ -15,18 +15,15 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 
 import torch
 
-from asr_common.errors import CapacityError
-from asr_common.latency import BATCH_BUCKETS, LATENCY_BUCKETS_S, STEP_BUCKETS_S, Histogram, MeasurementRing
-from asr_core import memtrim
-from asr_core.backends import ChunkRunner, make_runner, rescoring_decoder
-from asr_core.endpoint import EndpointRules
+from asr_core.backends import ChunkRunner, ChunkStepInputs, make_runner, rescoring_decoder
+from asr_core.engine_options import EngineOptions
+from asr_core.engine_stats import EngineStats
 from asr_core.events import Event
 from asr_core.finalizer import Finalizer
-from asr_core.finals import WORKER_NICENESS, FinalSearch, FinalSettings, ProcessFinalSearch
+from asr_core.finals import FinalSearch, FinalSettings, ProcessFinalSearch
 from asr_core.frontend import encoder_frame_ms
 from asr_core.model.loader import LoadedModel
 from asr_core.scheduler import Scheduler
@@ -36,97 +33,7 @@ from kv_ring import KvPool
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CapacityError", "Engine", "EngineOptions", "EngineStats", "StreamConfig"]
-
-
-@dataclass(frozen=True, slots=True)
-class EngineOptions:
-    """Engine-wide limits. ``max_window_frames`` sizes the pool's per-slot ring."""
-
-    max_streams: int = 256
-    max_batch: int = 64
-    max_wait_ms: float = 20.0
-    allowed_chunk_ms: tuple[int, ...] = (160, 240, 320, 640)
-    max_left_chunks: int = 8
-    beam: int = 10
-    ctc_weight: float = 0.5
-    reverse_weight: float = 0.3
-    # Finals: the attention decoder's own beam search adds up to this many hypotheses to each
-    # CTC n-best before rescoring (asr_core/finals.py); 0 = WeNet's attention rescoring only.
-    attention_beam: int = 0
-    endpoint: EndpointRules = field(default_factory=EndpointRules)
-    device: str = "cpu"
-    dtype: torch.dtype = torch.float32
-    backend: str = "torch"
-    behind_ms: float = 1000.0
-    trim_interval_s: float = memtrim.DEFAULT_INTERVAL_S  # return freed heap to the OS this often; 0 = never
-    # Where finals are searched and rescored while the engine runs: "thread" (a thread of this
-    # process) or "process" (a child process, CPU only: keeps that Python work off this
-    # process's GIL; see asr_core/finals.py). Without the engine's threads (run_once) finals
-    # are always computed in the caller's thread.
-    finalizer: str = "thread"
-    # The torch backends on a CPU run each full chunk shape as a frozen TorchScript graph, which
-    # does not wait for the GIL between operations (asr_core/backends/traced.py); False: eager.
-    traced_step: bool = True
-    # Traced steps of large batches are cut into this many parts run at once in as many threads
-    # (one core each; asr_core/backends TorchChunkRunner); 1 = one thread runs every step.
-    step_threads: int = 1
-    # Schedulers, each on its own thread over its own streams (a new stream joins the one with
-    # the fewest): their chunk steps and most of their tensor work run at once on as many
-    # cores. 1 = one thread runs every batch (the library's default; the service's is a core each).
-    schedulers: int = 1
-    # Nice value added to the finals process (0-19). High: finals take only the CPU the
-    # schedulers leave idle, which starves them once the schedulers fill every core; 0: they
-    # share the cores equally with the schedulers.
-    finals_niceness: int = WORKER_NICENESS
-    # An utterance waiting this long (ms) for its Final means the node has more calls than it can
-    # finalize: it then counts as overloaded (new calls get 503) until the finals catch up.
-    finals_behind_ms: float = 4000.0
-    # Finalizer lanes searching at once, each with its own thread (and child process with
-    # ``finalizer="process"``); a stream's utterances always go to the same one.
-    finals_workers: int = 1
-
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def resolve_dtype(name: str, device: str) -> torch.dtype:
-    """The engine dtype for a config name on ``device``, or a ``ValueError`` that says why not.
-
-    float16 runs on GPUs only. bfloat16 runs on GPUs and on CPUs with native bf16 matmuls
-    (AVX512-BF16 or AMX), where it is about as fast as the int8 backends and needs no
-    quantization step: the model and the cache pool are cast, so the pool also halves.
-    """
-    if name not in DTYPES:
-        raise ValueError(f"engine dtype {name!r} unknown; choose one of {', '.join(DTYPES)}")
-    on_cpu = torch.device(device).type == "cpu"
-    if name == "float16" and on_cpu:
-        raise ValueError("engine dtype float16 needs a GPU; on a CPU use float32, or bfloat16 where supported")
-    if name == "bfloat16" and on_cpu and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        raise ValueError("engine dtype bfloat16: this CPU has no native bf16 support (AVX512-BF16/AMX); use float32")
-    return DTYPES[name]
-
-
-@dataclass(slots=True)
-class EngineStats:
-    """Counters and bounded samples for metrics and benchmarks (read from any thread; the
-    schedulers and the finalizer threads update them under ``lock``)."""
-
-    chunks: int = 0
-    batches: int = 0
-    finals: int = 0
-    behind_realtime_chunks: int = 0
-    errors: int = 0
-    batch_sizes: MeasurementRing = field(default_factory=lambda: MeasurementRing(100_000))
-    forward_ms: MeasurementRing = field(default_factory=lambda: MeasurementRing(100_000))
-    partial_latency_ms: MeasurementRing = field(default_factory=lambda: MeasurementRing(500_000))
-    final_latency_ms: MeasurementRing = field(default_factory=lambda: MeasurementRing(100_000))
-    # Every measurement since start, for /metrics (the rings above keep recent samples for benchmarks).
-    batch_size_histogram: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))
-    step_seconds: Histogram = field(default_factory=lambda: Histogram(STEP_BUCKETS_S))
-    partial_latency_seconds: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))
-    final_latency_seconds: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+__all__ = ["Engine"]
 
 
 class Engine:
@@ -162,14 +69,8 @@ class Engine:
         self.frame_ms = encoder_frame_ms(loaded.frontend, loaded.subsampling)
         max_chunk = max(self.options.allowed_chunk_ms) // self.frame_ms
         self.pool = KvPool(
-            num_slots=self.options.max_streams,
-            num_layers=loaded.num_blocks,
-            heads=loaded.heads,
-            d_k=loaded.d_k,
-            window=max_chunk * self.options.max_left_chunks,
-            d_model=loaded.d_model,
-            cnn_frames=loaded.cnn_cache_frames,
-            dtype=self.options.dtype,
+            self.options.max_streams,
+            loaded.cache_geometry(max_chunk * self.options.max_left_chunks, self.options.dtype),
             device=self.device,
         )
         # The step shape of each allowed chunk size at the most left chunks: the widest its
@@ -243,17 +144,15 @@ class Engine:
             shapes[shape] = None
         g = self.pool.geometry
         offsets = torch.zeros(1, dtype=torch.int64, device=self.device)
-        cnn = torch.zeros((g.num_layers, 1, g.d_model, g.cnn_frames), dtype=self.options.dtype, device=self.device)
+        cnn = torch.zeros(g.cnn_shape(1), dtype=self.options.dtype, device=self.device)
         for input_frames, window in shapes:
-            att = torch.zeros(
-                (g.num_layers, 1, g.heads, window, 2 * g.d_k), dtype=self.options.dtype, device=self.device
-            )
+            att = torch.zeros(g.att_shape(1, window), dtype=self.options.dtype, device=self.device)
             pos = torch.full((1, window), -1, dtype=torch.int64, device=self.device)
             mask = torch.zeros((1, window), dtype=torch.bool, device=self.device)
             xs = torch.zeros(
                 (1, input_frames, self.loaded.config.input_dim), dtype=self.options.dtype, device=self.device
             )
-            self.runner.step(xs, offsets, att, pos, mask, cnn)
+            self.runner.step(ChunkStepInputs(xs, offsets, att, pos, mask, cnn))
         return time.perf_counter() - started
 
     def stop(self, timeout: float = 10.0) -> None:

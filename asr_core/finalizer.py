@@ -22,20 +22,17 @@ import time
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from asr_common.draining import wait_while_progressing
 from asr_core.ctc_search import Hypothesis
+from asr_core.engine_stats import EngineStats
 from asr_core.events import Ended, Event, Final, NBestEntry
 from asr_core.finals import WORKER_NICENESS, FinalRequest, FinalSearch, ProcessFinalSearch
 from asr_core.stream import Stream, Utterance
 from rescoring.attention import RescoreResult
-
-if TYPE_CHECKING:
-    from asr_core.engine import EngineStats
 
 log = logging.getLogger(__name__)
 

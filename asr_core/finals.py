@@ -44,8 +44,9 @@ from asr_core import memtrim
 from asr_core.context_graph import ContextGraph
 from asr_core.ctc_search import Hypothesis, ctc_prefix_beam_search_topk, ctc_scores_topk, ctc_token_frames_topk
 from asr_core.model.loader import LoadedModel
-from rescoring.attention import DecoderFn, RescoreResult, attention_rescore
+from rescoring.attention import RescoreResult, attention_rescore
 from rescoring.attention_search import StepDecoder, attention_beam_search, supports_search
+from rescoring.protocols import DecoderFn
 
 __all__ = ["FinalRequest", "FinalResult", "FinalSearch", "FinalSettings", "ProcessFinalSearch"]
 

@@ -29,22 +29,20 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from asr_core import memtrim
-from asr_core.backends import ChunkRunner
+from asr_core.backends import ChunkRunner, ChunkStepInputs
 from asr_core.endpoint import LEADING_SILENCE, NO_ENDPOINT, REASONS, loud_frames, update_endpoints
+from asr_core.engine_options import EngineOptions
+from asr_core.engine_stats import EngineStats
 from asr_core.events import Partial
 from asr_core.finalizer import EndJob, Finalizer, FinalJob, UtteranceSnapshot, deliver
 from asr_core.frontend import DEFAULT_FRONTEND, FrontendConfig, encoder_frame_ms, fbank_windows
 from asr_core.stream import Stream
 from kv_ring import KvPool
-
-if TYPE_CHECKING:
-    from asr_core.engine import EngineOptions, EngineStats
 
 log = logging.getLogger(__name__)
 
@@ -232,14 +230,13 @@ class Scheduler:
         window = max(stream.cache_frames for stream in streams)  # all they attend over (Engine._step_shape)
         if self.runner.reads_pool:  # the step reads each layer's rows of the pool where they lie
             rows, pos, mask = self.pool.positions(slots, window)
-            ys, log_probs, new_kv, new_cnn = self.runner.step(
-                xs, offsets.to(self.device), self.pool.attention_cache(window), pos, mask, self.pool.cnn, rows=rows
-            )  # ys (B, C, D), log_probs (B, C, V)
+            inputs = ChunkStepInputs(
+                xs, offsets.to(self.device), self.pool.attention_cache(window), pos, mask, self.pool.cnn, rows
+            )
         else:
             cache = self.pool.gather(slots, reuse_buffer=True, window=window)
-            ys, log_probs, new_kv, new_cnn = self.runner.step(
-                xs, offsets.to(self.device), cache.att, cache.pos, cache.mask, cache.cnn
-            )
+            inputs = ChunkStepInputs(xs, offsets.to(self.device), cache.att, cache.pos, cache.mask, cache.cnn)
+        ys, log_probs, new_kv, new_cnn = self.runner.step(inputs)  # ys (B, C, D), log_probs (B, C, V)
         chunk = ys.shape[1]
         positions = offsets.unsqueeze(1) + torch.arange(chunk, dtype=torch.int64).unsqueeze(0)  # (B, C)
         self.pool.write(slots, new_kv, positions, new_cnn)

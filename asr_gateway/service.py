@@ -33,7 +33,8 @@ from asr_common.audio import SAMPLE_RATE, TELEPHONE_RATE, PcmSink
 from asr_common.draining import wait_while_progressing
 from asr_common.yamlconf import ConfigError
 from asr_core.endpoint import EndpointRules
-from asr_core.engine import Engine, EngineOptions, resolve_dtype
+from asr_core.engine import Engine
+from asr_core.engine_options import EngineOptions, resolve_dtype
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_gateway.bridge import CallBridge
 from asr_gateway.config import ServiceConfig

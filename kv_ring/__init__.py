@@ -5,14 +5,14 @@ with validity masks, memory accounting. Knows nothing about audio or text.
 """
 
 from kv_ring.errors import PoolExhausted, SlotStateError
-from kv_ring.memory import PoolGeometry, plan_pool
+from kv_ring.memory import CacheGeometry, plan_pool
 from kv_ring.pool import CacheView, KvPool
 
 __all__ = [
+    "CacheGeometry",
     "CacheView",
     "KvPool",
     "PoolExhausted",
-    "PoolGeometry",
     "SlotStateError",
     "plan_pool",
 ]

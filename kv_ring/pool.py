@@ -14,13 +14,14 @@ D d_model, K-1 convolution cache frames)::
 """
 
 import heapq
+import math
 import threading
 from dataclasses import dataclass
 
 import torch
 
 from kv_ring.errors import PoolExhausted, SlotStateError
-from kv_ring.memory import POSITION_DTYPE, PoolGeometry
+from kv_ring.memory import POSITION_DTYPE, CacheGeometry
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,30 +44,18 @@ class KvPool:
     LongTensor (they are moved to the pool's device once per call).
     """
 
-    def __init__(
-        self,
-        num_slots: int,
-        num_layers: int,
-        heads: int,
-        d_k: int,
-        window: int,
-        d_model: int,
-        cnn_frames: int,
-        dtype: torch.dtype = torch.float32,
-        device: str | torch.device = "cpu",
-    ) -> None:
+    def __init__(self, num_slots: int, geometry: CacheGeometry, device: str | torch.device = "cpu") -> None:
         if num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
-        self.geometry = PoolGeometry(num_layers, heads, d_k, window, d_model, cnn_frames, dtype)
+        self.geometry = geometry
         self.num_slots = num_slots
         self.device = torch.device(device)
+        window, dtype = geometry.window, geometry.dtype
         # Zero-filled, not empty: masked frames still enter the attention's value product
         # with weight 0, and 0 * NaN from uninitialised memory would poison the output.
-        self.att = torch.zeros(
-            (num_layers, num_slots, heads, window, 2 * d_k), dtype=dtype, device=self.device
-        )  # (L, S, H, W, 2*d_k)
+        self.att = torch.zeros(geometry.att_shape(num_slots), dtype=dtype, device=self.device)  # (L, S, H, W, 2*d_k)
         self.pos = torch.full((num_slots, window), -1, dtype=POSITION_DTYPE, device=self.device)  # (S, W)
-        self.cnn = torch.zeros((num_layers, num_slots, d_model, cnn_frames), dtype=dtype, device=self.device)
+        self.cnn = torch.zeros(geometry.cnn_shape(num_slots), dtype=dtype, device=self.device)  # (L, S, D, K-1)
         self._windows = torch.full((num_slots,), window, dtype=torch.int64, device=self.device)  # (S,)
         self._windows_host = torch.full((num_slots,), window, dtype=torch.int64)  # (S,)
         self._frames_written = torch.zeros(num_slots, dtype=torch.int64, device=self.device)  # (S,)
@@ -239,7 +228,7 @@ class KvPool:
         g = self.geometry
         batch = index.numel()
         chunk = new_kv.shape[3] if new_kv.dim() == 5 else -1
-        expected_kv = (g.num_layers, batch, g.heads, chunk, 2 * g.d_k)
+        expected_kv = g.att_shape(batch, chunk)
         if tuple(new_kv.shape) != expected_kv:
             raise ValueError(f"new_kv must have shape (L, B, H, C, 2*d_k) = {expected_kv}, got {tuple(new_kv.shape)}")
         if tuple(positions.shape) != (batch, chunk) or positions.dtype != POSITION_DTYPE:
@@ -247,7 +236,7 @@ class KvPool:
                 f"positions must be int64 of shape (B, C) = {(batch, chunk)}, "
                 f"got {positions.dtype} {tuple(positions.shape)}"
             )
-        expected_cnn = (g.num_layers, batch, g.d_model, g.cnn_frames)
+        expected_cnn = g.cnn_shape(batch)
         if tuple(new_cnn.shape) != expected_cnn:
             raise ValueError(f"new_cnn must have shape (L, B, D, K-1) = {expected_cnn}, got {tuple(new_cnn.shape)}")
         smallest_window = int(self._windows_host[host].min()) if batch else chunk
@@ -284,9 +273,9 @@ class KvPool:
             local.att = torch.empty(batch * g.att_elements, dtype=g.dtype, device=self.device)
             local.cnn = torch.empty(batch * g.cnn_elements, dtype=g.dtype, device=self.device)
             local.batch = batch
-        elements = g.num_layers * batch * g.heads * window * 2 * g.d_k
-        att = local.att[:elements].view(g.num_layers, batch, g.heads, window, 2 * g.d_k)
-        cnn = local.cnn[: batch * g.cnn_elements].view(g.num_layers, batch, g.d_model, g.cnn_frames)
+        att_shape = g.att_shape(batch, window)
+        att = local.att[: math.prod(att_shape)].view(att_shape)
+        cnn = local.cnn[: batch * g.cnn_elements].view(g.cnn_shape(batch))
         return att, cnn
 
     def _clear(self, slot: int) -> None:

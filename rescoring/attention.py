@@ -1,6 +1,6 @@
 """Attention rescoring of CTC n-best lists with the bidirectional decoder, as WeNet scores it,
 batched over the hypotheses of all streams (decoder calls grouped by length, see
-:func:`length_groups`).
+``rescoring.packing.length_groups``).
 
 Per hypothesis y of length L (WeNet's ``attention_rescoring``):
 
@@ -8,9 +8,9 @@ Per hypothesis y of length L (WeNet's ``attention_rescoring``):
     r2l   = same with the right-to-left decoder on reversed(y)
     final = (1 - reverse_weight) * l2r + reverse_weight * r2l + ctc_weight * ctc_prefix_score
 
-The winner is the first hypothesis (in n-best order) with the highest ``final``.
-Kept whole (about 500 lines): the padded and prefix-tree decoder calls score the same formula
-and are tested against each other.
+The winner is the first hypothesis (in n-best order) with the highest ``final``. The padded
+and prefix-tree decoder calls score the same formula and are tested against each other; how
+hypotheses are packed into those calls is ``rescoring.packing``.
 """
 
 from __future__ import annotations
@@ -18,73 +18,20 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
-import numpy as np
 import torch
 
-
-class Hypothesis(Protocol):
-    """What rescoring needs of an n-best entry; ``asr_core.ctc_search.Hypothesis`` is one.
-
-    ``tokens``: the token ids without blanks; ``score``: its CTC prefix score (log-probability
-    of all its alignments), weighted by ``ctc_weight`` in the final score; ``times``: the
-    encoder frame of each token, handed on as the winner's times.
-    """
-
-    @property
-    def tokens(self) -> tuple[int, ...]: ...
-
-    @property
-    def score(self) -> float: ...
-
-    @property
-    def times(self) -> tuple[int, ...]: ...
-
-
-class DecoderFn(Protocol):
-    """The bidirectional attention decoder, returning log-probabilities.
-
-    Args:
-        memory: (S, T, D) encoder output of each of the S utterances in the batch.
-        memory_mask: (S, 1, T) bool, True on valid encoder frames.
-        ys_in_pad: (M, L + 1) long, [sos] + tokens, padded with eos.
-        ys_in_lens: (M,) long, token count + 1.
-        r_ys_in_pad: (M, L + 1) long, [sos] + reversed tokens, padded with eos.
-        reverse_weight: weight of the right-to-left decoder (0 may skip it).
-        memory_rows: (M,) long, the utterance (row of ``memory``) of each hypothesis. The
-            hypotheses of one utterance share its memory, so a decoder projects the source
-            keys and values once per utterance instead of once per hypothesis.
-    Returns:
-        l2r (M, L + 1, V) and r2l (M, L + 1, V) log-softmax outputs; r2l may be empty
-        when ``reverse_weight`` is 0.
-    """
-
-    def __call__(
-        self,
-        memory: torch.Tensor,
-        memory_mask: torch.Tensor,
-        ys_in_pad: torch.Tensor,
-        ys_in_lens: torch.Tensor,
-        r_ys_in_pad: torch.Tensor,
-        reverse_weight: float,
-        *,
-        memory_rows: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-
-@runtime_checkable
-class TreeDecoder(Protocol):
-    """A decoder that scores each utterance's n-best as one prefix tree (``forward_tree`` of
-    ``asr_core.model.decoder``'s decoders; exported graphs lack it and take the padded path)."""
-
-    def forward_tree(
-        self,
-        memory: torch.Tensor,
-        mask: torch.Tensor,
-        tree: tuple[torch.Tensor, ...],
-        r_tree: tuple[torch.Tensor, ...] | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+from rescoring.packing import (
+    MAX_CALL_POSITIONS,
+    PADDING_SLACK,
+    PrefixTree,
+    build_decoder_batch,
+    length_groups,
+    padded_memory,
+    size_groups,
+    tree_batch,
+)
+from rescoring.protocols import DecoderFn, Hypothesis, TreeDecoder
 
 
 @dataclass(frozen=True)
@@ -120,71 +67,6 @@ class RescoreResult:
         return self.hypotheses[0]
 
 
-@dataclass(frozen=True)
-class DecoderBatch:
-    """Padded decoder inputs for M hypotheses drawn from S streams (see :class:`DecoderFn`)."""
-
-    memory: torch.Tensor  # (S, T_max, D)
-    memory_mask: torch.Tensor  # (S, 1, T_max) bool
-    memory_rows: torch.Tensor  # (M,) long: stream of each hypothesis
-    ys_in_pad: torch.Tensor  # (M, L + 1) long
-    ys_in_lens: torch.Tensor  # (M,) long
-    r_ys_in_pad: torch.Tensor  # (M, L + 1) long
-    targets: torch.Tensor  # (M, L + 1) long: tokens then eos (l2r)
-    r_targets: torch.Tensor  # (M, L + 1) long: reversed tokens then eos (r2l)
-    target_mask: torch.Tensor  # (M, L + 1) bool: positions 0..len
-
-
-def padded_memory(encoder_outs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """S encoder outputs (T_s, D) as one padded memory (S, T_max, D) and its mask (S, 1, T_max)."""
-    device = encoder_outs[0].device
-    frames = torch.tensor([e.shape[0] for e in encoder_outs], device=device)  # (S,)
-    memory = torch.nn.utils.rnn.pad_sequence(list(encoder_outs), batch_first=True)
-    return memory, (torch.arange(memory.shape[1], device=device)[None, :] < frames[:, None]).unsqueeze(1)
-
-
-def build_decoder_batch(
-    encoder_outs: Sequence[torch.Tensor], nbests: Sequence[Sequence[Hypothesis]], sos: int, eos: int
-) -> DecoderBatch:
-    """Stack every hypothesis of every stream into one padded decoder batch."""
-    device = encoder_outs[0].device
-    stream_of_row = [s for s, nbest in enumerate(nbests) for _ in nbest]
-    hyps = [h.tokens for nbest in nbests for h in nbest]
-    num_rows = len(hyps)
-    max_len = max(len(h) for h in hyps)
-    encoders, memory_mask = padded_memory(encoder_outs)
-    rows = torch.tensor(stream_of_row, device=device, dtype=torch.long)  # (M,)
-
-    ys_in = torch.full((num_rows, max_len + 1), eos, dtype=torch.long)
-    r_ys_in = torch.full((num_rows, max_len + 1), eos, dtype=torch.long)
-    targets = torch.full((num_rows, max_len + 1), eos, dtype=torch.long)
-    r_targets = torch.full((num_rows, max_len + 1), eos, dtype=torch.long)
-    ys_in[:, 0] = sos
-    r_ys_in[:, 0] = sos
-    for i, tokens in enumerate(hyps):
-        n = len(tokens)
-        if n:
-            forward = torch.tensor(tokens, dtype=torch.long)
-            backward = forward.flip(0)
-            ys_in[i, 1 : n + 1] = forward
-            r_ys_in[i, 1 : n + 1] = backward
-            targets[i, :n] = forward
-            r_targets[i, :n] = backward
-    lens = torch.tensor([len(h) for h in hyps], dtype=torch.long)  # (M,)
-    target_mask = torch.arange(max_len + 1)[None, :] <= lens[:, None]  # (M, L + 1)
-    return DecoderBatch(
-        memory=encoders,
-        memory_mask=memory_mask,
-        memory_rows=rows,
-        ys_in_pad=ys_in.to(device),
-        ys_in_lens=(lens + 1).to(device),
-        r_ys_in_pad=r_ys_in.to(device),
-        targets=targets,
-        r_targets=r_targets,
-        target_mask=target_mask,
-    )
-
-
 def sequence_scores(log_probs: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Sum of target log-probs over valid positions, in float64.
 
@@ -196,68 +78,6 @@ def sequence_scores(log_probs: torch.Tensor, targets: torch.Tensor, mask: torch.
     index = targets.to(log_probs.device).unsqueeze(2)  # (M, L + 1, 1)
     picked = log_probs.detach().gather(2, index).squeeze(2).cpu().double()  # (M, L + 1)
     return picked.masked_fill(~mask.cpu(), 0.0).sum(1)
-
-
-@dataclass(frozen=True)
-class PrefixTree:
-    """The distinct prefixes of one utterance's hypotheses, each [sos] + tokens, as a tree.
-
-    Nodes are numbered parents first; node 0 is the root (sos). ``paths[h][j]`` is the node of
-    hypothesis h's first j tokens (j = 0..len). A decoder output depends only on the prefix
-    before it, so decoding each node once (``forward_tree``) gives every hypothesis' outputs
-    while hypotheses that share a prefix (most of an n-best list) share that work.
-    """
-
-    tokens: list[int]
-    depths: list[int]
-    parents: list[int]
-    paths: list[list[int]]
-
-    @classmethod
-    def of(cls, hyps: Sequence[Sequence[int]], sos: int) -> PrefixTree:
-        tokens, depths, parents = [sos], [0], [-1]
-        children: dict[tuple[int, int], int] = {}
-        paths = []
-        for hyp in hyps:
-            node, path = 0, [0]
-            for token in hyp:
-                child = children.get((node, token))
-                if child is None:
-                    child = len(tokens)
-                    children[(node, token)] = child
-                    tokens.append(token)
-                    depths.append(depths[node] + 1)
-                    parents.append(node)
-                node = child
-                path.append(node)
-            paths.append(path)
-        return cls(tokens, depths, parents, paths)
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def mask(self, size: int) -> np.ndarray:
-        """(size, size) bool: node i attends node j iff j is i or an ancestor (padding: itself)."""
-        mask = np.zeros((size, size), dtype=bool)
-        for node, parent in enumerate(self.parents):
-            if parent >= 0:
-                mask[node] = mask[parent]
-            mask[node, node] = True
-        idle = np.arange(len(self.tokens), size)
-        mask[idle, idle] = True
-        return mask
-
-
-def tree_batch(trees: Sequence[PrefixTree], pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(tokens, positions, mask) of S trees padded to the largest: (S, N), (S, N), (S, N, N)."""
-    size = max(len(tree) for tree in trees)
-    tokens = torch.full((len(trees), size), pad, dtype=torch.long)
-    positions = torch.zeros((len(trees), size), dtype=torch.long)
-    masks = np.stack([tree.mask(size) for tree in trees])
-    for s, tree in enumerate(trees):
-        tokens[s, : len(tree)] = torch.tensor(tree.tokens)
-        positions[s, : len(tree)] = torch.tensor(tree.depths)
-    return tokens, positions, torch.from_numpy(masks)
 
 
 def tree_scores(
@@ -280,78 +100,6 @@ def tree_scores(
     picked = log_probs.detach()[torch.tensor(rows), torch.tensor(nodes), torch.tensor(targets)].cpu().double()
     totals = torch.zeros(owner, dtype=torch.float64).index_add_(0, torch.tensor(owners), picked)
     return totals.tolist()
-
-
-PADDING_SLACK = 1.25
-"""A decoder call may spend this much more than its hypotheses' own lengths on padding ..."""
-PADDING_ALLOWANCE = 64
-"""... or this many padded token positions (about what one more call's overhead costs)."""
-MAX_CALL_POSITIONS = 1024
-"""Padded token positions (hypotheses x length) per decoder call. A call's activations grow
-with its positions: its log-softmax output alone is positions x vocabulary floats (17 MB at
-1024 positions of a 4,233-unit vocabulary). Past a few thousand positions they no longer fit
-in the caches, the allocator hands out fresh pages for every call, and the page faults cost
-more than the extra calls (measured: see docs/BENCHMARKS.md, rescore micro-benchmark)."""
-
-
-def length_groups(
-    nbests: Sequence[Sequence[Hypothesis]],
-    slack: float = PADDING_SLACK,
-    allowance: int = PADDING_ALLOWANCE,
-    max_positions: float = MAX_CALL_POSITIONS,
-) -> list[list[int]]:
-    """Streams split into decoder calls of similar hypothesis length.
-
-    Every hypothesis of a call is padded to the call's longest, and the decoder's cost grows
-    with the padded length, so a short utterance rescored beside a long one costs as much as
-    the long one. Streams are taken shortest first and a new call starts when padding would
-    exceed both ``slack`` times the work the hypotheses need and ``allowance`` positions; a
-    few more, smaller calls cost far less than the padding they save. A call also ends before
-    its padded positions would exceed ``max_positions`` (a stream bigger than that gets a call
-    of its own). Returns stream indices per call.
-    """
-    return _pack_calls(
-        rows=[len(nbest) for nbest in nbests],
-        longest=[max(len(h.tokens) for h in nbest) + 1 for nbest in nbests],
-        needed=[sum(len(h.tokens) + 1 for h in nbest) for nbest in nbests],
-        slack=slack,
-        allowance=allowance,
-        max_positions=max_positions,
-    )
-
-
-def _pack_calls(
-    rows: Sequence[int], longest: Sequence[int], needed: Sequence[int], slack: float, allowance: int,
-    max_positions: float,
-) -> list[list[int]]:  # fmt: skip
-    """Streams (``rows[s]`` decoder rows, the longest ``longest[s]`` positions, ``needed[s]``
-    positions of real work) packed shortest first into calls by the rules of :func:`length_groups`."""
-    groups: list[list[int]] = []
-    current: list[int] = []
-    call_rows = call_needed = 0
-    for s in sorted(range(len(rows)), key=lambda s: longest[s]):
-        padded = (call_rows + rows[s]) * longest[s]
-        wasteful = padded > slack * (call_needed + needed[s]) and padded - call_needed - needed[s] > allowance
-        if current and (wasteful or padded > max_positions):
-            groups.append(current)
-            current, call_rows, call_needed = [], 0, 0
-        current.append(s)
-        call_rows += rows[s]
-        call_needed += needed[s]
-    if current:
-        groups.append(current)
-    return groups
-
-
-def size_groups(
-    sizes: Sequence[int],
-    slack: float = PADDING_SLACK,
-    allowance: int = PADDING_ALLOWANCE,
-    max_positions: float = MAX_CALL_POSITIONS,
-) -> list[list[int]]:
-    """Streams with one decoder row each (a prefix tree of ``sizes[s]`` nodes) split into calls,
-    by the rules of :func:`length_groups`."""
-    return _pack_calls([1] * len(sizes), sizes, sizes, slack, allowance, max_positions)
 
 
 def attention_rescore(

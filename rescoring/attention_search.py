@@ -25,7 +25,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from rescoring.attention import padded_memory
+from rescoring.packing import padded_memory
 
 __all__ = ["AttentionHypothesis", "StepDecoder", "attention_beam_search", "supports_search"]
 

@@ -8,7 +8,8 @@ from asr_common.audio import PcmSink
 from calls.call import CallInfo, LegInfo
 from rtp.srtp import SrtpKeys
 from sip.errors import SipParseError
-from sip.message import Address, Message, Response, Via, split_list
+from sip.header_values import Via, split_list
+from sip.message import Address, Message, Response
 
 
 @dataclass(frozen=True)

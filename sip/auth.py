@@ -12,7 +12,8 @@ import hmac
 import secrets
 
 from sip.config import AuthSettings
-from sip.message import Request, split_list, unquote
+from sip.header_values import split_list, unquote
+from sip.message import Request
 
 NONCE_LIFETIME_S = 300.0
 _MAC_HEX_CHARS = 20

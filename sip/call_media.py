@@ -26,7 +26,8 @@ from sip.actions import Action, LegUpdated, StartMedia, StopMedia, UpdateMedia
 from sip.admission import CAPACITY_ERRORS
 from sip.dialog import Call, Leg
 from sip.errors import ProtocolError, SipParseError
-from sip.message import NameAddr, Request
+from sip.header_values import NameAddr
+from sip.message import Request
 from sip.responses import HeaderPairs, Reject, warning
 from sip.sdp import (
     MediaDescription,

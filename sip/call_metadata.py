@@ -11,7 +11,8 @@ from collections.abc import Iterable
 from urllib.parse import unquote
 
 from calls.metadata import CallMetadata, clean_value
-from sip.message import NameAddr, Request
+from sip.header_values import NameAddr
+from sip.message import Request
 from sip.siprec import RecordingMetadata
 
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from calls.join import join_key
 from calls.roles import Role
 from sip.errors import SipParseError
-from sip.message import Request, SipUri
+from sip.header_values import SipUri
+from sip.message import Request
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from calls.call import CallInfo, LegInfo
 from calls.roles import Role
 from sip.errors import LocalProtocolError, RemoteProtocolError, SipParseError
-from sip.message import BRANCH_MAGIC, Address, Headers, NameAddr, Request, SipUri, split_list
+from sip.header_values import NameAddr, SipUri, split_list
+from sip.message import BRANCH_MAGIC, Address, Headers, Request
 from sip.sdp import SessionDescription, StreamPlan
 from sip.siprec import RecordingMetadata
 

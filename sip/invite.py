@@ -25,7 +25,8 @@ from sip.call_media import no_stream, read_body, select_streams
 from sip.config import SipSettings
 from sip.dialog import Call
 from sip.errors import SipParseError
-from sip.message import Address, NameAddr, Request, SipUri, parse_cseq
+from sip.header_values import NameAddr, SipUri, parse_cseq
+from sip.message import Address, Request
 from sip.responses import SUPPORTED_OPTIONS, Reject, warning
 from sip.sdp import offered_plan, plan_streams
 from sip.siprec import is_siprec

@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sip.errors import SipParseError
-from sip.message import canonical_name, parse_params
+from sip.header_values import parse_params
+from sip.message import canonical_name
 
 
 @dataclass(frozen=True)

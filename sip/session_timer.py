@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from sip.dialog import Call
 from sip.errors import SipParseError
-from sip.message import Request, parse_params
+from sip.header_values import parse_params
+from sip.message import Request
 from sip.responses import HeaderPairs, Reject
 
 _MAX_DIGITS = 9

@@ -14,7 +14,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
 from sip.errors import SipParseError
-from sip.message import NameAddr, Request
+from sip.header_values import NameAddr
+from sip.message import Request
 from sip.multipart import media_type, parse_multipart
 
 METADATA_TYPES = ("application/rs-metadata+xml", "application/rs-metadata")

@@ -16,7 +16,8 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from sip.errors import LocalProtocolError, RemoteProtocolError, SipParseError
-from sip.message import Address, Message, NameAddr, Request, Response, Via, parse_cseq
+from sip.header_values import NameAddr, Via, parse_cseq
+from sip.message import Address, Message, Request, Response
 
 TimerKey = tuple[str, Hashable]
 

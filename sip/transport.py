@@ -33,7 +33,8 @@ from sip.actions import Action, CallEnded, LegUpdated, SendMessage, StartMedia, 
 from sip.call_media import PortSource
 from sip.config import SipSettings
 from sip.errors import SipParseError
-from sip.message import Address, StreamFramer
+from sip.framing import StreamFramer
+from sip.message import Address
 from sip.uas import UasCore
 
 log = logging.getLogger(__name__)

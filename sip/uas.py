@@ -34,8 +34,9 @@ from sip.call_media import CallMedia, PortSource, read_body
 from sip.config import Network, SipSettings
 from sip.dialog import Call, CallEvent, CallState
 from sip.errors import ProtocolError, SipParseError
+from sip.header_values import NameAddr, Via, parse_cseq, split_list
 from sip.invite import InviteGate
-from sip.message import Address, Message, NameAddr, Request, Response, Via, parse, parse_cseq, split_list
+from sip.message import Address, Message, Request, Response, parse
 from sip.responses import (
     ACCEPT,
     ALLOW,

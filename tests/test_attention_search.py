@@ -32,7 +32,8 @@ from asr_core.ctc_search import (
     ctc_topk,
 )
 from asr_core.endpoint import EndpointRules
-from asr_core.engine import Engine, EngineOptions
+from asr_core.engine import Engine
+from asr_core.engine_options import EngineOptions
 from asr_core.events import Event, Final
 from asr_core.finals import (
     PROPOSAL_LENGTH_FACTOR,

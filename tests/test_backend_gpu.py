@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asr_core.backends import make_runner
+from asr_core.backends import ChunkStepInputs, make_runner
 from asr_core.backends.onnx_graph import chunk_example
 from asr_core.model.loader import LoadedModel, load_wenet_model
 
@@ -38,9 +38,9 @@ def test_tensorrt_without_the_package_names_the_extra(loaded: LoadedModel) -> No
         make_runner("tensorrt-fp16", loaded)
 
 
-def _cuda_example(loaded: LoadedModel, batch: int) -> tuple[torch.Tensor, ...]:
+def _cuda_example(loaded: LoadedModel, batch: int) -> ChunkStepInputs:
     example = chunk_example(loaded, batch=batch, chunk=4, window=16, seed=batch)
-    return tuple(t.cuda().half() if t.is_floating_point() else t.cuda() for t in example)
+    return ChunkStepInputs(*(t.cuda().half() if t.is_floating_point() else t.cuda() for t in example))
 
 
 @pytest.mark.gpu
@@ -51,8 +51,8 @@ def test_cudagraph_replay_equals_eager(loaded: LoadedModel) -> None:
     for batch in (3, 5, 3, 16):  # 3 and 5 share nothing; 3 twice replays the captured graph
         example = _cuda_example(loaded, batch)
         with torch.inference_mode():
-            ys, new_kv, new_cnn = model.encoder.forward_chunk_batch(*example)
-        got = runner.step(*example)
+            ys, new_kv, new_cnn = model.encoder.forward_chunk_batch(*example.graph_inputs())
+        got = runner.step(example)
         assert got.ys.shape == ys.shape
         torch.testing.assert_close(got.ys.float(), ys.float(), atol=2e-2, rtol=0)
         torch.testing.assert_close(got.new_kv.float(), new_kv.float(), atol=2e-2, rtol=0)
@@ -67,8 +67,10 @@ def test_tensorrt_fp16_close_to_torch(loaded: LoadedModel, tmp_path: Path) -> No
     example = _cuda_example(loaded, 5)
     model = loaded.model.cuda().float()
     with torch.inference_mode():
-        ys, _, _ = model.encoder.forward_chunk_batch(*(t.float() if t.is_floating_point() else t for t in example))
-    got = runner.step(*example)
+        ys, _, _ = model.encoder.forward_chunk_batch(
+            *(t.float() if t.is_floating_point() else t for t in example.graph_inputs())
+        )
+    got = runner.step(example)
     torch.testing.assert_close(got.ys.float(), ys, atol=5e-2, rtol=0)
 
 
@@ -77,5 +79,5 @@ def test_tensorrt_fp16_close_to_torch(loaded: LoadedModel, tmp_path: Path) -> No
 @pytest.mark.skipif(not HAS_TENSORRT, reason="tensorrt is not installed (extra: hotline-asr[gpu])")
 def test_tensorrt_int8_calibrates_from_wavs(loaded: LoadedModel, tmp_path: Path) -> None:
     runner = make_runner("tensorrt-int8", loaded, cache_dir=tmp_path, calibration_dir=FIXTURE / "wav")
-    got = runner.step(*_cuda_example(loaded, 2))
+    got = runner.step(_cuda_example(loaded, 2))
     assert torch.isfinite(got.log_probs).all()

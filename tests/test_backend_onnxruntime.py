@@ -12,10 +12,11 @@ import torch
 
 from asr_core import cpu_isa
 from asr_core.audio_io import read_wav
-from asr_core.backends import BACKENDS, make_runner
+from asr_core.backends import BACKENDS, ChunkStepInputs, make_runner
 from asr_core.backends.onnx_graph import ENCODER_FILE, int8_file, int8_mode_for, model_fingerprint
 from asr_core.endpoint import EndpointRules
-from asr_core.engine import Engine, EngineOptions
+from asr_core.engine import Engine
+from asr_core.engine_options import EngineOptions
 from asr_core.events import Event, Final, Partial
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_core.stream import StreamConfig
@@ -139,7 +140,7 @@ def test_log_probs_dtype_and_device_follow_the_inputs(loaded: LoadedModel, cache
     runner = make_runner("onnxruntime", loaded, cache_dir=cache_dir)
     from asr_core.backends.onnx_graph import chunk_example
 
-    step = runner.step(*chunk_example(loaded, batch=2, chunk=4, window=8, seed=3))
+    step = runner.step(ChunkStepInputs(*chunk_example(loaded, batch=2, chunk=4, window=8, seed=3)))
     assert step.ys.dtype == torch.float32 and step.log_probs.shape[-1] == loaded.vocab_size
     assert np.allclose(step.log_probs.exp().sum(-1).numpy(), 1.0, atol=1e-4)
 
@@ -156,7 +157,7 @@ def test_a_step_given_rows_of_a_pool_gathers_them_first(loaded: LoadedModel, cac
     att_pool = torch.randn((att.size(0), 5, *att.shape[2:]))
     cnn_pool = torch.randn((cnn.size(0), 5, *cnn.shape[2:]))
     att_pool[:, rows], cnn_pool[:, rows] = att, cnn
-    pooled = runner.step(xs, offsets, att_pool, pos, mask, cnn_pool, rows=rows)
-    gathered = runner.step(xs, offsets, att, pos, mask, cnn)
+    pooled = runner.step(ChunkStepInputs(xs, offsets, att_pool, pos, mask, cnn_pool, rows))
+    gathered = runner.step(ChunkStepInputs(xs, offsets, att, pos, mask, cnn))
     for name in ("ys", "log_probs", "new_kv", "new_cnn"):
         assert torch.equal(getattr(pooled, name), getattr(gathered, name)), name

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from asr_core.backends import SPLIT_MIN_STREAMS, TorchChunkRunner, make_runner
+from asr_core.backends import SPLIT_MIN_STREAMS, ChunkStepInputs, TorchChunkRunner, make_runner
 from asr_core.backends.traced import POSITION_LIMIT
-from asr_core.engine import Engine, EngineOptions
+from asr_core.engine import Engine
+from asr_core.engine_options import EngineOptions
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_core.stream import chunk_input_frames
 
@@ -32,7 +33,7 @@ def input_frames(loaded: LoadedModel, chunk: int = CHUNK) -> int:
     return chunk_input_frames(chunk, loaded.subsampling, loaded.right_context)
 
 
-def step_inputs(loaded: LoadedModel, batch: int, seed: int, first_offset: int = 0) -> dict[str, torch.Tensor]:
+def step_inputs(loaded: LoadedModel, batch: int, seed: int, first_offset: int = 0) -> ChunkStepInputs:
     """B streams at different points of their utterances: some caches partly empty, as in the engine."""
     g = torch.Generator().manual_seed(seed)
     offsets = first_offset + torch.randint(0, 200, (batch,), generator=g)
@@ -43,14 +44,14 @@ def step_inputs(loaded: LoadedModel, batch: int, seed: int, first_offset: int = 
     cache_mask = cache_pos >= 0
     cache_pos = cache_pos.masked_fill(~cache_mask, -1)
     att = torch.randn(loaded.num_blocks, batch, loaded.heads, WINDOW, 2 * loaded.d_k, generator=g)
-    return {
-        "xs": 10.0 + 3.0 * torch.randn(batch, input_frames(loaded), 80, generator=g),
-        "offsets": offsets,
-        "att_cache": att * cache_mask[None, :, None, :, None],  # the pool holds zeros where never written
-        "cache_pos": cache_pos,
-        "cache_mask": cache_mask,
-        "cnn_cache": torch.randn(loaded.num_blocks, batch, loaded.d_model, loaded.cnn_cache_frames, generator=g),
-    }
+    return ChunkStepInputs(
+        xs=10.0 + 3.0 * torch.randn(batch, input_frames(loaded), 80, generator=g),
+        offsets=offsets,
+        att_cache=att * cache_mask[None, :, None, :, None],  # the pool holds zeros where never written
+        cache_pos=cache_pos,
+        cache_mask=cache_mask,
+        cnn_cache=torch.randn(loaded.num_blocks, batch, loaded.d_model, loaded.cnn_cache_frames, generator=g),
+    )
 
 
 def assert_same_step(a: object, b: object) -> None:
@@ -69,7 +70,7 @@ def test_traced_step_equals_the_eager_step_for_any_batch(loaded: LoadedModel, ba
     traced.expect(input_frames(loaded), WINDOW)
     for seed, batch in enumerate((3, 1, 7, 3)):
         inputs = step_inputs(loaded, batch, seed)
-        assert_same_step(traced.step(**inputs), eager.step(**inputs))
+        assert_same_step(traced.step(inputs), eager.step(inputs))
     assert traced.traced.graphs == 1  # the batch size is free within a graph
 
 
@@ -80,30 +81,30 @@ def test_other_shapes_and_late_positions_run_eagerly(loaded: LoadedModel) -> Non
     traced.expect(input_frames(loaded), WINDOW)
     # A short last chunk: a shape nobody declared; traced on first use it would stall the engine.
     short = step_inputs(loaded, 2, seed=1)
-    short["xs"] = short["xs"][:, : input_frames(loaded) - 5]
-    assert_same_step(traced.step(**short), eager.step(**short))
+    short = short._replace(xs=short.xs[:, : input_frames(loaded) - 5])
+    assert_same_step(traced.step(short), eager.step(short))
     assert traced.traced.graphs == 0
     # Positions past the graphs' table (an utterance longer than it covers) need the eager path.
     late = step_inputs(loaded, 2, seed=2, first_offset=POSITION_LIMIT)
-    assert_same_step(traced.step(**late), eager.step(**late))
+    assert_same_step(traced.step(late), eager.step(late))
     assert traced.traced.graphs == 0
-    assert_same_step(traced.step(**step_inputs(loaded, 2, seed=3)), eager.step(**step_inputs(loaded, 2, seed=3)))
+    assert_same_step(traced.step(step_inputs(loaded, 2, seed=3)), eager.step(step_inputs(loaded, 2, seed=3)))
     assert traced.traced.graphs == 1
 
 
-def in_a_pool(inputs: dict[str, torch.Tensor], slots: int, seed: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """The same step with its caches as rows of a larger pool (the other rows: other streams'
-    values), in no particular order; returns the pooled inputs and the rows."""
+def in_a_pool(inputs: ChunkStepInputs, slots: int, seed: int) -> ChunkStepInputs:
+    """The same step with its caches as ``rows`` of a larger pool (the other rows: other
+    streams' values), in no particular order."""
     g = torch.Generator().manual_seed(seed)
-    batch = inputs["xs"].size(0)
+    batch = inputs.xs.size(0)
     rows = torch.randperm(slots, generator=g)[:batch]
-    pooled = dict(inputs)
-    for name in ("att_cache", "cnn_cache"):
-        cache = inputs[name]
+
+    def pooled(cache: torch.Tensor) -> torch.Tensor:
         pool = torch.randn((cache.size(0), slots, *cache.shape[2:]), generator=g)
         pool[:, rows] = cache
-        pooled[name] = pool
-    return pooled, rows
+        return pool
+
+    return inputs._replace(att_cache=pooled(inputs.att_cache), cnn_cache=pooled(inputs.cnn_cache), rows=rows)
 
 
 @pytest.mark.parametrize("backend", ["torch", "torch-int8"])
@@ -118,9 +119,9 @@ def test_a_step_on_rows_of_the_pool_equals_the_step_on_gathered_caches(
     runner.expect(input_frames(loaded), WINDOW)
     for seed, batch in enumerate((5, 1, 3)):
         inputs = step_inputs(loaded, batch, seed)
-        pooled, rows = in_a_pool(inputs, slots=11, seed=seed)
-        reference = runner.step(**inputs)
-        assert_same_step(runner.step(**pooled, rows=rows), reference)
+        pooled = in_a_pool(inputs, slots=11, seed=seed)
+        reference = runner.step(inputs)
+        assert_same_step(runner.step(pooled), reference)
     if traced:
         assert isinstance(runner, TorchChunkRunner) and runner.traced is not None
         assert runner.traced.graphs == 1  # one graph whatever the pool's size and the rows
@@ -132,14 +133,24 @@ def test_a_step_on_rows_of_a_pool_that_may_hold_anything(loaded: LoadedModel) ->
     changes nothing."""
     encoder = loaded.model.encoder.eval()
     inputs = step_inputs(loaded, 3, seed=9)
-    inputs["att_cache"][:, 0] = float("nan")  # stream 0 has nothing cached: all masked
-    pooled, rows = in_a_pool(inputs, slots=6, seed=9)
+    inputs.att_cache[:, 0] = float("nan")  # stream 0 has nothing cached: all masked
+    pooled = in_a_pool(inputs, slots=6, seed=9)
+    rows = pooled.rows
+    assert rows is not None
     others = torch.ones(6, dtype=torch.bool)
     others[rows] = False
-    pooled["att_cache"][:, others] = float("nan")
+    pooled.att_cache[:, others] = float("nan")
     with torch.inference_mode():
-        want = encoder.forward_chunk_batch(*inputs.values())
-        got = encoder.forward_chunk_batch(*pooled.values(), cache_rows=rows)
+        want = encoder.forward_chunk_batch(*inputs.graph_inputs())
+        got = encoder.forward_chunk_batch(
+            pooled.xs,
+            pooled.offsets,
+            pooled.att_cache,
+            pooled.cache_pos,
+            pooled.cache_mask,
+            pooled.cnn_cache,
+            cache_rows=rows,
+        )
     for x, y in zip(got, want, strict=True):
         assert not torch.isnan(x).any()
         assert torch.equal(x, y)
@@ -154,20 +165,20 @@ def test_a_large_batch_split_over_threads_keeps_each_streams_outputs(loaded: Loa
     for runner in (split, whole):
         runner.expect(input_frames(loaded), WINDOW)
     inputs = step_inputs(loaded, 3 * SPLIT_MIN_STREAMS + 2, seed=5)
-    split.step(**inputs)  # builds the graph in one thread first: not split
+    split.step(inputs)  # builds the graph in one thread first: not split
     assert split._helpers is None
-    out = split.step(**inputs)
+    out = split.step(inputs)
     assert split._helpers is not None  # this time it was
-    reference = whole.step(**inputs)
-    pooled, rows = in_a_pool(inputs, slots=3 * SPLIT_MIN_STREAMS + 9, seed=5)
-    for got in (out, split.step(**pooled, rows=rows)):  # each part reads its own rows of the pool
+    reference = whole.step(inputs)
+    pooled = in_a_pool(inputs, slots=3 * SPLIT_MIN_STREAMS + 9, seed=5)
+    for got in (out, split.step(pooled)):  # each part reads its own rows of the pool
         for name in ("ys", "log_probs", "new_kv", "new_cnn"):
             x, y = getattr(got, name), getattr(reference, name)
             assert x.shape == y.shape, name
             torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4, msg=name)
     # Too few streams for two parts: one piece, as without helpers.
     small = step_inputs(loaded, 2 * SPLIT_MIN_STREAMS - 1, seed=6)
-    assert_same_step(split.step(**small), whole.step(**small))
+    assert_same_step(split.step(small), whole.step(small))
     split.close()
     assert split._helpers is None
     with pytest.raises(ValueError, match="step_threads"):
@@ -193,7 +204,7 @@ def test_a_step_the_tracer_cannot_follow_runs_eagerly(
     with caplog.at_level(logging.ERROR, logger="asr_core.backends.traced"):
         for seed in range(3):
             inputs = step_inputs(loaded, 2, seed)
-            assert_same_step(traced.step(**inputs), eager.step(**inputs))
+            assert_same_step(traced.step(inputs), eager.step(inputs))
     assert len(calls) == 1 and traced.traced.graphs == 0
     assert "runs eagerly" in caplog.text
 

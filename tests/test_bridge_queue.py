@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jsonschema
-from sip.app import CallInfo, LegInfo
-from sip.routing import Profile
 
 from asr_core.events import Ended
 from asr_gateway.bridge import CallBridge
+from calls.call import CallInfo, LegInfo
+from calls.profile import Profile
 from kb_hooks import events as ev
 from kb_hooks.types import CallContext, Participant
 from rtp.dtmf import KeyPress
@@ -51,7 +51,7 @@ def bridge_with_publisher() -> tuple[CallBridge, FakeEngine, RecordingPublisher]
 
 def test_key_presses_are_published_in_order_and_counted_in_call_ended() -> None:
     bridge, engine, publisher = bridge_with_publisher()
-    info = CallInfo("k1", "sip-k1", "sip:a@b", None, "sip:r@asr", None, ("127.0.0.1", 5060, "udp"), "keys",
+    info = CallInfo("k1", "sip", "sip-k1", "sip:a@b", None, "sip:r@asr", None, ("127.0.0.1", 5060, "udp"), "keys",
                     Profile(dtmf="publish", redaction="keep"), False)  # fmt: skip
     sink = bridge.open_leg(info, LegInfo("k1-0", None, "caller", "sip:a@b", "PCMU"))  # no loop: announced at once
     sink.dtmf(KeyPress("5", 120, 0))

@@ -17,7 +17,8 @@ from calls.routing import Router, RoutesFile
 from sip.actions import SendMessage, StartMedia, UpdateMedia
 from sip.config import SipSettings
 from sip.cucm import plain_call
-from sip.message import Headers, NameAddr, Request, Response
+from sip.header_values import NameAddr
+from sip.message import Headers, Request, Response
 from sip.uas import UasCore
 from tests.test_sip_support import OFFER_PCMU, SOURCE, FakePorts, ack
 from tests.test_sip_support import invite as raw_invite

@@ -9,7 +9,8 @@ import pytest
 from asr_common.scoring import cer
 from asr_core.audio_io import read_wav
 from asr_core.endpoint import EndpointRules
-from asr_core.engine import Engine, EngineOptions
+from asr_core.engine import Engine
+from asr_core.engine_options import EngineOptions
 from asr_core.events import Final
 from asr_core.model.loader import load_wenet_model
 from asr_core.stream import StreamConfig

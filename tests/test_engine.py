@@ -18,11 +18,13 @@ import numpy as np
 import pytest
 import torch
 
+from asr_common.errors import CapacityError
 from asr_common.scoring import edit_distance
 from asr_core.audio_io import read_wav
 from asr_core.ctc_search import ctc_greedy_batch, ctc_prefix_beam_search
 from asr_core.endpoint import EndpointRules
-from asr_core.engine import CapacityError, Engine, EngineOptions, resolve_dtype
+from asr_core.engine import Engine
+from asr_core.engine_options import EngineOptions, resolve_dtype
 from asr_core.events import Ended, Event, Final, Partial
 from asr_core.frontend import compute_fbank
 from asr_core.model.loader import LoadedModel, load_wenet_model

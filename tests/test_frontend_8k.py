@@ -18,7 +18,8 @@ import yaml
 from asr_core.audio_io import read_pcm16
 from asr_core.ctc_search import ctc_greedy_batch
 from asr_core.endpoint import EndpointRules
-from asr_core.engine import Engine, EngineOptions
+from asr_core.engine import Engine
+from asr_core.engine_options import EngineOptions
 from asr_core.events import Event, Final, Partial
 from asr_core.frontend import FrontendConfig, compute_fbank, num_fbank_frames
 from asr_core.model.asr_model import ASRModel

@@ -8,7 +8,8 @@ import torch
 
 from asr_core.context_graph import ContextGraph
 from asr_core.ctc_search import ctc_prefix_beam_search
-from asr_core.engine import Engine, EngineOptions
+from asr_core.engine import Engine
+from asr_core.engine_options import EngineOptions
 from asr_core.frontend import compute_fbank
 from asr_core.model.loader import LoadedModel
 from asr_core.offline import encode_streaming

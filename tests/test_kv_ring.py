@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asr_common.errors import CapacityError
-from kv_ring import KvPool, PoolExhausted, PoolGeometry, SlotStateError, plan_pool
+from kv_ring import CacheGeometry, KvPool, PoolExhausted, SlotStateError, plan_pool
 
 torch.set_num_threads(1)
 
@@ -16,7 +16,7 @@ LAYERS, HEADS, D_K, WINDOW, D_MODEL, CNN = 2, 2, 3, 12, 4, 3
 
 
 def make_pool(num_slots: int = 4, window: int = WINDOW) -> KvPool:
-    return KvPool(num_slots, LAYERS, HEADS, D_K, window, D_MODEL, CNN)
+    return KvPool(num_slots, CacheGeometry(LAYERS, HEADS, D_K, window, D_MODEL, CNN))
 
 
 def random_chunk(batch: int, chunk: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -196,7 +196,8 @@ def test_lifecycle_errors() -> None:
 
 
 def test_memory_accounting_matches_the_formula_and_the_tensors() -> None:
-    pool = KvPool(3, num_layers=12, heads=4, d_k=64, window=48, d_model=256, cnn_frames=14, dtype=torch.float16)
+    geometry = CacheGeometry(num_layers=12, heads=4, d_k=64, window=48, d_model=256, cnn_frames=14, dtype=torch.float16)
+    pool = KvPool(3, geometry)
     formula = 2 * 12 * (4 * 48 * 2 * 64 + 256 * 14) + 8 * 48
     assert pool.bytes_per_slot == formula
     assert pool.total_bytes == 3 * formula
@@ -217,11 +218,11 @@ def test_memory_accounting_matches_the_formula_and_the_tensors() -> None:
         "total_bytes": 3 * formula,
     }
     pool.release(slot)
-    assert plan_pool(10 * formula + formula - 1, 12, 4, 64, 48, 256, 14, torch.float16) == 10
+    assert plan_pool(10 * formula + formula - 1, geometry) == 10
     with pytest.raises(ValueError, match="does not hold one stream"):
-        plan_pool(formula - 1, 12, 4, 64, 48, 256, 14, torch.float16)
+        plan_pool(formula - 1, geometry)
     with pytest.raises(ValueError, match="floating point"):
-        PoolGeometry(1, 1, 1, 1, 1, 0, torch.int32)
+        CacheGeometry(1, 1, 1, 1, 1, 0, torch.int32)
 
 
 def test_ten_thousand_chunks_never_reallocate() -> None:
@@ -297,7 +298,10 @@ def test_gather_into_the_reused_buffer_equals_a_fresh_gather() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_pool_on_cuda_matches_the_cpu_pool() -> None:
     generator = torch.Generator().manual_seed(8)
-    pools = {device: KvPool(3, LAYERS, HEADS, D_K, WINDOW, D_MODEL, CNN, device=device) for device in ("cpu", "cuda")}
+    pools = {
+        device: KvPool(3, CacheGeometry(LAYERS, HEADS, D_K, WINDOW, D_MODEL, CNN), device=device)
+        for device in ("cpu", "cuda")
+    }
     slots = {device: [pool.allocate(5), pool.allocate(WINDOW)] for device, pool in pools.items()}
     assert slots["cpu"] == slots["cuda"]
     index = torch.tensor(slots["cpu"])

@@ -68,15 +68,7 @@ def test_pooled_streaming_equals_wenet_chunk_by_chunk() -> None:
     model = loaded.model
     fbank = {utt: torch.from_numpy(expected[f"{utt}__fbank"]) for utt in UTTERANCES}
     context = loaded.right_context + 1
-    pool = KvPool(
-        num_slots=len(SETTINGS),
-        num_layers=loaded.num_blocks,
-        heads=loaded.heads,
-        d_k=loaded.d_k,
-        window=max(c * left for c, left, _, _ in SETTINGS),
-        d_model=loaded.d_model,
-        cnn_frames=loaded.cnn_cache_frames,
-    )
+    pool = KvPool(len(SETTINGS), loaded.cache_geometry(max(c * left for c, left, _, _ in SETTINGS)))
     jobs = [
         Job(pool.allocate(c * left), c, left, loaded.subsampling, context, order, delay)
         for c, left, order, delay in SETTINGS

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from asr_core.backends import Bf16Convs, make_runner, native_bf16_cpu
+from asr_core.backends import Bf16Convs, ChunkStepInputs, make_runner, native_bf16_cpu
 from asr_core.model import LoadedModel, load_wenet_model
 from asr_core.model.attention import MultiHeadedAttention, RelPositionMultiHeadedAttention, dot_products
 from asr_core.model.convolution import ConvolutionModule, pointwise_as_linear
@@ -304,8 +304,8 @@ def test_bf16_convs_fuse_the_relus_bit_for_bit_eagerly_and_traced(rate: int) -> 
 @pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor:UserWarning")
 def test_torch_int8_runner_stays_close_to_float(loaded: LoadedModel) -> None:
     inputs = chunk_inputs(loaded, 0.0)
-    float_step = make_runner("torch", loaded).step(*inputs)
-    int8_step = make_runner("torch-int8", loaded).step(*inputs)
+    float_step = make_runner("torch", loaded).step(ChunkStepInputs(*inputs))
+    int8_step = make_runner("torch-int8", loaded).step(ChunkStepInputs(*inputs))
     assert all(type(m) is not nn.Linear or m.weight.dtype == torch.float32 for m in loaded.model.modules())
     for got, want in zip(int8_step, float_step, strict=True):
         assert got.shape == want.shape and got.dtype == want.dtype

@@ -13,7 +13,8 @@ import torch
 
 from asr_core.ctc_search import Hypothesis
 from asr_core.model.attention import MultiHeadedAttention, RowPacking
-from rescoring.attention import PrefixTree, attention_rescore, build_decoder_batch, length_groups, tree_batch
+from rescoring.attention import attention_rescore
+from rescoring.packing import PrefixTree, build_decoder_batch, length_groups, tree_batch
 
 FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "wenet_u2pp_small"
 needs_fixture = pytest.mark.skipif(

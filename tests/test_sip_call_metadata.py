@@ -14,7 +14,8 @@ from kb_hooks import events as ev
 from kb_hooks.types import CallContext
 from sip.call_metadata import extract, uri_user
 from sip.config import SipSettings
-from sip.message import NameAddr, Request, parse
+from sip.header_values import NameAddr
+from sip.message import Request, parse
 from sip.siprec import RecordingMetadata
 from sip.uas import UasCore
 from tests.test_sip_sdp_siprec import ACME_METADATA, RFC_METADATA

@@ -20,7 +20,8 @@ from calls.profile import Profile
 from calls.routing import Match, Route, Router, RoutesFile
 from sip.actions import Action, SendMessage
 from sip.config import SipSettings
-from sip.message import Address, Request, Response, StreamFramer, parse
+from sip.framing import StreamFramer
+from sip.message import Address, Request, Response, parse
 from sip.multipart import BodyPart, build_multipart
 from sip.sdes import SdesError, parse_crypto
 from sip.uas import UasCore

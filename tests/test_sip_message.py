@@ -5,18 +5,9 @@ from __future__ import annotations
 import pytest
 
 from sip.errors import SipParseError
-from sip.message import (
-    Headers,
-    NameAddr,
-    Request,
-    Response,
-    SipUri,
-    StreamFramer,
-    Via,
-    parse,
-    parse_cseq,
-    split_list,
-)
+from sip.framing import StreamFramer
+from sip.header_values import NameAddr, SipUri, Via, parse_cseq, split_list
+from sip.message import Headers, Request, Response, parse
 from sip.multipart import BodyPart, build_multipart, parse_multipart
 from tests.test_sip_support import invite
 

@@ -13,7 +13,8 @@ from calls.routing import Router, RoutesFile
 from sip.actions import Action, CallEnded, LegUpdated, StartMedia, UpdateMedia
 from sip.config import SipSettings
 from sip.dialog import CallState
-from sip.message import NameAddr, Request
+from sip.header_values import NameAddr
+from sip.message import Request
 from sip.sdp import SessionDescription, build_answer, plan_streams
 from sip.uas import UasCore
 from tests.test_sip_support import OFFER_PCMU, SOURCE, FakePorts, ack, invite

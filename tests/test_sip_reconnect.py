@@ -21,7 +21,8 @@ from asr_common.audio import PcmSink
 from calls.handler import CountingCallHandler
 from sip.actions import SendMessage
 from sip.config import SipSettings
-from sip.message import Address, NameAddr
+from sip.header_values import NameAddr
+from sip.message import Address
 from sip.transport import SipServer
 from sip.uas import UasCore
 from tests.certs import self_signed_cert

@@ -15,7 +15,8 @@ import pytest
 from asr_common.audio import PcmSink
 from calls.handler import CountingCallHandler
 from sip.config import SipSettings
-from sip.message import Message, NameAddr, Request, Response, parse
+from sip.header_values import NameAddr
+from sip.message import Message, Request, Response, parse
 from sip.transport import RTCP_BYE_GRACE_S, SipServer
 from tests.test_sip_support import FakePorts, ack, invite
 from tests.test_sip_transport import FakeLeg

@@ -16,7 +16,8 @@ from calls.routing import Router, RoutesFile, load_routes
 from rtp.srtp import AWAITING_KEYS
 from sip.actions import Action, SendMessage, StartMedia, UpdateMedia
 from sip.config import SipSettings
-from sip.message import NameAddr, Request
+from sip.header_values import NameAddr
+from sip.message import Request
 from sip.multipart import BodyPart, build_multipart
 from sip.sdes import SdesError, parse_crypto, select_key
 from sip.sdp import SessionDescription, SrtpPolicy

@@ -17,7 +17,8 @@ from calls.handler import CountingCallHandler
 from calls.profile import Profile
 from calls.routing import Router, RoutesFile
 from sip.config import SipSettings
-from sip.message import Message, NameAddr, Request, Response, parse
+from sip.header_values import NameAddr
+from sip.message import Message, Request, Response, parse
 from sip.transport import SipServer
 from tests.test_sip_support import FakePorts, ack, invite
 

@@ -14,7 +14,8 @@ from sip.actions import Action, CallEnded, LegUpdated, SendMessage, StartMedia, 
 from sip.config import AuthSettings, SipSettings
 from sip.dialog import Call, CallEvent, CallState
 from sip.errors import LocalProtocolError, RemoteProtocolError
-from sip.message import Address, NameAddr, Request, Response, parse
+from sip.header_values import NameAddr
+from sip.message import Address, Request, Response, parse
 from sip.transaction import ServerTransaction, TimerConfig, TxState
 from sip.uas import UasCore
 from tests.test_sip_support import OFFER_PCMU, SOURCE, FakePorts, ack, invite

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from asr_core.backends.runner import ChunkStep, batch_caches
+from asr_core.backends.runner import ChunkStep, ChunkStepInputs
 from asr_core.model.encoder import U2Encoder
 from asr_core.model.loader import LoadedModel
 
@@ -87,29 +87,20 @@ class CudaGraphChunkRunner:
     def close(self) -> None:
         """Nothing to release: the captured graphs live as long as the runner."""
 
-    def step(
-        self,
-        xs: torch.Tensor,
-        offsets: torch.Tensor,
-        att_cache: torch.Tensor,
-        cache_pos: torch.Tensor,
-        cache_mask: torch.Tensor,
-        cnn_cache: torch.Tensor,
-        rows: torch.Tensor | None = None,
-    ) -> ChunkStep:
-        """Shapes as ``forward_chunk_batch``. The outputs are views of the graph's static
-        buffers: valid until the next ``step`` (the engine consumes them before that)."""
-        att_cache, cnn_cache = batch_caches(att_cache, cnn_cache, rows)
-        inputs = (xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache)
+    def step(self, inputs: ChunkStepInputs) -> ChunkStep:
+        """Shapes in ``ChunkStepInputs``. The outputs are views of the graph's static buffers:
+        valid until the next ``step`` (the engine consumes them before that)."""
+        xs = inputs.xs
+        graph_inputs = inputs.graph_inputs()
         batch = xs.size(0)
         bucket = next((b for b in self.buckets if b >= batch), 0)
         if not bucket:
-            return ChunkStep(*self._eager(*inputs))
-        key = (bucket, xs.size(1), att_cache.size(3))
+            return ChunkStep(*self._eager(*graph_inputs))
+        key = (bucket, xs.size(1), inputs.att_cache.size(3))
         captured = self.captured.get(key)
         if captured is None:
-            captured = self.captured[key] = self._capture(bucket, inputs)
-        for index, (static, value) in enumerate(zip(captured.inputs, inputs, strict=True)):
+            captured = self.captured[key] = self._capture(bucket, graph_inputs)
+        for index, (static, value) in enumerate(zip(captured.inputs, graph_inputs, strict=True)):
             if index in (2, 5):
                 static[:, :batch].copy_(value)
             else:

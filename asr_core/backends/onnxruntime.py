@@ -17,7 +17,7 @@ import torch
 
 from asr_core import cpu_isa
 from asr_core.backends.onnx_graph import CHUNK_INPUTS, CHUNK_OUTPUTS, INT8_MODE_KEY, cached_chunk_graph, int8_mode_for
-from asr_core.backends.runner import ChunkStep, batch_caches
+from asr_core.backends.runner import ChunkStep, ChunkStepInputs
 from asr_core.model.loader import LoadedModel
 
 DECODER_INPUTS = ("memory", "memory_mask", "ys_in_pad", "ys_in_lens", "r_ys_in_pad")
@@ -104,7 +104,11 @@ class OrtChunkRunner:
     def close(self) -> None:
         """Nothing to release: the session lives as long as the runner."""
 
-    def step(
+    def step(self, inputs: ChunkStepInputs) -> ChunkStep:
+        """Shapes in ``ChunkStepInputs``; the graph takes the batch's caches gathered."""
+        return self._run(*inputs.graph_inputs())
+
+    def _run(
         self,
         xs: torch.Tensor,
         offsets: torch.Tensor,
@@ -112,12 +116,7 @@ class OrtChunkRunner:
         cache_pos: torch.Tensor,
         cache_mask: torch.Tensor,
         cnn_cache: torch.Tensor,
-        rows: torch.Tensor | None = None,
     ) -> ChunkStep:
-        """Shapes as `forward_chunk_batch`: xs (B, T_in, n_mels) raw fbank, offsets (B,) int64,
-        att_cache (L, B, H, W, 2*d_k), cache_pos (B, W) int64, cache_mask (B, W) bool,
-        cnn_cache (L, B, D, K-1)."""
-        att_cache, cnn_cache = batch_caches(att_cache, cnn_cache, rows)
         feeds = {
             "xs": _numpy(xs.float()),
             "offsets": _numpy(offsets.long()),
@@ -141,7 +140,7 @@ class OrtChunkRunner:
         cnn_cache: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(ys (B, C, D), new_kv (L, B, H, C, 2*d_k), new_cnn (L, B, D, K-1)), as forward_chunk_batch."""
-        step = self.step(xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache)
+        step = self._run(xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache)
         return step.ys, step.new_kv, step.new_cnn
 
 

@@ -1,7 +1,8 @@
-"""The contract between the engine and a backend: ``ChunkRunner`` and its output ``ChunkStep``.
+"""The contract between the engine and a backend: ``ChunkRunner``, its inputs ``ChunkStepInputs``
+and its output ``ChunkStep``.
 
-A runner takes B streams' chunk features and gathered caches and returns encoder output, CTC
-log-probs and the chunk's new caches. Backends live in their own modules (``torch_runner``,
+A runner takes B streams' chunk features and caches and returns encoder output, CTC log-probs
+and the chunk's new caches. Backends live in their own modules (``torch_runner``,
 ``onnxruntime``, ``tensorrt``, ``cudagraph``); ``registry.make_runner`` picks one by name.
 """
 
@@ -10,6 +11,42 @@ from __future__ import annotations
 from typing import NamedTuple, Protocol
 
 import torch
+
+
+class ChunkStepInputs(NamedTuple):
+    """Inputs of one batched chunk step: B streams, T_in fbank frames each, W cached encoder
+    frames (L layers, H heads, D model dims, K conv kernel). The first six are
+    ``U2Encoder.forward_chunk_batch``'s arguments in its order (see it for their meaning), and
+    the exported graphs' inputs (``onnx_graph.CHUNK_INPUTS``).
+
+    The caches are either exactly the batch's (``rows`` None: dim 1 is B) or a whole pool's of S
+    slots (dim 1 is S) with ``rows`` the batch's rows of it (``cache_rows``).
+    """
+
+    xs: torch.Tensor  # (B, T_in, n_mels) raw fbank
+    offsets: torch.Tensor  # (B,) int64 encoder-frame index of each stream's first new frame
+    att_cache: torch.Tensor  # (L, B or S, H, W, 2*d_k) cached keys|values
+    cache_pos: torch.Tensor  # (B, W) int64 encoder-frame index of each cached frame
+    cache_mask: torch.Tensor  # (B, W) bool, True where the cached frame is valid
+    cnn_cache: torch.Tensor  # (L, B or S, D, K-1)
+    rows: torch.Tensor | None = None  # (B,) int64 the batch's rows of a pool's caches
+
+    def gathered(self) -> ChunkStepInputs:
+        """The same step with the batch's caches only (copies of the pool's ``rows``) and no
+        rows, for backends whose graphs take them gathered; these inputs where they already are."""
+        if self.rows is None:
+            return self
+        return self._replace(
+            att_cache=self.att_cache.index_select(1, self.rows),
+            cnn_cache=self.cnn_cache.index_select(1, self.rows),
+            rows=None,
+        )
+
+    def graph_inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The six tensors an exported graph takes (``onnx_graph.CHUNK_INPUTS``, in its order),
+        with the batch's caches gathered."""
+        batch = self.gathered()
+        return batch.xs, batch.offsets, batch.att_cache, batch.cache_pos, batch.cache_mask, batch.cnn_cache
 
 
 class ChunkStep(NamedTuple):
@@ -28,7 +65,8 @@ class ChunkRunner(Protocol):
 
     ``reads_pool``: whether ``step`` is best given the whole cache pool and the batch's ``rows``
     (it reads each layer's rows where they lie: the torch backends); otherwise the caller
-    gathers the batch's caches first (into a reused buffer). Every backend accepts both.
+    gathers the batch's caches first (into a reused buffer). Every backend accepts both
+    (``ChunkStepInputs``).
     """
 
     reads_pool: bool
@@ -39,32 +77,11 @@ class ChunkRunner(Protocol):
         backends trace a graph for it); a step of any other shape must still run."""
         ...
 
-    def step(
-        self,
-        xs: torch.Tensor,
-        offsets: torch.Tensor,
-        att_cache: torch.Tensor,
-        cache_pos: torch.Tensor,
-        cache_mask: torch.Tensor,
-        cnn_cache: torch.Tensor,
-        rows: torch.Tensor | None = None,
-    ) -> ChunkStep:
-        """One batched chunk step; see ``U2Encoder.forward_chunk_batch`` for the argument shapes.
-        ``rows`` (B,) int64: att_cache and cnn_cache are a pool's (L, S, ...) and these are the
-        batch's rows of it (``cache_rows``); None: they hold exactly the batch's caches."""
+    def step(self, inputs: ChunkStepInputs) -> ChunkStep:
+        """One batched chunk step (shapes in ``ChunkStepInputs``)."""
         ...
 
     def close(self) -> None:
         """Release what the runner holds beyond its weights (helper threads); a later step may
         start them again."""
         ...
-
-
-def batch_caches(
-    att_cache: torch.Tensor, cnn_cache: torch.Tensor, rows: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The batch's caches of ``ChunkRunner.step``'s arguments, for backends whose graphs take
-    them gathered (copies of the pool's ``rows``; the arguments themselves without rows)."""
-    if rows is None:
-        return att_cache, cnn_cache
-    return att_cache.index_select(1, rows), cnn_cache.index_select(1, rows)

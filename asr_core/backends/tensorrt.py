@@ -25,7 +25,7 @@ import torch
 
 from asr_core.audio_io import read_wav
 from asr_core.backends.onnx_graph import CHUNK_INPUTS, CHUNK_OUTPUTS, cached_chunk_graph, cpu_float_copy
-from asr_core.backends.runner import ChunkStep, batch_caches
+from asr_core.backends.runner import ChunkStep, ChunkStepInputs
 from asr_core.frontend import compute_fbank
 from asr_core.model.loader import LoadedModel
 from asr_core.stream import chunk_input_frames
@@ -74,9 +74,7 @@ def calibration_inputs(
     with torch.inference_mode():
         for wav in wavs:
             fbank = torch.from_numpy(compute_fbank(read_wav(wav).samples))  # (T, n_mels)
-            pool = KvPool(
-                1, loaded.num_blocks, loaded.heads, loaded.d_k, window, loaded.d_model, loaded.cnn_cache_frames
-            )
+            pool = KvPool(1, loaded.cache_geometry(window))
             slot = torch.tensor([pool.allocate(window)])
             offset = 0
             for start, end in encoder.chunk_windows(fbank.size(0), chunk):
@@ -249,23 +247,14 @@ class TensorRTChunkRunner:
     def close(self) -> None:
         """Nothing to release: the engine and its contexts live as long as the runner."""
 
-    def step(
-        self,
-        xs: torch.Tensor,
-        offsets: torch.Tensor,
-        att_cache: torch.Tensor,
-        cache_pos: torch.Tensor,
-        cache_mask: torch.Tensor,
-        cnn_cache: torch.Tensor,
-        rows: torch.Tensor | None = None,
-    ) -> ChunkStep:
-        """Shapes as ``forward_chunk_batch``; all inputs on the CUDA device."""
-        att_cache, cnn_cache = batch_caches(att_cache, cnn_cache, rows)
+    def step(self, inputs: ChunkStepInputs) -> ChunkStep:
+        """Shapes in ``ChunkStepInputs``; all inputs on the CUDA device."""
+        xs = inputs.xs
         batch = xs.size(0)
         _, context = self._context(batch)
         outputs: dict[str, torch.Tensor] = {}
         keep: list[torch.Tensor] = []
-        for name, value in zip(CHUNK_INPUTS, (xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache), strict=True):
+        for name, value in zip(CHUNK_INPUTS, inputs.graph_inputs(), strict=True):
             wanted = _TORCH_DTYPES[self.engine.get_tensor_dtype(name)]
             tensor = value.to(dtype=wanted).contiguous()
             keep.append(tensor)
@@ -281,6 +270,6 @@ class TensorRTChunkRunner:
         return ChunkStep(
             outputs["ys"].to(xs.dtype),
             outputs["log_probs"].float(),
-            outputs["new_kv"].to(att_cache.dtype),
-            outputs["new_cnn"].to(cnn_cache.dtype),
+            outputs["new_kv"].to(inputs.att_cache.dtype),
+            outputs["new_cnn"].to(inputs.cnn_cache.dtype),
         )

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from asr_core.backends.quantize import Bf16Convs, int8_linears, native_bf16_cpu
-from asr_core.backends.runner import ChunkStep
+from asr_core.backends.runner import ChunkStep, ChunkStepInputs
 from asr_core.backends.traced import TorchStep, TracedSteps
 from asr_core.model.ctc import CTC
 from asr_core.model.encoder import U2Encoder
@@ -69,44 +69,33 @@ class TorchChunkRunner:
             self.traced.expect(input_frames, window)
 
     @torch.inference_mode()
-    def step(
-        self,
-        xs: torch.Tensor,
-        offsets: torch.Tensor,
-        att_cache: torch.Tensor,
-        cache_pos: torch.Tensor,
-        cache_mask: torch.Tensor,
-        cnn_cache: torch.Tensor,
-        rows: torch.Tensor | None = None,
-    ) -> ChunkStep:
-        if rows is None:
-            rows = torch.arange(xs.size(0), device=xs.device)
-        inputs = (xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache, rows)
+    def step(self, inputs: ChunkStepInputs) -> ChunkStep:
+        if inputs.rows is None:
+            inputs = inputs._replace(rows=torch.arange(inputs.xs.size(0), device=inputs.xs.device))
         out = None
         if self.traced is not None:
             out = self._split_step(inputs) if self.step_threads > 1 else None
             if out is None:
-                out = self.traced(*inputs)
+                out = self.traced(inputs)
         if out is None:
             out = self.eager(*inputs)
         return ChunkStep(*out)
 
-    def _split_step(self, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...] | None:
+    def _split_step(self, inputs: ChunkStepInputs) -> tuple[torch.Tensor, ...] | None:
         """The traced step on parts of the batch at once; None where it does not apply (a batch
         too small to split, a shape without a graph yet, or a part the graphs decline)."""
         traced = self.traced
         assert traced is not None
-        xs, _, att_cache = inputs[:3]
-        batch = xs.size(0)
+        batch = inputs.xs.size(0)
         parts = min(self.step_threads, batch // SPLIT_MIN_STREAMS)
-        if parts < 2 or not traced.has_graph(xs.size(1), att_cache.size(3), xs.dtype):
+        if parts < 2 or not traced.has_graph(inputs.xs.size(1), inputs.att_cache.size(3), inputs.xs.dtype):
             return None
         if self._helpers is None:
             self._helpers = ThreadPoolExecutor(self.step_threads - 1, thread_name_prefix="asr-step")
         bounds = [batch * i // parts for i in range(parts + 1)]
         pieces = [_batch_slice(inputs, start, end) for start, end in itertools.pairwise(bounds)]
         futures = [self._helpers.submit(_run_inference, traced, piece) for piece in pieces[1:]]
-        outs = [traced(*pieces[0]), *(future.result() for future in futures)]
+        outs = [traced(pieces[0]), *(future.result() for future in futures)]
         if any(out is None for out in outs):
             return None
         ys, log_probs, new_kv, new_cnn = zip(*outs, strict=True)
@@ -124,15 +113,18 @@ SPLIT_MIN_STREAMS = 8
 a second core gains."""
 
 
-def _batch_slice(inputs: tuple[torch.Tensor, ...], start: int, end: int) -> tuple[torch.Tensor, ...]:
+def _batch_slice(inputs: ChunkStepInputs, start: int, end: int) -> ChunkStepInputs:
     """Streams start..end of a step's inputs (the pool's caches whole, their rows sliced)."""
-    xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache, rows = inputs
-    return (
-        xs[start:end], offsets[start:end], att_cache, cache_pos[start:end], cache_mask[start:end], cnn_cache,
-        rows[start:end],
-    )  # fmt: skip
+    assert inputs.rows is not None  # the torch runner steps read the pool
+    return inputs._replace(
+        xs=inputs.xs[start:end],
+        offsets=inputs.offsets[start:end],
+        cache_pos=inputs.cache_pos[start:end],
+        cache_mask=inputs.cache_mask[start:end],
+        rows=inputs.rows[start:end],
+    )
 
 
-def _run_inference(traced: TracedSteps, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...] | None:
+def _run_inference(traced: TracedSteps, inputs: ChunkStepInputs) -> tuple[torch.Tensor, ...] | None:
     with torch.inference_mode():  # per thread
-        return traced(*inputs)
+        return traced(inputs)

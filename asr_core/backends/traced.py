@@ -29,6 +29,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from asr_core.backends.runner import ChunkStepInputs
 from asr_core.model.ctc import CTC
 from asr_core.model.encoder import U2Encoder
 from asr_core.model.inference import serving_trace
@@ -104,19 +105,12 @@ class TracedSteps:
         threads may run it at once)."""
         return (input_frames, window, dtype) in self._graphs
 
-    def __call__(
-        self,
-        xs: Tensor,
-        offsets: Tensor,
-        att_cache: Tensor,
-        cache_pos: Tensor,
-        cache_mask: Tensor,
-        cnn_cache: Tensor,
-        rows: Tensor,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+    def __call__(self, inputs: ChunkStepInputs) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
         """The step's (ys, log_probs, new_kv, new_cnn), or None: not a declared shape, a
-        position beyond the graphs' table, or tracing failed for this shape."""
-        t_in, window = xs.size(1), att_cache.size(3)
+        position beyond the graphs' table, or tracing failed for this shape. ``inputs.rows`` is
+        set: the graphs read the pool's rows (``TorchStep``)."""
+        xs, offsets = inputs.xs, inputs.offsets
+        t_in, window = xs.size(1), inputs.att_cache.size(3)
         max_offset = int(offsets.max()) if offsets.numel() else 0
         if max_offset + self.subsampling.output_length(t_in) > self.position_limit:
             return None
@@ -129,16 +123,16 @@ class TracedSteps:
             with self._trace_lock:
                 graph = self._graphs.get(key)
                 if graph is None and key not in self._failed:
-                    graph = self._trace(key, (xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache, rows))
+                    graph = self._trace(key, inputs)
             if graph is None:
                 return None
         # No profiling-executor passes on top of freezing: re-optimizing for batch sizes it
         # had not seen stalled single steps by hundreds of ms in the micro-benchmark.
         with torch.jit.optimized_execution(False):
-            return graph(xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache, rows)
+            return graph(*inputs)
 
     def _trace(
-        self, key: ShapeKey, example: tuple[Tensor, ...]
+        self, key: ShapeKey, example: ChunkStepInputs
     ) -> Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]] | None:
         started = time.perf_counter()
         try:
@@ -154,7 +148,7 @@ class TracedSteps:
                 # records their values as constants rather than the ops that build them (some,
                 # such as int8 matmuls on constants, are not folded by freezing).
                 self.module(*example)
-                traced = torch.jit.trace(self.module, example, check_trace=False)
+                traced = torch.jit.trace(self.module, tuple(example), check_trace=False)
                 graph = torch.jit.freeze(traced.eval())
         except Exception:  # a model the tracer cannot follow still runs, eagerly
             log.exception("tracing the chunk step for input shape %s failed; it runs eagerly", key[:2])

@@ -147,7 +147,7 @@ class TransformerDecoder(nn.Module):
         tree_mask: Tensor,
         memory_rows: Tensor | None = None,
     ) -> Tensor:
-        """Decode every prefix of a prefix tree at once (``rescoring.attention.PrefixTree``).
+        """Decode every prefix of a prefix tree at once (``rescoring.packing.PrefixTree``).
 
         memory: (S, T', D); memory_mask: (S, 1, T') bool; tokens: (S, N) int64, the token of
         each tree node (the root is sos); positions: (S, N) or (N,) int64, each node's depth;

@@ -14,6 +14,7 @@ from asr_core.model.asr_model import ASRModel
 from asr_core.model.cmvn import GlobalCMVN, load_cmvn
 from asr_core.model.config import ModelConfig, load_model_config
 from asr_core.model.errors import ModelLoadError
+from kv_ring import CacheGeometry
 
 SINUSOID_BUFFERS = (
     "encoder.embed.pos_enc.pe",
@@ -52,6 +53,10 @@ class LoadedModel:
     def sample_rate(self) -> int:
         """Hz of the audio the model takes (its fbank's rate): 16000, or 8000 for telephony."""
         return self.frontend.sample_rate
+
+    def cache_geometry(self, window: int, dtype: torch.dtype = torch.float32) -> CacheGeometry:
+        """A cache slot of this model's encoder that keeps ``window`` encoder frames."""
+        return CacheGeometry(self.num_blocks, self.heads, self.d_k, window, self.d_model, self.cnn_cache_frames, dtype)
 
 
 def load_units(path: Path) -> list[str]:

@@ -111,7 +111,8 @@ def decode_streaming(
     The finals are "rescore", or "joint" with ``attention_beam`` > 0; ``context``: every
     stream's hotwords (as a route's list reaches its calls' finals)."""
     from asr_core.endpoint import EndpointRules
-    from asr_core.engine import Engine, EngineOptions, resolve_dtype
+    from asr_core.engine import Engine
+    from asr_core.engine_options import EngineOptions, resolve_dtype
     from asr_core.events import Event, Final, Partial
     from asr_core.stream import StreamConfig
 

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from asr_common import allocator
-from asr_core.backends import ChunkRunner, make_runner
+from asr_core.backends import ChunkRunner, ChunkStepInputs, make_runner
 from asr_core.backends.traced import POSITION_LIMIT
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_core.stream import chunk_input_frames
@@ -43,8 +43,8 @@ FIRST_OFFSET = 1000
 
 def step_inputs(
     loaded: LoadedModel, batch: int, chunk: int, window: int, position_limit: int | None = None
-) -> dict[str, torch.Tensor]:
-    """Arguments of ``ChunkRunner.step`` for ``batch`` streams in steady state (full windows);
+) -> ChunkStepInputs:
+    """Inputs of ``ChunkRunner.step`` for ``batch`` streams in steady state (full windows);
     with ``position_limit`` every stream's chunk ends below that encoder frame."""
     g = torch.Generator().manual_seed(batch)
     rate = loaded.subsampling
@@ -56,43 +56,44 @@ def step_inputs(
     ring = torch.arange(window, dtype=torch.int64)  # (W,)
     newest = offsets.unsqueeze(1) - 1  # (B, 1)
     cache_pos = newest - (newest - ring) % window  # (B, W) the frame at each ring index
-    return {
-        "xs": 10.0 + 3.0 * torch.randn(batch, t_in, 80, generator=g),
-        "offsets": offsets,
-        "att_cache": torch.randn(loaded.num_blocks, batch, loaded.heads, window, 2 * loaded.d_k, generator=g),
-        "cache_pos": cache_pos,
-        "cache_mask": torch.ones(batch, window, dtype=torch.bool),
-        "cnn_cache": torch.randn(loaded.num_blocks, batch, loaded.d_model, loaded.cnn_cache_frames, generator=g),
-    }
+    return ChunkStepInputs(
+        xs=10.0 + 3.0 * torch.randn(batch, t_in, 80, generator=g),
+        offsets=offsets,
+        att_cache=torch.randn(loaded.num_blocks, batch, loaded.heads, window, 2 * loaded.d_k, generator=g),
+        cache_pos=cache_pos,
+        cache_mask=torch.ones(batch, window, dtype=torch.bool),
+        cnn_cache=torch.randn(loaded.num_blocks, batch, loaded.d_model, loaded.cnn_cache_frames, generator=g),
+    )
 
 
-def in_pool(inputs: dict[str, torch.Tensor], seed: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def in_pool(inputs: ChunkStepInputs, seed: int) -> tuple[ChunkStepInputs, torch.Tensor]:
     """``inputs`` with its caches as random rows of a pool of twice the batch; returns the
-    pooled inputs and the rows."""
+    pooled inputs (with those rows) and the rows."""
     g = torch.Generator().manual_seed(seed)
-    batch = inputs["xs"].size(0)
+    batch = inputs.xs.size(0)
     rows = torch.randperm(2 * batch, generator=g)[:batch]
-    pooled = dict(inputs)
-    for name in ("att_cache", "cnn_cache"):
-        cache = inputs[name]
+
+    def pooled(cache: torch.Tensor) -> torch.Tensor:
         pool = torch.zeros((cache.size(0), 2 * batch, *cache.shape[2:]), dtype=cache.dtype)
         pool[:, rows] = cache
-        pooled[name] = pool
-    return pooled, rows
+        return pool
+
+    return inputs._replace(att_cache=pooled(inputs.att_cache), cnn_cache=pooled(inputs.cnn_cache), rows=rows), rows
 
 
-def time_calls(runner: ChunkRunner, inputs: dict[str, torch.Tensor], warmup: int, repeat: int) -> list[float]:
+def time_calls(runner: ChunkRunner, inputs: ChunkStepInputs, warmup: int, repeat: int) -> list[float]:
     """Milliseconds of each of ``repeat`` calls after ``warmup`` untimed ones, each with the
     engine's hand-over of the pool's rows (see the module docstring)."""
-    pooled, rows = in_pool(inputs, seed=inputs["xs"].size(0))
-    buffers = {name: torch.empty_like(inputs[name]) for name in ("att_cache", "cnn_cache")}
+    pooled, rows = in_pool(inputs, seed=inputs.xs.size(0))
+    att_buffer, cnn_buffer = torch.empty_like(inputs.att_cache), torch.empty_like(inputs.cnn_cache)
 
     def call() -> None:
         if runner.reads_pool:
-            runner.step(**pooled, rows=rows)
+            runner.step(pooled)
             return
-        gathered = {name: torch.index_select(pooled[name], 1, rows, out=buffers[name]) for name in buffers}
-        runner.step(**{**pooled, **gathered})
+        att = torch.index_select(pooled.att_cache, 1, rows, out=att_buffer)
+        cnn = torch.index_select(pooled.cnn_cache, 1, rows, out=cnn_buffer)
+        runner.step(pooled._replace(att_cache=att, cnn_cache=cnn, rows=None))
 
     for _ in range(warmup):
         call()

@@ -34,11 +34,12 @@ from asr_core.backends import BACKENDS
 from asr_core.context_graph import DEFAULT_BONUS, ContextGraph, HotwordsError, load_graph, load_phrases
 from asr_core.ctc_search import ctc_greedy_batch
 from asr_core.endpoint import EndpointRules
-from asr_core.engine import DTYPES, Engine, EngineOptions, resolve_dtype
+from asr_core.engine import Engine
+from asr_core.engine_options import DTYPES, EngineOptions, resolve_dtype
 from asr_core.events import Event, Final
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_core.stream import StreamConfig
-from rescoring.attention import PrefixTree
+from rescoring.packing import PrefixTree
 from rtp.leg import DEFAULT_RESAMPLE_BATCH_MS
 
 # The service hands each call's audio to the engine in the RTP leg's resampler batches, so the
@@ -225,7 +226,7 @@ def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray)
         # Tokens of the finals per second of audio: the decoding work the finals represent.
         "final_tokens_per_s": round(sum(len(f.tokens) for f in finals) / audio_s, 2),
         # Decoder rows of the finals' rescoring per second of audio: the left-to-right and the
-        # right-to-left prefix trees of each n-best (rescoring.attention.PrefixTree).
+        # right-to-left prefix trees of each n-best (rescoring.packing.PrefixTree).
         "rescore_tree_nodes_per_s": round(sum(_tree_nodes(f) for f in finals) / audio_s, 2),
         "behind_realtime_chunks": stats.behind_realtime_chunks,
         "drain_s": round(drain_s, 3),

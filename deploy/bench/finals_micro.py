@@ -34,7 +34,8 @@ import torch
 
 from asr_common import allocator
 from asr_core.backends import rescoring_decoder
-from asr_core.engine import Engine, EngineOptions
+from asr_core.engine import Engine
+from asr_core.engine_options import EngineOptions
 from asr_core.finals import FinalRequest, FinalResult, FinalSearch, FinalSettings
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_core.stream import StreamConfig

@@ -21,6 +21,7 @@ Prints one JSON object.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import random
@@ -28,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +40,8 @@ from asr_core.backends import rescoring_decoder
 from asr_core.ctc_search import Hypothesis
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from deploy.bench.make_random_model import ARCHS, make_random_model
-from rescoring.attention import MAX_CALL_POSITIONS, PADDING_SLACK, attention_rescore
+from rescoring.attention import attention_rescore
+from rescoring.packing import MAX_CALL_POSITIONS, PADDING_SLACK
 
 CHARS_PER_FRAME = 0.16  # ~4 characters per second at 40 ms frames
 
@@ -71,27 +74,23 @@ def utterances(
     return outs, nbests
 
 
-class CopiedMemory:
-    """The decoder fed one copy of the memory per hypothesis row (the baseline)."""
+@contextlib.contextmanager
+def copied_memory(decoder: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """``decoder`` fed one copy of the memory per hypothesis row (the baseline): inside, each of
+    its calls gets the memory and its mask indexed by the call's ``memory_rows``, and no rows."""
 
-    def __init__(self, decoder: torch.nn.Module) -> None:
-        self.decoder = decoder
+    def per_row(
+        _module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        memory, memory_mask, *rest = args
+        rows = kwargs.pop("memory_rows")
+        return (memory[rows], memory_mask[rows], *rest), kwargs
 
-    def __call__(
-        self,
-        memory: torch.Tensor,
-        memory_mask: torch.Tensor,
-        ys_in_pad: torch.Tensor,
-        ys_in_lens: torch.Tensor,
-        r_ys_in_pad: torch.Tensor,
-        reverse_weight: float,
-        *,
-        memory_rows: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        out: tuple[torch.Tensor, torch.Tensor] = self.decoder(
-            memory[memory_rows], memory_mask[memory_rows], ys_in_pad, ys_in_lens, r_ys_in_pad, reverse_weight
-        )
-        return out
+    hook = decoder.register_forward_pre_hook(per_row, with_kwargs=True)
+    try:
+        yield decoder
+    finally:
+        hook.remove()
 
 
 def time_rescoring(
@@ -119,9 +118,10 @@ def run(loaded: LoadedModel, streams: int, beam: int, warmup: int, repeat: int, 
     results: dict[str, Any] = {"streams": streams, "beam": beam, "speech_s": round(seconds, 2)}
     for name, decoder in decoders.items():
         times, cpu_times = time_rescoring(decoder, outs, nbests, loaded, PADDING_SLACK, warmup, repeat)
-        _, baseline = time_rescoring(
-            CopiedMemory(decoder), outs, nbests, loaded, math.inf, warmup, repeat, positions=math.inf
-        )
+        with copied_memory(decoder) as copying:
+            _, baseline = time_rescoring(
+                copying, outs, nbests, loaded, math.inf, warmup, repeat, positions=math.inf, prefix_tree=False
+            )
         _, padded = time_rescoring(decoder, outs, nbests, loaded, PADDING_SLACK, warmup, repeat, prefix_tree=False)
         best = min(cpu_times)
         results[name] = {

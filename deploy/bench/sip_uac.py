@@ -34,7 +34,8 @@ import numpy as np
 from rtp import g711
 from rtp.g722 import G722Encoder
 from sip.errors import SipParseError
-from sip.message import Headers, NameAddr, Request, Response, parse
+from sip.header_values import NameAddr
+from sip.message import Headers, Request, Response, parse
 from sip.sdp import SessionDescription
 
 PACKET_MS = 20

@@ -49,6 +49,7 @@ from asr_core.backends.onnx_graph import (
     quantize_int8,
 )
 from asr_core.backends.onnxruntime import DECODER_INPUTS, OrtChunkRunner, OrtDecoderRunner
+from asr_core.backends.runner import ChunkStepInputs
 from asr_core.frontend import compute_fbank
 from asr_core.model.decoder import BiTransformerDecoder
 from asr_core.model.loader import LoadedModel, load_wenet_model
@@ -146,21 +147,33 @@ def _max_abs(a: Tensor, b: Tensor) -> float:
     return float((a.float() - b.float()).abs().max()) if a.numel() else 0.0
 
 
+ChunkStepFn = Callable[[ChunkStepInputs], tuple[Tensor, Tensor, Tensor, Tensor]]
+"""A chunk step: a runner's ``step`` or ``torch_step``'s reference."""
+
+
+def torch_step(loaded: LoadedModel) -> ChunkStepFn:
+    """The exported graph's torch module (``ChunkStepGraph``), the reference the ONNX graphs are
+    checked against, as a ``ChunkStepFn``."""
+    graph = ChunkStepGraph(loaded).eval()
+
+    def step(inputs: ChunkStepInputs) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        with torch.no_grad():
+            return graph(*inputs.graph_inputs())
+
+    return step
+
+
 def check_random(loaded: LoadedModel, runner: OrtChunkRunner) -> dict[str, float]:
     """Largest |ONNX - torch| over random chunk steps of several batch, chunk and cache sizes."""
     errors = dict.fromkeys(CHUNK_OUTPUTS, 0.0)
-    graph = ChunkStepGraph(loaded).eval()
+    reference = torch_step(loaded)
     for seed, (batch, chunk, window) in enumerate(((1, 4, 8), (4, 16, 64), (6, 8, 5))):
-        example = chunk_example(loaded, batch, chunk, window, seed + 1)
-        with torch.no_grad():
-            want = graph(*example)
-        got = runner.step(*example)
+        example = ChunkStepInputs(*chunk_example(loaded, batch, chunk, window, seed + 1))
+        want = reference(example)
+        got = runner.step(example)
         for name, a, b in zip(CHUNK_OUTPUTS, got, want, strict=True):
             errors[name] = max(errors[name], _max_abs(a, b))
     return errors
-
-
-ChunkStepFn = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor, Tensor]]
 
 
 def stream_through_pool(
@@ -170,9 +183,7 @@ def stream_through_pool(
 
     Returns (encoder output (T', D), CTC log-probs (T', V)).
     """
-    pool = KvPool(
-        1, loaded.num_blocks, loaded.heads, loaded.d_k, chunk * left_chunks, loaded.d_model, loaded.cnn_cache_frames
-    )
+    pool = KvPool(1, loaded.cache_geometry(chunk * left_chunks))
     slot = torch.tensor([pool.allocate(chunk * left_chunks)])
     outputs: list[Tensor] = []
     log_probs: list[Tensor] = []
@@ -182,7 +193,7 @@ def stream_through_pool(
             view = pool.gather(slot)
             offsets = torch.tensor([offset])
             ys, logp, new_kv, new_cnn = step(
-                fbank[start:end].unsqueeze(0), offsets, view.att, view.pos, view.mask, view.cnn
+                ChunkStepInputs(fbank[start:end].unsqueeze(0), offsets, view.att, view.pos, view.mask, view.cnn)
             )
             pool.write(slot, new_kv, offset + torch.arange(ys.size(1)).unsqueeze(0), new_cnn)
             outputs.append(ys[0])
@@ -196,14 +207,14 @@ def check_audio(
 ) -> dict[str, dict[str, float]]:
     """Stream each WAV through torch and each ONNX runner; per runner the largest differences
     of the encoder output and log-probs, and the share of frames whose best CTC token agrees."""
-    graph = ChunkStepGraph(loaded).eval()
+    reference = torch_step(loaded)
     report: dict[str, dict[str, float]] = {
         name: {"ys": 0.0, "log_probs": 0.0, "argmax_agreement": 1.0} for name in runners
     }
     for wav in wavs:
         audio = read_wav(wav, loaded.frontend.sample_rate).samples  # at the model's own rate
         fbank = torch.from_numpy(compute_fbank(audio, loaded.frontend))  # (T, n_mels)
-        want_ys, want_logp = stream_through_pool(graph, loaded, fbank, chunk, left_chunks)
+        want_ys, want_logp = stream_through_pool(reference, loaded, fbank, chunk, left_chunks)
         for name, runner in runners.items():
             ys, logp = stream_through_pool(runner.step, loaded, fbank, chunk, left_chunks)
             entry = report[name]
@@ -239,8 +250,7 @@ def check_testset(
     """
     from deploy.bench.accuracy import read_testset
 
-    graph = ChunkStepGraph(loaded).eval()
-    steps: dict[str, ChunkStepFn] = {"torch": graph, **{name: r.step for name, r in runners.items()}}
+    steps: dict[str, ChunkStepFn] = {"torch": torch_step(loaded), **{name: r.step for name, r in runners.items()}}
     errors = dict.fromkeys(steps, 0)
     items = read_testset(testset, loaded.frontend)
     ref_chars = sum(len(scoring_text(text)) for _, text, _ in items)
