@@ -251,6 +251,7 @@ HOSTILE = {
     "hardlink out": [member(f"{TOP}/evil", tarfile.LNKTYPE, "../x")],
     "device": [member(f"{TOP}/dev", tarfile.CHRTYPE)],
     "fifo": [member(f"{TOP}/fifo", tarfile.FIFOTYPE)],
+    "file as directory": [member(f"{TOP}/final.pt/x")],
 }
 
 

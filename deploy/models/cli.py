@@ -26,7 +26,6 @@ from typing import Any
 import torch
 
 from asr_core.audio_io import AudioError
-from asr_core.backends.registry import BACKENDS
 from asr_core.model.errors import ModelLoadError
 from asr_core.model.loader import load_wenet_model
 from deploy.models import check, store
@@ -37,6 +36,7 @@ from deploy.models.layout import RUNTIME_EXPORT
 from deploy.models.unpack import UnpackLimits
 
 PROG = "asr-model"
+CPU_BACKENDS = ("torch", "torch-int8")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,7 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="chunk sizes to self-test (default: all)",
     )  # fmt: skip
     checking.add_argument("--wav", type=Path, help="recording for the self-test (default: a bundled 8 kHz call)")
-    checking.add_argument("--backend", default="torch", choices=BACKENDS, help="engine backend (default: torch)")
+    checking.add_argument(
+        "--backend", default="torch", choices=CPU_BACKENDS,
+        help="engine backend on the CPU (default: torch, float32, as asr-transcribe; torch-int8 is the service's)",
+    )  # fmt: skip
     checking.add_argument("--no-self-test", action="store_true", help="only describe the model")
     checking.add_argument("--json", action="store_true", help="one JSON object")
     return parser
@@ -88,6 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exception(exc, file=sys.stderr)
         message = " ".join(str(exc).split())
         print(f"{PROG}: error: {message}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the disk: full, read-only, no permission
+        print(f"{PROG}: error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted (a partial download is kept; the next pull resumes it)", file=sys.stderr)

@@ -68,6 +68,8 @@ def unpack(archive: Path, dest: Path, limits: UnpackLimits = DEFAULT_UNPACK_LIMI
         raise ModelStoreError(
             f"{archive}: truncated or corrupt archive ({exc or type(exc).__name__}); fetch or copy it again"
         ) from None
+    except (FileExistsError, NotADirectoryError) as exc:
+        raise ModelStoreError(f"{archive}: refused: members conflict at {exc.filename}") from None
     except OSError as exc:
         if exc.errno is None:  # gzip's BadGzipFile and similar: the bytes, not the disk
             raise ModelStoreError(f"{archive}: corrupt archive ({exc}); fetch or copy it again") from None
