@@ -200,7 +200,7 @@ def test_pull_refuses_a_truncated_archive(server: tuple[str, Served], tmp_path: 
     assert not list((tmp_path / DOWNLOADS).iterdir())  # and no archive that would be refused again
 
 
-def test_pull_refuses_a_file_over_the_size_limit_and_reports_http_errors(
+def test_pull_refuses_a_file_over_the_size_limit_and_reports_http_and_connection_errors(
     server: tuple[str, Served], tmp_path: Path
 ) -> None:
     base, served = server
@@ -210,6 +210,8 @@ def test_pull_refuses_a_file_over_the_size_limit_and_reports_http_errors(
              download_limits=DownloadLimits(max_bytes=1000))  # fmt: skip
     with pytest.raises(ModelStoreError, match="HTTP 404"):
         pull(entry(f"{base}/gone.tar.gz"), tmp_path, replace=False, progress=io.StringIO())
+    with pytest.raises(ModelStoreError, match=r"cannot connect .*offline"):
+        pull(entry("http://127.0.0.1:1/m.tar.gz"), tmp_path, replace=False, progress=io.StringIO())
 
 
 # -- install: archives carried in ---------------------------------------------------------

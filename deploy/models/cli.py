@@ -184,7 +184,8 @@ def _print_report(
             print(f"  reference: {report['self_test_reference']}")
         for r in results:
             score = f"  CER {100 * r.cer:.1f} %" if r.cer is not None else ""
-            print(f"  {r.chunk_ms:>4} ms  RTF {r.rtf:.3f} ({r.decode_s:.2f} s for {r.audio_s:.2f} s){score}  {r.text}")
+            print(f"  {r.chunk_ms:>4} ms  RTF {r.rtf:.3f} ({r.decode_s:.2f} s for {r.audio_s:.2f} s), "
+                  f"CPU RTF {r.cpu_rtf:.3f}{score}  {r.text}")  # fmt: skip
 
 
 def _describe_text(r: dict[str, Any]) -> str:

@@ -25,6 +25,7 @@ BLOCK_BYTES = 1 << 20
 CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 UNSATISFIED_RANGE = re.compile(r"bytes \*/(\d+)")
 USER_AGENT = "hotline-asr asr-model"
+CANNOT_CONNECT = "cannot connect"
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,27 +101,28 @@ def download(
     ``limits.max_bytes``, or when ``sha256`` is given and does not match (the partial file is
     then removed: resuming it could only give the same bytes)."""
     part = target.with_name(target.name + ".part")
-    problems: list[str] = []
+    problems: dict[str, str] = {}  # url -> why its last try failed
     for url in urls:
         meter = Progress(progress, target.name)
         for _attempt in range(limits.attempts):
             try:
                 _fetch_once(url, part, limits, meter)
             except _Interrupted as exc:
-                problems.append(f"{url}: {exc}")
+                problems[url] = str(exc)
                 continue
             except ModelStoreError as exc:
-                problems.append(str(exc))
+                problems[url] = str(exc)
                 break
             meter.end()
             _verify(part, sha256)
             part.replace(target)
             return target
         meter.end()
-    raise ModelStoreError(
-        f"could not fetch {target.name}: {problems[-1] if problems else 'no URL'}"
-        f" ({len(problems)} failed tries; the partial file {part} is kept, the next pull resumes it)"
-    )
+    kept = f"; the partial file {part} is kept and the next pull resumes it" if part.exists() else ""
+    tried = "; ".join(f"{url}: {why}" for url, why in problems.items())
+    offline = all(why.startswith(CANNOT_CONNECT) for why in problems.values())
+    hint = "; offline? fetch the archive on a connected machine and use asr-model install" if offline else ""
+    raise ModelStoreError(f"could not fetch {target.name} ({tried}){kept}{hint}")
 
 
 def _verify(part: Path, sha256: str) -> None:
@@ -149,15 +151,15 @@ def _fetch_once(url: str, part: Path, limits: DownloadLimits, meter: Progress) -
         if exc.code == 416:
             part.unlink()  # our partial file is longer than the file: start again
             raise _Interrupted("the partial file did not fit the server's file; starting again") from None
-        raise ModelStoreError(f"{url}: HTTP {exc.code} {exc.reason}") from None
-    except (urllib.error.URLError, OSError) as exc:
+        raise ModelStoreError(f"HTTP {exc.code} {exc.reason}") from None
+    except (urllib.error.URLError, OSError) as exc:  # no answer at all: the next mirror, not a retry
         reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-        raise _Interrupted(f"cannot connect ({reason})") from None
+        raise ModelStoreError(f"{CANNOT_CONNECT} ({reason})") from None
     with response:
         if response.status == 206:
-            start, total = _content_range(response.headers.get("Content-Range", ""), url)
+            start, total = _content_range(response.headers.get("Content-Range", ""))
             if start != have:
-                raise ModelStoreError(f"{url}: asked for bytes from {have}, the server sent from {start}")
+                raise ModelStoreError(f"asked for bytes from {have}, the server sent from {start}")
             mode = "ab"
         else:
             have, mode = 0, "wb"  # 200: the server ignored the range, the body is the whole file
@@ -165,7 +167,7 @@ def _fetch_once(url: str, part: Path, limits: DownloadLimits, meter: Progress) -
             total = int(length) if length and length.isdigit() else None
         if total is not None and total > limits.max_bytes:
             raise ModelStoreError(
-                f"{url}: {total} bytes, more than the {limits.max_bytes} accepted (--max-bytes raises the limit)"
+                f"{total} bytes, more than the {limits.max_bytes} accepted (--max-bytes raises the limit)"
             )
         meter.begin(have)
         with part.open(mode) as out:
@@ -197,11 +199,11 @@ def _copy_body(
         meter.update(have, total)
 
 
-def _content_range(header: str, url: str) -> tuple[int, int | None]:
+def _content_range(header: str) -> tuple[int, int | None]:
     """``bytes START-END/TOTAL`` -> (START, TOTAL or None when the server gives ``*``)."""
     match = CONTENT_RANGE.fullmatch(header.strip())
     if match is None:
-        raise ModelStoreError(f"{url}: a 206 answer without a usable Content-Range ({header!r})")
+        raise ModelStoreError(f"a 206 answer without a usable Content-Range ({header!r})")
     return int(match.group(1)), None if match.group(3) == "*" else int(match.group(3))
 
 
