@@ -79,7 +79,7 @@ class RuntimeExportFacts:
     """What can be read from a TorchScript runtime export, and why it cannot be served."""
 
     model_dir: str
-    parameters: int  # float parameters plus int8-packed weights
+    parameters: int  # float parameters plus int8-packed Linear weights
     exported: dict[str, int | bool]  # WeNet's exported facts that the file has
     servable: bool
     advice: str
@@ -170,13 +170,17 @@ def describe_runtime_export(model_dir: Path) -> RuntimeExportFacts:
 
 
 def _torchscript_parameters(module: torch.jit.ScriptModule) -> int:
-    """Weights in the state dict: float tensors, and the tensors inside int8-packed Linears."""
-    total = 0
-    for value in module.state_dict().values():
-        if isinstance(value, torch.Tensor) and value.is_floating_point():
-            total += value.numel()
-        elif isinstance(value, tuple):
-            total += sum(part.numel() for part in value if isinstance(part, torch.Tensor))
+    """Float parameters, plus the weights and biases inside int8-packed Linears (WeNet's x86
+    exports are dynamically quantized: their Linears hold no ordinary parameters)."""
+    total = sum(p.numel() for p in module.parameters())
+    for sub in module.modules():
+        packed = getattr(sub, "_packed_params", None)  # a quantized Linear's packed weights
+        if isinstance(packed, torch.ScriptObject):
+            try:
+                weight, bias = torch.ops.quantized.linear_unpack(packed)
+            except RuntimeError:
+                continue  # packed params of another kind (a quantized conv): not counted
+            total += weight.numel() + (bias.numel() if bias is not None else 0)
     return total
 
 

@@ -152,6 +152,7 @@ def run_check(args: argparse.Namespace) -> int:
     if not args.no_self_test:
         wav, reference = (args.wav, None) if args.wav else check.bundled_recording()
         report["self_test_wav"] = str(wav)
+        report["self_test_recording"] = str(wav) if args.wav else f"the bundled call recording {wav.name}"
         report["self_test_reference"] = reference
         report["self_test_backend"] = args.backend
         report["torch_threads"] = torch.get_num_threads()
@@ -179,7 +180,7 @@ def _print_report(
     print(_describe_text(report))
     if results:
         print(f"self-test through the engine ({report['self_test_backend']}, {report['torch_threads']} torch threads, "
-              f"warm-up {warm_up_s:.1f} s): {report['self_test_wav']}")  # fmt: skip
+              f"warm-up {warm_up_s:.1f} s): {report['self_test_recording']}")  # fmt: skip
         if report["self_test_reference"]:
             print(f"  reference: {report['self_test_reference']}")
         for r in results:
