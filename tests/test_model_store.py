@@ -308,6 +308,9 @@ def test_install_from_a_read_only_directory_and_force(tmp_path: Path) -> None:
         install(MODEL, tmp_path / "models", "small", replace=False)
     assert_released(install(MODEL, tmp_path / "models", "small", replace=True))
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["small"]
+    for name in ("../small", ".hidden", "a/b"):
+        with pytest.raises(ModelStoreError, match="plain directory name"):
+            install(MODEL, tmp_path / "models", name, replace=False)
 
 
 def test_install_refuses_what_does_not_load(tmp_path: Path) -> None:

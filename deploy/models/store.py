@@ -64,7 +64,7 @@ def install(
     without the archive suffix)."""
     if not source.exists():
         raise ModelStoreError(f"{source}: no such file or directory")
-    dest = home / (name or _stem(source))
+    dest = home / _checked_name(name or _stem(source))
     if source.is_dir():
         return install_tree(find_model(source), dest, replace=replace, move=False, verify=_loads)
     return install_archive(source, dest, replace=replace, limits=limits)
@@ -94,6 +94,13 @@ def _archive_name(url: str) -> str:
     name = Path(unquote(urlparse(url).path)).name
     if not name.endswith(ARCHIVE_SUFFIXES):
         raise ModelStoreError(f"{url}: not an archive URL (expected one of {', '.join(ARCHIVE_SUFFIXES)})")
+    return name
+
+
+def _checked_name(name: str) -> str:
+    """A model's directory name: one path component, not hidden (ours start with a dot)."""
+    if not name or "/" in name or "\\" in name or name.startswith("."):
+        raise ModelStoreError(f"--name {name!r}: use a plain directory name (no '/', not starting with '.')")
     return name
 
 
