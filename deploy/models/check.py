@@ -98,6 +98,19 @@ class SelfTestResult:
     cer: float | None  # against the recording's reference, when it has one
 
 
+@dataclass(frozen=True, slots=True)
+class SelfTest:
+    """The self-test: the recording, how it ran, and one result per chunk size."""
+
+    wav: str
+    recording: str  # how to name it: the path, or the bundled recording's name
+    reference: str | None
+    backend: str
+    torch_threads: int
+    warm_up_s: float  # tracing the chunk steps, and one untimed second of audio
+    runs: tuple[SelfTestResult, ...]
+
+
 def describe(loaded: LoadedModel, model_dir: Path) -> ModelFacts:
     config = loaded.config
     enc, dec = config.encoder_conf, config.decoder_conf
@@ -194,9 +207,16 @@ def bundled_recording() -> tuple[Path, str]:
 
 
 def self_test(
-    loaded: LoadedModel, wav: Path, reference: str | None, chunk_sizes_ms: Sequence[int], backend: str = "torch"
-) -> tuple[float, list[SelfTestResult]]:
-    """Warm-up seconds (tracing the chunk steps, one untimed run), and one result per chunk size."""
+    loaded: LoadedModel, chunk_sizes_ms: Sequence[int], wav: Path | None = None, backend: str = "torch"
+) -> SelfTest:
+    """Run ``wav`` (default: the bundled call, scored against its reference) through the
+    engine once per chunk size."""
+    reference = None
+    if wav is None:
+        wav, reference = bundled_recording()
+        recording = f"the bundled call recording {wav.name}"
+    else:
+        recording = str(wav)
     audio = read_wav(wav, loaded.sample_rate)
     samples = np.clip(np.rint(audio.samples), -32768, 32767).astype(np.int16)
     engine = Engine(
@@ -216,10 +236,18 @@ def self_test(
         # first-call costs (decoder allocations, the search's first use) for all of them.
         _one_run(engine, samples[: audio.rate], 1.0, chunk_sizes_ms[0], None)
         warm_up_s = time.perf_counter() - started
-        results = [_one_run(engine, samples, audio.duration_s, chunk_ms, reference) for chunk_ms in chunk_sizes_ms]
+        runs = tuple(_one_run(engine, samples, audio.duration_s, chunk_ms, reference) for chunk_ms in chunk_sizes_ms)
     finally:
         engine.stop()
-    return warm_up_s, results
+    return SelfTest(
+        wav=str(wav),
+        recording=recording,
+        reference=reference,
+        backend=backend,
+        torch_threads=torch.get_num_threads(),
+        warm_up_s=round(warm_up_s, 3),
+        runs=runs,
+    )
 
 
 def _one_run(

@@ -21,9 +21,6 @@ import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import torch
 
 from asr_core.audio_io import AudioError
 from asr_core.model.errors import ModelLoadError
@@ -96,7 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted (a partial download is kept; the next pull resumes it)", file=sys.stderr)
+        resumes = " (the partial download is kept; the next pull resumes it)" if args.command == "pull" else ""
+        print(f"{PROG}: interrupted{resumes}", file=sys.stderr)
         return 130
 
 
@@ -142,80 +140,77 @@ def run_check(args: argparse.Namespace) -> int:
     if not model_dir.is_dir():
         raise ModelStoreError(f"{model_dir}: not a directory")
     if not (model_dir / "final.pt").exists() and (model_dir / RUNTIME_EXPORT).is_file():
-        facts = check.describe_runtime_export(model_dir)
-        _print_report(dataclasses.asdict(facts), [], None, args.json)
+        export = check.describe_runtime_export(model_dir)
+        print(json.dumps(dataclasses.asdict(export)) if args.json else _export_text(export))
         return 2
     loaded = load_wenet_model(model_dir)
-    report = dataclasses.asdict(check.describe(loaded, model_dir))
-    results: list[check.SelfTestResult] = []
-    warm_up_s = None
-    if not args.no_self_test:
-        wav, reference = (args.wav, None) if args.wav else check.bundled_recording()
-        report["self_test_wav"] = str(wav)
-        report["self_test_recording"] = str(wav) if args.wav else f"the bundled call recording {wav.name}"
-        report["self_test_reference"] = reference
-        report["self_test_backend"] = args.backend
-        report["torch_threads"] = torch.get_num_threads()
-        warm_up_s, results = check.self_test(loaded, wav, reference, args.chunk_ms, args.backend)
-    _print_report(report, results, warm_up_s, args.json)
+    facts = check.describe(loaded, model_dir)
+    test = None if args.no_self_test else check.self_test(loaded, args.chunk_ms, args.wav, args.backend)
+    if args.json:
+        report = {**dataclasses.asdict(facts), "self_test": dataclasses.asdict(test) if test else None}
+        print(json.dumps(report, ensure_ascii=False))
+        return 0
+    print(_facts_text(facts))
+    if test is not None:
+        print(_self_test_text(test))
     return 0
 
 
-def _print_report(
-    report: dict[str, Any], results: list[check.SelfTestResult], warm_up_s: float | None, as_json: bool
-) -> None:
-    if as_json:
-        out = {**report, "self_test": [dataclasses.asdict(r) for r in results]}
-        if warm_up_s is not None:
-            out["warm_up_s"] = round(warm_up_s, 3)
-        print(json.dumps(out, ensure_ascii=False))
-        return
-    if "advice" in report:
-        print(f"{report['model_dir']}: TorchScript runtime export ({RUNTIME_EXPORT})")
-        print(f"  parameters: {report['parameters']:,}")
-        for name, value in report["exported"].items():
-            print(f"  {name}: {value}")
-        print(f"  can be served: no: {report['advice']}")
-        return
-    print(_describe_text(report))
-    if results:
-        print(f"self-test through the engine ({report['self_test_backend']}, {report['torch_threads']} torch threads, "
-              f"warm-up {warm_up_s:.1f} s): {report['self_test_recording']}")  # fmt: skip
-        if report["self_test_reference"]:
-            print(f"  reference: {report['self_test_reference']}")
-        for r in results:
-            score = f"  CER {100 * r.cer:.1f} %" if r.cer is not None else ""
-            print(f"  {r.chunk_ms:>4} ms  RTF {r.rtf:.3f} ({r.decode_s:.2f} s for {r.audio_s:.2f} s), "
-                  f"CPU RTF {r.cpu_rtf:.3f}{score}  {r.text}")  # fmt: skip
-
-
-def _describe_text(r: dict[str, Any]) -> str:
-    conv = f", causal conv kernel {r['conv_kernel']}" if r["conv_kernel"] and r["causal_conv"] else (
-        f", conv kernel {r['conv_kernel']} (not causal)" if r["conv_kernel"] else ""
-    )  # fmt: skip
-    decoder = (
-        f"{r['decoder']} ({r['decoder_blocks']} left-to-right + {r['reverse_decoder_blocks']} right-to-left blocks)"
-        if r["bidirectional_decoder"]
-        else f"{r['decoder']} ({r['decoder_blocks']} blocks, left-to-right only)"
+def _facts_text(f: check.ModelFacts) -> str:
+    conv = ""
+    if f.conv_kernel is not None:
+        conv = (
+            f", causal conv kernel {f.conv_kernel}" if f.causal_conv else f", conv kernel {f.conv_kernel} (not causal)"
+        )
+    if f.bidirectional_decoder:
+        decoder = f"{f.decoder} ({f.decoder_blocks} left-to-right + {f.reverse_decoder_blocks} right-to-left blocks)"
+    else:
+        decoder = f"{f.decoder} ({f.decoder_blocks} blocks, left-to-right only)"
+    chunks = (
+        f"use_dynamic_chunk {str(f.dynamic_chunk).lower()}, "
+        f"use_dynamic_left_chunk {str(f.dynamic_left_chunk).lower()}, static_chunk_size {f.static_chunk_frames}"
     )
-    chunks = [f"use_dynamic_chunk {str(r['dynamic_chunk']).lower()}",
-              f"use_dynamic_left_chunk {str(r['dynamic_left_chunk']).lower()}",
-              f"static_chunk_size {r['static_chunk_frames']}"]  # fmt: skip
     return "\n".join(
         [
-            f"{r['model_dir']}",
-            f"  encoder: {r['encoder']}, {r['encoder_blocks']} blocks x {r['d_model']} dims, {r['heads']} heads, "
-            f"FFN {r['linear_units']}{conv}",
+            f.model_dir,
+            f"  encoder: {f.encoder}, {f.encoder_blocks} blocks x {f.d_model} dims, {f.heads} heads, "
+            f"FFN {f.linear_units}{conv}",
             f"  decoder: {decoder}",
-            f"  parameters: {r['parameters']:,} ({r['parameters'] * 4 / 1e6:.0f} MB as float32)",
-            f"  front end: {r['sample_rate']} Hz, {r['fbank_bins']} fbank bins, {r['frame_shift_ms']:g} ms shift; "
-            f"encoder frame {r['encoder_frame_ms']} ms, looks ahead {r['right_context_frames']} fbank frames",
-            f"  CMVN: {'global_cmvn' if r['cmvn'] else 'none'}",
-            f"  vocabulary: {r['vocab_size']} units",
-            f"  chunk training: {', '.join(chunks)}",
-            f"  streams: {r['streaming']}",
+            f"  parameters: {f.parameters:,} ({f.parameters * 4 / 1e6:.0f} MB as float32)",
+            f"  front end: {f.sample_rate} Hz, {f.fbank_bins} fbank bins, {f.frame_shift_ms:g} ms shift; "
+            f"encoder frame {f.encoder_frame_ms} ms, looks ahead {f.right_context_frames} fbank frames",
+            f"  CMVN: {'global_cmvn' if f.cmvn else 'none'}",
+            f"  vocabulary: {f.vocab_size} units",
+            f"  chunk training: {chunks}",
+            f"  streams: {f.streaming}",
         ]
     )
+
+
+def _self_test_text(test: check.SelfTest) -> str:
+    lines = [
+        f"self-test through the engine ({test.backend}, {test.torch_threads} torch threads, "
+        f"warm-up {test.warm_up_s:.1f} s): {test.recording}"
+    ]
+    if test.reference is not None:
+        lines.append(f"  reference: {test.reference}")
+    for r in test.runs:
+        score = f"  CER {100 * r.cer:.1f} %" if r.cer is not None else ""
+        lines.append(
+            f"  {r.chunk_ms:>4} ms  RTF {r.rtf:.3f} ({r.decode_s:.2f} s for {r.audio_s:.2f} s), "
+            f"CPU RTF {r.cpu_rtf:.3f}{score}  {r.text}"
+        )
+    return "\n".join(lines)
+
+
+def _export_text(export: check.RuntimeExportFacts) -> str:
+    lines = [
+        f"{export.model_dir}: TorchScript runtime export ({RUNTIME_EXPORT})",
+        f"  parameters: {export.parameters:,}",
+    ]
+    lines += [f"  {name}: {value}" for name, value in export.exported.items()]
+    lines.append(f"  can be served: no: {export.advice}")
+    return "\n".join(lines)
 
 
 COMMANDS = {"list": run_list, "pull": run_pull, "install": run_install, "check": run_check}
