@@ -11,6 +11,7 @@ archive, so no set-uid bits or read-only trees arrive with it.
 
 from __future__ import annotations
 
+import lzma
 import posixpath
 import tarfile
 import zipfile
@@ -64,7 +65,7 @@ def unpack(archive: Path, dest: Path, limits: UnpackLimits = DEFAULT_UNPACK_LIMI
             unpacker.zip()
         else:
             unpacker.tar()
-    except (tarfile.TarError, zipfile.BadZipFile, zlib.error, EOFError) as exc:
+    except (tarfile.TarError, zipfile.BadZipFile, zlib.error, lzma.LZMAError, EOFError) as exc:
         raise ModelStoreError(
             f"{archive}: truncated or corrupt archive ({exc or type(exc).__name__}); fetch or copy it again"
         ) from None
