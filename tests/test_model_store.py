@@ -244,16 +244,16 @@ def test_install_zip_and_link_to_the_last_epoch(tmp_path: Path) -> None:
     assert_released(install(tmp_path / "m.zip", tmp_path / "models", None, replace=False))
 
 
-HOSTILE = {
-    "parent": [member("../x")],
-    "nested parent": [member(f"{TOP}/../../x")],
-    "absolute": [member("/tmp/x")],
-    "symlink out": [member(f"{TOP}/evil", tarfile.SYMTYPE, "../../x")],
-    "absolute symlink": [member(f"{TOP}/evil", tarfile.SYMTYPE, "/etc/passwd")],
-    "hardlink out": [member(f"{TOP}/evil", tarfile.LNKTYPE, "../x")],
-    "device": [member(f"{TOP}/dev", tarfile.CHRTYPE)],
-    "fifo": [member(f"{TOP}/fifo", tarfile.FIFOTYPE)],
-    "file as directory": [member(f"{TOP}/final.pt/x")],
+HOSTILE = {  # case -> (extra members, why it is refused)
+    "parent": ([member("../x")], "climbs out"),
+    "nested parent": ([member(f"{TOP}/../../x")], "climbs out"),
+    "absolute": ([member("/tmp/x")], "absolute path"),
+    "symlink out": ([member(f"{TOP}/evil", tarfile.SYMTYPE, "../../x")], "points outside"),
+    "absolute symlink": ([member(f"{TOP}/evil", tarfile.SYMTYPE, "/etc/passwd")], "points outside"),
+    "hardlink out": ([member(f"{TOP}/evil", tarfile.LNKTYPE, "../x")], "points outside"),
+    "device": ([member(f"{TOP}/dev", tarfile.CHRTYPE)], "device file or FIFO"),
+    "fifo": ([member(f"{TOP}/fifo", tarfile.FIFOTYPE)], "device file or FIFO"),
+    "file as directory": ([member(f"{TOP}/final.pt/x")], "conflict"),
 }
 
 
@@ -262,8 +262,9 @@ def test_install_refuses_a_hostile_archive(case: str, tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
     archive = work / "hostile.tar.gz"
-    archive.write_bytes(tar_with(HOSTILE[case], {"../x": b"pwned", f"{TOP}/../../x": b"pwned", "/tmp/x": b"pwned"}))
-    with pytest.raises(ModelStoreError, match="refused"):
+    members, why = HOSTILE[case]
+    archive.write_bytes(tar_with(members, {"../x": b"pwned", f"{TOP}/../../x": b"pwned", "/tmp/x": b"pwned"}))
+    with pytest.raises(ModelStoreError, match=f"refused: .*{why}"):
         install(archive, work / "models", None, replace=False)
     assert not (tmp_path / "x").exists() and not (work / "x").exists()
     assert not (work / "models" / "hostile").exists()
@@ -296,6 +297,24 @@ def test_install_refuses_a_truncated_archive_carried_in(tmp_path: Path) -> None:
     zipped.write_bytes(zipped.read_bytes()[:-200])  # the central directory cut off
     with pytest.raises(ModelStoreError, match="truncated or corrupt"):
         install(zipped, tmp_path / "models", None, replace=False)
+
+
+def test_install_takes_the_cmvn_file_train_yaml_names_and_an_averaged_checkpoint(tmp_path: Path) -> None:
+    config = (MODEL / "train.yaml").read_text(encoding="utf-8")
+    assert "cmvn_file: global_cmvn" in config
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        moved = config.replace("cmvn_file: global_cmvn", "cmvn_file: /data/exp/cmvn.json").encode()
+        info = tarfile.TarInfo("exp/train.yaml")
+        info.size = len(moved)
+        tar.addfile(info, io.BytesIO(moved))
+        tar.add(MODEL / "global_cmvn", arcname="exp/cmvn.json")
+        tar.add(MODEL / "final.pt", arcname="exp/avg_10.pt")
+        tar.add(MODEL / "units.txt", arcname="exp/lang_char.txt")
+    (tmp_path / "a.tar.gz").write_bytes(buffer.getvalue())
+    installed = install(tmp_path / "a.tar.gz", tmp_path / "models", None, replace=False)
+    assert sorted(p.name for p in installed.iterdir()) == sorted(RELEASED)
+    assert (installed / "global_cmvn").read_bytes() == (MODEL / "global_cmvn").read_bytes()
 
 
 # -- install: directories carried in ------------------------------------------------------
