@@ -28,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
+from rtp.codecs import CodecKind, Decoder, codec_named
 from rtp.dtmf import KeyPress, TelephoneEvents
 from rtp.fastpath import FastPath
-from rtp.g711 import DECODE_TABLES
 from rtp.g722 import SAMPLE_RATE as WIDEBAND_RATE
-from rtp.g722 import SAMPLES_PER_TICK, G722Decoder
+from rtp.g722 import SAMPLES_PER_TICK
 from rtp.jitter import Frame, FrameKind, LossFill, PacketKind, ReorderBuffer
 from rtp.latch import DropReason, LatchMode, SourcePolicy
 from rtp.packet import RTP_HEADER_LENGTH, RtpPacket, is_rtcp, parse_rtcp
@@ -101,8 +101,9 @@ def _upsampler_stream(
 class RtpLeg:
     """Receives one RTP stream and hands 16 kHz int16 PCM to `sink`.
 
-    payload_types maps RTP payload type numbers to encoding names from the SDP answer, e.g.
-    {0: "PCMU", 8: "PCMA", 101: "telephone-event", 13: "CN"}; names are case-insensitive.
+    payload_types maps RTP payload type numbers to codec names of `rtp.codecs` from the SDP
+    answer, e.g. {0: "PCMU", 8: "PCMA", 101: "telephone-event", 13: "CN"}; names are
+    case-insensitive.
     Decoded audio is resampled in batches of `resample_batch_ms` (default 80 ms = 4 packets
     of 20 ms; 0 = every packet) by `resampler`: "halfband" (default) hands each batch to the
     event loop's `rtp.resample.SharedUpsampler`, which upsamples the batches of all legs
@@ -199,8 +200,8 @@ class RtpLeg:
         # G.722: payload types, the stream's decoder (made at its first packet, made anew after
         # an SSRC change or a codec switch), decoded 16 kHz PCM waiting for a batch and its
         # length in ticks; `_narrow` for a model at 8 kHz.
-        self._wideband: set[int] = set()
-        self._wide_decoder: G722Decoder | None = None
+        self._wideband: dict[int, Callable[[], Decoder]] = {}
+        self._wide_decoder: Decoder | None = None
         self._wide_pcm: list[np.ndarray] = []
         self._wide_ticks = 0
         self._narrow = resampler == "none"
@@ -277,18 +278,20 @@ class RtpLeg:
         kinds: dict[int, PacketKind] = {}
         tables: dict[int, np.ndarray] = {}
         events: set[int] = set()
-        wideband: set[int] = set()
+        wideband: dict[int, Callable[[], Decoder]] = {}
         for number, name in payload_types.items():
-            encoding = name.upper()
-            if encoding in DECODE_TABLES:
+            codec = codec_named(name)
+            if codec is None:
+                continue
+            if codec.kind is CodecKind.AUDIO:
                 kinds[number] = PacketKind.AUDIO
-                tables[number] = DECODE_TABLES[encoding]
-            elif encoding == "G722":
-                kinds[number] = PacketKind.AUDIO
-                wideband.add(number)
-            elif encoding == "CN":
+                if codec.decode_table is not None:
+                    tables[number] = codec.decode_table
+                elif codec.make_decoder is not None:
+                    wideband[number] = codec.make_decoder
+            elif codec.kind is CodecKind.COMFORT_NOISE:
                 kinds[number] = PacketKind.COMFORT_NOISE
-            elif encoding == "TELEPHONE-EVENT":
+            else:
                 events.add(number)
         self._kinds, self._tables, self._telephone_events = kinds, tables, events
         if wideband != self._wideband:
@@ -579,7 +582,7 @@ class RtpLeg:
             pcm = np.zeros(frame.samples * SAMPLES_PER_TICK, dtype=np.int16)
         else:
             if self._wide_decoder is None:
-                self._wide_decoder = G722Decoder()
+                self._wide_decoder = self._wideband[frame.payload_type]()
             pcm = self._wide_decoder.decode(frame.payload)
         self._wide_pcm.append(pcm)
         self._wide_ticks += frame.samples

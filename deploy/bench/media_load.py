@@ -6,7 +6,7 @@ This process runs the server: the real `sip.transport.SipServer` (UDP) with real
 `rtp.leg.RtpLeg` legs, the engine replaced by `sip.app.CountingCallHandler`'s counting sinks,
 on one event loop (uvloop unless `--no-uvloop`), as `asr-gateway serve` runs them. A child
 process is the load generator (`deploy.bench.sip_uac`): it places `--calls` calls at
-`--rate` calls/s (INVITE with a PCMU/PCMA/G.722 offer, 100, 200 with our SDP answer, ACK), then
+`--rate` calls/s (INVITE offering `--codec`, 100, 200 with our SDP answer, ACK), then
 sends one 20 ms packet per call every 20 ms (50 packets/s per call) for `--seconds` to the
 address in each answer, from the address in its offer, then BYEs every call.
 
@@ -56,6 +56,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from deploy.bench.sip_uac import PACKET_MS, UacConfig, run_uac, stream_rtp
+from rtp.codecs import audio_codecs, payload_type_map
 from rtp.leg import DEFAULT_POLL_INTERVAL_MS, DEFAULT_RESAMPLE_BATCH_MS, RESAMPLERS, RtpLeg
 from rtp.packet import RtpPacket
 from rtp.poller import FastReceiver
@@ -66,7 +67,8 @@ from sip.app import CountingCallHandler
 from sip.config import SipSettings
 from sip.transport import SipServer
 
-PAYLOAD_TYPES = {0: "PCMU", 8: "PCMA", 9: "G722", 101: "telephone-event", 13: "CN"}
+PAYLOAD_TYPES = payload_type_map()
+"""Every codec of `rtp.codecs` under the payload type the pacer sends it as."""
 HELD_FRACTION = 0.99
 DRAIN_LIMIT_S = 30.0
 DRAIN_POLL_S = 0.2
@@ -408,7 +410,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", "--streams", type=_positive(int), default=100, help="concurrent calls")
     parser.add_argument("--seconds", type=_positive(float), default=10.0, help="streaming time per call")
     parser.add_argument("--rate", type=_positive(float), default=200.0, help="call setup rate, calls/s")
-    parser.add_argument("--codec", choices=("PCMU", "PCMA", "G722"), default="PCMU", help="G722: wideband, no C path")
+    codecs = list(audio_codecs())
+    parser.add_argument(
+        "--codec",
+        choices=[codec.name for codec in codecs],
+        default="PCMU",
+        help="codecs without the C receive path: " + ", ".join(codec.name for codec in codecs if not codec.fast_path),
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port-min", type=int, default=30000, help="server RTP port range")
     parser.add_argument("--port-max", type=int, default=39999)
