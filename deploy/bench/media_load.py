@@ -57,7 +57,8 @@ from typing import Any
 
 from deploy.bench.sip_uac import PACKET_MS, UacConfig, run_uac, stream_rtp
 from rtp.codecs import audio_codecs, payload_type_map
-from rtp.leg import DEFAULT_POLL_INTERVAL_MS, DEFAULT_RESAMPLE_BATCH_MS, RESAMPLERS, RtpLeg
+from rtp.decoding import RESAMPLERS
+from rtp.leg import DEFAULT_POLL_INTERVAL_MS, DEFAULT_RESAMPLE_BATCH_MS, RtpLeg
 from rtp.packet import RtpPacket
 from rtp.poller import FastReceiver
 from rtp.ports import PortAllocator
