@@ -45,6 +45,15 @@ payload types, or the numbers it gives dynamic ones), then RFC 4733 events on th
 _EVENTS = "TELEPHONE-EVENT"
 
 
+def _taken_codecs() -> str:
+    names = [codec.name for codec in CODECS if codec.kind is CodecKind.AUDIO]
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
+
+
+TAKEN_CODECS = _taken_codecs()
+"""The audio codecs we take, for messages: ``"G722, PCMU or PCMA"``."""
+
+
 @dataclass
 class MediaDescription:
     media: str
