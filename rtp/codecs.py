@@ -8,7 +8,8 @@ Adding a codec is one `Codec` entry here with its decoder (and an encoder for th
 Units: an RTP payload is whole *frames* of `frame_bytes` bytes, each `frame_ticks` ticks of
 the RTP clock (`clock_rate`, Hz); the decoder turns it into int16 PCM at `sample_rate` Hz.
 G.711 is 1 byte per tick at 8 kHz; G.722 keeps RFC 3551's quirk of an 8 kHz clock for audio
-sampled at 16 kHz (1 byte per tick, 2 samples per tick).
+sampled at 16 kHz (1 byte per tick, 2 samples per tick); L16 is 2 bytes per tick, one sample
+per tick at its own clock.
 
 Payload-type maps (`{96: "PCMU"}`, what an SDP plan hands the leg) name codecs by `Codec.name`,
 case-insensitively.
@@ -25,6 +26,7 @@ import numpy as np
 
 from rtp import g711
 from rtp.g722 import G722Decoder, G722Encoder
+from rtp.l16 import L16Decoder, L16Encoder
 
 DYNAMIC_PAYLOAD_TYPES = range(96, 128)
 """RFC 3551: payload type numbers bound by an SDP rtpmap line, not by the static table."""
@@ -138,10 +140,19 @@ def _g711(name: str, payload_type: int) -> Codec:
     )  # fmt: skip
 
 
+def _l16(clock_rate: int, payload_type: int) -> Codec:
+    return Codec(
+        f"L16/{clock_rate}", "L16", clock_rate, payload_type, sample_rate=clock_rate, frame_bytes=2,
+        make_decoder=L16Decoder, make_encoder=L16Encoder,
+    )  # fmt: skip
+
+
 CODECS: tuple[Codec, ...] = (
     Codec("G722", "G722", 8000, 9, sample_rate=16000, make_decoder=G722Decoder, make_encoder=G722Encoder),
     _g711("PCMU", 0),
     _g711("PCMA", 8),
+    _l16(16000, 96),
+    _l16(8000, 97),
     Codec("telephone-event", "telephone-event", 8000, 101, CodecKind.EVENTS),
     Codec("CN", "CN", 8000, 13, CodecKind.COMFORT_NOISE),
 )

@@ -29,7 +29,7 @@ def test_names_payload_types_and_rtpmaps_are_unique() -> None:
 def test_lookups() -> None:
     assert codec_named("pcmu") is codec("PCMU")
     assert codec_named("G729") is None
-    with pytest.raises(ValueError, match="unknown codec 'G729'; use one of G722, PCMU"):
+    with pytest.raises(ValueError, match=r"unknown codec 'G729'; use one of .*PCMU"):
         codec("G729")
     assert find_codec("g722", 8000) is codec("G722")
     assert find_codec("PCMU", 8000, channels=2) is None
