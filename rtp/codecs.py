@@ -154,11 +154,13 @@ CODECS: tuple[Codec, ...] = (
     _l16(16000, 96),
     _l16(8000, 97),
     Codec("telephone-event", "telephone-event", 8000, 101, CodecKind.EVENTS),
+    Codec("telephone-event/16000", "telephone-event", 16000, 102, CodecKind.EVENTS),
     Codec("CN", "CN", 8000, 13, CodecKind.COMFORT_NOISE),
 )
 """Every payload format we take. SDP answers prefer the audio codec of the highest
 `sample_rate` offered, and among those the offerer's first; our own offers list the audio
-codecs in this order, then telephone-event."""
+codecs in this order, then telephone-event at both clocks (RFC 4733: events count in the clock
+of the audio they go with)."""
 
 _BY_NAME = {codec.name.upper(): codec for codec in CODECS}
 _BY_RTPMAP = {(codec.encoding.upper(), codec.clock_rate): codec for codec in CODECS}
@@ -199,6 +201,15 @@ def sent_codec(payload_type: int) -> Codec:
             return codec
     numbers = ", ".join(f"{c.payload_type} ({c.name})" for c in CODECS)
     raise ValueError(f"no codec is sent as payload type {payload_type}; use one of {numbers}")
+
+
+def telephone_events(audio: Codec) -> Codec:
+    """The RFC 4733 events that go with `audio` (at its RTP clock, as RFC 4733 2.1 asks);
+    ValueError when the table has none at that clock."""
+    events = _BY_RTPMAP.get(("TELEPHONE-EVENT", audio.clock_rate))
+    if events is None:
+        raise ValueError(f"no telephone-event at {audio.clock_rate} Hz in rtp.codecs to go with {audio.name}")
+    return events
 
 
 def audio_codecs() -> Iterator[Codec]:

@@ -226,6 +226,7 @@ class RtpLeg:
                 kinds[number] = PacketKind.COMFORT_NOISE
             else:
                 events.add(number)
+                self._key_presses.clock_rate = codec.clock_rate
         self._kinds, self._codecs, self._telephone_events = kinds, codecs, events
         self._audio.set_codecs(codecs)
         self._clock_rate = next(iter(codecs.values())).clock_rate if codecs else CLOCK_RATE_HZ

@@ -4,7 +4,7 @@ We read offers with a small parser of our own because we need ``a=label`` (RFC 4
 SIPREC uses to tie streams to participants. The codecs we take are the table of
 ``rtp.codecs``: each audio m-line is answered ``recvonly`` with the offered audio codec of the
 highest sample rate (G.722 before G.711), among those the offerer's first, plus
-``telephone-event`` (RFC 4733) when offered. A stream offered with port 0, or without a codec
+``telephone-event`` (RFC 4733) at 8 or 16 kHz when offered. A stream offered with port 0, or without a codec
 we take, is answered with port 0; when no stream is left the offer is refused with 488.
 
 When the peer sends no offer (a delayed-offer INVITE or re-INVITE, RFC 3261 13.2.1) we make
@@ -42,7 +42,6 @@ OUR_PAYLOAD_TYPES: dict[int, str] = {
 }
 """What our own offers list: the audio codecs of ``rtp.codecs.CODECS`` in its order (static
 payload types, or the numbers it gives dynamic ones), then RFC 4733 events on the customary 101."""
-_EVENTS = "TELEPHONE-EVENT"
 
 
 def _taken_codecs() -> str:
@@ -193,8 +192,9 @@ def plan_streams(
         codec_pt, codec = picked
         payload_types = {codec_pt: codec.name}
         for pt in _payload_numbers(media):
-            if media.encoding(pt) == _EVENTS:
-                payload_types[pt] = "telephone-event"
+            offered = media.codec(pt)
+            if offered is not None and offered.kind is CodecKind.EVENTS:
+                payload_types[pt] = offered.name
         direction = media.direction or offer.direction or "sendrecv"
         address = media.connection or offer.connection
         remote = (address, media.port) if address else None

@@ -1,7 +1,8 @@
 """L16 through the whole service: sipp (the PBX) offers L16/16000 and L16/8000 on dynamic
-payload types and streams the bundled seed recording in it to the demo model; redis-server
-receives the events. Each call's finals must read the reference text within the demo CER
-bound, and no packet may count as an unknown payload type."""
+payload types and streams the bundled seed recording in it to the demo model, then keys in a
+digit as RFC 4733 events at the audio's clock; redis-server receives the events. Each call's
+finals must read the reference text within the demo CER bound, each key press must last its
+100 ms, and no packet may count as an unknown payload type."""
 
 from __future__ import annotations
 
@@ -28,9 +29,18 @@ pytestmark = [
 ]
 
 
+ROUTES = """
+profiles:
+  default: {kb_set: hotline, dtmf: publish, redaction: keep}
+routes: []
+"""
+
+
 def test_l16_calls_are_transcribed(tmp_path: Path, redis_server: RedisServer) -> None:
     texts = dict(line.split(maxsplit=1) for line in (DATA / "text").read_text(encoding="utf-8").splitlines())
-    config = load_config(write_config(tmp_path, redis_server.url), {})
+    routes = tmp_path / "routes.yaml"
+    routes.write_text(ROUTES, encoding="utf-8")
+    config = load_config(write_config(tmp_path, redis_server.url, routes), {})
     seed = read_wav(DATA / "hotline_seed.wav")
     wide, narrow = codec("L16/16000"), codec("L16/8000")
     assert wide.dynamic and narrow.dynamic
@@ -38,12 +48,15 @@ def test_l16_calls_are_transcribed(tmp_path: Path, redis_server: RedisServer) ->
     async def check_totals(service: Service, ports: Ports) -> None:
         totals = service.rtp_totals.snapshot()
         assert totals["unknown_payload_packets"] == 0 and totals["bad_packets"] == 0, totals
+        assert totals["dtmf_events"] == 2, totals
 
     run_calls(
         config,
         lambda port: [
-            place_call(tmp_path / "w", port, seed.samples, 16000, payload_type=wide.payload_type, call_tag="wide"),
-            place_call(tmp_path / "n", port, seed.samples, 16000, payload_type=narrow.payload_type, call_tag="narrow"),
+            place_call(
+                tmp_path / tag, port, seed.samples, 16000, payload_type=sent.payload_type, call_tag=tag, keys=key
+            )
+            for tag, sent, key in (("wide", wide, "7"), ("narrow", narrow, "8"))
         ],
         after=check_totals,
     )
@@ -56,3 +69,7 @@ def test_l16_calls_are_transcribed(tmp_path: Path, redis_server: RedisServer) ->
     assert set(finals) == {"wide", "narrow"}, finals
     for tag, text in finals.items():
         assert cer(text, texts["hotline_seed"]) <= GOOD_ENOUGH_CER, (tag, finals)
+    keys = {
+        tag: [(e["digit"], e["duration_ms"]) for e in evs if e["event_type"] == "dtmf"] for tag, evs in by_call.items()
+    }
+    assert keys == {"wide": [("7", 100)], "narrow": [("8", 100)]}, keys

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import struct
 
 import numpy as np
 import pytest
@@ -84,3 +85,14 @@ def test_l16_at_8khz_is_upsampled_and_a_lost_packet_is_concealed_at_its_length(l
     assert sink.samples == 2 * len(pcm)
     assert abs(dominant_hz(sink.pcm, 16000) - 700) <= 2
     assert leg.stats.lost == int(lost) and leg.stats.concealed_samples == 160 * int(lost)
+
+
+def test_key_presses_beside_l16_at_16khz_count_their_duration_in_its_clock() -> None:
+    """RFC 4733 events go with the audio's clock: 100 ms is 1600 ticks of telephone-event/16000."""
+    audio = l16_packets(tone(700, 0.2), 16000, 96)
+    start = 1000 + 320 * len(audio)
+    bodies = [struct.pack("!BBH", 5, (0x80 if n >= 5 else 0) | 10, 320 * min(n + 1, 5)) for n in range(8)]
+    events = [bytes(RtpPacket(102, 7 + len(audio) + n, start, SSRC, payload=body)) for n, body in enumerate(bodies)]
+    leg, sink = asyncio.run(run_leg(audio + events, {96: "L16/16000", 102: "telephone-event/16000"}))
+    assert [(press.key, press.duration_ms) for press in sink.presses] == [("5", 100)]
+    assert leg.stats.lost == 0 and leg.stats.telephone_event_packets == 8

@@ -33,7 +33,7 @@ import numpy as np
 import soxr
 
 from asr_gateway.dev.local_redis import free_tcp_port
-from rtp.codecs import Codec, codec, sent_codec
+from rtp.codecs import Codec, codec, sent_codec, telephone_events
 from rtp.dtmf import KEYS
 from rtp.srtp import SrtpKeys, SrtpSender
 
@@ -41,7 +41,6 @@ PACKET_MS = 20
 PACKET_S = PACKET_MS / 1000
 PCMU, PCMA, G722 = (codec(name).payload_type for name in ("PCMU", "PCMA", "G722"))
 """Payload types as the senders send them (``rtp.codecs.Codec.payload_type``)."""
-TELEPHONE_EVENT = codec("telephone-event").payload_type
 KEY_PACKETS = 5  # a key press: 100 ms of event packets, then its End packet three times
 SECOND_LEG_MARK = "SECOND_LEG_PORT"
 ANSWERED_MARK = "CALL_ANSWERED"
@@ -71,11 +70,13 @@ def _payload(pcm: np.ndarray, sample_rate: int, sent: Codec) -> bytes:
 def rtp_packets(pcm: np.ndarray, sample_rate: int, payload_type: int = PCMU, ssrc: int = 0x1234,
                 keys: str = "") -> list[bytes]:  # fmt: skip
     """``pcm`` (int16-range mono, any rate) as RTP packets of 20 ms in the codec sent as
-    ``payload_type`` (``rtp.codecs.sent_codec``), then ``keys`` (``0-9*#A-D``) as RFC 4733 events."""
+    ``payload_type`` (``rtp.codecs.sent_codec``), then ``keys`` (``0-9*#A-D``) as RFC 4733 events
+    at the same clock (``rtp.codecs.telephone_events``)."""
     sent = sent_codec(payload_type)
     payload = _payload(pcm, sample_rate, sent)
     ticks = sent.clock_rate * PACKET_MS // 1000  # per packet
     size = sent.payload_bytes(ticks)
+    events = telephone_events(sent).payload_type
     packets = [
         struct.pack("!BBHII", 0x80, payload_type, i & 0xFFFF, i * ticks, ssrc) + payload[i * size : (i + 1) * size]
         for i in range(len(payload) // size)
@@ -89,7 +90,7 @@ def rtp_packets(pcm: np.ndarray, sample_rate: int, payload_type: int = PCMU, ssr
             duration = ticks * min(n + 1, KEY_PACKETS)
             event = struct.pack("!BBH", KEYS.index(key), (0x80 if end else 0) | 10, duration)
             marker = 0x80 if n == 0 else 0
-            header = struct.pack("!BBHII", 0x80, marker | TELEPHONE_EVENT, len(packets) & 0xFFFF, start, ssrc)
+            header = struct.pack("!BBHII", 0x80, marker | events, len(packets) & 0xFFFF, start, ssrc)
             packets.append(header + event)
     return packets
 
@@ -127,7 +128,7 @@ c=IN IP[media_ip_type] [media_ip]
 t=0 0
 m=audio [media_port] RTP/AVP {pt} {events}
 a=rtpmap:{pt} {rtpmap}
-a=rtpmap:{events} telephone-event/8000
+a=rtpmap:{events} {events_rtpmap}
 a=sendrecv
 """
 
@@ -221,7 +222,8 @@ def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False,
         invite = _message("INVITE", 1, body, "multipart/mixed;boundary=hotline-boundary", extra,
                           contact_params=";+sip.src", **names)  # fmt: skip
     else:
-        sdp = _SDP_PLAIN.format(pt=payload_type, rtpmap=rtpmap, events=TELEPHONE_EVENT)
+        events = telephone_events(sent_codec(payload_type))
+        sdp = _SDP_PLAIN.format(pt=payload_type, rtpmap=rtpmap, events=events.payload_type, events_rtpmap=events.rtpmap)
         if srtp is not None:
             inline = base64.b64encode(srtp.key).decode("ascii")
             sdp = sdp.replace(" RTP/AVP ", " RTP/SAVP ").replace(

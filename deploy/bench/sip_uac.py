@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from rtp.codecs import codec as codec_named
+from rtp.codecs import telephone_events
 from sip.errors import SipParseError
 from sip.message import Headers, NameAddr, Request, Response, parse
 from sip.sdp import SessionDescription
@@ -229,7 +230,8 @@ class BenchUac:
             invite_branch=self._branch(),
         )
         rtp_port = self.rtp[call.rtp_socket].getsockname()[1]
-        sent, events = codec_named(config.codec), codec_named("telephone-event")
+        sent = codec_named(config.codec)
+        events = telephone_events(sent)
         pt, event_pt = sent.payload_type, events.payload_type
         offer = (
             f"v=0\r\no=bench {index} 1 IN IP4 {host}\r\ns=bench\r\nc=IN IP4 {host}\r\nt=0 0\r\n"
