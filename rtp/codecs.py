@@ -95,7 +95,8 @@ class Codec:
     and our test senders give it."""
     kind: CodecKind = CodecKind.AUDIO
     sample_rate: int = 0
-    """Hz of the PCM the decoder yields (audio only)."""
+    """Hz of the PCM the decoder yields (audio only): 8000 (resampled to 16 kHz for the engine)
+    or 16000 (handed on as it is), the two rates `rtp.decoding` takes."""
     frame_bytes: int = 1
     frame_ticks: int = 1
     make_decoder: Callable[[], Decoder] | None = None
