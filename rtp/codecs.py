@@ -80,9 +80,9 @@ class TableEncoder:
         return data
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Codec:
-    """One RTP payload format."""
+    """One RTP payload format; each is one entry of `CODECS`, equal only to itself."""
 
     name: str
     """Unique in `CODECS`, as payload-type maps and `call.started` events name it."""
@@ -111,6 +111,7 @@ class Codec:
 
     @property
     def dynamic(self) -> bool:
+        """Whether SDP names it by an rtpmap line only (no static payload type)."""
         return self.payload_type in DYNAMIC_PAYLOAD_TYPES
 
     @property
@@ -163,9 +164,9 @@ CODECS: tuple[Codec, ...] = (
 codecs in this order, then telephone-event at both clocks (RFC 4733: events count in the clock
 of the audio they go with)."""
 
-_BY_NAME = {codec.name.upper(): codec for codec in CODECS}
-_BY_RTPMAP = {(codec.encoding.upper(), codec.clock_rate): codec for codec in CODECS}
-_BY_STATIC_TYPE = {codec.payload_type: codec for codec in CODECS if not codec.dynamic}
+_BY_NAME = {entry.name.upper(): entry for entry in CODECS}
+_BY_RTPMAP = {(entry.encoding.upper(), entry.clock_rate): entry for entry in CODECS}
+_BY_STATIC_TYPE = {entry.payload_type: entry for entry in CODECS if not entry.dynamic}
 
 
 def codec_named(name: str) -> Codec | None:
@@ -197,9 +198,9 @@ def static_codec(payload_type: int) -> Codec | None:
 def sent_codec(payload_type: int) -> Codec:
     """The codec our test senders and benchmarks send as `payload_type` (its static number, or
     the number our offers give a dynamic codec); ValueError for another number."""
-    for codec in CODECS:
-        if codec.payload_type == payload_type:
-            return codec
+    for entry in CODECS:
+        if entry.payload_type == payload_type:
+            return entry
     numbers = ", ".join(f"{c.payload_type} ({c.name})" for c in CODECS)
     raise ValueError(f"no codec is sent as payload type {payload_type}; use one of {numbers}")
 
@@ -215,9 +216,9 @@ def telephone_events(audio: Codec) -> Codec:
 
 def audio_codecs() -> Iterator[Codec]:
     """The audio codecs, in table order."""
-    return (codec for codec in CODECS if codec.kind is CodecKind.AUDIO)
+    return (entry for entry in CODECS if entry.kind is CodecKind.AUDIO)
 
 
 def payload_type_map() -> dict[int, str]:
     """Every codec under the payload type our offers give it: {9: "G722", 0: "PCMU", ...}."""
-    return {codec.payload_type: codec.name for codec in CODECS}
+    return {entry.payload_type: entry.name for entry in CODECS}
