@@ -11,9 +11,8 @@ unprotects each admitted datagram (`rtp.srtp`) before parsing it; the C path, wh
 unprotects the in-order ones itself with the same libsrtp session. A plain leg pays one
 attribute test per packet that leaves the C path.
 Malformed packets are counted in `stats.bad_packets` and dropped; nothing a peer sends can
-raise out of the datagram handlers.
-The datagram handlers, latching, jitter and the inactivity timer all update the same per-leg
-state, read on every packet, so they stay together here.
+raise out of the datagram handlers. The handlers, latching, jitter and the inactivity timer
+share the per-leg state read on every packet, so they stay together here.
 """
 
 from __future__ import annotations
@@ -59,9 +58,8 @@ _RTCP_SECOND_BYTE_MAX = 223
 class RtpLeg:
     """Receives one RTP stream and hands 16 kHz int16 PCM to `sink`.
 
-    payload_types maps RTP payload type numbers to codec names of `rtp.codecs` from the SDP
-    answer, e.g. {0: "PCMU", 8: "PCMA", 101: "telephone-event", 13: "CN"}; names are
-    case-insensitive.
+    payload_types maps RTP payload type numbers to codec names of `rtp.codecs` (any case) from
+    the SDP answer, e.g. {0: "PCMU", 8: "PCMA", 101: "telephone-event", 13: "CN"}.
     Decoded audio reaches the sink in batches of `resample_batch_ms` (default 80 ms = 4 packets
     of 20 ms; 0 = every packet), 8 kHz audio through `resampler` ("halfband", "soxr", "none";
     see `rtp.decoding.AudioDecoding`); an incomplete batch goes with the next packet or at `close()`.
