@@ -27,7 +27,7 @@ def key_name(code: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class KeyPress:
-    """One telephone-event: the key, its duration (ms, from the 8 kHz clock) and RTP timestamp."""
+    """One telephone-event: the key, its duration (ms, from the event's RTP clock) and RTP timestamp."""
 
     key: str
     duration_ms: int
@@ -37,10 +37,11 @@ class KeyPress:
 class TelephoneEvents:
     """Turns one leg's telephone-event payloads into `KeyPress`es (sans-IO)."""
 
-    __slots__ = ("_clock_rate", "_current", "_reported", "bad_payloads", "presses")
+    __slots__ = ("_current", "_reported", "bad_payloads", "clock_rate", "presses")
 
     def __init__(self, clock_rate: int = 8000) -> None:
-        self._clock_rate = clock_rate
+        self.clock_rate = clock_rate
+        """Hz of the RTP clock that durations count in (the stream's telephone-event rtpmap)."""
         # (ssrc, timestamp, code, duration) of the event not yet reported
         self._current: tuple[int, int, int, int] | None = None
         self._reported: tuple[int, int] | None = None  # (ssrc, timestamp) of the last one reported
@@ -75,4 +76,4 @@ class TelephoneEvents:
         self._current = None
         self._reported = (ssrc, timestamp)
         self.presses += 1
-        return KeyPress(key_name(code), duration * 1000 // self._clock_rate, timestamp)
+        return KeyPress(key_name(code), duration * 1000 // self.clock_rate, timestamp)

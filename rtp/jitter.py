@@ -6,7 +6,8 @@ packets back, until the gap is `reorder_ms` old (default 60 ms = 3 packets of 20
 missing packet is declared lost when the third packet after it arrives).
 
 What comes out is a list of `Frame`s: audio to decode, or silence to synthesize, with its
-length in clock ticks (= 8 kHz samples for G.711):
+length in RTP clock ticks (= 8 kHz samples for G.711; a packet's ticks come with it, by
+default its payload length; `rtp.codecs.Codec.ticks`):
 
 - loss: a single lost packet is replaced by a repetition of the previous packet
   (`LossFill.REPEAT_SINGLE`, the default) or by silence; longer losses become silence.
@@ -93,13 +94,19 @@ class ReorderBuffer:
         if reorder_ms < 0:
             raise ValueError(f"reorder_ms must be >= 0, got {reorder_ms}")
         self.reorder_ms = reorder_ms
-        self.clock_rate = clock_rate
         self.loss_fill = loss_fill
-        self.max_gap_fill = max_gap_fill_ms * clock_rate // 1000
         self.stats = stats if stats is not None else LegStats()
-        self._depth = self._depth_for(DEFAULT_PACKET_MS * clock_rate // 1000)
+        self._max_gap_fill_ms = max_gap_fill_ms
         self._packet_samples = 0
+        self.set_clock_rate(clock_rate)
         self._reset()
+
+    def set_clock_rate(self, clock_rate: int) -> None:
+        """The RTP clock (Hz) of the stream's audio: the gap fill limit and the reorder depth
+        are kept in its ticks. A re-INVITE may switch to a codec of another clock."""
+        self.clock_rate = clock_rate
+        self.max_gap_fill = self._max_gap_fill_ms * clock_rate // 1000
+        self._depth = self._depth_for(self._packet_samples or DEFAULT_PACKET_MS * clock_rate // 1000)
 
     def _depth_for(self, packet_samples: int) -> int:
         """Gap age, in packets, after which a missing packet is declared lost (>= 1)."""
@@ -122,13 +129,18 @@ class ReorderBuffer:
         """Packets waiting for an earlier one."""
         return len(self._held)
 
-    def push_in_order(self, seq: int, timestamp: int, ssrc: int, payload_type: int, payload: bytes) -> bool:
+    def push_in_order(
+        self, seq: int, timestamp: int, ssrc: int, payload_type: int, payload: bytes, ticks: int | None = None
+    ) -> bool:
         """The common case without allocating frames: an audio packet that is exactly the next
-        one, of the usual size, starting where the previous one ended, with nothing held.
+        one, of the usual length (`ticks`, default its payload length), starting where the
+        previous one ended, with nothing held.
 
         True: the packet is taken and plays now; the caller decodes `payload` itself (it is the
         same as `push` returning one AUDIO frame of it). False: nothing changed; use `push`.
         """
+        if ticks is None:
+            ticks = len(payload)
         expected = self._next
         if (
             expected is None
@@ -136,20 +148,21 @@ class ReorderBuffer:
             or ssrc != self.ssrc
             or self._held
             or timestamp != self._expected_timestamp
-            or len(payload) != self._packet_samples
+            or ticks != self._packet_samples
         ):
             return False
         self._unwrapper.highest = expected
         self._next = expected + 1
         self._bad_seq = None
-        self._expected_timestamp = (timestamp + len(payload)) & 0xFFFFFFFF
-        self._previous = (payload_type, payload, len(payload))
+        self._expected_timestamp = (timestamp + ticks) & 0xFFFFFFFF
+        self._previous = (payload_type, payload, ticks)
         self._history = (self._history << 1 | 1) & _HISTORY_MASK
         return True
 
     def in_order_expectation(self) -> tuple[int, int, int, int] | None:
-        """(sequence number, timestamp, payload size, SSRC) of the packet that `push_in_order`
-        would take next; None while something is held or before the stream's shape is known."""
+        """(sequence number, timestamp, length in ticks, SSRC) of the packet that `push_in_order`
+        would take next (the ticks are its payload size for the codecs of the C path); None
+        while something is held or before the stream's shape is known."""
         if self._next is None or self._held or self.ssrc is None or self._expected_timestamp is None:
             return None
         if not self._packet_samples:
@@ -172,17 +185,27 @@ class ReorderBuffer:
         self._history = (self._history << shift | ((1 << shift) - 1)) & _HISTORY_MASK
 
     def push(
-        self, seq: int, timestamp: int, ssrc: int, payload_type: int, payload: bytes, kind: PacketKind
+        self,
+        seq: int,
+        timestamp: int,
+        ssrc: int,
+        payload_type: int,
+        payload: bytes,
+        kind: PacketKind,
+        ticks: int | None = None,
     ) -> list[Frame]:
-        """Add one received packet; returns the frames now ready, in order (often one)."""
+        """Add one received packet, lasting `ticks` (default its payload length) when AUDIO;
+        returns the frames now ready, in order (often one)."""
         out: list[Frame] = []
+        if ticks is None:
+            ticks = len(payload)
         expected = self._next
         if expected is not None and ssrc == self.ssrc and not self._held and seq == expected & 0xFFFF:
             # Fast path: the next packet in order, nothing waiting; it plays at once.
             self._unwrapper.highest = expected
             self._next = expected + 1
             self._bad_seq = None
-            samples = len(payload) if kind is PacketKind.AUDIO else 0
+            samples = ticks if kind is PacketKind.AUDIO else 0
             if samples and samples != self._packet_samples:
                 self._packet_samples = samples
                 self._depth = self._depth_for(samples)
@@ -221,7 +244,7 @@ class ReorderBuffer:
         highest = self._unwrapper.highest
         if highest is not None and extended < highest:
             self.stats.reordered += 1
-        samples = len(payload) if kind is PacketKind.AUDIO else 0
+        samples = ticks if kind is PacketKind.AUDIO else 0
         if samples and samples != self._packet_samples:
             self._packet_samples = samples
             self._depth = self._depth_for(samples)

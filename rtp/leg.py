@@ -1,10 +1,9 @@
 """One call leg's RTP receiver: UDP sockets (RTP on an even port, RTCP on the next) feeding
-parse -> reorder buffer -> G.711 decode -> 8->16 kHz resample -> sink, or for G.722
-parse -> reorder buffer -> G.722 decode at 16 kHz -> sink (no 8 kHz step; a model at 8 kHz
-gets it resampled down). RFC 4733 telephone-events are counted and read as digits
-(`rtp.dtmf`), never decoded as audio.
+parse -> reorder buffer -> decode and batch (`rtp.decoding`, with the codecs of `rtp.codecs`:
+8 kHz codecs resampled to 16 kHz, 16 kHz ones as they are) -> sink. RFC 4733
+telephone-events are counted and read as digits (`rtp.dtmf`), never decoded as audio.
 
-All protocol work is in the sans-IO modules (`packet`, `jitter`, `g711`, `resample`); this
+All protocol work is in the sans-IO modules (`packet`, `jitter`, `codecs`, `decoding`); this
 module adds the sockets (read by the event loop's shared `rtp.poller.DatagramPoller`), source
 latching, RFC 3550 jitter, RTCP BYE and the inactivity timer; handing in-order packets to the
 optional C receive path and taking its state back is `rtp.fastpath`. An SRTP leg (`set_srtp`)
@@ -12,9 +11,8 @@ unprotects each admitted datagram (`rtp.srtp`) before parsing it; the C path, wh
 unprotects the in-order ones itself with the same libsrtp session. A plain leg pays one
 attribute test per packet that leaves the C path.
 Malformed packets are counted in `stats.bad_packets` and dropped; nothing a peer sends can
-raise out of the datagram handlers.
-Kept whole (just over 500 lines): the datagram handlers, latching and the inactivity timer
-all update the same per-leg state, read on every packet.
+raise out of the datagram handlers. The handlers, latching, jitter and the inactivity timer
+share the per-leg state read on every packet, so they stay together here.
 """
 
 from __future__ import annotations
@@ -29,22 +27,21 @@ from typing import Any
 import numpy as np
 
 from asr_common.audio import PcmSink
+from rtp.codecs import Codec, CodecKind, codec_named
+from rtp.decoding import AudioDecoding
 from rtp.dtmf import KeyPress, TelephoneEvents
 from rtp.fastpath import FastPath
-from rtp.g711 import DECODE_TABLES
-from rtp.g722 import SAMPLE_RATE as WIDEBAND_RATE
-from rtp.g722 import SAMPLES_PER_TICK, G722Decoder
-from rtp.jitter import Frame, FrameKind, LossFill, PacketKind, ReorderBuffer
+from rtp.jitter import LossFill, PacketKind, ReorderBuffer
 from rtp.latch import DropReason, LatchMode, SourcePolicy
 from rtp.packet import RTP_HEADER_LENGTH, RtpPacket, is_rtcp, parse_rtcp
-from rtp.poller import DatagramPoller
-from rtp.resample import PassThroughStream, SharedUpsampler, SoxrStream, UpsamplerStream
+from rtp.poller import DatagramPoller, bind_udp
 from rtp.seq import timestamp_diff
 from rtp.sink import DtmfSink
 from rtp.srtp import SrtpKeys, SrtpReceiver
 from rtp.stats import LegStats
 
 CLOCK_RATE_HZ = 8000
+"""The RTP clock a leg assumes until its payload-type map names an audio codec."""
 END_RTP_TIMEOUT = "rtp-timeout"
 END_RTCP_BYE = "rtcp-bye"
 DEFAULT_RESAMPLE_BATCH_MS = 80
@@ -59,61 +56,14 @@ _RTCP_SECOND_BYTE_MIN = 192
 _RTCP_SECOND_BYTE_MAX = 223
 
 
-async def _bind_udp(loop: asyncio.AbstractEventLoop, host: str, port: int) -> socket.socket:
-    """A non-blocking UDP socket bound to (host, port); OSError when that cannot be done."""
-    kind, passive = socket.SOCK_DGRAM, socket.AI_PASSIVE
-    try:
-        infos = socket.getaddrinfo(host, port, type=kind, flags=passive | socket.AI_NUMERICHOST)
-    except socket.gaierror:
-        infos = await loop.getaddrinfo(host, port, type=kind, flags=passive)
-    family, _, proto, _, address = infos[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setblocking(False)
-        sock.bind(address)
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
-RESAMPLERS = ("halfband", "soxr", "none")
-
-
-def _upsampler_stream(
-    kind: str, deliver: Callable[[np.ndarray], None]
-) -> UpsamplerStream | SoxrStream | PassThroughStream:
-    """`halfband`: a stream of the running loop's shared upsampler (without a running loop,
-    one that upsamples at once); `soxr`: a per-leg soxr stream; `none`: 8 kHz as decoded, for
-    a model whose front end runs at 8 kHz. ValueError otherwise."""
-    if kind == "soxr":
-        return SoxrStream(deliver)
-    if kind == "none":
-        return PassThroughStream(deliver)
-    if kind != "halfband":
-        raise ValueError(f"unknown resampler {kind!r}; use one of {', '.join(RESAMPLERS)}")
-    try:
-        shared = SharedUpsampler.for_loop(asyncio.get_running_loop())
-    except RuntimeError:  # no running event loop (tests, offline use)
-        shared = SharedUpsampler()
-    return shared.stream(deliver)
-
-
 class RtpLeg:
     """Receives one RTP stream and hands 16 kHz int16 PCM to `sink`.
 
-    payload_types maps RTP payload type numbers to encoding names from the SDP answer, e.g.
-    {0: "PCMU", 8: "PCMA", 101: "telephone-event", 13: "CN"}; names are case-insensitive.
-    Decoded audio is resampled in batches of `resample_batch_ms` (default 80 ms = 4 packets
-    of 20 ms; 0 = every packet) by `resampler`: "halfband" (default) hands each batch to the
-    event loop's `rtp.resample.SharedUpsampler`, which upsamples the batches of all legs
-    ready in the same pass in one matrix product and calls the sink with each leg's output;
-    "soxr" runs a soxr stream per leg. Per-batch costs (decode, submission, the sink call) are
-    paid once per 4 packets at 80 ms. The price is latency: a sample waits (batch - packet) / 2
-    on average for its batch, 30 ms at 80 ms (10 ms at 40 ms), plus the resampler's lag
-    (2.5 ms for halfband, 63 ms on average for soxr; see `rtp.resample`); the engine
-    consumes 160-640 ms chunks, so it hardly sees the difference.
-    A batch left incomplete when packets stop is delivered with the next packet or at `close()`.
+    payload_types maps RTP payload type numbers to codec names of `rtp.codecs` (any case) from
+    the SDP answer, e.g. {0: "PCMU", 8: "PCMA", 101: "telephone-event", 13: "CN"}.
+    Decoded audio reaches the sink in batches of `resample_batch_ms` (default 80 ms = 4 packets
+    of 20 ms; 0 = every packet), 8 kHz audio through `resampler` ("halfband", "soxr", "none";
+    see `rtp.decoding.AudioDecoding`); an incomplete batch goes with the next packet or at `close()`.
     The sockets are read every `poll_interval_ms` (default 20 ms, one packet period) by the
     loop's shared `rtp.poller.DatagramPoller`, which adds up to that much delay before a
     packet is handled (half on average) and saves event-loop wake-ups; 0 reads on readiness.
@@ -141,9 +91,9 @@ class RtpLeg:
     dropped. The C receive path unprotects in-order packets with the same libsrtp session
     (not with an MKI, whose packets all take the Python path).
 
-    G.722 (`rtp.g722`) is decoded with one stateful decoder per stream: a new SSRC or a payload
-    type map that changes the G.722 types (a re-INVITE or UPDATE switching codecs) starts a
-    fresh one, as the sender's encoder does.
+    Stateful decoders (G.722) are kept per stream: a new SSRC or a payload type map that
+    changes the audio codecs (a re-INVITE or UPDATE switching codecs) starts fresh ones, as the
+    sender's encoder does (`rtp.decoding`).
     """
 
     def __init__(
@@ -178,6 +128,7 @@ class RtpLeg:
         self._sink = sink
         self._on_end = on_end
         self._timeout_s = inactivity_timeout_s
+        self._clock_rate = CLOCK_RATE_HZ
         self._buffer = ReorderBuffer(
             reorder_ms=reorder_ms,
             clock_rate=CLOCK_RATE_HZ,
@@ -185,27 +136,11 @@ class RtpLeg:
             max_gap_fill_ms=max_gap_fill_ms,
             stats=self._stats,
         )
-        self._upsampler = _upsampler_stream(resampler, self._emit)
-        self._batch_samples = resample_batch_ms * CLOCK_RATE_HZ // 1000
-        # Audio waiting for the next resampler call, in order: G.711 bytes of one codec not yet
-        # decoded (`_raw`, decoded with `_raw_table`), after decoded PCM (`_pcm`).
-        self._raw: list[bytes] = []
-        self._raw_table: np.ndarray | None = None
-        self._pcm: list[np.ndarray] = []
-        self._queued_samples = 0
+        self._audio = AudioDecoding(self._emit, resampler=resampler, batch_ms=resample_batch_ms)
         self._kinds: dict[int, PacketKind] = {}
-        self._tables: dict[int, np.ndarray] = {}
+        self._codecs: dict[int, Codec] = {}  # the audio codecs by payload type
         self._telephone_events: set[int] = set()
         self._key_presses = TelephoneEvents(CLOCK_RATE_HZ)
-        # G.722: payload types, the stream's decoder (made at its first packet, made anew after
-        # an SSRC change or a codec switch), decoded 16 kHz PCM waiting for a batch and its
-        # length in ticks; `_narrow` for a model at 8 kHz.
-        self._wideband: set[int] = set()
-        self._wide_decoder: G722Decoder | None = None
-        self._wide_pcm: list[np.ndarray] = []
-        self._wide_ticks = 0
-        self._narrow = resampler == "none"
-        self._downsampler: SoxrStream | None = None
         self.set_payload_types(payload_types)
         self._policy = SourcePolicy(latch)
         self._policy.set_signalled(expected_remote)
@@ -254,14 +189,14 @@ class RtpLeg:
     async def open(self, host: str, port: int) -> None:
         """Bind RTP on (host, port) and RTCP on port + 1; OSError if either is taken."""
         loop = asyncio.get_running_loop()
-        rtp = await _bind_udp(loop, host, port)
+        rtp = await bind_udp(loop, host, port)
         try:
-            rtcp = await _bind_udp(loop, host, rtp.getsockname()[1] + 1)
+            rtcp = await bind_udp(loop, host, rtp.getsockname()[1] + 1)
         except OSError:
             rtp.close()
             raise
         self._poller = DatagramPoller.for_loop(loop, self._poll_interval_s)
-        batch_bytes = self._batch_samples  # G.711: one byte per sample
+        batch_bytes = self._audio.batch_bytes
         if self._poller.add(rtp, self.handle_rtp, owner=self if self._use_fast else None, batch_bytes=batch_bytes):
             self._fast.attach(self._poller.fast, rtp.fileno())
             self._fast.screen(self._policy.screen_filter())
@@ -272,29 +207,29 @@ class RtpLeg:
         self._timer = loop.call_later(self._timeout_s, self._check_inactivity)
 
     def set_payload_types(self, payload_types: dict[int, str]) -> None:
-        """Apply a new SDP answer's payload type map (re-INVITE); unknown names are skipped."""
+        """Apply a new SDP answer's payload type map (re-INVITE); unknown names are skipped.
+        The RTP clock is the first audio codec's (timestamps, jitter and gaps count in it)."""
         if self._fast.armed:
             self._take_fast(disarm=True)
         kinds: dict[int, PacketKind] = {}
-        tables: dict[int, np.ndarray] = {}
+        codecs: dict[int, Codec] = {}
         events: set[int] = set()
-        wideband: set[int] = set()
         for number, name in payload_types.items():
-            encoding = name.upper()
-            if encoding in DECODE_TABLES:
+            codec = codec_named(name)
+            if codec is None:
+                continue
+            if codec.kind is CodecKind.AUDIO:
                 kinds[number] = PacketKind.AUDIO
-                tables[number] = DECODE_TABLES[encoding]
-            elif encoding == "G722":
-                kinds[number] = PacketKind.AUDIO
-                wideband.add(number)
-            elif encoding == "CN":
+                codecs[number] = codec
+            elif codec.kind is CodecKind.COMFORT_NOISE:
                 kinds[number] = PacketKind.COMFORT_NOISE
-            elif encoding == "TELEPHONE-EVENT":
+            else:
                 events.add(number)
-        self._kinds, self._tables, self._telephone_events = kinds, tables, events
-        if wideband != self._wideband:
-            self._wide_decoder = None  # a codec switch: a G.722 stream after it starts afresh
-        self._wideband = wideband
+                self._key_presses.clock_rate = codec.clock_rate
+        self._kinds, self._codecs, self._telephone_events = kinds, codecs, events
+        self._audio.set_codecs(codecs)
+        self._clock_rate = next(iter(codecs.values())).clock_rate if codecs else CLOCK_RATE_HZ
+        self._buffer.set_clock_rate(self._clock_rate)
 
     def set_expected_remote(self, address: tuple[str, int] | None) -> None:
         """The peer's SDP connection address and port (offer, answer or re-INVITE); see the
@@ -388,25 +323,22 @@ class RtpLeg:
         stats.last_packet_time = now
         self._last_seen = now
 
-        table = self._tables.get(payload_type)
-        if table is not None:
+        codec = self._codecs.get(payload_type)
+        ticks = None
+        if codec is not None:
             # RFC 3550 section 6.4.1 interarrival jitter: J += (|D| - J) / 16, D in clock ticks.
+            clock_rate = self._clock_rate
             if ssrc == self._jitter_ssrc:
-                transit_change = (now - self._jitter_arrival) * CLOCK_RATE_HZ - timestamp_diff(
+                transit_change = (now - self._jitter_arrival) * clock_rate - timestamp_diff(
                     timestamp, self._jitter_timestamp
                 )
                 self._jitter_ticks += (abs(transit_change) - self._jitter_ticks) / 16
-                stats.jitter_ms = self._jitter_ticks * 1000 / CLOCK_RATE_HZ
+                stats.jitter_ms = self._jitter_ticks * 1000 / clock_rate
             self._jitter_ssrc, self._jitter_arrival, self._jitter_timestamp = ssrc, now, timestamp
-            if self._buffer.push_in_order(sequence_number, timestamp, ssrc, payload_type, payload):
-                if table is not self._raw_table:
-                    self._decode_raw()
-                    self._raw_table = table
-                self._raw.append(payload)
-                self._queued_samples += len(payload)
-                if self._queued_samples >= self._batch_samples:
-                    self._resample_queued()
-                if self._fast.available and self._fast_armable:
+            ticks = codec.ticks(len(payload))
+            if self._buffer.push_in_order(sequence_number, timestamp, ssrc, payload_type, payload, ticks):
+                self._audio.play_in_order(codec, payload_type, payload)
+                if codec.fast_path and self._fast.available and self._fast_armable:
                     self._arm(payload_type, addr)
                 return
             kind = PacketKind.AUDIO
@@ -419,15 +351,15 @@ class RtpLeg:
                 self._key_pressed(ssrc, timestamp, payload)
             elif kind is PacketKind.SKIP:
                 stats.unknown_payload_packets += 1
-        if self._wide_decoder is not None and ssrc != self._buffer.ssrc:
+        if self._audio.stateful and ssrc != self._buffer.ssrc:
             # A new stream (RFC 3550 8.2: a restarted or another sender) comes with a fresh
-            # G.722 encoder: what the old one left plays with the old decoder state, the new
+            # encoder: what the old one left plays with the old decoder state, the new
             # stream starts from a fresh one.
-            self._deliver(self._buffer.flush())
-            self._wide_decoder = None
-        frames = self._buffer.push(sequence_number, timestamp, ssrc, payload_type, payload, kind)
+            self._audio.play(self._buffer.flush())
+            self._audio.new_stream()
+        frames = self._buffer.push(sequence_number, timestamp, ssrc, payload_type, payload, kind, ticks)
         if frames:
-            self._deliver(frames)
+            self._audio.play(frames)
 
     def handle_rtcp(self, data: bytes, addr: Address) -> None:
         """Datagram handler of the RTCP socket: counts packets and ends the leg on BYE."""
@@ -465,15 +397,11 @@ class RtpLeg:
         if self._fast.available:
             self._take_fast(disarm=self._fast.armed)
             self._fast.detach()
-        self._deliver(self._buffer.flush())
+        self._audio.play(self._buffer.flush())
         last_press = self._key_presses.flush()
         if last_press is not None:
             self._report_presses([last_press])
-        self._resample_queued()
-        self._upsampler.flush()
-        self._emit_wideband()
-        if self._downsampler is not None:
-            self._downsampler.flush()
+        self._audio.flush()
         self._sink.input_finished()
         for sock in self._sockets:
             if self._poller is not None:
@@ -486,10 +414,7 @@ class RtpLeg:
         """A batch of in-order payloads the C receive path took (poller callback)."""
         if self._closed:
             return
-        self._raw.append(payloads)
-        self._queued_samples += len(payloads)
-        if self._queued_samples >= self._batch_samples:
-            self._resample_queued()
+        self._audio.queue_in_order(payloads)
 
     def _arm(self, payload_type: int, addr: Address) -> None:
         """Let the C receive path take the packets that continue the stream from `addr`:
@@ -498,7 +423,7 @@ class RtpLeg:
         expected = self._buffer.in_order_expectation()
         if expected is not None:
             jitter = (self._jitter_ticks, self._jitter_arrival, self._jitter_timestamp)
-            self._fast.arm(expected, payload_type, addr, jitter, self._queued_samples)
+            self._fast.arm(expected, payload_type, addr, jitter, self._audio.queued_samples)
 
     def _take_fast(self, *, disarm: bool) -> None:
         """Bring what the C path took into this leg (see `rtp.fastpath.FastPath.take`)."""
@@ -516,14 +441,13 @@ class RtpLeg:
             self._last_seen = max(self._last_seen, taken.arrival)
             self._jitter_ticks, self._jitter_arrival = taken.jitter_ticks, taken.jitter_arrival
             self._jitter_timestamp = taken.jitter_timestamp
-            stats.jitter_ms = taken.jitter_ticks * 1000 / CLOCK_RATE_HZ
+            stats.jitter_ms = taken.jitter_ticks * 1000 / self._clock_rate
         if not disarm:
             return
         if taken.since_arm:
             self._buffer.advance_in_order(taken.since_arm, taken.next_timestamp, taken.payload_type, taken.last_payload)
         if taken.pending:
-            self._raw.append(taken.pending)
-            self._queued_samples += len(taken.pending)
+            self._audio.queue_in_order(taken.pending)
 
     def _key_pressed(self, ssrc: int, timestamp: int, payload: bytes) -> None:
         """A telephone-event packet: read it as a key press (never as audio)."""
@@ -545,87 +469,6 @@ class RtpLeg:
             stats.foreign_address += 1
         else:
             stats.foreign_port += 1
-
-    def _deliver(self, frames: list[Frame]) -> None:
-        """Queue the frames' audio (G.711 bytes, or silence for SILENCE frames and payload types
-        no longer known) and resample once a batch is full; G.722 frames are decoded at 16 kHz."""
-        for frame in frames:
-            if frame.payload_type in self._wideband:
-                self._queue_wideband(frame)
-                continue
-            if self._wide_pcm:
-                self._emit_wideband()
-            table = self._tables.get(frame.payload_type) if frame.kind is not FrameKind.SILENCE else None
-            if table is None:
-                self._decode_raw()
-                self._pcm.append(np.zeros(frame.samples, dtype=np.int16))
-                self._queued_samples += frame.samples
-                continue
-            if table is not self._raw_table:
-                self._decode_raw()
-                self._raw_table = table
-            self._raw.append(frame.payload)
-            self._queued_samples += len(frame.payload)
-        if self._queued_samples >= self._batch_samples:
-            self._resample_queued()
-        if self._wide_ticks >= self._batch_samples:
-            self._emit_wideband()
-
-    def _queue_wideband(self, frame: Frame) -> None:
-        """Decode one G.722 frame (audio, a repeat for a lost packet, or silence) at 16 kHz.
-        Narrowband audio queued before it goes to the resampler first."""
-        if self._raw or self._pcm:
-            self._resample_queued()
-        if frame.kind is FrameKind.SILENCE:
-            pcm = np.zeros(frame.samples * SAMPLES_PER_TICK, dtype=np.int16)
-        else:
-            if self._wide_decoder is None:
-                self._wide_decoder = G722Decoder()
-            pcm = self._wide_decoder.decode(frame.payload)
-        self._wide_pcm.append(pcm)
-        self._wide_ticks += frame.samples
-
-    def _emit_wideband(self) -> None:
-        """Hand the decoded 16 kHz audio to the sink (resampled to 8 kHz for a model at 8 kHz)."""
-        pieces = self._wide_pcm
-        if not pieces:
-            return
-        pcm = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-        self._wide_pcm, self._wide_ticks = [], 0
-        if not self._narrow:
-            self._emit(pcm)
-            return
-        if self._downsampler is None:
-            self._downsampler = SoxrStream(self._emit, WIDEBAND_RATE, CLOCK_RATE_HZ)
-        self._downsampler.submit(pcm)
-
-    def _decode_raw(self) -> None:
-        """Decode the queued G.711 bytes with one table lookup (`take` is cheaper than indexing)."""
-        raw = self._raw
-        if not raw or self._raw_table is None:
-            return
-        data = raw[0] if len(raw) == 1 else b"".join(raw)
-        self._pcm.append(self._raw_table.take(np.frombuffer(data, dtype=np.uint8)))
-        self._raw = []
-
-    def _resample_queued(self) -> None:
-        """One resampler submission per batch; the loop's shared upsampler runs the batches of
-        all legs together and calls `_emit` with the output. A batch of G.711 bytes only (the
-        usual case) is submitted undecoded: the upsampler decodes all legs' bytes at once."""
-        if not self._pcm and self._raw and self._raw_table is not None:
-            raw = self._raw
-            self._upsampler.submit_g711(raw[0] if len(raw) == 1 else b"".join(raw), self._raw_table)
-            self._raw = []
-            self._queued_samples = 0
-            return
-        self._decode_raw()
-        pcm_pieces = self._pcm
-        if not pcm_pieces:
-            return
-        pcm = pcm_pieces[0] if len(pcm_pieces) == 1 else np.concatenate(pcm_pieces)
-        self._pcm = []
-        self._queued_samples = 0
-        self._upsampler.submit(pcm)
 
     def _emit(self, pcm16k: np.ndarray) -> None:
         self._stats.samples_out += len(pcm16k)

@@ -7,7 +7,8 @@ bytes), so `bytes(RtpPacket.parse(x)) == x` for every valid packet. Parse errors
 We parse RTP ourselves rather than with `aiortc.rtp.RtpPacket`: ours is a slotted dataclass
 with a single `struct.unpack_from` on the fast path (no CSRC, extension or padding), measured
 1.6-1.8x faster (2.1 against 3.2 us for a 172-byte PCMU packet on the dev box:
-`python -m deploy.bench.media_load --parser-bench`); it also keeps unknown header extensions
+`python -m deploy.bench.media_load --parser-bench`, with aiortc from the `bench` extra;
+aiortc is no runtime dependency); it also keeps unknown header extensions
 and the padding bytes as received, where aiortc maps extensions through its extension table
 and re-pads with zeros.
 """

@@ -68,6 +68,24 @@ _pollers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[float, Datag
 )
 
 
+async def bind_udp(loop: asyncio.AbstractEventLoop, host: str, port: int) -> socket.socket:
+    """A non-blocking UDP socket bound to (host, port); OSError when that cannot be done."""
+    kind, passive = socket.SOCK_DGRAM, socket.AI_PASSIVE
+    try:
+        infos = socket.getaddrinfo(host, port, type=kind, flags=passive | socket.AI_NUMERICHOST)
+    except socket.gaierror:
+        infos = await loop.getaddrinfo(host, port, type=kind, flags=passive)
+    family, _, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setblocking(False)
+        sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 class DatagramPoller:
     """Reads registered non-blocking UDP sockets and calls each one's handler(data, address)."""
 

@@ -30,6 +30,7 @@ from sip.header_values import NameAddr
 from sip.message import Request
 from sip.responses import HeaderPairs, Reject, warning
 from sip.sdp import (
+    TAKEN_CODECS,
     MediaDescription,
     SessionDescription,
     StreamPlan,
@@ -44,7 +45,7 @@ from sip.siprec import RecordingMetadata, split_body
 
 log = logging.getLogger(__name__)
 
-NO_AUDIO = warning("no G722, PCMU or PCMA audio stream to record", 304)
+NO_AUDIO = warning(f"no {TAKEN_CODECS} audio stream to record", 304)
 
 
 def no_stream(offer: SessionDescription | None, profile: Profile) -> Reject:
@@ -306,7 +307,7 @@ class CallMedia:
             plans, call.info.profile, call.metadata, call.info.siprec, call.remote_party, plain_role(call)
         )
         if not streams:
-            raise Reject(488, (warning("the SDP answer accepts no G722, PCMU or PCMA stream we offered", 304),))
+            raise Reject(488, (warning(f"the SDP answer accepts no {TAKEN_CODECS} stream we offered", 304),))
         call.offer = answer
         call.awaiting_answer = False
         return self.apply_streams(call, streams)

@@ -1,13 +1,11 @@
 """SDP offer/answer (RFC 3264/4566) for a receive-only recorder.
 
 We read offers with a small parser of our own because we need ``a=label`` (RFC 4574), which
-SIPREC uses to tie streams to participants. Each audio m-line is answered ``recvonly`` with
-G.722 (wideband) when it is offered, else the first G.711 codec it offers (PCMU or PCMA), plus
-``telephone-event`` (RFC 4733) when offered. A stream offered with port 0, or without a codec
+SIPREC uses to tie streams to participants. The codecs we take are the table of
+``rtp.codecs``: each audio m-line is answered ``recvonly`` with the offered audio codec of the
+highest sample rate (G.722 before G.711), among those the offerer's first, plus
+``telephone-event`` (RFC 4733) at 8 or 16 kHz when offered. A stream offered with port 0, or without a codec
 we take, is answered with port 0; when no stream is left the offer is refused with 488.
-
-G.722 keeps the RFC 3551 quirk: its rtpmap says ``G722/8000`` and its RTP timestamps count
-8000 per second although the audio is sampled at 16 kHz.
 
 When the peer sends no offer (a delayed-offer INVITE or re-INVITE, RFC 3261 13.2.1) we make
 one: ``build_offer`` lists the codecs we take (``OUR_PAYLOAD_TYPES``), ``recvonly``, and the
@@ -26,14 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from rtp.codecs import CODECS, Codec, CodecKind, codec_named, find_codec, static_codec
 from rtp.srtp import AWAITING_KEYS
 from sip.errors import SipParseError
 from sip.sdes import SUITES, SdesKey, answer_line, crypto_line, select_key
 
-G711 = {"PCMU": 0, "PCMA": 8}
-WIDEBAND = {"G722": 9}
-"""Codecs decoded to 16 kHz audio; preferred over G.711 when the peer offers one."""
-_STATIC_NAMES = {0: "PCMU", 8: "PCMA", 9: "G722"}
 DIRECTIONS = ("sendrecv", "sendonly", "recvonly", "inactive")
 PLAIN_RTP = frozenset({"RTP/AVP", "RTP/AVPF"})
 """Unencrypted RTP m-line protocols."""
@@ -42,9 +37,20 @@ SDES_SRTP = frozenset({"RTP/SAVP", "RTP/SAVPF"})
 never taken: answering it without its handshake would leave us decoding ciphertext."""
 SrtpPolicy = Literal["off", "optional", "required"]
 _TAKEN: dict[str, frozenset[str]] = {"off": PLAIN_RTP, "optional": PLAIN_RTP | SDES_SRTP, "required": SDES_SRTP}
-OUR_PAYLOAD_TYPES: dict[int, str] = {9: "G722", 0: "PCMU", 8: "PCMA", 101: "telephone-event"}
-"""What our own offers list, most preferred first: G.722, both G.711 laws and RFC 4733 events
-on the customary 101."""
+OUR_PAYLOAD_TYPES: dict[int, str] = {
+    codec.payload_type: codec.name for codec in CODECS if codec.kind is not CodecKind.COMFORT_NOISE
+}
+"""What our own offers list: the audio codecs of ``rtp.codecs.CODECS`` in its order (static
+payload types, or the numbers it gives dynamic ones), then RFC 4733 events on the customary 101."""
+
+
+def _taken_codecs() -> str:
+    names = [codec.name for codec in CODECS if codec.kind is CodecKind.AUDIO]
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
+
+
+TAKEN_CODECS = _taken_codecs()
+"""The audio codecs we take, for messages: ``"G722, PCMU or PCMA"``."""
 
 
 @dataclass
@@ -65,7 +71,20 @@ class MediaDescription:
         mapped = self.rtpmap.get(payload_type)
         if mapped is not None:
             return mapped.split("/", 1)[0].upper()
-        return _STATIC_NAMES.get(payload_type)
+        codec = static_codec(payload_type)
+        return codec.encoding.upper() if codec is not None else None
+
+    def codec(self, payload_type: int) -> Codec | None:
+        """The codec of ``payload_type`` we take (``rtp.codecs``), from its rtpmap
+        (``L16/16000``, mono only) or, without one, the static table; None otherwise."""
+        mapped = self.rtpmap.get(payload_type)
+        if mapped is None:
+            return static_codec(payload_type)
+        encoding, _, rest = mapped.partition("/")
+        rate, _, channels = rest.partition("/")
+        if not rate.isascii() or not rate.isdigit() or not (channels == "" or channels.isdigit()):
+            return None
+        return find_codec(encoding, int(rate), int(channels or 1))
 
 
 @dataclass
@@ -171,10 +190,11 @@ def plan_streams(
         if picked is None:
             continue
         codec_pt, codec = picked
-        payload_types = {codec_pt: codec}
+        payload_types = {codec_pt: codec.name}
         for pt in _payload_numbers(media):
-            if media.encoding(pt) == "TELEPHONE-EVENT":
-                payload_types[pt] = "telephone-event"
+            offered = media.codec(pt)
+            if offered is not None and offered.kind is CodecKind.EVENTS:
+                payload_types[pt] = offered.name
         direction = media.direction or offer.direction or "sendrecv"
         address = media.connection or offer.connection
         remote = (address, media.port) if address else None
@@ -182,7 +202,7 @@ def plan_streams(
         on_hold = silent or (sendonly_is_hold and direction == "sendonly")
         answer = "inactive" if silent else "recvonly"
         key = select_key(media.crypto) if proto in SDES_SRTP else None
-        plans.append(StreamPlan(index, media.label, codec, payload_types, answer, on_hold, remote, key))
+        plans.append(StreamPlan(index, media.label, codec.name, payload_types, answer, on_hold, remote, key))
     return plans
 
 
@@ -195,15 +215,17 @@ def _payload_numbers(media: MediaDescription) -> list[int]:
     return [int(fmt) for fmt in media.formats if fmt.isascii() and fmt.isdigit()]
 
 
-def _pick_codec(media: MediaDescription) -> tuple[int, str] | None:
-    """The (payload type, name) we receive on ``media``: the first wideband codec offered,
-    else the first G.711 one; None when it offers neither."""
-    named = [(pt, media.encoding(pt)) for pt in _payload_numbers(media)]
-    for table in (WIDEBAND, G711):
-        for pt, name in named:
-            if name in table:
-                return pt, name
-    return None
+def _pick_codec(media: MediaDescription) -> tuple[int, Codec] | None:
+    """The (payload type, codec) we receive on ``media``: of the audio codecs offered that we
+    take, the one of the highest sample rate, among those the first offered; None when none."""
+    best: tuple[int, Codec] | None = None
+    for pt in _payload_numbers(media):
+        codec = media.codec(pt)
+        if codec is None or codec.kind is not CodecKind.AUDIO:
+            continue
+        if best is None or codec.sample_rate > best[1].sample_rate:
+            best = pt, codec
+    return best
 
 
 def offers_srtp(offer: SessionDescription) -> bool:
@@ -300,8 +322,9 @@ def _audio_lines(
     lines = [f"m=audio {port} {proto} {' '.join(str(pt) for pt in payload_types)}"]
     lines += crypto or []
     for pt, name in payload_types.items():
-        lines.append(f"a=rtpmap:{pt} {name}/8000")
-        if name == "telephone-event":
+        codec = codec_named(name)
+        lines.append(f"a=rtpmap:{pt} {codec.rtpmap if codec is not None else name + '/8000'}")
+        if codec is not None and codec.kind is CodecKind.EVENTS:
             lines.append(f"a=fmtp:{pt} 0-15")
     if label is not None:
         lines.append(f"a=label:{label}")

@@ -4,12 +4,15 @@ and the load generator's UAC against a scripted peer that loses and ignores requ
 from __future__ import annotations
 
 import socket
+import sys
 import threading
+import timeit
 from collections import Counter
 from typing import Any
 
 import pytest
 
+from deploy.bench import media_load
 from deploy.bench.sip_uac import BenchUac, CallState, UacConfig
 from sip.message import Headers, Request, Response, parse
 from tests.bench_json import run_bench_module
@@ -140,3 +143,11 @@ def test_uac_retransmits_and_times_out() -> None:
         peer.join()
         uac.close()
         peer.sock.close()
+
+
+def test_parser_bench_runs_without_aiortc_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "aiortc.rtp", None)  # import fails as when not installed
+    monkeypatch.setattr(timeit, "repeat", lambda *args, **kwargs: [0.1])
+    report = media_load._parser_bench()
+    assert report["aiortc_us_per_packet"].startswith("aiortc not installed")
+    assert report["ours_us_per_packet"] == 1.0

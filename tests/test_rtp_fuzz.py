@@ -15,12 +15,13 @@ from hypothesis import strategies as st
 from rtp import g711
 from rtp.dtmf import TelephoneEvents, key_name
 from rtp.g722 import G722Encoder
+from rtp.l16 import L16Encoder
 from rtp.leg import RtpLeg
 from rtp.packet import RtpPacket, parse_rtcp
 from rtp.sink import CountingSink
 
 MUTATED_DATAGRAMS = 100_000
-PAYLOAD_TYPES = {0: "PCMU", 8: "PCMA", 9: "G722", 101: "telephone-event", 13: "CN"}
+PAYLOAD_TYPES = {0: "PCMU", 8: "PCMA", 9: "G722", 96: "L16/16000", 97: "L16/8000", 101: "telephone-event", 13: "CN"}
 KEY_NAMES = {key_name(code) for code in range(256)}
 ADDRESSES = [("127.0.0.1", 5000), ("127.0.0.1", 5002), ("10.0.0.9", 5000)]
 
@@ -40,7 +41,10 @@ def telephone_event(code: int, flags: int, duration: int, *, timestamp: int = 80
 def seeds(rng: random.Random) -> list[bytes]:
     payload = g711.encode_ulaw((np.sin(np.arange(160) / 3) * 8000).astype(np.int16))
     wideband = G722Encoder().encode((np.sin(np.arange(320) / 5) * 8000).astype(np.int16))
+    linear = L16Encoder().encode((np.sin(np.arange(320) / 5) * 8000).astype(np.int16))
     return [
+        bytes(RtpPacket(payload_type=96, sequence_number=3, timestamp=1, ssrc=5, payload=linear)),
+        bytes(RtpPacket(payload_type=97, sequence_number=4, timestamp=1, ssrc=5, payload=linear[:161])),  # odd
         bytes(RtpPacket(payload_type=9, sequence_number=7, timestamp=1, ssrc=5, payload=wideband)),
         telephone_event(1, 0x0A, 160),
         telephone_event(1, 0x8A, 800),  # its End packet

@@ -202,3 +202,27 @@ def test_fake_link_conserves_audio(seed: int) -> None:
     assert stats.lost == count - len(in_time)
     assert stats.duplicate == 0
     assert sum(f.samples for f in frames) == count * SAMPLES
+
+
+def test_packets_count_in_ticks_not_bytes_when_the_codec_says_so() -> None:
+    """Two bytes per tick (L16): timestamps advance by the ticks the caller gives, so in-order
+    packets take the in-order path and a lost one is concealed with its length in ticks."""
+    buffer = ReorderBuffer(clock_rate=16000)
+    ticks, payload = 320, b"\x01\x02" * 320  # 20 ms at 16 kHz
+    frames = buffer.push(1, 0, SSRC, 96, payload, PacketKind.AUDIO, ticks)
+    assert buffer.push_in_order(2, ticks, SSRC, 96, payload, ticks)
+    assert buffer.in_order_expectation() == (3, 2 * ticks, ticks, SSRC)
+    frames += buffer.push(4, 3 * ticks, SSRC, 96, payload, PacketKind.AUDIO, ticks)
+    frames += buffer.flush()
+    assert [(f.kind, f.samples) for f in frames] == [
+        (FrameKind.AUDIO, ticks),
+        (FrameKind.REPEAT, ticks),
+        (FrameKind.AUDIO, ticks),
+    ]
+
+
+def test_the_gap_fill_limit_follows_the_clock_rate() -> None:
+    buffer = ReorderBuffer(max_gap_fill_ms=1000)
+    assert buffer.max_gap_fill == 8000
+    buffer.set_clock_rate(16000)
+    assert buffer.max_gap_fill == 16000

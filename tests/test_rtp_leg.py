@@ -343,7 +343,7 @@ def test_in_order_fast_path_plays_what_the_frame_path_plays() -> None:
         results = []
         for fast in (True, False):
             leg, _, _ = await open_leg()
-            upsampler = leg._upsampler = RecordingUpsampler()  # type: ignore[assignment]
+            upsampler = leg._audio._upsampler = RecordingUpsampler()  # type: ignore[assignment]
             if not fast:
                 leg._buffer.push_in_order = lambda *args: False  # type: ignore[method-assign]
             for data in arrivals:

@@ -50,10 +50,15 @@ def test_delayed_offer_gets_our_offer_in_the_200_and_the_answer_in_the_ack() -> 
     sdp = SessionDescription.parse(offer)
     (media,) = sdp.media
     assert (media.port, media.proto, media.direction) == (start.port, "RTP/AVP", "recvonly")
-    assert media.formats == ["9", "0", "8", "101"]
+    assert media.formats == ["9", "0", "8", "96", "97", "101", "102"]
     assert b"a=rtpmap:9 G722/8000" in offer  # RFC 3551: 8000 in the rtpmap, 16 kHz audio
+    assert b"a=rtpmap:96 L16/16000" in offer and b"a=rtpmap:97 L16/8000" in offer
     assert b"a=rtpmap:101 telephone-event/8000" in offer and b"a=fmtp:101 0-15" in offer
-    assert start.payload_types == {9: "G722", 0: "PCMU", 8: "PCMA", 101: "telephone-event"}
+    assert b"a=rtpmap:102 telephone-event/16000" in offer and b"a=fmtp:102 0-15" in offer
+    assert start.payload_types == {
+        9: "G722", 0: "PCMU", 8: "PCMA", 96: "L16/16000", 97: "L16/8000",
+        101: "telephone-event", 102: "telephone-event/16000",
+    }  # fmt: skip
     assert start.on_hold and start.remote is None
     actions = core.receive(ack_with(tag, answer_to(offer)), SOURCE, 0.1)
     (update,) = [a for a in actions if isinstance(a, UpdateMedia)]
@@ -126,7 +131,11 @@ def test_offerless_reinvite_gets_our_offer_and_takes_the_answer_from_the_ack() -
     (ok,) = responses(actions)
     assert ok.status == 200
     (media,) = SessionDescription.parse(ok.body).media
-    assert (media.port, media.formats, media.direction) == (start.port, ["9", "0", "8", "101"], "recvonly")
+    assert (media.port, media.formats, media.direction) == (
+        start.port,
+        ["9", "0", "8", "96", "97", "101", "102"],
+        "recvonly",
+    )
     assert b"o=hotline-asr" in ok.body and b" 2 IN IP4" in ok.body
     update = core.receive(invite(to_tag=tag, cseq=3, branch="z9hG4bK-up", method="UPDATE"), SOURCE, 1.05)
     assert statuses(update) == [491]
@@ -212,3 +221,36 @@ def test_g722_is_preferred_and_telephone_event_kept() -> None:
     assert b"m=audio 30000 RTP/AVP 9 101\r\n" in answer and b"a=rtpmap:9 G722/8000" in answer
     narrow = SessionDescription.parse("v=0\r\nc=IN IP4 10.0.0.5\r\nm=audio 4000 RTP/AVP 18 8\r\n")
     assert [p.codec for p in plan_streams(narrow)] == ["PCMA"]
+
+
+def test_l16_offer_is_accepted_at_the_rate_its_rtpmap_names() -> None:
+    """L16 (RFC 3551, dynamic payload types): 16 kHz is wideband and wins over G.711 offered
+    first; at 8 kHz the offerer's order among the narrowband codecs decides; stereo is refused."""
+    offer = SessionDescription.parse(
+        "v=0\r\nc=IN IP4 10.0.0.5\r\nm=audio 41000 RTP/AVP 0 118 101 120\r\n"
+        "a=rtpmap:118 L16/16000\r\na=rtpmap:101 telephone-event/8000\r\na=rtpmap:120 telephone-event/48000\r\n"
+        "a=sendrecv\r\n"
+    )
+    (plan,) = plan_streams(offer)
+    assert (plan.codec, plan.payload_types) == ("L16/16000", {118: "L16/16000", 101: "telephone-event"})
+    answer = build_answer(offer, [plan], {0: 30000}, "127.0.0.1", 1, 1)
+    assert b"m=audio 30000 RTP/AVP 118 101\r\n" in answer and b"a=rtpmap:118 L16/16000\r\n" in answer
+    events16k = SessionDescription.parse(
+        "v=0\r\nc=IN IP4 10.0.0.5\r\nm=audio 41000 RTP/AVP 118 119\r\n"
+        "a=rtpmap:118 L16/16000\r\na=rtpmap:119 telephone-event/16000\r\n"
+    )
+    (plan,) = plan_streams(events16k)
+    assert plan.payload_types == {118: "L16/16000", 119: "telephone-event/16000"}
+    answer = build_answer(events16k, [plan], {0: 30000}, "127.0.0.1", 1, 1)
+    assert b"a=rtpmap:119 telephone-event/16000\r\na=fmtp:119 0-15\r\n" in answer
+
+    def picked(formats: str, rtpmaps: str) -> list[str]:
+        sdp = f"v=0\r\nc=IN IP4 10.0.0.5\r\nm=audio 4000 RTP/AVP {formats}\r\n{rtpmaps}"
+        return [p.codec for p in plan_streams(SessionDescription.parse(sdp))]
+
+    assert picked("99 0", "a=rtpmap:99 l16/8000\r\n") == ["L16/8000"]
+    assert picked("0 99", "a=rtpmap:99 L16/8000\r\n") == ["PCMU"]
+    assert picked("99 9", "a=rtpmap:99 L16/16000\r\n") == ["L16/16000"]  # same rate as G.722: offer order
+    assert picked("99 0", "a=rtpmap:99 L16/16000/2\r\n") == ["PCMU"]
+    assert picked("99", "a=rtpmap:99 L16/44100\r\n") == []
+    assert picked("11", "") == []  # the static L16 types are 44.1 kHz

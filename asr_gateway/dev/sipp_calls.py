@@ -1,12 +1,13 @@
 """Real SIP calls with sipp (Debian's ``sip-tester``) for the demo, end-to-end tests and benchmarks.
 
-sipp plays the PBX: it sends an INVITE offering G.711 (``sendrecv`` for a plain call: a
+sipp plays the PBX: it sends an INVITE offering one codec (``sendrecv`` for a plain call: a
 ``sendonly`` offer means hold, which pauses the RTP inactivity timer), replays a pcap of RTP packets to the
 port our SDP answer names (``play_pcap_audio``), waits, and hangs up (or, to test RTP
 timeouts, vanishes without a BYE). ``write_rtp_pcap`` turns 16-bit PCM into such a pcap
-(G.711 at 8 kHz or G.722 at 16 kHz, 20 ms packets, optionally followed by RFC 4733 key
-presses), and ``scenario_xml`` writes a plain or SIPREC (two labelled streams, rs-metadata)
-call scenario.
+(20 ms packets, optionally followed by RFC 4733 key presses), and ``scenario_xml`` writes a
+plain or SIPREC (two labelled streams, rs-metadata) call scenario. A codec is chosen by the
+payload type it is sent as; codecs, rtpmap lines and encoders are those of ``rtp.codecs``
+(``sent_codec``: a dynamic codec is sent as the number our own offers give it).
 
 sipp's ``play_pcap_audio`` only feeds the first m-line. For the second SIPREC stream the
 scenario logs the port of our answer's second m-line (``<ereg>`` + ``<log>``) and
@@ -32,17 +33,14 @@ import numpy as np
 import soxr
 
 from asr_gateway.dev.local_redis import free_tcp_port
+from rtp.codecs import Codec, codec, sent_codec, telephone_events
 from rtp.dtmf import KEYS
-from rtp.g711 import encode_alaw, encode_ulaw
-from rtp.g722 import SAMPLE_RATE as G722_RATE
-from rtp.g722 import G722Encoder
 from rtp.srtp import SrtpKeys, SrtpSender
 
-SAMPLES_PER_PACKET = 160  # 20 ms at 8 kHz (and 20 ms of G.722: 160 ticks, RFC 3551)
-PACKET_S = 0.02
-PCMU, PCMA, G722 = 0, 8, 9
-TELEPHONE_EVENT = 101
-CODEC_NAMES = {PCMU: "PCMU", PCMA: "PCMA", G722: "G722"}
+PACKET_MS = 20
+PACKET_S = PACKET_MS / 1000
+PCMU, PCMA, G722 = (codec(name).payload_type for name in ("PCMU", "PCMA", "G722"))
+"""Payload types as the senders send them (``rtp.codecs.Codec.payload_type``)."""
 KEY_PACKETS = 5  # a key press: 100 ms of event packets, then its End packet three times
 SECOND_LEG_MARK = "SECOND_LEG_PORT"
 ANSWERED_MARK = "CALL_ANSWERED"
@@ -59,37 +57,40 @@ def _ip_checksum(header: bytes) -> int:
     return ~total & 0xFFFF
 
 
-def _payload(pcm: np.ndarray, sample_rate: int, payload_type: int) -> bytes:
-    """The whole recording encoded: G.711 at 8 kHz or G.722 at 16 kHz (64 kbit/s, 1 byte per tick)."""
-    rate = G722_RATE if payload_type == G722 else 8000
-    if sample_rate != rate:
-        pcm = soxr.resample(np.asarray(pcm, dtype=np.float32), sample_rate, rate)
+def _payload(pcm: np.ndarray, sample_rate: int, sent: Codec) -> bytes:
+    """The whole recording encoded with ``sent``'s encoder, at its sample rate."""
+    if sent.make_encoder is None:
+        raise ValueError(f"codec {sent.name} carries no audio to send")
+    if sample_rate != sent.sample_rate:
+        pcm = soxr.resample(np.asarray(pcm, dtype=np.float32), sample_rate, sent.sample_rate)
     samples = np.clip(np.asarray(pcm, dtype=np.float64), -32768, 32767).astype(np.int16)
-    if payload_type == G722:
-        return G722Encoder().encode(samples)
-    return bytes((encode_ulaw if payload_type == PCMU else encode_alaw)(samples))
+    return sent.make_encoder().encode(samples)
 
 
 def rtp_packets(pcm: np.ndarray, sample_rate: int, payload_type: int = PCMU, ssrc: int = 0x1234,
                 keys: str = "") -> list[bytes]:  # fmt: skip
-    """``pcm`` (int16-range mono, any rate) as RTP packets of 20 ms (160 timestamp ticks), in
-    G.711 or G.722 (``payload_type``), then ``keys`` (``0-9*#A-D``) as RFC 4733 events."""
-    payload = _payload(pcm, sample_rate, payload_type)
+    """``pcm`` (int16-range mono, any rate) as RTP packets of 20 ms in the codec sent as
+    ``payload_type`` (``rtp.codecs.sent_codec``), then ``keys`` (``0-9*#A-D``) as RFC 4733 events
+    at the same clock (``rtp.codecs.telephone_events``)."""
+    sent = sent_codec(payload_type)
+    payload = _payload(pcm, sample_rate, sent)
+    ticks = sent.clock_rate * PACKET_MS // 1000  # per packet
+    size = sent.payload_bytes(ticks)
+    events = telephone_events(sent).payload_type
     packets = [
-        struct.pack("!BBHII", 0x80, payload_type, i & 0xFFFF, i * SAMPLES_PER_PACKET, ssrc)
-        + payload[i * SAMPLES_PER_PACKET : (i + 1) * SAMPLES_PER_PACKET]
-        for i in range(len(payload) // SAMPLES_PER_PACKET)
+        struct.pack("!BBHII", 0x80, payload_type, i & 0xFFFF, i * ticks, ssrc) + payload[i * size : (i + 1) * size]
+        for i in range(len(payload) // size)
     ]
     for key in keys:
         if key not in KEYS:
             raise ValueError(f"not a DTMF key: {key!r} (use 0-9 * # A-D)")
-        start = len(packets) * SAMPLES_PER_PACKET
+        start = len(packets) * ticks
         for n in range(KEY_PACKETS + 3):
             end = n >= KEY_PACKETS
-            duration = SAMPLES_PER_PACKET * min(n + 1, KEY_PACKETS)
+            duration = ticks * min(n + 1, KEY_PACKETS)
             event = struct.pack("!BBH", KEYS.index(key), (0x80 if end else 0) | 10, duration)
             marker = 0x80 if n == 0 else 0
-            header = struct.pack("!BBHII", 0x80, marker | TELEPHONE_EVENT, len(packets) & 0xFFFF, start, ssrc)
+            header = struct.pack("!BBHII", 0x80, marker | events, len(packets) & 0xFFFF, start, ssrc)
             packets.append(header + event)
     return packets
 
@@ -109,7 +110,7 @@ def write_rtp_pcap(
         usec = i * 20_000
         out += struct.pack("<IIII", usec // 1_000_000, usec % 1_000_000, len(frame), len(frame)) + frame
     path.write_bytes(bytes(out))
-    return len(packets) * SAMPLES_PER_PACKET / 8000
+    return len(packets) * PACKET_S
 
 
 _HEADERS = """Via: SIP/2.0/[transport] [local_ip]:[local_port];branch=[branch]
@@ -125,9 +126,9 @@ o=pbx 1 1 IN IP[local_ip_type] [local_ip]
 s=-
 c=IN IP[media_ip_type] [media_ip]
 t=0 0
-m=audio [media_port] RTP/AVP {pt} 101
-a=rtpmap:{pt} {codec}/8000
-a=rtpmap:101 telephone-event/8000
+m=audio [media_port] RTP/AVP {pt} {events}
+a=rtpmap:{pt} {rtpmap}
+a=rtpmap:{events} {events_rtpmap}
 a=sendrecv
 """
 
@@ -140,11 +141,11 @@ s=-
 c=IN IP[media_ip_type] [media_ip]
 t=0 0
 m=audio [media_port] RTP/AVP {pt}
-a=rtpmap:{pt} {codec}/8000
+a=rtpmap:{pt} {rtpmap}
 a=label:1
 a=sendonly
 m=audio [media_port+2] RTP/AVP {pt}
-a=rtpmap:{pt} {codec}/8000
+a=rtpmap:{pt} {rtpmap}
 a=label:2
 a=sendonly
 
@@ -213,15 +214,16 @@ def scenario_xml(seconds: float, payload_type: int = PCMU, siprec: bool = False,
     and plays nothing (``place_call`` sends the SRTP).
     ``hangup=False``: the caller vanishes after the audio, without a BYE.
     """
-    codec = CODEC_NAMES[payload_type]
+    rtpmap = sent_codec(payload_type).rtpmap
     names = {"from_name": "pbx", "from_user": from_user, "to_user": to_user, "from_uri_params": from_uri_params}
     if siprec:
-        body = _SIPREC_BODY.format(pt=payload_type, codec=codec, caller=from_user, agent=agent)
+        body = _SIPREC_BODY.format(pt=payload_type, rtpmap=rtpmap, caller=from_user, agent=agent)
         extra = "\n".join(line for line in ("Require: siprec", extra_headers.strip()) if line)
         invite = _message("INVITE", 1, body, "multipart/mixed;boundary=hotline-boundary", extra,
                           contact_params=";+sip.src", **names)  # fmt: skip
     else:
-        sdp = _SDP_PLAIN.format(pt=payload_type, codec=codec)
+        events = telephone_events(sent_codec(payload_type))
+        sdp = _SDP_PLAIN.format(pt=payload_type, rtpmap=rtpmap, events=events.payload_type, events_rtpmap=events.rtpmap)
         if srtp is not None:
             inline = base64.b64encode(srtp.key).decode("ascii")
             sdp = sdp.replace(" RTP/AVP ", " RTP/SAVP ").replace(

@@ -21,9 +21,6 @@ PYVER=3.12
 # In the GPU machine's image already (its package list): not packed.
 IMAGE_PACKAGES="numpy torch triton onnx onnxruntime threadpoolctl pyyaml uvloop prometheus-client
 typing-extensions packaging setuptools filelock sympy mpmath networkx jinja2 markupsafe fsspec"
-# Not needed by the capacity run and too large to travel: av (aiortc's codecs, ~35 MB) is only
-# used by the WebRTC media path; aiortc itself imports lazily where it is used.
-LEFT_OUT="av"
 
 usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
 
@@ -55,14 +52,14 @@ rm -rf "$REPO"/build/lib.* "$REPO"/build/bdist.*  # no stale build output in the
 echo "== dependencies the GPU image lacks" >&2
 # The package names, one word each:
 # shellcheck disable=SC2086
-REQS="$("$PY" "$REPO/deploy/bench/runtime_requirements.py" "$REPO/setup.cfg" $IMAGE_PACKAGES $LEFT_OUT)"
+REQS="$("$PY" "$REPO/deploy/bench/runtime_requirements.py" "$REPO/setup.cfg" $IMAGE_PACKAGES)"
 echo "$REQS" > "$DL/requirements.txt"
 "$PY" -m pip download -q --only-binary=:all: --python-version "$PYVER" --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$DL" -r "$DL/requirements.txt" >&2
 for wheel in "$DL"/*.whl; do
     name="$(basename "$wheel" | cut -d- -f1 | tr 'A-Z_.' 'a-z--')"
-    case " $(echo "$IMAGE_PACKAGES $LEFT_OUT" | tr '\n' ' ') " in
+    case " $(echo "$IMAGE_PACKAGES" | tr '\n' ' ') " in
         *" $name "*) continue ;;
     esac
     cp "$wheel" "$OUT/"

@@ -6,7 +6,7 @@ This process runs the server: the real `sip.transport.SipServer` (UDP) with real
 `rtp.leg.RtpLeg` legs, the engine replaced by `calls.handler.CountingCallHandler`'s counting sinks,
 on one event loop (uvloop unless `--no-uvloop`), as `asr-gateway serve` runs them. A child
 process is the load generator (`deploy.bench.sip_uac`): it places `--calls` calls at
-`--rate` calls/s (INVITE with a PCMU/PCMA/G.722 offer, 100, 200 with our SDP answer, ACK), then
+`--rate` calls/s (INVITE offering `--codec`, 100, 200 with our SDP answer, ACK), then
 sends one 20 ms packet per call every 20 ms (50 packets/s per call) for `--seconds` to the
 address in each answer, from the address in its offer, then BYEs every call.
 
@@ -35,7 +35,8 @@ as `srtp` with `srtp_extra_us_per_packet`, the difference in `server_cpu_us_per_
 Both runs use the same receive path (the C one unprotects in-order SRTP packets itself).
 `--compare-no-sip` runs the SIP mode, then the direct mode with the same load in the same process, and adds the direct
 report as `no_sip` and `server_cpu_ratio_to_no_sip`. `--parser-bench` instead prints the
-per-packet parse cost of aiortc's RtpPacket and ours.
+per-packet parse cost of our RtpPacket, and of aiortc's where aiortc is installed (the
+`bench` extra; otherwise the JSON says "aiortc not installed").
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ from typing import Any
 from asr_common.audio import PcmSink
 from calls.handler import CountingCallHandler
 from deploy.bench.sip_uac import PACKET_MS, UacConfig, run_uac, stream_rtp
-from rtp.leg import DEFAULT_POLL_INTERVAL_MS, DEFAULT_RESAMPLE_BATCH_MS, RESAMPLERS, RtpLeg
+from rtp.codecs import audio_codecs, payload_type_map
+from rtp.decoding import RESAMPLERS
+from rtp.leg import DEFAULT_POLL_INTERVAL_MS, DEFAULT_RESAMPLE_BATCH_MS, RtpLeg
 from rtp.packet import RtpPacket
 from rtp.poller import FastReceiver
 from rtp.ports import PortAllocator
@@ -67,7 +70,8 @@ from rtp.srtp import SrtpKeys, SrtpSender
 from sip.config import SipSettings
 from sip.transport import SipServer
 
-PAYLOAD_TYPES = {0: "PCMU", 8: "PCMA", 9: "G722", 101: "telephone-event", 13: "CN"}
+PAYLOAD_TYPES = payload_type_map()
+"""Every codec of `rtp.codecs` under the payload type the pacer sends it as."""
 HELD_FRACTION = 0.99
 DRAIN_LIMIT_S = 30.0
 DRAIN_POLL_S = 0.2
@@ -383,12 +387,18 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _parser_bench() -> dict[str, Any]:
-    from aiortc.rtp import RtpPacket as AiortcRtpPacket
-
+    """Our parse cost per packet, and aiortc's where it is installed (the `bench` extra)."""
     data = bytes(RtpPacket(payload_type=0, sequence_number=1, timestamp=2, ssrc=3, payload=b"\xff" * 160))
-    number = 100_000
+    parsers: list[tuple[str, Callable[[bytes], object]]] = [("ours_us_per_packet", RtpPacket.parse)]
     result: dict[str, Any] = {"packet_bytes": len(data)}
-    for name, parse in (("aiortc_us_per_packet", AiortcRtpPacket.parse), ("ours_us_per_packet", RtpPacket.parse)):
+    try:
+        from aiortc.rtp import RtpPacket as AiortcRtpPacket
+    except ImportError:
+        result["aiortc_us_per_packet"] = "aiortc not installed (pip install 'hotline-asr[bench]')"
+    else:
+        parsers.insert(0, ("aiortc_us_per_packet", AiortcRtpPacket.parse))
+    number = 100_000
+    for name, parse in parsers:
         best = min(timeit.repeat(lambda parse=parse: parse(data), number=number, repeat=5))  # type: ignore[misc]
         result[name] = round(best * 1e6 / number, 3)
     return result
@@ -409,7 +419,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", "--streams", type=_positive(int), default=100, help="concurrent calls")
     parser.add_argument("--seconds", type=_positive(float), default=10.0, help="streaming time per call")
     parser.add_argument("--rate", type=_positive(float), default=200.0, help="call setup rate, calls/s")
-    parser.add_argument("--codec", choices=("PCMU", "PCMA", "G722"), default="PCMU", help="G722: wideband, no C path")
+    codecs = list(audio_codecs())
+    parser.add_argument(
+        "--codec",
+        choices=[codec.name for codec in codecs],
+        default="PCMU",
+        help="codecs without the C receive path: " + ", ".join(codec.name for codec in codecs if not codec.fast_path),
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port-min", type=int, default=30000, help="server RTP port range")
     parser.add_argument("--port-max", type=int, default=39999)

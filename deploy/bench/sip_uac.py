@@ -1,14 +1,14 @@
 """A small, fast SIP UAC and RTP pacer for load tests, built on our own `sip.message`.
 
-One UDP socket carries the SIP of every call; a few UDP sockets send their RTP, and each
-call's SDP offer names the socket that will send its packets (so the receiver sees them come
-from the SDP address). Per call: INVITE with a PCMU, PCMA or G.722 offer, retransmitted after T1,
-2·T1, 4·T1 ... until a response arrives (a provisional one stops the retransmissions); a
-2xx is ACKed (again for each retransmitted 2xx), a final non-2xx is ACKed and counts as a
-setup failure, as does no final answer 64·T1 after the first INVITE. At the end, BYE with
-T1-doubling retransmissions capped at T2, until a final response or 64·T1. BYEs and OPTIONS
-from the server are answered 200. No CANCEL, authentication or TCP: a load generator's job
-is to be fast and predictable, not complete.
+One UDP socket carries the SIP of every call; a few UDP sockets send their RTP, and each call's
+SDP offer names the socket that will send its packets (so the receiver sees them come from the
+SDP address). Per call: INVITE offering one codec of `rtp.codecs` (PCMU, PCMA, G.722 ...),
+retransmitted after T1, 2·T1, 4·T1 ... until a response arrives (a provisional one stops the
+retransmissions); a 2xx is ACKed (again for each retransmitted 2xx), a final non-2xx is ACKed
+and counts as a setup failure, as does no final answer 64·T1 after the first INVITE. At the
+end, BYE with T1-doubling retransmissions capped at T2, until a final response or 64·T1. BYEs
+and OPTIONS from the server are answered 200. No CANCEL, authentication or TCP: a load
+generator's job is to be fast and predictable, not complete.
 
 `stream_rtp` paces one 20 ms packet per call per tick. All calls carry the same SSRC,
 sequence numbers and timestamps (each goes to its own leg, and a receiver keys nothing on
@@ -31,16 +31,14 @@ from typing import Any
 
 import numpy as np
 
-from rtp import g711
-from rtp.g722 import G722Encoder
+from rtp.codecs import codec as codec_named
+from rtp.codecs import telephone_events
 from sip.errors import SipParseError
 from sip.header_values import NameAddr
 from sip.message import Headers, Request, Response, parse
 from sip.sdp import SessionDescription
 
 PACKET_MS = 20
-PACKET_SAMPLES = 160
-PAYLOAD_TYPES = {"PCMU": 0, "PCMA": 8, "G722": 9}
 BENCH_SSRC = 0x5EED0001
 _RTP_HEADER = struct.Struct("!BBHII")
 _TIMEOUT_FACTOR = 64  # RFC 3261 timers B and F: 64·T1
@@ -120,14 +118,16 @@ class StreamReport:
 
 
 def tone_payloads(codec: str) -> list[bytes]:
-    """One second of a 440 Hz tone as 50 packet payloads, reused in a loop (G.722: sampled at
-    16 kHz, 160 bytes and 160 timestamp ticks per 20 ms like G.711)."""
-    if codec == "G722":
-        wide = (np.sin(2 * np.pi * 440 * np.arange(16000) / 16000) * 8000).astype(np.int16)
-        encoder = G722Encoder()
-        return [encoder.encode(wide[i : i + 2 * PACKET_SAMPLES]) for i in range(0, 16000, 2 * PACKET_SAMPLES)]
-    samples = (np.sin(2 * np.pi * 440 * np.arange(8000) / 8000) * 8000).astype(np.int16)
-    return [g711.encode(codec, samples[i : i + PACKET_SAMPLES]) for i in range(0, 8000, PACKET_SAMPLES)]
+    """One second of a 440 Hz tone as 50 packet payloads of `codec` (`rtp.codecs`, at its
+    sample rate), reused in a loop."""
+    sent = codec_named(codec)
+    if sent.make_encoder is None:
+        raise ValueError(f"codec {sent.name} carries no audio to send")
+    rate = sent.sample_rate
+    tone = (np.sin(2 * np.pi * 440 * np.arange(rate) / rate) * 8000).astype(np.int16)
+    encoder = sent.make_encoder()
+    step = rate * PACKET_MS // 1000
+    return [encoder.encode(tone[i : i + step]) for i in range(0, rate, step)]
 
 
 def stream_rtp(
@@ -148,7 +148,8 @@ def stream_rtp(
     one period late counts in `ticks_behind`; it is sent anyway, so nothing is skipped.
     `protectors` (one per target) turn each packet into SRTP before it is sent.
     """
-    payload_type = PAYLOAD_TYPES[codec]
+    payload_type = codec_named(codec).payload_type
+    packet_ticks = codec_named(codec).clock_rate * PACKET_MS // 1000
     payloads = tone_payloads(codec)
     ticks = round(seconds * 1000 / PACKET_MS)
     sends = [(sender.sendto, address) for sender, address in targets]
@@ -161,7 +162,7 @@ def stream_rtp(
             time.sleep(delay)
         elif delay < -PACKET_MS / 1000:
             report.ticks_behind += 1
-        header = _RTP_HEADER.pack(0x80, payload_type, tick & 0xFFFF, (tick * PACKET_SAMPLES) & 0xFFFFFFFF, BENCH_SSRC)
+        header = _RTP_HEADER.pack(0x80, payload_type, tick & 0xFFFF, (tick * packet_ticks) & 0xFFFFFFFF, BENCH_SSRC)
         packet = header + payloads[tick % len(payloads)]
         for index, (sendto, address) in enumerate(sends):
             if active is not None and not active[index]:
@@ -230,11 +231,13 @@ class BenchUac:
             invite_branch=self._branch(),
         )
         rtp_port = self.rtp[call.rtp_socket].getsockname()[1]
-        payload_type = PAYLOAD_TYPES[config.codec]
+        sent = codec_named(config.codec)
+        events = telephone_events(sent)
+        pt, event_pt = sent.payload_type, events.payload_type
         offer = (
             f"v=0\r\no=bench {index} 1 IN IP4 {host}\r\ns=bench\r\nc=IN IP4 {host}\r\nt=0 0\r\n"
-            f"m=audio {rtp_port} RTP/AVP {payload_type} 101\r\n"
-            f"a=rtpmap:{payload_type} {config.codec}/8000\r\na=rtpmap:101 telephone-event/8000\r\na=sendrecv\r\n"
+            f"m=audio {rtp_port} RTP/AVP {pt} {event_pt}\r\n"
+            f"a=rtpmap:{pt} {sent.rtpmap}\r\na=rtpmap:{event_pt} {events.rtpmap}\r\na=sendrecv\r\n"
         ).encode()
         headers = self._dialog_headers(call, call.invite_branch, "1 INVITE", to_tag=None)
         headers.add("Contact", f"<sip:bench@{host}:{self.local_port}>")
