@@ -91,7 +91,8 @@ class Profile(BaseModel):
     join_by: str | None = None
     """Join two plain calls into one (``calls.join``; SIP: ``sip/cucm.py``): ``cucm`` (built-in-bridge
     From URI ``x-nearend``/``x-farend`` = agent/caller, paired by ``x-refci``), ``header:NAME`` or
-    ``uri-param:NAME`` (From URI parameter); calls with the same value become one call."""
+    ``uri-param:NAME`` (From URI parameter), or ``uuid-prefix:N`` (AudioSocket: the first N hex
+    digits of the connection's UUID); calls with the same value become one call."""
     join_timeout_s: float = Field(5.0, gt=0, le=60)
     """How long (s) the first call of a pair waits for its partner before the call is
     announced alone; a partner later than that is a call of its own."""
