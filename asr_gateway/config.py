@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from asr_common.yamlconf import ConfigError, read_yaml, validate_data
 from asr_gateway.state_dir import default_state_dir
+from audiosocket.config import AudioSocketSettings
 from kb_hooks.config import KbHooksSettings, RedisSettings
 from rtp.latch import LatchName
 from sip.config import SipSettings
@@ -265,6 +266,7 @@ class ServiceConfig(_Section):
     kb_hooks: KbHooksSettings = Field(default_factory=KbHooksSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    audiosocket: AudioSocketSettings = Field(default_factory=AudioSocketSettings)
     routes: Path | None = Field(None, description="routing rules file (YAML); none: all calls get the default profile")
 
 

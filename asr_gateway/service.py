@@ -39,6 +39,7 @@ from asr_core.engine import Engine, EngineOptions, resolve_dtype
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_gateway.bridge import CallBridge
 from asr_gateway.config import ServiceConfig
+from asr_gateway.doors import Doors
 from asr_gateway.heartbeat import Heartbeat, default_node_id
 from asr_gateway.hotwords import HotwordLists
 from asr_gateway.metrics import MetricsServer
@@ -274,6 +275,7 @@ class Service:
         self.sip = SipServer(
             sip_settings, self.bridge, self.ports_allocator, self.router, leg_factory=self._rtp_leg, media_host=None
         )
+        self.doors = Doors(config, self.bridge, lambda: self.router, self.loaded.sample_rate)
         self.metrics = MetricsServer(self, config.metrics.host, config.metrics.port)
         self._stopping = asyncio.Event()
         self._reload_signature = _files_signature(self._watched_files())
@@ -316,6 +318,7 @@ class Service:
         self.engine.start()
         self.warm = True
         await self.sip.start()
+        await self.doors.start()
         self.sip_listening = True
         metrics_port = self.metrics.start() if self.config.metrics.enabled else None
         for warning in self.config.metrics.open_settings():
@@ -348,6 +351,7 @@ class Service:
     def request_stop(self) -> None:
         """Start draining now: OPTIONS, new INVITEs and /health/ready answer 503 from this moment."""
         self.sip.set_draining()
+        self.doors.set_draining()
         self._stopping.set()
 
     async def run_until_stopped(self) -> None:
@@ -383,6 +387,7 @@ class Service:
             self._reload_task.cancel()
         self._stopping.set()  # not ready from now on (request_stop may not have come first)
         self.sip_listening = False
+        await self.doors.stop()
         await self.sip.stop(grace_s)
         await asyncio.to_thread(self._finish_decoding)
         await asyncio.to_thread(self.engine.stop, DRAIN_STALL_S)
