@@ -24,6 +24,7 @@ from audiosocket.config import AudioSocketSettings
 from kb_hooks.config import KbHooksSettings, RedisSettings
 from rtp.latch import LatchName
 from sip.config import SipSettings
+from wsaudio.config import WebSocketSettings
 
 CHUNK_SIZES_MS = (160, 240, 320, 640)
 ENV_PREFIX = "ASR_"
@@ -267,6 +268,7 @@ class ServiceConfig(_Section):
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     audiosocket: AudioSocketSettings = Field(default_factory=AudioSocketSettings)
+    websocket: WebSocketSettings = Field(default_factory=WebSocketSettings)
     routes: Path | None = Field(None, description="routing rules file (YAML); none: all calls get the default profile")
 
 

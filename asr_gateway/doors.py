@@ -1,4 +1,5 @@
-"""The front doors beside SIP (Asterisk AudioSocket today) that the config turns on.
+"""The front doors beside SIP that the config turns on: Asterisk AudioSocket (``audiosocket``)
+and the WebSocket API with FreeSWITCH ``mod_audio_fork`` (``websocket``).
 
 Each door hands its calls to the same application (``CallBridge``, a ``calls.handler.CallHandler``)
 and routes them with the routes in force, so routing, admission, the engine, events and the
@@ -12,38 +13,51 @@ from collections.abc import Callable
 
 from asr_common.audio import SAMPLE_RATE
 from asr_common.yamlconf import ConfigError
+from asr_gateway.bridge import CallBridge
 from asr_gateway.config import ServiceConfig
 from audiosocket.server import AudioSocketServer
-from calls.handler import CallHandler
 from calls.routing import Router
+from wsaudio.server import WebSocketServer
 
 
 class Doors:
     """The enabled doors; ``model_rate`` (Hz) is the engine's input rate, which doors feed at 16 kHz."""
 
     def __init__(
-        self, config: ServiceConfig, handler: CallHandler, router: Callable[[], Router], model_rate: int
+        self, config: ServiceConfig, bridge: CallBridge, router: Callable[[], Router], model_rate: int
     ) -> None:
-        enabled = ["audiosocket"] if config.audiosocket.enabled else []
+        switches = (("audiosocket", config.audiosocket.enabled), ("websocket", config.websocket.enabled))
+        enabled = [name for name, on in switches if on]
         if enabled and model_rate != SAMPLE_RATE:
             raise ConfigError(
                 [f"{', '.join(enabled)}: these doors feed {SAMPLE_RATE} Hz audio; the model's front end runs at "
                  f"{model_rate} Hz (turn the doors off or serve a {SAMPLE_RATE} Hz model)"]
             )  # fmt: skip
-        self.audiosocket = (
-            AudioSocketServer(config.audiosocket, handler, router) if config.audiosocket.enabled else None
+        self.audiosocket = AudioSocketServer(config.audiosocket, bridge, router) if config.audiosocket.enabled else None
+        self.websocket = (
+            WebSocketServer(
+                config.websocket, bridge, router, bridge.watch, bridge.unwatch, tuple(config.engine.allowed_chunk_ms)
+            )
+            if config.websocket.enabled
+            else None
         )
 
     async def start(self) -> None:
         if self.audiosocket is not None:
             await self.audiosocket.start()
+        if self.websocket is not None:
+            await self.websocket.start()
 
     def set_draining(self) -> None:
         """Refuse new connections on every door."""
         if self.audiosocket is not None:
             self.audiosocket.set_draining()
+        if self.websocket is not None:
+            self.websocket.set_draining()
 
     async def stop(self) -> None:
         """Stop listening and end the doors' open legs."""
         if self.audiosocket is not None:
             await self.audiosocket.stop()
+        if self.websocket is not None:
+            await self.websocket.stop()

@@ -97,6 +97,14 @@ class Profile(BaseModel):
     """How long (s) the first call of a pair waits for its partner before the call is
     announced alone; a partner later than that is a call of its own."""
 
+    bearer_token: str | None = Field(None, min_length=16)
+    """WebSocket door: the token a client of the routes using this profile must present
+    (``Authorization: Bearer <token>``, or ``?token=`` where a browser cannot set headers);
+    None asks for none. Other doors have no way to present one and ignore it."""
+    send_events: bool = False
+    """WebSocket door, ``mod_audio_fork`` streams: send the call's events back as text frames
+    (FreeSWITCH hands them to the dialplan as events). Application streams always get theirs."""
+
     @field_validator("join_by")
     @classmethod
     def _join_rule(cls, value: str | None) -> str | None:
