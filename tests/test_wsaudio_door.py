@@ -133,5 +133,7 @@ def test_the_dialects_sans_io() -> None:
     stereo = np.array([1, -1, 2, -2, 3, -3], dtype="<i2").tobytes()
     left, right = split_channels(stereo, 2)
     assert left.tolist() == [1, 2, 3] and right.tolist() == [-1, -2, -3]
+    in_metadata = read_start(read_handshake("/audio_fork", [], []), '{"mix": "mixed", "rate": 16000}')
+    assert (in_metadata.mix, in_metadata.sample_rate) == ("mixed", 16000)
     with pytest.raises(PeerError, match="not whole 2-channel"):
         split_channels(stereo[:6], 2)

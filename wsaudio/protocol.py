@@ -16,8 +16,9 @@ dialect        handshake                                    messages
                                                             ``left_chunks``; replies ``server_ready``,
                                                             then the call's events (``docs/events.md``)
 ``audio_fork`` subprotocol ``audio.drachtio.org`` or path   FreeSWITCH ``mod_audio_fork``: one text
-               ``/audio_fork``; query ``mix`` (mono,        frame of metadata (a JSON object), then
-               mixed, stereo) and ``rate`` (8000, 16000)    binary L16 (stereo interleaved); replies:
+               ``/audio_fork``; ``mix`` (mono, mixed,       frame of metadata (a JSON object), then
+               stereo) and ``rate`` (8000/8k, 16000/16k)    binary L16 (stereo interleaved); replies:
+               in the query or the metadata
                                                             the call's events when the route asks
 =============  ===========================================  ===========================================
 
@@ -137,10 +138,11 @@ def read_start(handshake: Handshake, text: str) -> StreamStart:
                 and len(attributes) < MAX_ATTRIBUTES
             ):
                 attributes.setdefault(clean_value(str(key)), clean_value(str(value)))
-        mix = handshake.attributes.get("mix", "mono")
-        if mix not in _MIXES:
-            raise PeerError("bad_start", f"mix {mix!r} is not one of mono, mixed, stereo", CLOSE_UNSUPPORTED)
-        return StreamStart(_rate(handshake.attributes.get("rate", 8000)), mix, attributes)  # type: ignore[arg-type]
+        name = attributes.get("mix", "mono")  # the query's, else the metadata's
+        mix = _MIXES.get(name)
+        if mix is None:
+            raise PeerError("bad_start", f"mix {name!r} is not one of mono, mixed, stereo", CLOSE_UNSUPPORTED)
+        return StreamStart(_rate(attributes.get("rate", 8000)), mix, attributes)
     if message.get("signal") != "start":
         raise PeerError("no_start", f"the first text message must be the start signal, got {text[:80]!r}")
     nbest = _int(message, "nbest", 1)
