@@ -10,6 +10,7 @@ listens, and stops them before SIP.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from asr_common.audio import SAMPLE_RATE
 from asr_common.yamlconf import ConfigError
@@ -18,6 +19,16 @@ from asr_gateway.config import ServiceConfig
 from audiosocket.server import AudioSocketServer
 from calls.routing import Router
 from wsaudio.server import WebSocketServer
+
+
+@dataclass(frozen=True)
+class DoorStats:
+    """One door's counters for /metrics: open connections, legs opened, refusals by reason."""
+
+    door: str
+    connections: int
+    legs: int
+    refusals: dict[str, int]
 
 
 class Doors:
@@ -61,3 +72,14 @@ class Doors:
             await self.audiosocket.stop()
         if self.websocket is not None:
             await self.websocket.stop()
+
+    def stats(self) -> list[DoorStats]:
+        """The enabled doors' counters (none for SIP: it has its own)."""
+        result = []
+        if self.audiosocket is not None:
+            door = self.audiosocket
+            result.append(DoorStats("audiosocket", door.connections, door.legs, dict(door.refusals)))
+        if self.websocket is not None:
+            ws = self.websocket
+            result.append(DoorStats("websocket", ws.connections, ws.legs, dict(ws.refusals)))
+        return result

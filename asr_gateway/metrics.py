@@ -48,6 +48,7 @@ class ServiceCollector(Collector):
         s = self.service
         yield from self._calls_and_engine(s)
         yield from self._sip_and_rtp(s)
+        yield from self._doors(s)
         yield from self._redis(s)
         yield from self._config(s)
 
@@ -107,6 +108,21 @@ class ServiceCollector(Collector):
         yield responses
         yield sip_events
         yield labelled("asr_rtp", "RTP receive counters over all legs", s.rtp_totals.snapshot().items())
+
+    def _doors(self, s: Service) -> Iterator[Any]:
+        connections = GaugeMetricFamily("asr_door_connections", "open connections per front door", labels=["door"])
+        legs = CounterMetricFamily("asr_door_legs", "legs opened per front door", labels=["door"])
+        refusals = CounterMetricFamily(
+            "asr_door_refusals", "connections a front door closed for bad input or a limit", labels=["door", "reason"]
+        )
+        for door in s.doors.stats():
+            connections.add_metric([door.door], door.connections)
+            legs.add_metric([door.door], door.legs)
+            for reason, count in sorted(door.refusals.items()):
+                refusals.add_metric([door.door, reason], count)
+        yield connections
+        yield legs
+        yield refusals
 
     def _redis(self, s: Service) -> Iterator[Any]:
         publisher = s.publisher

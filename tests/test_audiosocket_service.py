@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,7 @@ def test_audiosocket_calls_at_8_and_16_khz_and_a_joined_call(tmp_path: Path, red
 
     async def scenario() -> list[bytes]:
         service = Service(config)
-        await service.start()
+        ports = await service.start()
         assert service.doors.audiosocket is not None
         port = service.doors.audiosocket.port
         try:
@@ -67,6 +68,9 @@ def test_audiosocket_calls_at_8_and_16_khz_and_a_joined_call(tmp_path: Path, red
             )
             await wait_drained(service)
             assert not service.doors.audiosocket.refusals
+            url = f"http://127.0.0.1:{ports.metrics}/metrics"
+            metrics = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read().decode())
+            assert 'asr_door_legs_total{door="audiosocket"} 4.0' in metrics
         finally:
             await service.stop(grace_s=5)
         return list(replies)

@@ -39,6 +39,7 @@ from wsproto.events import (
 )
 from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
+from asr_common.audio import PcmSink
 from asr_common.errors import CapacityError
 from calls.call import CallInfo, CallSource, LegInfo
 from calls.handler import CallHandler
@@ -90,7 +91,7 @@ class WebSocketServer:
         self.unwatch = unwatch
         self.allowed_chunk_ms = allowed_chunk_ms
         self.refusals: Counter[str] = Counter()
-        self.streams = 0
+        self.legs = 0
         self.draining = False
         self._server: asyncio.Server | None = None
         self._per_source: Counter[str] = Counter()
@@ -144,7 +145,7 @@ class WebSocketServer:
 
 
 class _Leg:
-    def __init__(self, leg: LegInfo, sink: Any, rate: int) -> None:
+    def __init__(self, leg: LegInfo, sink: PcmSink, rate: int) -> None:
         self.leg = leg
         self.sink = sink
         self.resampler: UpsamplerStream | PassThroughStream = model_rate_stream(rate, sink.accept_waveform)
@@ -275,10 +276,9 @@ class _Connection:
             raise PeerError("audio_before_start", "binary message before the start message")
         if self.input_ended:
             raise PeerError("audio_after_end", "binary message after the end signal")
-        for leg, samples in zip(self.legs, split_channels(data, self.start.channels), strict=False):
-            leg.resampler.submit(samples)
-        if not self.legs:  # a route that transcribes none of the stream's roles: the bytes are still checked
-            split_channels(data, self.start.channels)
+        channels = split_channels(data, self.start.channels)  # checked even when no leg is transcribed
+        for leg in self.legs:
+            leg.resampler.submit(channels[int(leg.leg.label or 0)])
 
     def _open(self, start: StreamStart) -> None:
         server, handshake = self.server, self.handshake
@@ -338,7 +338,7 @@ class _Connection:
                     self.call = None
                 raise PeerError("busy", f"no room for another stream ({exc})", CLOSE_TRY_LATER) from None
             self.legs.append(_Leg(leg, sink, start.sample_rate))
-        server.streams += 1
+            server.legs += 1
         ready = server_ready(handshake.dialect, call_id, start, profile.chunk_ms, profile.left_chunks)
         if ready is not None:
             self._send(TextMessage(data=ready))
