@@ -9,6 +9,7 @@ listens, and stops them before SIP.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,6 +20,21 @@ from asr_gateway.config import ServiceConfig
 from audiosocket.server import AudioSocketServer
 from calls.routing import Router
 from wsaudio.server import WebSocketServer
+
+
+def websocket_tls(config: ServiceConfig) -> ssl.SSLContext | None:
+    """The WebSocket door's TLS context (``websocket.tls``: the SIP certificate and key), or None."""
+    if not config.websocket.tls:
+        return None
+    sip = config.sip
+    if not sip.tls_cert or not sip.tls_key:
+        raise ConfigError(["websocket.tls needs sip.tls_cert and sip.tls_key (PEM files), as the SIP tls transport"])
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(sip.tls_cert, sip.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError([f"websocket.tls: cannot load {sip.tls_cert} / {sip.tls_key}: {exc}"]) from None
+    return context
 
 
 @dataclass(frozen=True)
@@ -47,11 +63,12 @@ class Doors:
         self.audiosocket = AudioSocketServer(config.audiosocket, bridge, router) if config.audiosocket.enabled else None
         self.websocket = (
             WebSocketServer(
-                config.websocket, bridge, router, bridge.watch, bridge.unwatch, tuple(config.engine.allowed_chunk_ms)
+                config.websocket, bridge, router, bridge.watch, bridge.unwatch, tuple(config.engine.allowed_chunk_ms),
+                websocket_tls(config),
             )
             if config.websocket.enabled
             else None
-        )
+        )  # fmt: skip
 
     async def start(self) -> None:
         if self.audiosocket is not None:

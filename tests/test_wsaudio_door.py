@@ -7,17 +7,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import socket
+import ssl
 import struct
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import websocket
 
+from asr_common.yamlconf import ConfigError
+from asr_gateway.config import ServiceConfig
+from asr_gateway.doors import websocket_tls
 from calls.handler import CountingCallHandler
 from calls.routing import Router, RoutesFile
+from tests.certs import self_signed_cert
 from wsaudio.config import WebSocketSettings
 from wsaudio.errors import PeerError
 from wsaudio.protocol import read_handshake, read_start, split_channels
@@ -40,16 +47,18 @@ def closed_with(ws: websocket.WebSocket) -> tuple[int, str]:
             return struct.unpack("!H", frame.data[:2])[0], frame.data[2:].decode()
 
 
-def run_door(clients: Callable[[str], None], handler: CountingCallHandler, **settings: Any) -> WebSocketServer:
+def run_door(
+    clients: Callable[[str], None], handler: CountingCallHandler, tls: ssl.SSLContext | None = None, **settings: Any
+) -> WebSocketServer:
     async def main() -> WebSocketServer:
         watched: dict[str, Any] = {}
         door = WebSocketServer(
             WebSocketSettings(enabled=True, port=0, **settings), handler, lambda: Router(ROUTES),
-            watched.__setitem__, lambda call_id: watched.pop(call_id, None), (160, 320, 640),
+            watched.__setitem__, lambda call_id: watched.pop(call_id, None), (160, 320, 640), tls,
         )  # fmt: skip
         await door.start()
         try:
-            await asyncio.to_thread(clients, f"ws://127.0.0.1:{door.port}")
+            await asyncio.to_thread(clients, f"{'wss' if tls else 'ws'}://127.0.0.1:{door.port}")
             await asyncio.sleep(0.1)
         finally:
             await door.stop()
@@ -137,3 +146,22 @@ def test_the_dialects_sans_io() -> None:
     assert (in_metadata.mix, in_metadata.sample_rate) == ("mixed", 16000)
     with pytest.raises(PeerError, match="not whole 2-channel"):
         split_channels(stereo[:6], 2)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
+def test_wss_with_the_sip_certificate(tmp_path: Path) -> None:
+    cert, key = self_signed_cert(tmp_path)
+    with pytest.raises(ConfigError, match=r"websocket\.tls needs sip\.tls_cert and sip\.tls_key"):
+        websocket_tls(ServiceConfig.model_validate({"websocket": {"tls": True}}))
+    sip = {"tls_cert": str(cert), "tls_key": str(key)}
+    context = websocket_tls(ServiceConfig.model_validate({"websocket": {"tls": True}, "sip": sip}))
+    handler = CountingCallHandler()
+
+    def client(base: str) -> None:
+        ws = websocket.create_connection(base, timeout=10, sslopt={"ca_certs": str(cert)})
+        ws.send(START)
+        assert json.loads(ws.recv()) == {"status": "ok", "type": "server_ready"}
+        ws.close()
+
+    run_door(client, handler, context)
+    assert handler.open_legs == 0 and len(handler.ended) == 1

@@ -14,6 +14,9 @@ class WebSocketSettings(BaseModel):
     enabled: bool = Field(False, description="listen for WebSocket audio streams")
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(9093, ge=0, le=65535, description="TCP port; 0 picks a free one")
+    tls: bool = Field(
+        False, description="serve wss:// with the SIP TLS certificate and key (sip.tls_cert, sip.tls_key)"
+    )
     max_message_bytes: int = Field(
         65536, ge=1024, description="larger messages close the connection (1009); 100 ms of 16 kHz stereo is 6400"
     )

@@ -19,6 +19,7 @@ import contextlib
 import hmac
 import json
 import logging
+import ssl
 import time
 import uuid
 from collections import Counter
@@ -77,12 +78,13 @@ class WebSocketServer:
 
     ``router`` returns the routes in force; ``watch``/``unwatch`` subscribe a call's events;
     ``allowed_chunk_ms`` are the chunk sizes the engine serves (a client of our dialect picks
-    one of them). ``refusals`` counts connections closed for bad input or by a limit.
+    one of them); ``tls``, when given, makes it a wss:// server. ``refusals`` counts
+    connections closed for bad input or by a limit; ``legs`` the legs opened.
     """
 
     def __init__(
         self, settings: WebSocketSettings, handler: CallHandler, router: Callable[[], Router], watch: Watch,
-        unwatch: Callable[[str], None], allowed_chunk_ms: tuple[int, ...],
+        unwatch: Callable[[str], None], allowed_chunk_ms: tuple[int, ...], tls: ssl.SSLContext | None = None,
     ) -> None:  # fmt: skip
         self.settings = settings
         self.handler = handler
@@ -90,6 +92,7 @@ class WebSocketServer:
         self.watch = watch
         self.unwatch = unwatch
         self.allowed_chunk_ms = allowed_chunk_ms
+        self.tls = tls
         self.refusals: Counter[str] = Counter()
         self.legs = 0
         self.draining = False
@@ -108,8 +111,14 @@ class WebSocketServer:
         return len(self._tasks)
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._accept, self.settings.host, self.settings.port)
-        log.info("websocket listening on %s:%d", self.settings.host, self.port)
+        self._server = await asyncio.start_server(
+            self._accept,
+            self.settings.host,
+            self.settings.port,
+            ssl=self.tls,
+            ssl_handshake_timeout=self.settings.handshake_timeout_s if self.tls is not None else None,
+        )
+        log.info("websocket listening on %s:%d%s", self.settings.host, self.port, " (tls)" if self.tls else "")
 
     def set_draining(self) -> None:
         self.draining = True
@@ -191,7 +200,7 @@ class _Connection:
         except (RemoteProtocolError, LocalProtocolError) as exc:
             reason = "protocol-error"
             self._refuse(PeerError("bad_frame", f"WebSocket protocol error: {exc}"))
-        except ConnectionError:
+        except (ConnectionError, ssl.SSLError):
             reason = "peer-closed"
         finally:
             self._end_input(reason)
