@@ -93,7 +93,7 @@ def test_bad_input_gets_an_error_frame_and_a_counted_reason() -> None:
     assert all(sink.finished == 1 for sink in handler.sinks.values())
 
 
-def test_silence_a_slowloris_a_full_application_and_the_per_source_cap_are_refused() -> None:
+def test_silence_a_slowloris_a_full_application_the_per_source_cap_and_draining_are_refused() -> None:
     handler = CountingCallHandler(capacity=1)
 
     async def scenario(door: AudioSocketServer) -> None:
@@ -112,7 +112,9 @@ def test_silence_a_slowloris_a_full_application_and_the_per_source_cap_are_refus
         for _, writer in held:
             writer.close()
         await asyncio.sleep(0.05)
+        door.set_draining()
+        assert "this node is draining" in error_text(await exchange(door.port, HELLO))
 
     door = run_door(scenario, handler, idle_timeout_s=0.3, frame_timeout_s=0.2, max_connections_per_source=2)
-    assert door.refusals == {"idle_timeout": 1, "slow_frame": 1, "source_connections": 1, "busy": 1}
+    assert door.refusals == {"idle_timeout": 1, "slow_frame": 1, "source_connections": 1, "busy": 1, "draining": 1}
     assert handler.open_legs == 0 and door.connections == 0
