@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from wsproto import ConnectionType, WSConnection
+from wsproto.connection import ConnectionState
 from wsproto.events import (
     AcceptConnection,
     CloseConnection,
@@ -251,7 +252,7 @@ class _Connection:
         elif isinstance(event, Ping):
             self._send(event.response())
         elif isinstance(event, CloseConnection):
-            if self.ws.state.name != "CLOSED":
+            if self.ws.state is not ConnectionState.CLOSED:
                 self._send(event.response())
             self.closed = True
 
