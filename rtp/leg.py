@@ -38,7 +38,7 @@ from rtp.jitter import Frame, FrameKind, LossFill, PacketKind, ReorderBuffer
 from rtp.latch import DropReason, LatchMode, SourcePolicy
 from rtp.packet import RTP_HEADER_LENGTH, RtpPacket, is_rtcp, parse_rtcp
 from rtp.poller import DatagramPoller
-from rtp.resample import PassThroughStream, SharedUpsampler, SoxrStream, UpsamplerStream
+from rtp.resample import PassThroughStream, SoxrStream, UpsamplerStream, loop_stream
 from rtp.seq import timestamp_diff
 from rtp.sink import DtmfSink
 from rtp.srtp import SrtpKeys, SrtpReceiver
@@ -92,11 +92,7 @@ def _upsampler_stream(
         return PassThroughStream(deliver)
     if kind != "halfband":
         raise ValueError(f"unknown resampler {kind!r}; use one of {', '.join(RESAMPLERS)}")
-    try:
-        shared = SharedUpsampler.for_loop(asyncio.get_running_loop())
-    except RuntimeError:  # no running event loop (tests, offline use)
-        shared = SharedUpsampler()
-    return shared.stream(deliver)
+    return loop_stream(deliver)
 
 
 class RtpLeg:
