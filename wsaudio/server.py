@@ -298,7 +298,7 @@ class _Connection:
         if profile is None:
             raise PeerError("no_route", f"no route takes this stream (code {decision.reject_code})")
         if profile.bearer_token is not None and not hmac.compare_digest(
-            (handshake.token or "").encode(), profile.bearer_token.encode()
+            (handshake.token or "").encode(), profile.bearer_token.get_secret_value().encode()
         ):
             raise PeerError("unauthorized", f"route {decision.route or 'default'} needs its bearer token")
         profile = self._stream_profile(profile, start)
