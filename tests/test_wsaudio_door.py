@@ -149,7 +149,7 @@ def test_the_dialects_sans_io() -> None:
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
-def test_wss_with_the_sip_certificate(tmp_path: Path) -> None:
+def test_wss_with_the_sip_certificate_and_a_client_chosen_chunk_size(tmp_path: Path) -> None:
     cert, key = self_signed_cert(tmp_path)
     with pytest.raises(ConfigError, match=r"websocket\.tls needs sip\.tls_cert and sip\.tls_key"):
         websocket_tls(ServiceConfig.model_validate({"websocket": {"tls": True}}))
@@ -158,10 +158,18 @@ def test_wss_with_the_sip_certificate(tmp_path: Path) -> None:
     handler = CountingCallHandler()
 
     def client(base: str) -> None:
-        ws = websocket.create_connection(base, timeout=10, sslopt={"ca_certs": str(cert)})
-        ws.send(START)
-        assert json.loads(ws.recv()) == {"status": "ok", "type": "server_ready"}
+        ws = websocket.create_connection(base + "/v1/stream", timeout=10, sslopt={"ca_certs": str(cert)})
+        ws.send(json.dumps({"signal": "start", "sample_rate": 8000, "chunk_ms": 160, "left_chunks": 2}))
+        ready = json.loads(ws.recv())
+        assert (ready["type"], ready["chunk_ms"], ready["left_chunks"], ready["sample_rate"]) == (
+            "server_ready",
+            160,
+            2,
+            8000,
+        )
         ws.close()
 
     run_door(client, handler, context)
+    (call,) = handler.calls.values()  # the stream's engine stream is opened with the call's profile
+    assert (call.source, call.profile.chunk_ms, call.profile.left_chunks) == ("websocket", 160, 2)
     assert handler.open_legs == 0 and len(handler.ended) == 1
