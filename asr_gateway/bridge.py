@@ -13,6 +13,9 @@ per direction) are one call here: the second one's legs become more participants
 one's call, which ends when every call joined into it has ended. The first waits up to its
 profile's ``join_timeout_s`` for its partner (``calls.join.Joiner``) before ``call.started`` is
 published (at once if a transcript of it comes first); a partner after that is a call of its own.
+
+A door that answers its peer with the call's transcripts (the WebSocket API) ``watch``es the
+call: every event published for it is also handed to the door's listener, on the worker thread.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import assert_never
+from typing import Any, assert_never
 
 import numpy as np
 
@@ -86,6 +89,11 @@ class _Stop:
 _STOP = _Stop()
 _Message = CallStarted | JoinTimedOut | KeyPressed | CallEnded | Partial | Final | Ended
 
+EventListener = Callable[[dict[str, Any]], None]
+"""A door's listener for a call's events, in their JSON form (``watch``; called on the worker thread)."""
+"""Takes one published event of a watched call (the v1 JSON object, ``docs/events.md``) on the
+bridge's worker thread, after the publisher took it; must not block and must not change it."""
+
 
 class StreamSink:
     """``asr_common.audio.PcmSink`` that feeds an engine stream; key presses (``rtp.sink.DtmfSink``) go
@@ -143,6 +151,7 @@ class CallBridge:
         self._leg_call: dict[str, str] = {}  # stream/leg id -> call id
         self._joiner = Joiner()  # join key -> call id waiting for its partner (under the lock)
         self._member_call: dict[str, str] = {}  # incoming call id -> call id it was joined to
+        self._listeners: dict[str, EventListener] = {}  # call id -> the watching door's listener
         self._lock = threading.Lock()
         self._queue: queue.Queue[_Message | _Stop] = queue.Queue(maxsize=queue_size)
         self._worker: threading.Thread | None = None
@@ -249,6 +258,23 @@ class CallBridge:
     def call_ended(self, call: CallInfo, reason: str) -> None:
         self._queue_put(CallEnded(call.call_id, reason))
 
+    def watch(self, call_id: str, listener: EventListener) -> None:
+        """Hand every event published for call ``call_id`` to ``listener`` too, up to and including
+        its ``call.ended``. Call before ``open_leg`` so that ``call.started`` is not missed; a
+        call joined into another one publishes under the other's id (SIP joins only)."""
+        with self._lock:
+            self._listeners[call_id] = listener
+
+    def unwatch(self, call_id: str) -> None:
+        """Forget the listener of ``call_id`` (its leg was never opened); no-op when none."""
+        with self._lock:
+            self._listeners.pop(call_id, None)
+
+    def _tell(self, event: ev.Event) -> None:
+        listener = self._listeners.get(event.call_id)
+        if listener is not None:
+            listener(event.to_json())
+
     # -- engine events (engine thread) -----------------------------------------------
 
     def _on_engine_event(self, event: Event) -> None:
@@ -311,6 +337,7 @@ class CallBridge:
         participant = state.participants.get(item.stream_id, Participant("mixed"))
         for out in self.processor.process(_update(state.ctx, participant, item, self.engine.loaded.units)):
             self.publisher.submit(out, audio_end_monotonic=item.audio_end_monotonic)
+            self._tell(out)
 
     def _key_pressed(self, leg_id: str, press: KeyPress, publish: bool) -> None:
         """Count a leg's key press; with ``publish``, send a ``dtmf`` event (redacted per route)."""
@@ -326,14 +353,16 @@ class CallBridge:
             state.waiting = False
             self._publish_started(state.ctx.call_id)
         participant = state.participants.get(leg_id, Participant("mixed"))
-        self.publisher.submit(ev.Dtmf.press(state.ctx, participant, press.key, index, press.duration_ms))
+        event = ev.Dtmf.press(state.ctx, participant, press.key, index, press.duration_ms)
+        self.publisher.submit(event)
+        self._tell(event)
 
     def _publish_started(self, call_id: str) -> None:
         state = self._calls.get(call_id)
         if state is None or state.started or state.waiting:
             return
         state.started = True
-        self.publisher.call_started(state.ctx, list(state.participants.values()), state.metadata)
+        self._tell(self.publisher.call_started(state.ctx, list(state.participants.values()), state.metadata))
 
     def _join_timed_out(self, call_id: str) -> None:
         """The partner call did not come in time: close the join and announce the call alone."""
@@ -372,7 +401,9 @@ class CallBridge:
         stats: dict[str, object] = {"audio_ms": dict(state.audio_ms)}
         if state.dtmf:
             stats["dtmf_events"] = dict(state.dtmf)
-        self.publisher.call_ended(state.ctx, state.ended_reason, stats)
+        self._tell(self.publisher.call_ended(state.ctx, state.ended_reason, stats))
+        with self._lock:
+            self._listeners.pop(state.ctx.call_id, None)
         self.processor.end_call(state.ctx.call_id)
 
     def _context(self, call: CallInfo) -> CallContext:

@@ -20,9 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from asr_common.yamlconf import ConfigError, read_yaml, validate_data
 from asr_gateway.state_dir import default_state_dir
+from audiosocket.config import AudioSocketSettings
 from kb_hooks.config import KbHooksSettings, RedisSettings
 from rtp.latch import LatchName
 from sip.config import SipSettings
+from wsaudio.config import WebSocketSettings
 
 CHUNK_SIZES_MS = (160, 240, 320, 640)
 ENV_PREFIX = "ASR_"
@@ -265,6 +267,8 @@ class ServiceConfig(_Section):
     kb_hooks: KbHooksSettings = Field(default_factory=KbHooksSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    audiosocket: AudioSocketSettings = Field(default_factory=AudioSocketSettings)
+    websocket: WebSocketSettings = Field(default_factory=WebSocketSettings)
     routes: Path | None = Field(None, description="routing rules file (YAML); none: all calls get the default profile")
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from socketserver import ThreadingMixIn
 from typing import Any, Protocol
@@ -78,6 +78,16 @@ class RedisFigures:
 
 
 @dataclass(frozen=True)
+class DoorFigures:
+    """One front door's counters besides SIP's: open connections, legs opened, refusals by reason."""
+
+    door: str
+    connections: int
+    legs: int
+    refusals: Mapping[str, int]
+
+
+@dataclass(frozen=True)
 class NodeFigures:
     """Everything ``/metrics`` shows of a node (process metrics aside), read at one scrape."""
 
@@ -88,6 +98,7 @@ class NodeFigures:
     redis: RedisFigures
     sip_counters: Mapping[str, int]  # ``responses.<code>`` and the SIP core's own counters
     rtp_counters: Mapping[str, int]  # over every leg, open or closed
+    doors: Sequence[DoorFigures]  # the enabled AudioSocket / WebSocket doors
     config_version: str
     last_reload_ok: bool
     last_reload_at_unix: float
@@ -113,6 +124,7 @@ class NodeCollector(Collector):
         figures = self.source.figures()
         yield from self._calls_and_engine(figures)
         yield from self._sip_and_rtp(figures)
+        yield from self._doors(figures.doors)
         yield from self._redis(figures.redis)
         yield from self._config(figures)
 
@@ -169,6 +181,21 @@ class NodeCollector(Collector):
         yield responses
         yield sip_events
         yield labelled("asr_rtp", "RTP receive counters over all legs", node.rtp_counters.items())
+
+    def _doors(self, doors: Sequence[DoorFigures]) -> Iterator[Any]:
+        connections = GaugeMetricFamily("asr_door_connections", "open connections per front door", labels=["door"])
+        legs = CounterMetricFamily("asr_door_legs", "legs opened per front door", labels=["door"])
+        refusals = CounterMetricFamily(
+            "asr_door_refusals", "connections a front door closed for bad input or a limit", labels=["door", "reason"]
+        )
+        for door in doors:
+            connections.add_metric([door.door], door.connections)
+            legs.add_metric([door.door], door.legs)
+            for reason, count in sorted(door.refusals.items()):
+                refusals.add_metric([door.door, reason], count)
+        yield connections
+        yield legs
+        yield refusals
 
     def _redis(self, redis: RedisFigures) -> Iterator[Any]:
         yield GaugeMetricFamily("asr_redis_connected", "1 while Redis answers", value=int(redis.connected))

@@ -38,6 +38,7 @@ from asr_core.engine_options import EngineOptions, resolve_dtype
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_gateway.bridge import CallBridge
 from asr_gateway.config import ServiceConfig
+from asr_gateway.doors import Doors
 from asr_gateway.heartbeat import Heartbeat, default_node_id
 from asr_gateway.hotwords import HotwordLists
 from asr_gateway.memory_report import log_memory_report
@@ -185,6 +186,7 @@ class Service:
         self.sip = SipServer(
             sip_settings, self.bridge, self.ports_allocator, self.router, leg_factory=self._rtp_leg, media_host=None
         )
+        self.doors = Doors(config, self.bridge, lambda: self.router, self.loaded.sample_rate)
         self.metrics = MetricsServer(self, config.metrics.host, config.metrics.port)
         self.reloader = ConfigReloader(config, self.processor, self.hotwords, self._reload_routes, routes_in_force)
         self._stopping = asyncio.Event()
@@ -223,6 +225,7 @@ class Service:
         self.engine.start()
         self.warm = True
         await self.sip.start()
+        await self.doors.start()
         self.sip_listening = True
         metrics_port = self.metrics.start() if self.config.metrics.enabled else None
         for warning in self.config.metrics.open_settings():
@@ -255,6 +258,7 @@ class Service:
     def request_stop(self) -> None:
         """Start draining now: OPTIONS, new INVITEs and /health/ready answer 503 from this moment."""
         self.sip.set_draining()
+        self.doors.set_draining()
         self._stopping.set()
 
     async def run_until_stopped(self) -> None:
@@ -289,6 +293,7 @@ class Service:
         self.reloader.stop()
         self._stopping.set()  # not ready from now on (request_stop may not have come first)
         self.sip_listening = False
+        await self.doors.stop()
         await self.sip.stop(grace_s)
         await asyncio.to_thread(self._finish_decoding)
         await asyncio.to_thread(self.engine.stop, DRAIN_STALL_S)
@@ -372,6 +377,7 @@ class Service:
             ),
             sip_counters=self.sip.counters,
             rtp_counters=self.rtp_totals.snapshot(),
+            doors=self.doors.stats(),
             config_version=self.reloader.config_version,
             last_reload_ok=last.ok,
             last_reload_at_unix=last.at_unix,

@@ -16,9 +16,9 @@ from calls.metadata import CallMetadata
 from calls.profile import Profile
 from calls.roles import Role
 
-CallSource = Literal["sip"]
-"""The front door a call came in through; the next doors add ``audiosocket``, ``audio_fork``
-and ``websocket``."""
+CallSource = Literal["sip", "audiosocket", "websocket", "audio_fork"]
+"""The front door a call came in through: SIP (``sip``), Asterisk AudioSocket (``audiosocket``),
+the WebSocket API (``wsaudio``: ``websocket``, and FreeSWITCH ``mod_audio_fork`` as ``audio_fork``)."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,8 @@ class CallInfo:
     """Ours: unique across doors and nodes (a UUID's hex)."""
     source: CallSource
     source_call_id: str
-    """The door's own id of the call (SIP: the Call-ID header), published as ``sip_call_id``."""
+    """The door's own id of the call (SIP: the Call-ID header; AudioSocket: the connection's UUID;
+    WebSocket: the stream id), published as ``sip_call_id``."""
     from_aor: str
     from_name: str | None
     to_aor: str

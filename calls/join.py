@@ -7,7 +7,9 @@ front door reads the tie (``sip/cucm.py`` for SIP):
 
 - ``cucm``: CUCM's ``x-refci`` From-URI parameter (the door also reads who speaks);
 - ``header:NAME``: the value of the header (or attribute) ``NAME``;
-- ``uri-param:NAME``: the value of the From URI's parameter ``NAME``.
+- ``uri-param:NAME``: the value of the From URI's parameter ``NAME``;
+- ``uuid-prefix:N``: the first ``N`` hex digits of a door's stream UUID (Asterisk AudioSocket:
+  the dialplan gives the caller's and the agent's connection UUIDs a common prefix).
 
 A key is namespaced by the rule (``join_key``), so two rules never join each other's calls.
 The first call of a pair waits in a ``Joiner`` for its partner until a deadline; a partner
@@ -25,8 +27,13 @@ _PARAM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._~!*'+-]{0,63}$")
 """A URI parameter name as ``join_by: uri-param:NAME`` may give it (RFC 3261 ``pname`` chars)."""
 
 
+UUID_HEX_DIGITS = 32
+"""Hex digits of a UUID (RFC 4122): the longest ``uuid-prefix:N``."""
+
+
 def check_join_by(value: str) -> str:
-    """``value`` if it is a join rule (``cucm``, ``header:NAME``, ``uri-param:NAME``), else ValueError."""
+    """``value`` if it is a join rule (``cucm``, ``header:NAME``, ``uri-param:NAME``,
+    ``uuid-prefix:N``), else ValueError."""
     if value == "cucm":
         return value
     kind, sep, name = value.partition(":")
@@ -34,7 +41,21 @@ def check_join_by(value: str) -> str:
         return value
     if sep and kind == "uri-param" and _PARAM_NAME.match(name):
         return value
-    raise ValueError(f"{value!r} is not a join rule: use cucm, header:NAME or uri-param:NAME")
+    if sep and kind == "uuid-prefix" and name.isdigit() and 1 <= int(name) <= UUID_HEX_DIGITS:
+        return value
+    raise ValueError(
+        f"{value!r} is not a join rule: use cucm, header:NAME, uri-param:NAME or uuid-prefix:N (N 1-{UUID_HEX_DIGITS})"
+    )
+
+
+def uuid_join_key(rule: str | None, uuid_hex: str) -> str | None:
+    """The key a stream identified by ``uuid_hex`` (32 lower-case hex digits) carries under join
+    rule ``rule``: its first N digits under ``uuid-prefix:N``; None under any other rule (those
+    read SIP set-ups) or none."""
+    if rule is None or not rule.startswith("uuid-prefix:"):
+        return None
+    digits = int(rule.partition(":")[2])
+    return join_key(rule, uuid_hex[:digits])
 
 
 def join_key(rule: str, value: str | None) -> str | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from calls.join import check_join_by
 from calls.metadata import check_header_names
@@ -91,10 +91,20 @@ class Profile(BaseModel):
     join_by: str | None = None
     """Join two plain calls into one (``calls.join``; SIP: ``sip/cucm.py``): ``cucm`` (built-in-bridge
     From URI ``x-nearend``/``x-farend`` = agent/caller, paired by ``x-refci``), ``header:NAME`` or
-    ``uri-param:NAME`` (From URI parameter); calls with the same value become one call."""
+    ``uri-param:NAME`` (From URI parameter), or ``uuid-prefix:N`` (AudioSocket: the first N hex
+    digits of the connection's UUID); calls with the same value become one call."""
     join_timeout_s: float = Field(5.0, gt=0, le=60)
     """How long (s) the first call of a pair waits for its partner before the call is
     announced alone; a partner later than that is a call of its own."""
+
+    bearer_token: SecretStr | None = Field(None, min_length=16)
+    """WebSocket door: the token a client of the routes using this profile must present
+    (``Authorization: Bearer <token>``, or ``?token=`` where a browser cannot set headers);
+    None asks for none. Kept out of logs and reprs (``SecretStr``). Other doors have no way to
+    present one and ignore it."""
+    send_events: bool = False
+    """WebSocket door, ``mod_audio_fork`` streams: send the call's events back as text frames
+    (FreeSWITCH hands them to the dialplan as events). Application streams always get theirs."""
 
     @field_validator("join_by")
     @classmethod

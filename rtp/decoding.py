@@ -15,7 +15,6 @@ sender's encoder is. Sans-IO apart from the resampler choice: no socket, no time
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
 import numpy as np
@@ -23,7 +22,7 @@ import numpy as np
 from asr_common.audio import SAMPLE_RATE, TELEPHONE_RATE
 from rtp.codecs import Codec, Decoder
 from rtp.jitter import Frame, FrameKind
-from rtp.resample import PassThroughStream, SharedUpsampler, SoxrStream, UpsamplerStream
+from rtp.resample import PassThroughStream, SoxrStream, UpsamplerStream, loop_stream
 
 RESAMPLERS = ("halfband", "soxr", "none")
 Deliver = Callable[[np.ndarray], None]
@@ -39,11 +38,7 @@ def upsampler_stream(kind: str, deliver: Deliver) -> UpsamplerStream | SoxrStrea
         return PassThroughStream(deliver)
     if kind != "halfband":
         raise ValueError(f"unknown resampler {kind!r}; use one of {', '.join(RESAMPLERS)}")
-    try:
-        shared = SharedUpsampler.for_loop(asyncio.get_running_loop())
-    except RuntimeError:  # no running event loop (tests, offline use)
-        shared = SharedUpsampler()
-    return shared.stream(deliver)
+    return loop_stream(deliver)
 
 
 class AudioDecoding:

@@ -415,3 +415,24 @@ def upsample_recording(pcm8k: np.ndarray) -> np.ndarray:
     upsampler = Upsampler()
     pieces = [upsampler.process(np.asarray(pcm8k, dtype=np.int16)), upsampler.flush()]
     return np.concatenate(pieces).astype(np.float32)
+
+
+def loop_stream(deliver: Deliver) -> UpsamplerStream:
+    """A stream of the running loop's shared upsampler; without a running loop (tests, offline
+    use), one that upsamples at once."""
+    try:
+        shared = SharedUpsampler.for_loop(asyncio.get_running_loop())
+    except RuntimeError:
+        shared = SharedUpsampler()
+    return shared.stream(deliver)
+
+
+def model_rate_stream(rate: int, deliver: Deliver) -> UpsamplerStream | PassThroughStream:
+    """A stream of int16 pieces at ``rate`` Hz delivered at ``SAMPLE_RATE``, for a front door
+    whose peer sends linear PCM: ``TELEPHONE_RATE`` through the shared half-band upsampler
+    (``loop_stream``), ``SAMPLE_RATE`` as it is. ValueError for any other rate."""
+    if rate == SAMPLE_RATE:
+        return PassThroughStream(deliver)
+    if rate != TELEPHONE_RATE:
+        raise ValueError(f"no resampler from {rate} Hz; use {TELEPHONE_RATE} or {SAMPLE_RATE} Hz")
+    return loop_stream(deliver)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from calls.join import Joiner, join_key
+from calls.join import Joiner, join_key, uuid_join_key
 from calls.profile import Profile
 
 
@@ -43,12 +43,23 @@ def test_joiner_close_leaves_a_newer_call_waiting_under_the_key() -> None:
     assert not joiner
 
 
-@pytest.mark.parametrize("rule", ["cucm", "header:X-Ref", "uri-param:x-refci"])
+def test_uuid_prefix_keys_streams_by_their_uuids_first_digits() -> None:
+    caller, agent = "c0ffee00" + "0" * 23 + "1", "c0ffee00" + "0" * 23 + "2"
+    assert uuid_join_key("uuid-prefix:8", caller) == uuid_join_key("uuid-prefix:8", agent) == "uuid-prefix:8=c0ffee00"
+    assert uuid_join_key("uuid-prefix:32", caller) != uuid_join_key("uuid-prefix:32", agent)
+    assert uuid_join_key("cucm", caller) is None and uuid_join_key(None, caller) is None
+
+
+@pytest.mark.parametrize("rule", ["cucm", "header:X-Ref", "uri-param:x-refci", "uuid-prefix:8"])
 def test_profile_takes_join_rules(rule: str) -> None:
     assert Profile(join_by=rule, role="caller").join_by == rule
 
 
-@pytest.mark.parametrize("rule", ["", "refci", "header:", "header:bad name", "uri-param:a;b", "cookie:x"])
+@pytest.mark.parametrize(
+    "rule",
+    ["", "refci", "header:", "header:bad name", "uri-param:a;b", "cookie:x"]
+    + ["uuid-prefix:0", "uuid-prefix:33", "uuid-prefix:x"],
+)
 def test_profile_refuses_bad_join_rules(rule: str) -> None:
     with pytest.raises(ValidationError, match="join rule"):
         Profile(join_by=rule)

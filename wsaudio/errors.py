@@ -1,0 +1,21 @@
+"""The WebSocket door's one error family: the peer broke the protocol or a limit."""
+
+from __future__ import annotations
+
+CLOSE_POLICY = 1008
+"""RFC 6455 close codes the door uses: policy violation (auth, order of messages)."""
+CLOSE_UNSUPPORTED = 1003
+CLOSE_INVALID = 1007
+CLOSE_TOO_BIG = 1009
+CLOSE_TRY_LATER = 1013
+
+
+class PeerError(Exception):
+    """The peer sent something the protocol or our limits do not allow: the connection is
+    closed with ``close_code`` and ``message`` as the reason, and ``reason`` is counted."""
+
+    def __init__(self, reason: str, message: str, close_code: int = CLOSE_POLICY) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.close_code = close_code
