@@ -36,7 +36,7 @@ from asr_core.engine import Engine
 from asr_core.events import Ended, Event, Final, Partial
 from asr_core.stream import Stream, StreamConfig
 from asr_gateway.hotwords import HotwordLists
-from calls.call import CallInfo, LegInfo
+from calls.call import CallInfo, CallSource, LegInfo
 from calls.join import Joiner
 from kb_hooks import events as ev
 from kb_hooks.processor import TranscriptProcessor
@@ -118,6 +118,7 @@ class StreamSink:
 class _CallState:
     ctx: CallContext
     metadata: dict[str, str]  # call.started.metadata: From/To, dialled number, listed headers
+    source: CallSource  # the front door of the call's first leg (call.started.source)
     participants: dict[str, Participant] = field(default_factory=dict)  # leg_id -> participant
     open_legs: set[str] = field(default_factory=set)
     started: bool = False
@@ -240,7 +241,7 @@ class CallBridge:
         state = self._calls.get(call_id)
         fresh = state is None
         if state is None:
-            state = _CallState(self._context(call), call.metadata.as_map())
+            state = _CallState(self._context(call), call.metadata.as_map(), call.source)
             if call.join_key is not None:
                 state.join_key = call.join_key
                 state.waiting = True
@@ -362,7 +363,9 @@ class CallBridge:
         if state is None or state.started or state.waiting:
             return
         state.started = True
-        self._tell(self.publisher.call_started(state.ctx, list(state.participants.values()), state.metadata))
+        self._tell(
+            self.publisher.call_started(state.ctx, list(state.participants.values()), state.metadata, state.source)
+        )
 
     def _join_timed_out(self, call_id: str) -> None:
         """The partner call did not come in time: close the join and announce the call alone."""

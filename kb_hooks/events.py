@@ -185,11 +185,16 @@ class Event(JsonRecord):
         return _with_fields({"schema_version": SCHEMA_VERSION, "event_type": self.event_type.value}, self)
 
 
+CallSourceName = Literal["sip", "audiosocket", "audio_fork", "websocket"]
+"""The front doors (``calls.call.CallSource``, restated here: kb_hooks does not use the call model)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CallStarted(Event):
     event_type = EventType.CALL_STARTED
     participants: tuple[Participant, ...]
     metadata: Mapping[str, str]  # From/To, dialled number, SIPREC session id, the route's listed headers
+    source: CallSourceName = "sip"  # the front door the call came in by
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -189,14 +189,18 @@ class Publisher(PublisherStats):
                       event.event_type, event.call_id)  # fmt: skip
 
     def call_started(
-        self, ctx: CallContext, participants: Iterable[Participant], metadata: Mapping[str, str] | None = None
+        self,
+        ctx: CallContext,
+        participants: Iterable[Participant],
+        metadata: Mapping[str, str] | None = None,
+        source: ev.CallSourceName = "sip",
     ) -> ev.CallStarted:
         """Make and submit ``call.started``; later events of the call use ``ctx.key_prefix`` if set."""
         with self._lock:
             seq, last_ms, _ = self._calls.pop(ctx.call_id, (0, 0, ""))
             self._calls[ctx.call_id] = (seq, last_ms, ctx.key_prefix or self.settings.key_prefix)
             self._ended.pop(ctx.call_id, None)
-        event = ev.CallStarted(call=ctx, participants=tuple(participants), metadata=dict(metadata or {}))
+        event = ev.CallStarted(call=ctx, participants=tuple(participants), metadata=dict(metadata or {}), source=source)
         self.submit(event)
         return event
 

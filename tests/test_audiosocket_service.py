@@ -97,5 +97,6 @@ def test_audiosocket_calls_at_8_and_16_khz_and_a_joined_call(tmp_path: Path, red
     joined = by_call[str(CALLER)]
     started = next(e for e in joined if e["event_type"] == "call.started")
     assert sorted(p["role"] for p in started["participants"]) == ["agent", "caller"]
+    assert started["source"] == "audiosocket"
     assert finals(joined, "caller") == SEED_TEXT
     assert finals(joined, "agent") == "早上七点多北京路附近暖气不热"

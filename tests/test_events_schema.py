@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import io
+import json
 import types
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -21,6 +22,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import jsonschema
 
+from calls.call import CallSource
 from kb_hooks import events as ev
 from kb_hooks.config import RedisSettings
 from kb_hooks.ledger import CallLedger
@@ -281,3 +283,12 @@ def test_an_added_event_type_needs_its_declaration_and_its_schema_branch_only(tm
     assert ledger.open["held-1"].seq == 2
     line = Printer(io.StringIO(), as_json=False, tty=False).format(held)
     assert "call.held" in line and '"on_hold": true' in line
+
+
+def test_call_started_source_names_every_front_door() -> None:
+    """kb_hooks restates the call model's door names (it may not import ``calls``): they must agree,
+    and the schema's enum with them."""
+    schema = json.loads((Path(ev.__file__).parent / "schema" / "event-v1.schema.json").read_text(encoding="utf-8"))
+    started = next(b for b in schema["allOf"] if b["if"]["properties"]["event_type"].get("const") == "call.started")
+    assert set(get_args(ev.CallSourceName)) == set(get_args(CallSource))
+    assert set(started["then"]["properties"]["source"]["enum"]) == set(get_args(CallSource))

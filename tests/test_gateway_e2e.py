@@ -54,6 +54,7 @@ def test_calls_through_the_whole_service(tmp_path: Path, redis_server: RedisServ
     for call_events in by_call.values():
         types = [e["event_type"] for e in call_events]
         assert types[0] == "call.started" and types[-1] == "call.ended", types
+        assert call_events[0]["source"] == "sip"
         assert "transcript.final" in types
         seqs = [e["seq"] for e in call_events]
         assert seqs == sorted(seqs)

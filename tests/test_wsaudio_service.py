@@ -102,4 +102,6 @@ def test_wenet_ours_and_audio_fork_streams(tmp_path: Path, redis_server: RedisSe
     # this route names the channels agent, caller
     assert text(calls["fork-stereo16"], "agent") == OTHER_TEXT and text(calls["fork-stereo16"], "caller") == SEED_TEXT
     started = next(e for e in calls["fork-mono"] if e["event_type"] == "call.started")
-    assert started["metadata"] == {"queue": "sales"}
+    assert started["metadata"] == {"queue": "sales"} and started["source"] == "audio_fork"
+    sources = sorted(evs[0]["source"] for evs in by_call.values())
+    assert sources == ["audio_fork"] * 4 + ["websocket"] * 2  # WeNet's protocol and ours come in as websocket
