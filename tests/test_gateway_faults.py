@@ -34,6 +34,7 @@ from asr_gateway.dev.demo import DATA_DIR, EventCollector, demo_config
 from asr_gateway.dev.local_redis import free_tcp_port
 from asr_gateway.dev.sipp_calls import PCMA, CallResult, place_call, rtp_packets, sipp_path
 from asr_gateway.service import DEMO_MODEL_DIR, Service
+from kb_hooks import events as ev
 from tests.redis_server import RedisServer
 
 MODEL = DEMO_MODEL_DIR  # the bundled model must read the bundled recordings: no fallback, no skip
@@ -109,12 +110,12 @@ def config_for(redis_url: str, tmp_path: Path, **sip: Any) -> ServiceConfig:
 
 
 def record_submitted(service: Service) -> list[dict[str, Any]]:
-    """Every event the service hands to its publisher, in order."""
+    """Every event the service hands to its publisher, in order, in its JSON form."""
     submitted: list[dict[str, Any]] = []
     submit = service.publisher.submit
 
-    def recording(event: dict[str, Any], *, audio_end_monotonic: float | None = None) -> None:
-        submitted.append(event)
+    def recording(event: ev.Event, *, audio_end_monotonic: float | None = None) -> None:
+        submitted.append(event.to_json())
         submit(event, audio_end_monotonic=audio_end_monotonic)
 
     service.publisher.submit = recording  # type: ignore[method-assign]
