@@ -3,8 +3,13 @@ size and decoding mode.
 
     asr-bench accuracy --model asr_core/demo_model --testset exp/demo/test_sentences
 
-A test set is a directory of WAVs (mono 16-bit, 8 or 16 kHz) plus ``text`` with
-``<utt_id> <transcript>`` per line. Each utterance is decoded with the chunk attention mask of
+A test set is a Kaldi/WeNet data directory (``wav.scp`` + ``text``, ``segments`` where
+utterances are parts of recordings), WeNet's ``data.list`` (JSON lines with key, wav, txt) or a
+directory of WAVs plus ``text`` with ``<utt_id> <transcript>`` per line (``deploy.bench.datasets``;
+audio mono 16-bit, 8 or 16 kHz); ``--testset`` takes several, one report each (``{"sets":
+[...]}``). Each report lists per mode the ``--worst`` utterances of the finals, aligned with
+their references (``diff``: 井盖[-发生了]破损[+了]), and warns (``warnings``, and on stderr)
+where a mode's finals score worse than its partials. Each utterance is decoded with the chunk attention mask of
 160, 320 and 640 ms chunks (4, 8, 16 encoder frames; equal to chunk-by-chunk streaming with an
 unlimited cache) and with full context; CTC greedy search always, plus attention rescoring
 of the CTC prefix-beam n-best ("rescore", WeNet's) when ``rescoring.attention`` is available,
@@ -36,6 +41,12 @@ runs alone too (no ``--model``). The street and district names set::
     asr-bench accuracy --model asr_core/demo_model --testset exp/testsets/names --backend auto \
         --chunk-ms 160 --hotwords recipes/testsets/names_hotwords.txt --itn
 
+``--compare KEY=V1,V2`` runs an A/B of one setting in one run: ``chunk_ms=160,320``,
+``hotwords=off,FILE``, ``itn=off,on`` (finals' numbers in digits, as a route's ``itn: true``;
+``--finals-itn`` turns it on for a whole run) or ``attention_beam=0,4`` (rescore vs joint);
+``variants`` holds each value's report, ``changed`` the utterances whose finals differ between
+the first and the last value. docs/measure-accuracy.md walks through it.
+
 Audio is read at the model's own rate and its fbank computed with the model's own front end
 (``train.yaml``'s ``dataset_conf``): 8 kHz recordings go to an 8 kHz model as they are.
 
@@ -48,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -57,8 +69,9 @@ import soxr
 import torch
 
 from asr_common.audio import SAMPLE_RATE, TELEPHONE_RATE
-from asr_common.scoring import corpus_cer, name_hits, scoring_text
-from asr_core.audio_io import read_pcm16
+from asr_common.itn import normalize_numbers
+from asr_common.scoring import align, char_errors, corpus_cer, marked_diff, name_hits, scoring_text
+from asr_core.audio_io import AudioError, read_pcm16
 from asr_core.context_graph import ContextGraph, HotwordsError, load_graph, load_phrases
 from asr_core.ctc_search import ctc_greedy_batch, ctc_prefix_beam_search, ctc_topk
 from asr_core.finals import FinalRequest, FinalSearch, FinalSettings
@@ -66,31 +79,42 @@ from asr_core.frontend import DEFAULT_FRONTEND, FrontendConfig, compute_fbank
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_core.tokens import tokens_to_text
 from asr_gateway.config import EngineSettings
+from deploy.bench.datasets import DataSetError, load_dataset
 from rtp.resample import upsample_recording
 
 CHUNK_MODES = {"160ms": 4, "320ms": 8, "640ms": 16, "full": -1}
 EXAMPLES = 8  # utterances listed per mode where the hotwords changed the final
+WORST = 5  # utterances listed per mode with the most errors
+GAP = "＊"  # an aligned column's empty side (full width: lines up with CJK characters)
+FINAL_METHODS = frozenset({"rescore", "joint"})
 ITN_SET = Path(__file__).resolve().parents[2] / "recipes" / "testsets" / "itn.tsv"
 
 
 def read_audio(testset: Path, rate: int = SAMPLE_RATE) -> list[tuple[str, str, np.ndarray]]:
-    """(utt_id, transcript, float32 samples at int16 scale at ``rate`` Hz) per line of
-    ``<testset>/text``; ``rate`` is the model's (``LoadedModel.frontend.sample_rate``).
+    """(utt_id, transcript, float32 samples at int16 scale at ``rate`` Hz) per utterance of the
+    test set at ``testset`` (any layout of ``deploy.bench.datasets``); ``rate`` is the model's
+    (``LoadedModel.frontend.sample_rate``).
 
     A recording at the model's rate is used as it is; 8 kHz recordings for a 16 kHz model go
-    through the service's own upsampler (int16, as calls reach the engine); other rates through soxr."""
+    through the service's own upsampler (int16, as calls reach the engine); other rates through
+    soxr. A segment is cut from its recording before that (each recording is read once)."""
     items = []
-    for line in (testset / "text").read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        utt_id, _, transcript = line.partition(" ")
-        samples, source = read_pcm16(testset / f"{utt_id}.wav")
+    recordings: dict[Path, tuple[np.ndarray, int]] = {}
+    for utt in load_dataset(testset).utterances:
+        if utt.wav not in recordings:
+            recordings[utt.wav] = read_pcm16(utt.wav)
+        samples, source = recordings[utt.wav]
+        if utt.begin_s or utt.end_s is not None:
+            end = None if utt.end_s is None else round(utt.end_s * source)
+            samples = samples[round(utt.begin_s * source) : end]
+            if not len(samples):
+                raise DataSetError(f"{utt.wav}: segment {utt.utt_id} ({utt.begin_s}-{utt.end_s} s) is past its end")
         audio = samples.astype(np.float32)
         if source == TELEPHONE_RATE and rate == SAMPLE_RATE:
             audio = upsample_recording(samples)
         elif source != rate:
             audio = soxr.resample(audio, source, rate).astype(np.float32)
-        items.append((utt_id, transcript.strip(), audio))
+        items.append((utt.utt_id, utt.text.strip(), audio))
     return items
 
 
@@ -227,17 +251,33 @@ def _joint_search(loaded: LoadedModel, beam: int, attention_beam: int) -> FinalS
 def evaluate(
     model_dir: Path, testset: Path, beam: int = 10, limit: int | None = None, backend: str | None = None,
     left_chunks: int = 8, dtype: str = "float32", attention_beam: int = 4, chunk_ms: tuple[int, ...] = (),
-    hotwords: Path | None = None,
+    hotwords: Path | None = None, itn: bool = False, worst: int = WORST,
 ) -> dict[str, Any]:  # fmt: skip
     """CER per chunk mode and decoding method; ``chunk_ms`` keeps only those chunk sizes (all when empty).
+
+    ``result["worst"]`` holds per mode the ``worst`` utterances of the finals (most errors
+    first) with their alignment to the reference, ``result["warnings"]`` a line for each mode
+    whose finals score worse than its partials. ``itn`` writes the finals' spoken numbers in
+    digits as a route's ``itn: true`` does (for references written with digits).
 
     With ``hotwords`` (a phrase file, as a route names it) every mode is decoded twice, without
     and with the list, and ``result["hotwords"]`` holds per mode and method the CER and the name
     recall of both runs (the listed phrases are the names)."""
+    return _evaluate(
+        model_dir, testset, beam, limit, backend, left_chunks, dtype, attention_beam, chunk_ms, hotwords, itn, worst
+    )[0]
+
+
+def _evaluate(
+    model_dir: Path, testset: Path, beam: int, limit: int | None, backend: str | None, left_chunks: int,
+    dtype: str, attention_beam: int, chunk_ms: tuple[int, ...], hotwords: Path | None, itn: bool, worst: int,
+) -> tuple[dict[str, Any], dict[str, list[str]]]:  # fmt: skip
+    """``evaluate``'s result, and the finals' texts per mode (for ``compare``)."""
     if backend == "auto":
         backend = EngineSettings(backend="auto", device="cpu").resolved_backend
     loaded = load_wenet_model(model_dir)
     items = read_audio(testset, loaded.frontend.sample_rate)[:limit]
+    ids = [i for i, _, _ in items]
     refs = [t for _, t, _ in items]
     audio = [a for _, _, a in items]
     feats = [compute_fbank(a, loaded.frontend) for a in audio] if backend is None else []
@@ -250,9 +290,13 @@ def evaluate(
         "reference_chars": ref_chars,
         "cer": {},
         "examples": {},
+        "worst": {},
+        "warnings": [],
     }
     if backend is not None:
         result.update(backend=backend, left_chunks=left_chunks, dtype=dtype)
+    if itn:
+        result["itn_on_finals"] = True
     names: list[str] = []
     if hotwords is not None:
         names = [phrase.text for phrase in load_phrases(hotwords)]
@@ -261,10 +305,16 @@ def evaluate(
 
     def run(mode: str, chunk: int, context: ContextGraph | None) -> dict[str, list[str]]:
         if backend is None:
-            return decode(loaded, feats, chunk, beam, attention_beam=attention_beam, context=context)
-        ms = int(mode.removesuffix("ms"))
-        return decode_streaming(loaded, audio, ms, backend, left_chunks, dtype, attention_beam, context)
+            hyps = decode(loaded, feats, chunk, beam, attention_beam=attention_beam, context=context)
+        else:
+            ms = int(mode.removesuffix("ms"))
+            hyps = decode_streaming(loaded, audio, ms, backend, left_chunks, dtype, attention_beam, context)
+        if itn:
+            for method in FINAL_METHODS & hyps.keys():
+                hyps[method] = [normalize_numbers(text).text for text in hyps[method]]
+        return hyps
 
+    finals: dict[str, list[str]] = {}
     for mode, chunk in CHUNK_MODES.items():
         no_full_context = backend is not None and chunk < 0
         if no_full_context or (chunk_ms and mode not in {f"{ms}ms" for ms in chunk_ms}):
@@ -274,6 +324,12 @@ def evaluate(
         result["cer"][mode] = {method: round(corpus_cer(texts, refs), 4) for method, texts in hyps.items()}
         result["cer"][mode]["seconds"] = round(time.monotonic() - started, 1)
         result["examples"][mode] = [{"ref": r, "hyp": h} for r, h in list(zip(refs, hyps["greedy"], strict=True))[:3]]
+        method = final_method(hyps)
+        finals[mode] = hyps[method]
+        result["worst"][mode] = {"method": method, "utterances": worst_utterances(ids, refs, hyps[method], worst)}
+        warning = finals_warning(mode, result["cer"][mode])
+        if warning is not None:
+            result["warnings"].append(warning)
         if graph is not None:
             biased = run(mode, chunk, graph)
             result["hotwords"][mode] = {
@@ -281,7 +337,123 @@ def evaluate(
                 "with": _name_scores(biased, refs, names),
                 "changed": _changed_names(hyps, biased, refs, names),
             }
-    return result
+    return result, finals
+
+
+def final_method(hyps: dict[str, list[str]]) -> str:
+    """The method whose texts the service would publish as finals: "joint", else "rescore",
+    else "greedy" (``--beam 0``)."""
+    return "joint" if "joint" in hyps else "rescore" if "rescore" in hyps else "greedy"
+
+
+def finals_warning(mode: str, cer: dict[str, float]) -> str | None:
+    """A line for the report when the finals of ``mode`` score worse than its partials (CTC
+    greedy): the finals search then costs accuracy instead of adding it."""
+    method = "joint" if "joint" in cer else "rescore" if "rescore" in cer else None
+    if method is None or cer[method] <= cer["greedy"]:
+        return None
+    hint = (
+        "the attention decoder's proposals hurt on this set: try --attention-beam 0 (engine.attention_beam: 0)"
+        if method == "joint"
+        else "the attention rescoring hurts on this set: its decoder may not suit this speech"
+    )
+    return (
+        f"{mode}: finals ({method}) {100 * cer[method]:.1f} % CER are worse than the partials "
+        f"(greedy) {100 * cer['greedy']:.1f} %; {hint}"
+    )
+
+
+def worst_utterances(ids: list[str], refs: list[str], hyps: list[str], count: int) -> list[dict[str, Any]]:
+    """The ``count`` utterances with the most character errors (then the highest CER), each
+    with its alignment: ``diff`` marks the edits in one line, ``ref``/``hyp`` are the scored
+    texts aligned column by column (＊ where one side has nothing)."""
+    scored = []
+    for utt_id, ref, hyp in zip(ids, refs, hyps, strict=True):
+        errors, length = char_errors(hyp, ref)
+        if errors:
+            scored.append((errors, errors / max(1, length), utt_id, ref, hyp))
+    scored.sort(key=lambda row: (-row[0], -row[1], row[2]))
+    out = []
+    for errors, rate, utt_id, ref, hyp in scored[:count]:
+        edits = align(scoring_text(ref), scoring_text(hyp))
+        out.append(
+            {
+                "id": utt_id,
+                "errors": errors,
+                "cer": round(rate, 4),
+                "diff": marked_diff(edits),
+                "ref": "".join(e.ref or GAP for e in edits),
+                "hyp": "".join(e.hyp or GAP for e in edits),
+            }
+        )
+    return out
+
+
+COMPARE_KEYS = ("chunk_ms", "hotwords", "itn", "attention_beam")
+
+
+def parse_compare(spec: str) -> tuple[str, list[str]]:
+    """``KEY=V1,V2[,...]`` -> (key, values); ValueError naming what is wrong."""
+    key, _, values = spec.partition("=")
+    choices = [v.strip() for v in values.split(",") if v.strip()]
+    if key not in COMPARE_KEYS:
+        raise ValueError(f"--compare {spec}: the key must be one of {', '.join(COMPARE_KEYS)}")
+    if len(choices) < 2:
+        raise ValueError(f"--compare {spec}: give two or more values, e.g. chunk_ms=160,320")
+    if key == "chunk_ms" and not all(v.isdigit() and f"{v}ms" in CHUNK_MODES for v in choices):
+        raise ValueError(f"--compare {spec}: chunk sizes are 160, 320 and 640")
+    if key == "attention_beam" and not all(v.isdigit() for v in choices):
+        raise ValueError(f"--compare {spec}: attention beams are whole numbers (0: rescore only)")
+    if key == "itn" and not set(choices) <= {"off", "on"}:
+        raise ValueError(f"--compare {spec}: itn takes off and on")
+    if key == "hotwords":
+        for value in choices:
+            if value != "off":
+                load_phrases(Path(value))  # a bad file fails before any decoding
+    return key, choices
+
+
+def compare(
+    model_dir: Path, testset: Path, key: str, values: list[str], beam: int = 10, limit: int | None = None,
+    backend: str | None = None, left_chunks: int = 8, dtype: str = "float32", attention_beam: int = 4,
+    chunk_ms: tuple[int, ...] = (), itn: bool = False, worst: int = WORST,
+) -> dict[str, Any]:  # fmt: skip
+    """An A/B (or A/B/C...) of one setting on one test set: every value's ``evaluate`` result
+    under ``variants``, and ``changed``: utterances whose finals differ between the first and
+    the last value, with each one's errors (what the change fixed or broke)."""
+    base = dict(
+        beam=beam, limit=limit, backend=backend, left_chunks=left_chunks, dtype=dtype,
+        attention_beam=attention_beam, chunk_ms=chunk_ms, hotwords=None, itn=itn, worst=worst,
+    )  # fmt: skip
+    variants: list[dict[str, Any]] = []
+    texts: list[list[str]] = []
+    for value in values:
+        settings: dict[str, Any] = dict(base)
+        if key == "chunk_ms":
+            settings["chunk_ms"] = (int(value),)
+        elif key == "hotwords":
+            settings["hotwords"] = None if value == "off" else Path(value)
+        elif key == "itn":
+            settings["itn"] = value == "on"
+        else:
+            settings["attention_beam"] = int(value)
+        result, finals = _evaluate(model_dir, testset, **settings)
+        variants.append({"value": value, **result})
+        # one mode per variant when chunk_ms varies; else the first mode run
+        texts.append(next(iter(finals.values()), []))
+    refs = [(u.utt_id, u.text.strip()) for u in load_dataset(testset).utterances][:limit]
+    changed = []
+    for (utt_id, ref), first, last in zip(refs, texts[0], texts[-1], strict=True):
+        if first != last:
+            changed.append(
+                {
+                    "id": utt_id,
+                    "ref": ref,
+                    values[0]: {"errors": char_errors(first, ref)[0], "hyp": first},
+                    values[-1]: {"errors": char_errors(last, ref)[0], "hyp": last},
+                }
+            )
+    return {"testset": str(testset), "compare": key, "variants": variants, "changed": changed[:EXAMPLES]}
 
 
 def _name_scores(hyps: dict[str, list[str]], refs: list[str], names: list[str]) -> dict[str, dict[str, float]]:
@@ -314,8 +486,6 @@ def _changed_names(
 def itn_accuracy(path: Path) -> dict[str, Any]:
     """Exact-match rate per numeric class of the service's ITN (``asr_common.itn``) on a
     hand-written set: ``class <TAB> spoken <TAB> expected`` per line (``#`` comments)."""
-    from asr_common.itn import normalize_numbers
-
     per_class: dict[str, dict[str, Any]] = {}
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip() or line.startswith("#"):
@@ -341,7 +511,11 @@ def itn_accuracy(path: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, help="WeNet model dir (needed unless only --itn)")
-    parser.add_argument("--testset", type=Path, help="dir with WAVs and a text file (needed unless only --itn)")
+    parser.add_argument(
+        "--testset", type=Path, nargs="+", default=[], metavar="SET",
+        help="a Kaldi/WeNet data dir (wav.scp + text [+ segments]), a data.list, or a dir of WAVs + text; "
+        "several: one report each (needed unless only --itn)",
+    )  # fmt: skip
     parser.add_argument("--beam", type=int, default=10, help="n-best size for rescoring; 0 = greedy only")
     parser.add_argument("--limit", type=int, help="only the first N utterances")
     parser.add_argument("--threads", type=int, default=1)
@@ -364,27 +538,54 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--itn-set", type=Path, default=ITN_SET, help="class<TAB>spoken<TAB>expected lines (default: the repo's set)"
     )
+    parser.add_argument(
+        "--finals-itn", action="store_true", help="spoken numbers in digits in the finals (references with digits)"
+    )
+    parser.add_argument(
+        "--compare", metavar="KEY=V1,V2",
+        help="an A/B in one run: chunk_ms=160,320 | hotwords=off,FILE | itn=off,on | attention_beam=0,4",
+    )  # fmt: skip
+    parser.add_argument("--worst", type=int, default=WORST, help="utterances with the most errors listed per mode")
     args = parser.parse_args(argv)
     if args.attention_beam < 0:
         parser.error("--attention-beam must be 0 or more")
-    if (args.model is None) != (args.testset is None) or (args.model is None and not args.itn):
+    if (args.model is None) != (not args.testset) or (args.model is None and not args.itn):
         parser.error("give --model and --testset (or only --itn)")
+    if args.compare and args.hotwords is not None:
+        parser.error("--hotwords already compares without and with the list; leave out --compare")
     result: dict[str, Any] = {}
     try:
         if args.hotwords is not None:
             load_phrases(args.hotwords)  # a bad file fails before any decoding
         itn = itn_accuracy(args.itn_set) if args.itn else None
+        comparing = parse_compare(args.compare) if args.compare else None
+        for testset in args.testset:
+            load_dataset(testset)  # a broken list fails before any decoding
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
-    if args.model is not None:
-        torch.set_num_threads(args.threads)
+    reports = []
+    torch.set_num_threads(args.threads)
+    common: dict[str, Any] = dict(
+        beam=args.beam, limit=args.limit, backend=args.backend, left_chunks=args.left_chunks, dtype=args.dtype,
+        attention_beam=args.attention_beam, chunk_ms=tuple(args.chunk_ms), itn=args.finals_itn, worst=args.worst,
+    )  # fmt: skip
+    for testset in args.testset:
         try:
-            result = evaluate(
-                args.model, args.testset, args.beam, args.limit, args.backend, args.left_chunks, args.dtype,
-                args.attention_beam, tuple(args.chunk_ms), args.hotwords,
-            )  # fmt: skip
-        except HotwordsError as exc:  # a phrase the model's units cannot spell
+            if comparing is not None:
+                report = compare(args.model, testset, *comparing, **common)
+                warnings = [w for variant in report["variants"] for w in variant["warnings"]]
+            else:
+                report = evaluate(args.model, testset, hotwords=args.hotwords, **common)
+                warnings = report["warnings"]
+        except (HotwordsError, AudioError, DataSetError) as exc:  # a phrase the model's units cannot spell
             parser.error(str(exc))
+        for warning in warnings:
+            print(f"warning: {testset}: {warning}", file=sys.stderr)
+        reports.append(report)
+    if len(reports) == 1:
+        result = reports[0]
+    elif reports:
+        result = {"sets": reports}
     if itn is not None:
         result["itn"] = itn
     print(json.dumps(result, ensure_ascii=False))
