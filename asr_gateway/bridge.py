@@ -386,6 +386,7 @@ class CallBridge:
             kb_set=profile.kb_set,
             tag_rules=(profile.tag_rules,) if profile.tag_rules else (),
             itn=profile.itn,
+            punctuation=profile.punctuation,
         )
 
 

@@ -1,0 +1,114 @@
+"""Punctuation of finals from token times: commas and full stops at pauses, question marks from
+particles and question words, numbers never split, the events of a ``punctuation: pauses``
+route (text_raw kept, redaction and KB matching unchanged), the hand-punctuated set and its F1."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from asr_common.punctuation import MARKS, PUNCTUATORS, PausePunctuator
+from calls.profile import Profile
+from deploy.bench import punctuation_bench
+from kb_hooks.processor import TranscriptProcessor
+from kb_hooks.types import RedactionMode, TranscriptUpdate
+from tests.test_events import CALLER, ctx, processor, validated
+
+__all__ = ["processor"]  # the fixture, re-used
+
+SET = Path(__file__).resolve().parents[1] / "recipes" / "testsets" / "punctuated_hotline.txt"
+
+
+def timed(text: str, pauses: dict[int, int], step: int = 200) -> list[tuple[str, int | None, int | None]]:
+    """One token per character ``step`` ms apart, ``pauses[i]`` ms more before character i."""
+    tokens, now = [], 0
+    for i, ch in enumerate(text):
+        now += (step if i else 0) + pauses.get(i, 0)
+        tokens.append((ch, now, None))
+    return tokens
+
+
+def test_pauses_become_commas_and_full_stops() -> None:
+    rules = PausePunctuator()
+    text = "你好我们小区停水了从早上一直停到现在"
+    got = rules.punctuate(text, timed(text, {2: 300, 9: 900}))
+    assert got == "你好，我们小区停水了。从早上一直停到现在。"
+    assert rules.punctuate(text, timed(text, {})) == text + "。"
+    assert rules.punctuate(text, [(ch, None, None) for ch in text]) == text + "。"  # no times: only the end
+
+
+def test_questions_from_particles_and_question_words() -> None:
+    rules = PausePunctuator()
+    assert rules.punctuate("是一二三四五热线吗", timed("是一二三四五热线吗", {})) == "是一二三四五热线吗？"
+    text = "你们能不能派人过来看一下"
+    assert rules.punctuate(text, timed(text, {7: 300})) == "你们能不能派人，过来看一下？"
+    text = "我们等着呢你们快来"
+    assert rules.punctuate(text, timed(text, {5: 300})) == "我们等着呢？你们快来。"
+
+
+def test_numbers_are_never_split_and_marks_already_there_are_kept() -> None:
+    rules = PausePunctuator()
+    text = "电话一三八一二三四五六七八"
+    assert rules.punctuate(text, timed(text, {5: 400, 9: 400})) == text + "。"
+    digits = "电话13812345678"
+    tokens = [("电", 0, None), ("话", 200, None), ("13812345678", 400, 2600)]
+    assert rules.punctuate(digits, tokens) == digits + "。"
+    text = "你好，我要反映问题"
+    tokens = [(ch, t, None) for ch, t, _ in timed("你好我要反映问题", {2: 400})]
+    assert rules.punctuate(text, tokens) == "你好，我要反映问题。"
+
+
+def _final(text: str, pauses: dict[int, int], call: object) -> TranscriptUpdate:
+    tokens = tuple(timed(text, pauses))
+    return TranscriptUpdate(call, CALLER, 0, False, text, tokens, 0, 200 * len(text), 0.9, ((text, -1.0),), 30.0)  # type: ignore[arg-type]
+
+
+def test_a_pauses_route_punctuates_finals_and_keeps_the_raw_text(processor: TranscriptProcessor) -> None:
+    text = "我今天发现新华路十二号井盖发生了破损有安全隐患"
+    call = dataclasses.replace(ctx(), punctuation="pauses", itn=True)
+    final, suggestion, tags = validated(processor.process(_final(text, {18: 400}, call)))
+    assert final["text"] == "我今天发现新华路12号井盖发生了破损，有安全隐患。"
+    assert final["text_raw"] == text
+    assert final["tokens"][8] == {"text": "12", "begin_ms": 1600, "end_ms": 1800}  # 十's and 二's times
+    assert suggestion["matched_text"] == "井盖发生了破损"
+    address = next(t for t in tags["tags"] if t["label"] == "address")
+    assert final["text"][address["span"]["begin"] : address["span"]["end"]] == "新华路12号"
+    off = dataclasses.replace(ctx(), call_id="call-2")
+    (plain, *_) = validated(processor.process(_final(text, {18: 400}, off)))
+    assert plain["text"] == text and "text_raw" not in plain
+
+
+def test_a_phone_number_said_with_pauses_is_still_redacted(processor: TranscriptProcessor) -> None:
+    text = "我的电话是一三八一二三四五六七八"
+    call = dataclasses.replace(ctx(RedactionMode.MASK), punctuation="pauses")
+    (final, *_) = validated(processor.process(_final(text, {5: 400, 8: 400, 12: 400}, call)))
+    assert not any(ch in "一二三四五六七八" for ch in final["text"]), final["text"]
+    assert final["text"].endswith("。")
+    assert all(not any(ch in "一二三四五六七八" for ch in t["text"]) for t in final["tokens"])
+
+
+def test_the_profile_field() -> None:
+    assert Profile().punctuation == "off"
+    assert Profile.model_validate({"punctuation": False}).punctuation == "off"  # YAML's bare off
+    assert Profile.model_validate({"punctuation": "pauses"}).punctuation in PUNCTUATORS
+    with pytest.raises(ValidationError, match="punctuation"):
+        Profile.model_validate({"punctuation": "model"})
+
+
+def test_the_hand_punctuated_set_and_its_f1(capsys: pytest.CaptureFixture[str]) -> None:
+    lines = [line for line in SET.read_text(encoding="utf-8").splitlines() if line.strip()]
+    assert len(lines) >= 100 and len(set(lines)) == len(lines)
+    assert all(line[-1] in MARKS for line in lines)
+    assert punctuation_bench.split_marks("喂，你好吗？") == ("喂你好吗", {1: "，", 4: "？"})
+    assert punctuation_bench.main(["--seed", "1"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["lines"] == len(lines)
+    for key in ("breaks", "marks"):
+        assert 0 < report[key]["f1"] <= 1 and report[key]["expected"] == sum(
+            ch in MARKS for line in lines for ch in line
+        )
+    assert set(report["per_mark"]) == {"，", "。", "？"}
