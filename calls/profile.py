@@ -67,6 +67,10 @@ class Profile(BaseModel):
     relative to the routes file. Reloaded with the KB sets."""
     itn: bool = False
     """Finals' spoken numbers in digits (``text``), the spoken form kept in ``text_raw``."""
+    attention_beam: int | None = Field(None, ge=0, le=16)
+    """Finals of this route's calls: the attention decoder's proposals added to the CTC n-best
+    (``joint``, e.g. 4) or 0 (WeNet's attention rescoring); unset: ``engine.attention_beam``
+    (0 by default)."""
     punctuation: PunctuationName = "off"
     """Finals' punctuation (``asr_common.punctuation``): ``pauses`` adds commas and full stops
     where the speaker paused and question marks after 吗/呢/吧 and question words; the text

@@ -91,7 +91,11 @@ def test_a_phone_number_said_with_pauses_is_still_redacted(processor: Transcript
     assert all(not any(ch in "一二三四五六七八" for ch in t["text"]) for t in final["tokens"])
 
 
-def test_the_profile_field() -> None:
+def test_the_profile_fields() -> None:
+    assert Profile().attention_beam is None  # the engine's: 0, WeNet's rescoring
+    assert Profile.model_validate({"attention_beam": 4}).attention_beam == 4  # this route's finals are joint
+    with pytest.raises(ValidationError, match="attention_beam"):
+        Profile.model_validate({"attention_beam": -1})
     assert Profile().punctuation == "off"
     assert Profile.model_validate({"punctuation": False}).punctuation == "off"  # YAML's bare off
     assert Profile.model_validate({"punctuation": "pauses"}).punctuation in PUNCTUATORS

@@ -13,16 +13,17 @@ where a mode's finals score worse than its partials. Each utterance is decoded w
 160, 320 and 640 ms chunks (4, 8, 16 encoder frames; equal to chunk-by-chunk streaming with an
 unlimited cache) and with full context; CTC greedy search always, plus attention rescoring
 of the CTC prefix-beam n-best ("rescore", WeNet's) when ``rescoring.attention`` is available,
-and "joint": the serving engine's finals search, which adds ``--attention-beam`` hypotheses of
-the attention decoder's own beam search to the n-best before rescoring (0 leaves it out).
+and, with ``--attention-beam N`` > 0, "joint": the finals search of a route with
+``attention_beam: N``, which adds N hypotheses of the attention decoder's own beam search to the
+n-best before rescoring (0, the default, leaves it out, as the service's default finals do).
 Prints one JSON object.
 
 ``--backend NAME`` (e.g. ``auto``, ``torch-int8``, ``onnxruntime-int8``) instead decodes every
 utterance through the shared streaming ``Engine`` with that chunk runner, exactly as calls are
 served: 160/320/640 ms chunks (``--chunk-ms`` picks some) with the engine's windowed cache
 (``--left-chunks``, default 8), the whole test set's streams batched together; "greedy" is the
-last CTC partial of each utterance (what the live partials showed), "joint" its final (what
-the service publishes; "rescore" with ``--attention-beam 0``). ``auto`` is the service's default
+last CTC partial of each utterance (what the live partials showed), "rescore" its final (what
+the service publishes by default; "joint" with ``--attention-beam N``). ``auto`` is the service's default
 on a CPU, ``torch-int8``. There is no full-context row in this mode. Running it for ``torch``
 and an INT8 backend on the same test set gives the CER change of INT8 under serving conditions.
 
@@ -250,7 +251,7 @@ def _joint_search(loaded: LoadedModel, beam: int, attention_beam: int) -> FinalS
 
 def evaluate(
     model_dir: Path, testset: Path, beam: int = 10, limit: int | None = None, backend: str | None = None,
-    left_chunks: int = 8, dtype: str = "float32", attention_beam: int = 4, chunk_ms: tuple[int, ...] = (),
+    left_chunks: int = 8, dtype: str = "float32", attention_beam: int = 0, chunk_ms: tuple[int, ...] = (),
     hotwords: Path | None = None, itn: bool = False, worst: int = WORST,
 ) -> dict[str, Any]:  # fmt: skip
     """CER per chunk mode and decoding method; ``chunk_ms`` keeps only those chunk sizes (all when empty).
@@ -353,7 +354,8 @@ def finals_warning(mode: str, cer: dict[str, float]) -> str | None:
     if method is None or cer[method] <= cer["greedy"]:
         return None
     hint = (
-        "the attention decoder's proposals hurt on this set: try --attention-beam 0 (engine.attention_beam: 0)"
+        "the attention decoder's proposals hurt on this set: keep attention_beam (engine, route) at 0, "
+        "WeNet's rescoring"
         if method == "joint"
         else "the attention rescoring hurts on this set: its decoder may not suit this speech"
     )
@@ -415,7 +417,7 @@ def parse_compare(spec: str) -> tuple[str, list[str]]:
 
 def compare(
     model_dir: Path, testset: Path, key: str, values: list[str], beam: int = 10, limit: int | None = None,
-    backend: str | None = None, left_chunks: int = 8, dtype: str = "float32", attention_beam: int = 4,
+    backend: str | None = None, left_chunks: int = 8, dtype: str = "float32", attention_beam: int = 0,
     chunk_ms: tuple[int, ...] = (), itn: bool = False, worst: int = WORST,
 ) -> dict[str, Any]:  # fmt: skip
     """An A/B (or A/B/C...) of one setting on one test set: every value's ``evaluate`` result
@@ -528,8 +530,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--left-chunks", type=int, default=8, help="with --backend: the cache window in chunks")
     parser.add_argument("--dtype", default="float32", help="with --backend: float32, or bfloat16 where supported")
     parser.add_argument(
-        "--attention-beam", type=int, default=4, help="attention proposals of the joint finals (0: rescore only)"
-    )
+        "--attention-beam", type=int, default=0,
+        help="attention proposals of joint finals (default 0: rescore, the service's default finals)",
+    )  # fmt: skip
     parser.add_argument(
         "--hotwords", type=Path, metavar="FILE",
         help="a route's phrase file: decode without and with it, and report name recall (the phrases are the names)",
