@@ -13,7 +13,7 @@ import soxr
 
 from asr_common.scoring import align, edit_distance, marked_diff
 from asr_core.audio_io import read_pcm16
-from deploy.bench import accuracy
+from deploy.bench import accuracy, accuracy_report
 from deploy.bench.datasets import DataSetError, load_dataset
 from tests.demo_quality import DEMO_MODEL
 
@@ -130,7 +130,7 @@ def test_cli_reports_each_set_with_worst_utterances_and_an_ab(
 
 
 def test_finals_worse_than_partials_are_warned() -> None:
-    assert accuracy.finals_warning("160ms", {"greedy": 0.59, "joint": 0.77}) is not None
-    assert "attention_beam" in (accuracy.finals_warning("160ms", {"greedy": 0.59, "joint": 0.77}) or "")
-    assert accuracy.finals_warning("160ms", {"greedy": 0.59, "rescore": 0.58}) is None
-    assert accuracy.finals_warning("160ms", {"greedy": 0.59}) is None
+    assert accuracy_report.finals_warning("160ms", {"greedy": 0.59, "joint": 0.77}) is not None
+    assert "attention_beam" in (accuracy_report.finals_warning("160ms", {"greedy": 0.59, "joint": 0.77}) or "")
+    assert accuracy_report.finals_warning("160ms", {"greedy": 0.59, "rescore": 0.58}) is None
+    assert accuracy_report.finals_warning("160ms", {"greedy": 0.59}) is None

@@ -71,7 +71,7 @@ import torch
 
 from asr_common.audio import SAMPLE_RATE, TELEPHONE_RATE
 from asr_common.itn import normalize_numbers
-from asr_common.scoring import align, char_errors, corpus_cer, marked_diff, name_hits, scoring_text
+from asr_common.scoring import char_errors, corpus_cer, name_hits, scoring_text
 from asr_core.audio_io import AudioError, read_pcm16
 from asr_core.context_graph import ContextGraph, HotwordsError, load_graph, load_phrases
 from asr_core.ctc_search import ctc_greedy_batch, ctc_prefix_beam_search, ctc_topk
@@ -80,13 +80,12 @@ from asr_core.frontend import DEFAULT_FRONTEND, FrontendConfig, compute_fbank
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_core.tokens import tokens_to_text
 from asr_gateway.config import EngineSettings
+from deploy.bench.accuracy_report import WORST, final_method, finals_warning, parse_compare, worst_utterances
 from deploy.bench.datasets import DataSetError, load_dataset
 from rtp.resample import upsample_recording
 
 CHUNK_MODES = {"160ms": 4, "320ms": 8, "640ms": 16, "full": -1}
 EXAMPLES = 8  # utterances listed per mode where the hotwords changed the final
-WORST = 5  # utterances listed per mode with the most errors
-GAP = "＊"  # an aligned column's empty side (full width: lines up with CJK characters)
 FINAL_METHODS = frozenset({"rescore", "joint"})
 ITN_SET = Path(__file__).resolve().parents[2] / "recipes" / "testsets" / "itn.tsv"
 
@@ -339,80 +338,6 @@ def _evaluate(
                 "changed": _changed_names(hyps, biased, refs, names),
             }
     return result, finals
-
-
-def final_method(hyps: dict[str, list[str]]) -> str:
-    """The method whose texts the service would publish as finals: "joint", else "rescore",
-    else "greedy" (``--beam 0``)."""
-    return "joint" if "joint" in hyps else "rescore" if "rescore" in hyps else "greedy"
-
-
-def finals_warning(mode: str, cer: dict[str, float]) -> str | None:
-    """A line for the report when the finals of ``mode`` score worse than its partials (CTC
-    greedy): the finals search then costs accuracy instead of adding it."""
-    method = "joint" if "joint" in cer else "rescore" if "rescore" in cer else None
-    if method is None or cer[method] <= cer["greedy"]:
-        return None
-    hint = (
-        "the attention decoder's proposals hurt on this set: keep attention_beam (engine, route) at 0, "
-        "WeNet's rescoring"
-        if method == "joint"
-        else "the attention rescoring hurts on this set: its decoder may not suit this speech"
-    )
-    return (
-        f"{mode}: finals ({method}) {100 * cer[method]:.1f} % CER are worse than the partials "
-        f"(greedy) {100 * cer['greedy']:.1f} %; {hint}"
-    )
-
-
-def worst_utterances(ids: list[str], refs: list[str], hyps: list[str], count: int) -> list[dict[str, Any]]:
-    """The ``count`` utterances with the most character errors (then the highest CER), each
-    with its alignment: ``diff`` marks the edits in one line, ``ref``/``hyp`` are the scored
-    texts aligned column by column (＊ where one side has nothing)."""
-    scored = []
-    for utt_id, ref, hyp in zip(ids, refs, hyps, strict=True):
-        errors, length = char_errors(hyp, ref)
-        if errors:
-            scored.append((errors, errors / max(1, length), utt_id, ref, hyp))
-    scored.sort(key=lambda row: (-row[0], -row[1], row[2]))
-    out = []
-    for errors, rate, utt_id, ref, hyp in scored[:count]:
-        edits = align(scoring_text(ref), scoring_text(hyp))
-        out.append(
-            {
-                "id": utt_id,
-                "errors": errors,
-                "cer": round(rate, 4),
-                "diff": marked_diff(edits),
-                "ref": "".join(e.ref or GAP for e in edits),
-                "hyp": "".join(e.hyp or GAP for e in edits),
-            }
-        )
-    return out
-
-
-COMPARE_KEYS = ("chunk_ms", "hotwords", "itn", "attention_beam")
-
-
-def parse_compare(spec: str) -> tuple[str, list[str]]:
-    """``KEY=V1,V2[,...]`` -> (key, values); ValueError naming what is wrong."""
-    key, _, values = spec.partition("=")
-    choices = [v.strip() for v in values.split(",") if v.strip()]
-    if key not in COMPARE_KEYS:
-        raise ValueError(f"--compare {spec}: the key must be one of {', '.join(COMPARE_KEYS)}")
-    if len(choices) < 2:
-        raise ValueError(f"--compare {spec}: give two or more values, e.g. chunk_ms=160,320")
-    if key == "chunk_ms" and not all(v.isdigit() and f"{v}ms" in CHUNK_MODES for v in choices):
-        raise ValueError(f"--compare {spec}: chunk sizes are 160, 320 and 640")
-    if key == "attention_beam" and not all(v.isdigit() for v in choices):
-        raise ValueError(f"--compare {spec}: attention beams are whole numbers (0: rescore only)")
-    if key == "itn" and not set(choices) <= {"off", "on"}:
-        raise ValueError(f"--compare {spec}: itn takes off and on")
-    if key == "hotwords":
-        for value in choices:
-            if value != "off":
-                load_phrases(Path(value))  # a bad file fails before any decoding
-    return key, choices
 
 
 def compare(
