@@ -7,15 +7,22 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
 from asr_common.punctuation import MARKS, PUNCTUATORS, PausePunctuator
+from asr_core.events import Ended
+from asr_gateway.bridge import CallBridge
+from calls.call import CallInfo, LegInfo
 from calls.profile import Profile
 from deploy.bench import punctuation_bench
+from kb_hooks import events as ev
 from kb_hooks.processor import TranscriptProcessor
-from kb_hooks.types import RedactionMode, TranscriptUpdate
+from kb_hooks.types import CallContext, RedactionMode, TranscriptUpdate
+from tests.test_bridge_queue import RecordingPublisher
+from tests.test_cucm_join import FakeEngine, FakeProcessor
 from tests.test_events import CALLER, ctx, processor, validated
 
 __all__ = ["processor"]  # the fixture, re-used
@@ -116,3 +123,38 @@ def test_the_hand_punctuated_set_and_its_f1(capsys: pytest.CaptureFixture[str]) 
             ch in MARKS for line in lines for ch in line
         )
     assert set(report["per_mark"]) == {"，", "。", "？"}
+
+
+@dataclasses.dataclass
+class _ConfigRecordingEngine(FakeEngine):
+    configs: list[Any] = dataclasses.field(default_factory=list)
+
+    def open_stream(self, config: Any, on_event: Any) -> Any:
+        self.configs.append(config)
+        return super().open_stream(config, on_event)
+
+
+@dataclasses.dataclass
+class _ContextRecordingPublisher(RecordingPublisher):
+    contexts: list[CallContext] = dataclasses.field(default_factory=list)
+
+    def call_started(self, ctx: CallContext, participants: Any, metadata: Any = None) -> ev.CallStarted:
+        self.contexts.append(ctx)
+        return super().call_started(ctx, participants, metadata)
+
+
+def test_the_bridge_hands_a_routes_finals_settings_to_the_engine_and_the_processor() -> None:
+    engine, publisher = _ConfigRecordingEngine(), _ContextRecordingPublisher()
+    bridge = CallBridge(engine, FakeProcessor(), publisher)  # type: ignore[arg-type]
+    bridge.start()
+    profile = Profile(attention_beam=4, punctuation="pauses", itn=True)
+    info = CallInfo("p1", "sip", "sip-p1", "sip:a@b", None, "sip:r@asr", None, ("127.0.0.1", 5060, "udp"), "joint",
+                    profile, False)  # fmt: skip
+    bridge.open_leg(info, LegInfo("p1-0", None, "caller", "sip:a@b", "PCMU"))
+    engine.callbacks["p1-0"](Ended("p1-0", 0, "input_finished", 1000))
+    bridge.call_ended(info, "bye")
+    bridge.stop()
+    (config,) = engine.configs
+    assert config.attention_beam == 4  # this route's finals are joint; the engine's default is rescore
+    (call,) = publisher.contexts  # the CallContext every update of the call carries to the processor
+    assert call.punctuation == "pauses" and call.itn
