@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from asr_common.itn import Token
 from asr_common.punctuation import MARKS, PUNCTUATORS, PausePunctuator
 from asr_core.events import Ended
 from asr_gateway.bridge import CallBridge
@@ -30,9 +31,10 @@ __all__ = ["processor"]  # the fixture, re-used
 SET = Path(__file__).resolve().parents[1] / "recipes" / "testsets" / "punctuated_hotline.txt"
 
 
-def timed(text: str, pauses: dict[int, int], step: int = 200) -> list[tuple[str, int | None, int | None]]:
+def timed(text: str, pauses: dict[int, int], step: int = 200) -> list[Token]:
     """One token per character ``step`` ms apart, ``pauses[i]`` ms more before character i."""
-    tokens, now = [], 0
+    tokens: list[Token] = []
+    now = 0
     for i, ch in enumerate(text):
         now += (step if i else 0) + pauses.get(i, 0)
         tokens.append((ch, now, None))
@@ -62,11 +64,10 @@ def test_numbers_are_never_split_and_marks_already_there_are_kept() -> None:
     text = "电话一三八一二三四五六七八"
     assert rules.punctuate(text, timed(text, {5: 400, 9: 400})) == text + "。"
     digits = "电话13812345678"
-    tokens = [("电", 0, None), ("话", 200, None), ("13812345678", 400, 2600)]
+    tokens: list[Token] = [("电", 0, None), ("话", 200, None), ("13812345678", 400, 2600)]
     assert rules.punctuate(digits, tokens) == digits + "。"
     text = "你好，我要反映问题"
-    tokens = [(ch, t, None) for ch, t, _ in timed("你好我要反映问题", {2: 400})]
-    assert rules.punctuate(text, tokens) == "你好，我要反映问题。"
+    assert rules.punctuate(text, timed("你好我要反映问题", {2: 400})) == "你好，我要反映问题。"
 
 
 def _final(text: str, pauses: dict[int, int], call: object) -> TranscriptUpdate:
