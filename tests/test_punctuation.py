@@ -159,3 +159,24 @@ def test_the_bridge_hands_a_routes_finals_settings_to_the_engine_and_the_process
     assert config.attention_beam == 4  # this route's finals are joint; the engine's default is rescore
     (call,) = publisher.contexts  # the CallContext every update of the call carries to the processor
     assert call.punctuation == "pauses" and call.itn
+
+
+def test_token_times_aligned_on_recordings_of_the_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bundle = SET.parents[2] / "tests" / "data" / "hotline_8k"
+    data = tmp_path / "calls"
+    data.mkdir()
+    (data / "wav.scp").write_text(f"a {bundle / 'hotline_1.wav'}\nb {bundle / 'hotline_seed.wav'}\n", encoding="utf-8")
+    seed = "我今天发现新华路十二号井盖发生了破损有安全隐患"
+    (data / "text").write_text(f"a 早上七点多北京路附近暖气不热\nb {seed}\n", encoding="utf-8")
+    lines = tmp_path / "lines.txt"
+    marked_seed = "我今天发现新华路十二号井盖发生了破损，有安全隐患。"
+    lines.write_text(f"早上七点多，北京路附近暖气不热。\n{marked_seed}\n", encoding="utf-8")
+    model = SET.parents[2] / "asr_core" / "demo_model"
+    assert punctuation_bench.main(["--set", str(lines), "--audio", str(data), "--model", str(model)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["token_times"].startswith("aligned on") and report["marks"]["expected"] == 4
+    assert report["per_mark"]["。"]["hits"] == 2  # each line's end
+    lines.write_text(f"别的话。\n{marked_seed}\n", encoding="utf-8")
+    with pytest.raises(SystemExit):
+        punctuation_bench.main(["--set", str(lines), "--audio", str(data), "--model", str(model)])
+    assert "line 1 of the set" in capsys.readouterr().err
