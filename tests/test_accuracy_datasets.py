@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import wave
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -134,3 +135,17 @@ def test_finals_worse_than_partials_are_warned() -> None:
     assert "attention_beam" in (accuracy_report.finals_warning("160ms", {"greedy": 0.59, "joint": 0.77}) or "")
     assert accuracy_report.finals_warning("160ms", {"greedy": 0.59, "rescore": 0.58}) is None
     assert accuracy_report.finals_warning("160ms", {"greedy": 0.59}) is None
+
+
+def test_compare_hotwords_and_itn_apply_to_every_decode(tmp_path: Path) -> None:
+    streets = tmp_path / "streets.txt"
+    streets.write_text("新华路\n北京路\n", encoding="utf-8")
+    common: dict[str, Any] = {"chunk_ms": (320,), "beam": 4, "limit": 2}
+    report = accuracy.compare(DEMO_MODEL, BUNDLE, "hotwords", ["off", str(streets)], **common)
+    both = accuracy.evaluate(DEMO_MODEL, BUNDLE, hotwords=streets, **common)["hotwords"]["320ms"]
+    off, on = (variant["cer"]["320ms"]["rescore"] for variant in report["variants"])
+    assert (off, on) == (both["without"]["rescore"]["cer"], both["with"]["rescore"]["cer"])
+    report = accuracy.compare(DEMO_MODEL, BUNDLE, "itn", ["off", "on"], **common)
+    assert [v.get("itn_on_finals", False) for v in report["variants"]] == [False, True]
+    for row in report["changed"]:  # ITN only rewrites numbers: 十二号 -> 12号
+        assert any(ch.isdigit() for ch in row["on"]["hyp"])

@@ -271,8 +271,10 @@ def evaluate(
 def _evaluate(
     model_dir: Path, testset: Path, beam: int, limit: int | None, backend: str | None, left_chunks: int,
     dtype: str, attention_beam: int, chunk_ms: tuple[int, ...], hotwords: Path | None, itn: bool, worst: int,
+    phrases: Path | None = None,
 ) -> tuple[dict[str, Any], dict[str, list[str]]]:  # fmt: skip
-    """``evaluate``'s result, and the finals' texts per mode (for ``compare``)."""
+    """``evaluate``'s result, and the finals' texts per mode (for ``compare``). ``phrases``: a
+    list every decode is biased with, as a route's ``hotwords`` (``compare hotwords=off,FILE``)."""
     if backend == "auto":
         backend = EngineSettings(backend="auto", device="cpu").resolved_backend
     loaded = load_wenet_model(model_dir)
@@ -282,6 +284,7 @@ def _evaluate(
     audio = [a for _, _, a in items]
     feats = [compute_fbank(a, loaded.frontend) for a in audio] if backend is None else []
     graph = load_graph(hotwords, loaded.units) if hotwords is not None else None
+    always = load_graph(phrases, loaded.units) if phrases is not None else None
     ref_chars = sum(len(scoring_text(r)) for r in refs)
     result: dict[str, Any] = {
         "model": str(model_dir),
@@ -320,7 +323,7 @@ def _evaluate(
         if no_full_context or (chunk_ms and mode not in {f"{ms}ms" for ms in chunk_ms}):
             continue
         started = time.monotonic()
-        hyps = run(mode, chunk, None)
+        hyps = run(mode, chunk, always)
         result["cer"][mode] = {method: round(corpus_cer(texts, refs), 4) for method, texts in hyps.items()}
         result["cer"][mode]["seconds"] = round(time.monotonic() - started, 1)
         result["examples"][mode] = [{"ref": r, "hyp": h} for r, h in list(zip(refs, hyps["greedy"], strict=True))[:3]]
@@ -350,7 +353,7 @@ def compare(
     the last value, with each one's errors (what the change fixed or broke)."""
     base = dict(
         beam=beam, limit=limit, backend=backend, left_chunks=left_chunks, dtype=dtype,
-        attention_beam=attention_beam, chunk_ms=chunk_ms, hotwords=None, itn=itn, worst=worst,
+        attention_beam=attention_beam, chunk_ms=chunk_ms, hotwords=None, itn=itn, worst=worst, phrases=None,
     )  # fmt: skip
     variants: list[dict[str, Any]] = []
     texts: list[list[str]] = []
@@ -359,7 +362,7 @@ def compare(
         if key == "chunk_ms":
             settings["chunk_ms"] = (int(value),)
         elif key == "hotwords":
-            settings["hotwords"] = None if value == "off" else Path(value)
+            settings["phrases"] = None if value == "off" else Path(value)
         elif key == "itn":
             settings["itn"] = value == "on"
         else:
