@@ -91,7 +91,8 @@ Token = tuple[str, int | None, int | None]
 def normalize_tokens(normalized: Normalized, tokens: Sequence[Token]) -> list[Token]:
     """The spoken text's (unit, begin_ms, end_ms) tokens as tokens of the normalized text: the
     tokens of a rewritten span become one token (its digits) from the first one's begin to the
-    last one's end; the others are kept. Tokens that cannot be placed in the text are kept."""
+    last one's end (its time where tokens carry one time each, as the engine's CTC spikes); the
+    others are kept. Tokens that cannot be placed in the text are kept."""
     if not normalized.spans:
         return list(tokens)
     raw, at = normalized.raw, 0
@@ -119,6 +120,8 @@ def normalize_tokens(normalized: Normalized, tokens: Sequence[Token]) -> list[To
             members.append(tokens[i])
             i += 1
         if members:
-            out.append((normalized.text[span.begin : span.end], members[0][1], members[-1][2]))
+            _, last_begin, last_end = members[-1]
+            end = last_end if last_end is not None else last_begin  # spike times only: the last one's
+            out.append((normalized.text[span.begin : span.end], members[0][1], end))
         span = next(span_iter, None)
     return out

@@ -4,9 +4,10 @@ streaming, the quickest way to try a model and to diff our arrays against WeNet'
     asr-transcribe a.wav b.wav --model DIR --chunk-ms 320 --left-chunks -1 --mode rescore --json
 
 Modes: ``greedy`` (CTC best path), ``prefix_beam`` (CTC n-best), ``rescore`` (WeNet's attention
-rescoring of the CTC n-best) and ``joint`` (the default: the n-best plus the attention
-decoder's own beam search, rescored together, as the serving engine's finals with
-``engine.attention_beam`` > 0; see ``asr_core/finals.py``).
+rescoring of the CTC n-best, the default, as the serving engine's finals by default) and
+``joint`` (the n-best plus the attention decoder's own beam search, rescored together, as the
+serving engine's finals with ``engine.attention_beam`` > 0 or a route's ``attention_beam``;
+see ``asr_core/finals.py``).
 
 Exit status: 0 on success, 2 when an input (WAV file, model directory, option) is unusable;
 the message is one line on stderr (``--debug`` adds the traceback).
@@ -103,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=-1,
         help="chunks of attention history kept when streaming; -1 keeps all (default)",
     )
-    parser.add_argument("--mode", choices=MODES, default="joint", help="decoding (default: joint)")
+    parser.add_argument("--mode", choices=MODES, default="rescore", help="decoding (default: rescore)")
     parser.add_argument("--beam", type=int, default=10, help="prefix beam size (default: 10)")
     parser.add_argument(
         "--attention-beam", type=int, default=4, help="joint mode: attention decoder proposals (default: 4)"

@@ -253,6 +253,7 @@ class Finalizer:
                 np.concatenate(job.utterance.topk_ids),
                 torch.cat(job.utterance.encoder_out, dim=0) if job.stream.config.rescore else None,
                 job.stream.config.context,
+                job.stream.config.attention_beam,
             )
             for job in finals
         ]

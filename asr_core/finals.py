@@ -1,7 +1,9 @@
 """The finals' search: CTC prefix beam search on stored top-k posteriors, then attention rescoring.
 
-With ``attention_beam`` > 0 the attention decoder's own beam search (WeNet's "attention"
-mode, ``rescoring.attention_search``) proposes hypotheses too. They join the CTC n-best, every
+With ``attention_beam`` > 0 (``FinalSettings``, the engine's; a request, i.e. a stream's
+route, may set its own) the attention decoder's own beam search (WeNet's "attention"
+mode, ``rescoring.attention_search``) proposes hypotheses too ("joint" finals; the service's
+default is 0, WeNet's attention rescoring of the CTC n-best). They join the CTC n-best, every
 member is scored by CTC's forward algorithm on the same stored posteriors, and the bidirectional
 rescoring picks among all of them. On the bundled demo model, whose CTC head is much weaker
 than its decoder, this cut the finals' CER at 320 ms chunks from 46.6 % to 21.3 % (fifth
@@ -89,13 +91,14 @@ class FinalRequest:
     topk_ids: np.ndarray  # (T, k) int64
     encoder_out: torch.Tensor | np.ndarray | None  # (T, D); None: no rescoring
     context: ContextGraph | None = None  # the stream's hotwords; None: no biasing
+    attention_beam: int | None = None  # the stream's decoder proposals (0: rescore); None: FinalSettings'
 
     def portable(self) -> FinalRequest:
         """The request with its encoder output as a float32 numpy array (to send to a process)."""
         out = self.encoder_out
         if isinstance(out, torch.Tensor):
             out = out.detach().to("cpu", torch.float32).numpy()
-        return FinalRequest(self.topk_values, self.topk_ids, out, self.context)
+        return FinalRequest(self.topk_values, self.topk_ids, out, self.context, self.attention_beam)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,8 +139,8 @@ class FinalSearch:
                 assert out is not None
                 encoder_outs.append(torch.as_tensor(out).to(self._device, self._dtype))
             candidates = [nbests[i] for i in to_rescore]
-            if s.attention_beam > 0 and supports_search(self.proposer):
-                candidates = self._with_proposals([requests[i] for i in to_rescore], candidates, encoder_outs)
+            if supports_search(self.proposer):
+                candidates = self._with_all_proposals([requests[i] for i in to_rescore], candidates, encoder_outs)
             # The hotword bonus the CTC search ranked by joins the rescoring score (None: no list).
             biased = any(requests[i].context is not None for i in to_rescore)
             bonuses = [[h.context_score for h in c] for c in candidates] if biased else None
@@ -155,8 +158,30 @@ class FinalSearch:
                 rescored[i] = result
         return [FinalResult(nbest, rescored.get(i)) for i, nbest in enumerate(nbests)]
 
-    def _with_proposals(
+    def _with_all_proposals(
         self, requests: list[FinalRequest], nbests: list[list[Hypothesis]], encoder_outs: list[torch.Tensor]
+    ) -> list[list[Hypothesis]]:
+        """The n-best lists with proposals where a request's attention beam (its own, else the
+        settings') is > 0: one search per beam width in use, the others as they were."""
+        beams = [self.settings.attention_beam if r.attention_beam is None else r.attention_beam for r in requests]
+        out = list(nbests)
+        for beam in sorted({b for b in beams if b > 0}):
+            if self.settings.vocab_size <= 0:
+                raise ValueError("attention proposals need FinalSettings.vocab_size (the CTC output size)")
+            rows = [i for i, b in enumerate(beams) if b == beam]
+            merged = self._with_proposals(
+                [requests[i] for i in rows], [nbests[i] for i in rows], [encoder_outs[i] for i in rows], beam
+            )
+            for i, nbest in zip(rows, merged, strict=True):
+                out[i] = nbest
+        return out
+
+    def _with_proposals(
+        self,
+        requests: list[FinalRequest],
+        nbests: list[list[Hypothesis]],
+        encoder_outs: list[torch.Tensor],
+        beam: int,
     ) -> list[list[Hypothesis]]:
         """Each CTC n-best plus the attention decoder's own beam-search hypotheses that it lacks,
         every member scored by CTC's forward on the stored posteriors, so that the rescoring
@@ -171,7 +196,7 @@ class FinalSearch:
         ]
         assert supports_search(self.proposer)
         proposals = attention_beam_search(
-            cast(StepDecoder, self.proposer), encoder_outs, s.attention_beam, sos=s.sos, eos=s.eos, max_tokens=limits
+            cast(StepDecoder, self.proposer), encoder_outs, beam, sos=s.sos, eos=s.eos, max_tokens=limits
         )
         merged = []
         for request, nbest, proposed in zip(requests, nbests, proposals, strict=True):

@@ -34,6 +34,7 @@ class StreamConfig:
     emit_unchanged_partials: bool = False
     stream_id: str | None = None
     context: ContextGraph | None = None  # hotwords biasing the finals' CTC search; None: none
+    attention_beam: int | None = None  # finals' decoder proposals (joint; 0: rescore); None: the engine's
 
     def chunk_frames(self, subsampling: int, frame_ms: int = 10) -> int:
         """Encoder frames per chunk: 160 ms -> 4 with 4x subsampling of 10 ms frames."""

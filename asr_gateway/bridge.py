@@ -198,7 +198,11 @@ class CallBridge:
         profile = call.profile
         context = self.hotwords.get(profile.hotwords) if self.hotwords is not None else None
         config = StreamConfig(
-            chunk_ms=profile.chunk_ms, left_chunks=profile.left_chunks, stream_id=leg.leg_id, context=context
+            chunk_ms=profile.chunk_ms,
+            left_chunks=profile.left_chunks,
+            stream_id=leg.leg_id,
+            context=context,
+            attention_beam=profile.attention_beam,
         )
         stream = self.engine.open_stream(config, self._on_engine_event)  # PoolExhausted: a CapacityError, 503
         with self._lock:
@@ -420,6 +424,7 @@ class CallBridge:
             kb_set=profile.kb_set,
             tag_rules=(profile.tag_rules,) if profile.tag_rules else (),
             itn=profile.itn,
+            punctuation=profile.punctuation,
         )
 
 

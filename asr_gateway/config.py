@@ -172,10 +172,12 @@ class EngineSettings(_Section):
     reverse_weight: float = Field(0.3, ge=0.0, le=1.0)
     rescore: bool = True
     attention_beam: int = Field(
-        4,
+        0,
         ge=0,
         description="finals: hypotheses the attention decoder's own beam search adds to the CTC n-best before "
-        "rescoring (0 = WeNet's attention rescoring of the CTC n-best only)",
+        "rescoring ('joint', e.g. 4); 0 = WeNet's attention rescoring of the CTC n-best, the default: with "
+        "proposals the demo model's finals were worse than its partials on unseen sentences "
+        "(docs/BENCHMARKS.md). A route's attention_beam overrides it for its calls",
     )
     endpoint: EndpointSettings = EndpointSettings()
 

@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from asr_common.punctuation import PunctuationName
 from calls.join import check_join_by
 from calls.metadata import check_header_names
 from calls.roles import Role, RoleRule
@@ -66,6 +67,14 @@ class Profile(BaseModel):
     relative to the routes file. Reloaded with the KB sets."""
     itn: bool = False
     """Finals' spoken numbers in digits (``text``), the spoken form kept in ``text_raw``."""
+    attention_beam: int | None = Field(None, ge=0, le=16)
+    """Finals of this route's calls: the attention decoder's proposals added to the CTC n-best
+    (``joint``, e.g. 4) or 0 (WeNet's attention rescoring); unset: ``engine.attention_beam``
+    (0 by default)."""
+    punctuation: PunctuationName = "off"
+    """Finals' punctuation (``asr_common.punctuation``): ``pauses`` adds commas and full stops
+    where the speaker paused and question marks after 吗/呢/吧 and question words; the text
+    without them is kept in ``text_raw``. Applied after ``itn``."""
     tag_rules: str | None = None
     redaction: Literal["mask", "keep", "hash"] = "mask"
     key_prefix: str = "asr"
@@ -111,7 +120,7 @@ class Profile(BaseModel):
     def _join_rule(cls, value: str | None) -> str | None:
         return None if value is None else check_join_by(value)
 
-    @field_validator("srtp", mode="before")
+    @field_validator("srtp", "punctuation", mode="before")
     @classmethod
     def _yaml_off(cls, value: object) -> object:
         """YAML 1.1 reads a bare ``off`` as false; take it as the word the admin wrote."""

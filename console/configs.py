@@ -308,4 +308,5 @@ def _context(name: str, profile: Any, hooks: KbHooksSettings) -> CallContext:
         kb_set=profile.kb_set,
         tag_rules=(profile.tag_rules,) if profile.tag_rules else (),
         itn=profile.itn,
+        punctuation=profile.punctuation,
     )

@@ -210,7 +210,7 @@ class Transcript(Event):
     tokens: tuple[Token, ...]
     confidence: float | None
     latency_ms: float | None  # engine latency of this result
-    text_raw: str | None = field(default=None, metadata=OMITTED_WHEN_NONE)  # spoken form where ITN rewrote text
+    text_raw: str | None = field(default=None, metadata=OMITTED_WHEN_NONE)  # engine's text: ITN/punctuation rewrote it
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from asr_common.itn import normalize_numbers, normalize_tokens
+from asr_common.punctuation import PUNCTUATORS
 from kb_hooks.config import KbHooksSettings
 from kb_hooks.entities import Entity, extract_entities
 from kb_hooks.events import (
@@ -109,8 +110,8 @@ class TranscriptProcessor:
 
     def process(self, update: TranscriptUpdate) -> list[Event]:
         ctx = update.call
-        if ctx.itn and not update.is_partial and update.text_raw is None:
-            update = _normalized(update)
+        if not update.is_partial and update.text_raw is None:
+            update = _rewritten(update)
         with self._lock:
             state = self._calls.setdefault(ctx.call_id, _CallState())
         utterance = (*update.participant.key(), update.utterance_id)
@@ -275,9 +276,16 @@ class TranscriptProcessor:
         )
 
 
-def _normalized(update: TranscriptUpdate) -> TranscriptUpdate:
-    """The update with spoken numbers in digits (text, tokens, n-best); ``text_raw`` keeps the spoken text."""
-    normalized = normalize_numbers(update.text)
-    tokens = tuple(normalize_tokens(normalized, [(t[0], t[1], t[2]) for t in update.tokens]))
-    nbest = tuple((normalize_numbers(text).text, score) for text, score in update.nbest)
-    return replace(update, text=normalized.text, tokens=tokens, nbest=nbest, text_raw=update.text)
+def _rewritten(final: TranscriptUpdate) -> TranscriptUpdate:
+    """The final as its route writes it: spoken numbers in digits (``itn``: text, tokens, n-best),
+    then punctuation (``punctuation``: text only); where the route asks for either, ``text_raw``
+    keeps the engine's text."""
+    ctx, update = final.call, final
+    if ctx.itn:
+        normalized = normalize_numbers(update.text)
+        tokens = tuple(normalize_tokens(normalized, [(t[0], t[1], t[2]) for t in update.tokens]))
+        nbest = tuple((normalize_numbers(text).text, score) for text, score in update.nbest)
+        update = replace(update, text=normalized.text, tokens=tokens, nbest=nbest)
+    if ctx.punctuation != "off":
+        update = replace(update, text=PUNCTUATORS[ctx.punctuation].punctuate(update.text, update.tokens))
+    return replace(update, text_raw=final.text) if ctx.itn or ctx.punctuation != "off" else update

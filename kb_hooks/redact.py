@@ -97,7 +97,7 @@ def _align(text: str, tokens: Sequence[str]) -> list[tuple[int, int] | None]:
     for token in tokens:
         piece = token.replace(_WORD_PIECE_MARK, "").strip()
         found = text.find(piece, pos) if piece else -1
-        if found < 0 or text[pos:found].strip():
+        if found < 0 or any(ch.isalnum() for ch in text[pos:found]):  # spaces and punctuation between tokens
             spans.append(None)
             continue
         spans.append((found, found + len(piece)))

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal, NamedTuple
 
+from asr_common.punctuation import PunctuationName
+
 ParticipantRole = Literal["caller", "agent", "mixed"]
 
 
@@ -48,7 +50,8 @@ class CallContext:
     redaction: RedactionMode = RedactionMode.MASK
     kb_set: str | None = None  # name of the knowledge base to match; None disables KB matching
     tag_rules: tuple[str, ...] = ()  # names of the tag rule sets to apply
-    itn: bool = False  # finals: spoken numbers to digits (kb_hooks.itn); text_raw keeps the spoken form
+    itn: bool = False  # finals: spoken numbers to digits (asr_common.itn); text_raw keeps the spoken form
+    punctuation: PunctuationName = "off"  # finals: asr_common.punctuation.PUNCTUATORS' key; text_raw keeps the text
 
 
 class TokenTiming(NamedTuple):
@@ -78,4 +81,4 @@ class TranscriptUpdate:
     nbest: tuple[tuple[str, float], ...] = ()  # (text, score), best first; finals only
     latency_ms: float | None = None  # engine-side latency the engine measured for this result
     audio_end_monotonic: float | None = None  # time.monotonic() when the chunk's last sample arrived
-    text_raw: str | None = None  # the spoken form where ``text`` was normalized (ITN); None: not normalized
+    text_raw: str | None = None  # the engine's text where the route rewrites it (ITN, punctuation)

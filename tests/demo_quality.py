@@ -41,8 +41,8 @@ E2E_CHUNK_MS, E2E_LEFT_CHUNKS = 320, 4  # deploy/config/routes.example.yaml, pro
 @functools.cache
 def seed_transcript() -> str:
     """The demo model's final for the seed sentence as the service computes it: 320 ms chunks,
-    the service's default finals search (CTC n-best plus attention proposals, rescored;
-    ``asr_core.finals``). '' without a model."""
+    the service's default finals search (``engine.attention_beam``: 0, WeNet's attention
+    rescoring of the CTC n-best; ``asr_core.finals``). '' without a model."""
     if not (DEMO_MODEL / "final.pt").is_file():
         return ""
     engine = EngineSettings()

@@ -76,7 +76,7 @@ def test_cli_itn_alone_and_clear_errors(capsys: pytest.CaptureFixture[str], tmp_
 def test_name_recall_without_and_with_the_list_in_one_run(tmp_path: Path) -> None:
     streets = tmp_path / "streets.txt"
     streets.write_text("新华路\n北京路\n", encoding="utf-8")
-    report = accuracy.evaluate(DEMO_MODEL, BUNDLE, chunk_ms=(320,), hotwords=streets)
+    report = accuracy.evaluate(DEMO_MODEL, BUNDLE, chunk_ms=(320,), hotwords=streets, attention_beam=4)
     hot = report["hotwords"]
     assert hot["phrases"] == 2 and hot["names_in_references"] == 3
     without, with_list = hot["320ms"]["without"], hot["320ms"]["with"]

@@ -108,3 +108,32 @@ def test_the_child_runs_at_the_configured_niceness(loaded: LoadedModel, niceness
         remote.close()
     with pytest.raises(ValueError, match="finals niceness must be 0-19"):
         ProcessFinalSearch(loaded.model.decoder, "torch", local, 20)
+
+
+def test_a_streams_own_attention_beam_overrides_the_engines(loaded: LoadedModel, requests: list[FinalRequest]) -> None:
+    """A route's ``attention_beam`` (joint finals) reaches the search per request: those requests
+    get what a search with that beam for everyone gives, the others the engine's (rescore), also
+    through the child process."""
+    from dataclasses import replace
+
+    rescore = FinalSettings.for_model(loaded, beam=10, ctc_weight=0.5, reverse_weight=0.3)
+    joint = replace(rescore, attention_beam=4)
+    mixed = [replace(r, attention_beam=4) if i % 2 else r for i, r in enumerate(requests)]
+    plain = FinalSearch(loaded.model.decoder, rescore).run(requests)
+    proposed = FinalSearch(loaded.model.decoder, joint).run(requests)
+    expected = [proposed[i] if i % 2 else plain[i] for i in range(len(requests))]
+    sizes = [
+        (len(p.rescored.hypotheses), len(j.rescored.hypotheses))
+        for p, j in zip(plain, proposed, strict=True)
+        if p.rescored and j.rescored
+    ]
+    assert any(joint_size > plain_size for plain_size, joint_size in sizes)  # the proposals are there
+    local = FinalSearch(loaded.model.decoder, rescore)
+    assert_same(local.run(mixed), expected)
+    opted_out = [replace(r, attention_beam=0) for r in requests]
+    assert_same(FinalSearch(loaded.model.decoder, joint).run(opted_out), plain)
+    remote = ProcessFinalSearch(loaded.model.decoder, "torch", local)
+    try:
+        assert_same(remote.run(mixed), expected)
+    finally:
+        remote.close()

@@ -332,4 +332,4 @@ def test_engine_evaluation_with_the_services_default_backend() -> None:
     """`asr-bench accuracy --backend auto` runs what the service runs on a CPU; --chunk-ms keeps one size."""
     report = accuracy.evaluate(DEMO_MODEL, BUNDLE, limit=1, backend="auto", chunk_ms=(160,))
     assert report["backend"] == "torch-int8"
-    assert list(report["cer"]) == ["160ms"] and {"greedy", "joint"} <= set(report["cer"]["160ms"])
+    assert list(report["cer"]) == ["160ms"] and {"greedy", "rescore"} <= set(report["cer"]["160ms"])

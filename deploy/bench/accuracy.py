@@ -3,21 +3,27 @@ size and decoding mode.
 
     asr-bench accuracy --model asr_core/demo_model --testset exp/demo/test_sentences
 
-A test set is a directory of WAVs (mono 16-bit, 8 or 16 kHz) plus ``text`` with
-``<utt_id> <transcript>`` per line. Each utterance is decoded with the chunk attention mask of
+A test set is a Kaldi/WeNet data directory (``wav.scp`` + ``text``, ``segments`` where
+utterances are parts of recordings), WeNet's ``data.list`` (JSON lines with key, wav, txt) or a
+directory of WAVs plus ``text`` with ``<utt_id> <transcript>`` per line (``deploy.bench.datasets``;
+audio mono 16-bit, 8 or 16 kHz); ``--testset`` takes several, one report each (``{"sets":
+[...]}``). Each report lists per mode the ``--worst`` utterances of the finals, aligned with
+their references (``diff``: 井盖[-发生了]破损[+了]), and warns (``warnings``, and on stderr)
+where a mode's finals score worse than its partials. Each utterance is decoded with the chunk attention mask of
 160, 320 and 640 ms chunks (4, 8, 16 encoder frames; equal to chunk-by-chunk streaming with an
 unlimited cache) and with full context; CTC greedy search always, plus attention rescoring
 of the CTC prefix-beam n-best ("rescore", WeNet's) when ``rescoring.attention`` is available,
-and "joint": the serving engine's finals search, which adds ``--attention-beam`` hypotheses of
-the attention decoder's own beam search to the n-best before rescoring (0 leaves it out).
+and, with ``--attention-beam N`` > 0, "joint": the finals search of a route with
+``attention_beam: N``, which adds N hypotheses of the attention decoder's own beam search to the
+n-best before rescoring (0, the default, leaves it out, as the service's default finals do).
 Prints one JSON object.
 
 ``--backend NAME`` (e.g. ``auto``, ``torch-int8``, ``onnxruntime-int8``) instead decodes every
 utterance through the shared streaming ``Engine`` with that chunk runner, exactly as calls are
 served: 160/320/640 ms chunks (``--chunk-ms`` picks some) with the engine's windowed cache
 (``--left-chunks``, default 8), the whole test set's streams batched together; "greedy" is the
-last CTC partial of each utterance (what the live partials showed), "joint" its final (what
-the service publishes; "rescore" with ``--attention-beam 0``). ``auto`` is the service's default
+last CTC partial of each utterance (what the live partials showed), "rescore" its final (what
+the service publishes by default; "joint" with ``--attention-beam N``). ``auto`` is the service's default
 on a CPU, ``torch-int8``. There is no full-context row in this mode. Running it for ``torch``
 and an INT8 backend on the same test set gives the CER change of INT8 under serving conditions.
 
@@ -36,6 +42,12 @@ runs alone too (no ``--model``). The street and district names set::
     asr-bench accuracy --model asr_core/demo_model --testset exp/testsets/names --backend auto \
         --chunk-ms 160 --hotwords recipes/testsets/names_hotwords.txt --itn
 
+``--compare KEY=V1,V2`` runs an A/B of one setting in one run: ``chunk_ms=160,320``,
+``hotwords=off,FILE``, ``itn=off,on`` (finals' numbers in digits, as a route's ``itn: true``;
+``--finals-itn`` turns it on for a whole run) or ``attention_beam=0,4`` (rescore vs joint);
+``variants`` holds each value's report, ``changed`` the utterances whose finals differ between
+the first and the last value. docs/measure-accuracy.md walks through it.
+
 Audio is read at the model's own rate and its fbank computed with the model's own front end
 (``train.yaml``'s ``dataset_conf``): 8 kHz recordings go to an 8 kHz model as they are.
 
@@ -48,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -57,8 +70,9 @@ import soxr
 import torch
 
 from asr_common.audio import SAMPLE_RATE, TELEPHONE_RATE
-from asr_common.scoring import corpus_cer, name_hits, scoring_text
-from asr_core.audio_io import read_pcm16
+from asr_common.itn import normalize_numbers
+from asr_common.scoring import char_errors, corpus_cer, name_hits, scoring_text
+from asr_core.audio_io import AudioError, read_pcm16
 from asr_core.context_graph import ContextGraph, HotwordsError, load_graph, load_phrases
 from asr_core.ctc_search import ctc_greedy_batch, ctc_prefix_beam_search, ctc_topk
 from asr_core.finals import FinalRequest, FinalSearch, FinalSettings
@@ -66,31 +80,41 @@ from asr_core.frontend import DEFAULT_FRONTEND, FrontendConfig, compute_fbank
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_core.tokens import tokens_to_text
 from asr_gateway.config import EngineSettings
+from deploy.bench.accuracy_report import WORST, final_method, finals_warning, parse_compare, worst_utterances
+from deploy.bench.datasets import DataSetError, load_dataset
 from rtp.resample import upsample_recording
 
 CHUNK_MODES = {"160ms": 4, "320ms": 8, "640ms": 16, "full": -1}
 EXAMPLES = 8  # utterances listed per mode where the hotwords changed the final
+FINAL_METHODS = frozenset({"rescore", "joint"})
 ITN_SET = Path(__file__).resolve().parents[2] / "recipes" / "testsets" / "itn.tsv"
 
 
 def read_audio(testset: Path, rate: int = SAMPLE_RATE) -> list[tuple[str, str, np.ndarray]]:
-    """(utt_id, transcript, float32 samples at int16 scale at ``rate`` Hz) per line of
-    ``<testset>/text``; ``rate`` is the model's (``LoadedModel.frontend.sample_rate``).
+    """(utt_id, transcript, float32 samples at int16 scale at ``rate`` Hz) per utterance of the
+    test set at ``testset`` (any layout of ``deploy.bench.datasets``); ``rate`` is the model's
+    (``LoadedModel.frontend.sample_rate``).
 
     A recording at the model's rate is used as it is; 8 kHz recordings for a 16 kHz model go
-    through the service's own upsampler (int16, as calls reach the engine); other rates through soxr."""
+    through the service's own upsampler (int16, as calls reach the engine); other rates through
+    soxr. A segment is cut from its recording before that (each recording is read once)."""
     items = []
-    for line in (testset / "text").read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        utt_id, _, transcript = line.partition(" ")
-        samples, source = read_pcm16(testset / f"{utt_id}.wav")
+    recordings: dict[Path, tuple[np.ndarray, int]] = {}
+    for utt in load_dataset(testset).utterances:
+        if utt.wav not in recordings:
+            recordings[utt.wav] = read_pcm16(utt.wav)
+        samples, source = recordings[utt.wav]
+        if utt.begin_s or utt.end_s is not None:
+            end = None if utt.end_s is None else round(utt.end_s * source)
+            samples = samples[round(utt.begin_s * source) : end]
+            if not len(samples):
+                raise DataSetError(f"{utt.wav}: segment {utt.utt_id} ({utt.begin_s}-{utt.end_s} s) is past its end")
         audio = samples.astype(np.float32)
         if source == TELEPHONE_RATE and rate == SAMPLE_RATE:
             audio = upsample_recording(samples)
         elif source != rate:
             audio = soxr.resample(audio, source, rate).astype(np.float32)
-        items.append((utt_id, transcript.strip(), audio))
+        items.append((utt.utt_id, utt.text.strip(), audio))
     return items
 
 
@@ -226,22 +250,41 @@ def _joint_search(loaded: LoadedModel, beam: int, attention_beam: int) -> FinalS
 
 def evaluate(
     model_dir: Path, testset: Path, beam: int = 10, limit: int | None = None, backend: str | None = None,
-    left_chunks: int = 8, dtype: str = "float32", attention_beam: int = 4, chunk_ms: tuple[int, ...] = (),
-    hotwords: Path | None = None,
+    left_chunks: int = 8, dtype: str = "float32", attention_beam: int = 0, chunk_ms: tuple[int, ...] = (),
+    hotwords: Path | None = None, itn: bool = False, worst: int = WORST,
 ) -> dict[str, Any]:  # fmt: skip
     """CER per chunk mode and decoding method; ``chunk_ms`` keeps only those chunk sizes (all when empty).
+
+    ``result["worst"]`` holds per mode the ``worst`` utterances of the finals (most errors
+    first) with their alignment to the reference, ``result["warnings"]`` a line for each mode
+    whose finals score worse than its partials. ``itn`` writes the finals' spoken numbers in
+    digits as a route's ``itn: true`` does (for references written with digits).
 
     With ``hotwords`` (a phrase file, as a route names it) every mode is decoded twice, without
     and with the list, and ``result["hotwords"]`` holds per mode and method the CER and the name
     recall of both runs (the listed phrases are the names)."""
+    return _evaluate(
+        model_dir, testset, beam, limit, backend, left_chunks, dtype, attention_beam, chunk_ms, hotwords, itn, worst
+    )[0]
+
+
+def _evaluate(
+    model_dir: Path, testset: Path, beam: int, limit: int | None, backend: str | None, left_chunks: int,
+    dtype: str, attention_beam: int, chunk_ms: tuple[int, ...], hotwords: Path | None, itn: bool, worst: int,
+    phrases: Path | None = None,
+) -> tuple[dict[str, Any], dict[str, list[str]]]:  # fmt: skip
+    """``evaluate``'s result, and the finals' texts per mode (for ``compare``). ``phrases``: a
+    list every decode is biased with, as a route's ``hotwords`` (``compare hotwords=off,FILE``)."""
     if backend == "auto":
         backend = EngineSettings(backend="auto", device="cpu").resolved_backend
     loaded = load_wenet_model(model_dir)
     items = read_audio(testset, loaded.frontend.sample_rate)[:limit]
+    ids = [i for i, _, _ in items]
     refs = [t for _, t, _ in items]
     audio = [a for _, _, a in items]
     feats = [compute_fbank(a, loaded.frontend) for a in audio] if backend is None else []
     graph = load_graph(hotwords, loaded.units) if hotwords is not None else None
+    always = load_graph(phrases, loaded.units) if phrases is not None else None
     ref_chars = sum(len(scoring_text(r)) for r in refs)
     result: dict[str, Any] = {
         "model": str(model_dir),
@@ -250,9 +293,13 @@ def evaluate(
         "reference_chars": ref_chars,
         "cer": {},
         "examples": {},
+        "worst": {},
+        "warnings": [],
     }
     if backend is not None:
         result.update(backend=backend, left_chunks=left_chunks, dtype=dtype)
+    if itn:
+        result["itn_on_finals"] = True
     names: list[str] = []
     if hotwords is not None:
         names = [phrase.text for phrase in load_phrases(hotwords)]
@@ -261,19 +308,31 @@ def evaluate(
 
     def run(mode: str, chunk: int, context: ContextGraph | None) -> dict[str, list[str]]:
         if backend is None:
-            return decode(loaded, feats, chunk, beam, attention_beam=attention_beam, context=context)
-        ms = int(mode.removesuffix("ms"))
-        return decode_streaming(loaded, audio, ms, backend, left_chunks, dtype, attention_beam, context)
+            hyps = decode(loaded, feats, chunk, beam, attention_beam=attention_beam, context=context)
+        else:
+            ms = int(mode.removesuffix("ms"))
+            hyps = decode_streaming(loaded, audio, ms, backend, left_chunks, dtype, attention_beam, context)
+        if itn:
+            for method in FINAL_METHODS & hyps.keys():
+                hyps[method] = [normalize_numbers(text).text for text in hyps[method]]
+        return hyps
 
+    finals: dict[str, list[str]] = {}
     for mode, chunk in CHUNK_MODES.items():
         no_full_context = backend is not None and chunk < 0
         if no_full_context or (chunk_ms and mode not in {f"{ms}ms" for ms in chunk_ms}):
             continue
         started = time.monotonic()
-        hyps = run(mode, chunk, None)
+        hyps = run(mode, chunk, always)
         result["cer"][mode] = {method: round(corpus_cer(texts, refs), 4) for method, texts in hyps.items()}
         result["cer"][mode]["seconds"] = round(time.monotonic() - started, 1)
         result["examples"][mode] = [{"ref": r, "hyp": h} for r, h in list(zip(refs, hyps["greedy"], strict=True))[:3]]
+        method = final_method(hyps)
+        finals[mode] = hyps[method]
+        result["worst"][mode] = {"method": method, "utterances": worst_utterances(ids, refs, hyps[method], worst)}
+        warning = finals_warning(mode, result["cer"][mode])
+        if warning is not None:
+            result["warnings"].append(warning)
         if graph is not None:
             biased = run(mode, chunk, graph)
             result["hotwords"][mode] = {
@@ -281,7 +340,50 @@ def evaluate(
                 "with": _name_scores(biased, refs, names),
                 "changed": _changed_names(hyps, biased, refs, names),
             }
-    return result
+    return result, finals
+
+
+def compare(
+    model_dir: Path, testset: Path, key: str, values: list[str], beam: int = 10, limit: int | None = None,
+    backend: str | None = None, left_chunks: int = 8, dtype: str = "float32", attention_beam: int = 0,
+    chunk_ms: tuple[int, ...] = (), itn: bool = False, worst: int = WORST,
+) -> dict[str, Any]:  # fmt: skip
+    """An A/B (or A/B/C...) of one setting on one test set: every value's ``evaluate`` result
+    under ``variants``, and ``changed``: utterances whose finals differ between the first and
+    the last value, with each one's errors (what the change fixed or broke)."""
+    base = dict(
+        beam=beam, limit=limit, backend=backend, left_chunks=left_chunks, dtype=dtype,
+        attention_beam=attention_beam, chunk_ms=chunk_ms, hotwords=None, itn=itn, worst=worst, phrases=None,
+    )  # fmt: skip
+    variants: list[dict[str, Any]] = []
+    texts: list[list[str]] = []
+    for value in values:
+        settings: dict[str, Any] = dict(base)
+        if key == "chunk_ms":
+            settings["chunk_ms"] = (int(value),)
+        elif key == "hotwords":
+            settings["phrases"] = None if value == "off" else Path(value)
+        elif key == "itn":
+            settings["itn"] = value == "on"
+        else:
+            settings["attention_beam"] = int(value)
+        result, finals = _evaluate(model_dir, testset, **settings)
+        variants.append({"value": value, **result})
+        # one mode per variant when chunk_ms varies; else the first mode run
+        texts.append(next(iter(finals.values()), []))
+    refs = [(u.utt_id, u.text.strip()) for u in load_dataset(testset).utterances][:limit]
+    changed = []
+    for (utt_id, ref), first, last in zip(refs, texts[0], texts[-1], strict=True):
+        if first != last:
+            changed.append(
+                {
+                    "id": utt_id,
+                    "ref": ref,
+                    values[0]: {"errors": char_errors(first, ref)[0], "hyp": first},
+                    values[-1]: {"errors": char_errors(last, ref)[0], "hyp": last},
+                }
+            )
+    return {"testset": str(testset), "compare": key, "variants": variants, "changed": changed[:EXAMPLES]}
 
 
 def _name_scores(hyps: dict[str, list[str]], refs: list[str], names: list[str]) -> dict[str, dict[str, float]]:
@@ -314,8 +416,6 @@ def _changed_names(
 def itn_accuracy(path: Path) -> dict[str, Any]:
     """Exact-match rate per numeric class of the service's ITN (``asr_common.itn``) on a
     hand-written set: ``class <TAB> spoken <TAB> expected`` per line (``#`` comments)."""
-    from asr_common.itn import normalize_numbers
-
     per_class: dict[str, dict[str, Any]] = {}
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip() or line.startswith("#"):
@@ -341,7 +441,11 @@ def itn_accuracy(path: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, help="WeNet model dir (needed unless only --itn)")
-    parser.add_argument("--testset", type=Path, help="dir with WAVs and a text file (needed unless only --itn)")
+    parser.add_argument(
+        "--testset", type=Path, nargs="+", default=[], metavar="SET",
+        help="a Kaldi/WeNet data dir (wav.scp + text [+ segments]), a data.list, or a dir of WAVs + text; "
+        "several: one report each (needed unless only --itn)",
+    )  # fmt: skip
     parser.add_argument("--beam", type=int, default=10, help="n-best size for rescoring; 0 = greedy only")
     parser.add_argument("--limit", type=int, help="only the first N utterances")
     parser.add_argument("--threads", type=int, default=1)
@@ -354,8 +458,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--left-chunks", type=int, default=8, help="with --backend: the cache window in chunks")
     parser.add_argument("--dtype", default="float32", help="with --backend: float32, or bfloat16 where supported")
     parser.add_argument(
-        "--attention-beam", type=int, default=4, help="attention proposals of the joint finals (0: rescore only)"
-    )
+        "--attention-beam", type=int, default=0,
+        help="attention proposals of joint finals (default 0: rescore, the service's default finals)",
+    )  # fmt: skip
     parser.add_argument(
         "--hotwords", type=Path, metavar="FILE",
         help="a route's phrase file: decode without and with it, and report name recall (the phrases are the names)",
@@ -364,27 +469,54 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--itn-set", type=Path, default=ITN_SET, help="class<TAB>spoken<TAB>expected lines (default: the repo's set)"
     )
+    parser.add_argument(
+        "--finals-itn", action="store_true", help="spoken numbers in digits in the finals (references with digits)"
+    )
+    parser.add_argument(
+        "--compare", metavar="KEY=V1,V2",
+        help="an A/B in one run: chunk_ms=160,320 | hotwords=off,FILE | itn=off,on | attention_beam=0,4",
+    )  # fmt: skip
+    parser.add_argument("--worst", type=int, default=WORST, help="utterances with the most errors listed per mode")
     args = parser.parse_args(argv)
     if args.attention_beam < 0:
         parser.error("--attention-beam must be 0 or more")
-    if (args.model is None) != (args.testset is None) or (args.model is None and not args.itn):
+    if (args.model is None) != (not args.testset) or (args.model is None and not args.itn):
         parser.error("give --model and --testset (or only --itn)")
+    if args.compare and args.hotwords is not None:
+        parser.error("--hotwords already compares without and with the list; leave out --compare")
     result: dict[str, Any] = {}
     try:
         if args.hotwords is not None:
             load_phrases(args.hotwords)  # a bad file fails before any decoding
         itn = itn_accuracy(args.itn_set) if args.itn else None
+        comparing = parse_compare(args.compare) if args.compare else None
+        for testset in args.testset:
+            load_dataset(testset)  # a broken list fails before any decoding
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
-    if args.model is not None:
-        torch.set_num_threads(args.threads)
+    reports = []
+    torch.set_num_threads(args.threads)
+    common: dict[str, Any] = dict(
+        beam=args.beam, limit=args.limit, backend=args.backend, left_chunks=args.left_chunks, dtype=args.dtype,
+        attention_beam=args.attention_beam, chunk_ms=tuple(args.chunk_ms), itn=args.finals_itn, worst=args.worst,
+    )  # fmt: skip
+    for testset in args.testset:
         try:
-            result = evaluate(
-                args.model, args.testset, args.beam, args.limit, args.backend, args.left_chunks, args.dtype,
-                args.attention_beam, tuple(args.chunk_ms), args.hotwords,
-            )  # fmt: skip
-        except HotwordsError as exc:  # a phrase the model's units cannot spell
+            if comparing is not None:
+                report = compare(args.model, testset, *comparing, **common)
+                warnings = [w for variant in report["variants"] for w in variant["warnings"]]
+            else:
+                report = evaluate(args.model, testset, hotwords=args.hotwords, **common)
+                warnings = report["warnings"]
+        except (HotwordsError, AudioError, DataSetError) as exc:  # a phrase the model's units cannot spell
             parser.error(str(exc))
+        for warning in warnings:
+            print(f"warning: {testset}: {warning}", file=sys.stderr)
+        reports.append(report)
+    if len(reports) == 1:
+        result = reports[0]
+    elif reports:
+        result = {"sets": reports}
     if itn is not None:
         result["itn"] = itn
     print(json.dumps(result, ensure_ascii=False))

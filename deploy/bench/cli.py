@@ -50,7 +50,12 @@ PASSTHROUGH: dict[str, tuple[Callable[[list[str]], int], str]] = {
     ),
     "accuracy": (
         _accuracy,
-        "CER per chunk size on a test set (WAVs + text); --backend: through the engine; --int8-change: INT8 vs fp32",
+        "CER per chunk size on data dirs (wav.scp + text), data.list or WAVs + text; --compare KEY=A,B: an A/B; "
+        "--backend: through the engine; --int8-change: INT8 vs fp32",
+    ),
+    "punctuation": (
+        _module_main("punctuation_bench"),
+        "punctuation F1 of the finals' pause rules on hand-punctuated sentences (synthesized token times)",
     ),
 }
 

@@ -80,7 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, help="only the first N utterances")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--left-chunks", type=int, default=8, help="the engine's cache window in chunks")
-    parser.add_argument("--attention-beam", type=int, default=4, help="attention proposals of the joint finals")
+    parser.add_argument(
+        "--attention-beam", type=int, default=0, help="attention proposals of joint finals (default 0: rescore)"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     backends = [name for name in args.backends.split(",") if name]
