@@ -60,10 +60,13 @@ class UtteranceSnapshot:
     topk_values: list[np.ndarray]
     topk_ids: list[np.ndarray]
     encoder_out: list[torch.Tensor]
+    chunk_ms: int  # in force at its last chunk
 
     @classmethod
-    def of(cls, utt: Utterance) -> UtteranceSnapshot:
-        return cls(utt.utterance_id, utt.start_frame, utt.offset, utt.topk_values, utt.topk_ids, utt.encoder_out)
+    def of(cls, utt: Utterance, chunk_ms: int) -> UtteranceSnapshot:
+        return cls(
+            utt.utterance_id, utt.start_frame, utt.offset, utt.topk_values, utt.topk_ids, utt.encoder_out, chunk_ms
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,6 +302,7 @@ class Finalizer:
             confidence=confidence,
             latency_ms=latency_ms,
             audio_end_monotonic=now,
+            chunk_ms=utt.chunk_ms,
         )
         deliver(stream, event)
 

@@ -42,6 +42,7 @@ from asr_core.events import Partial
 from asr_core.finalizer import EndJob, Finalizer, FinalJob, UtteranceSnapshot, deliver
 from asr_core.frontend import DEFAULT_FRONTEND, FrontendConfig, encoder_frame_ms, fbank_windows
 from asr_core.stream import Stream
+from asr_core.surge import SurgeController, SurgeStream
 from kv_ring import KvPool
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,9 @@ class Scheduler:
         self._last_behind_log = 0.0
         self.trims_heap = True  # returns freed heap to the OS (one of an engine's schedulers does)
         self.lag_s = 0.0  # how long the oldest chunk ready at the latest tick had waited (0: none)
+        self.surge = SurgeController(options.surge) if options.surge is not None else None
+        self._surge_sampled = 0.0  # monotonic time of the controller's latest sample
+        self.degraded_streams = 0  # streams above their own chunk size at the latest sample
 
     @property
     def running(self) -> bool:
@@ -132,7 +136,7 @@ class Scheduler:
         for stream in streams:
             utt = stream.utterance
             if utt.tokens:
-                self.finalizer.submit(FinalJob(stream, "closed", UtteranceSnapshot.of(utt), detected))
+                self.finalizer.submit(FinalJob(stream, "closed", UtteranceSnapshot.of(utt, stream.chunk_ms), detected))
             self._retire(stream)
         return len(streams)
 
@@ -165,6 +169,8 @@ class Scheduler:
         ready: list[tuple[Stream, int]] = []
         ending: list[tuple[Stream, str]] = []
         now = time.monotonic()
+        if self.surge is not None and now - self._surge_sampled >= self.surge.settings.sample_interval_s:
+            self._apply_surge(streams, now)
         for stream in streams:
             stream.drain_inbox()
             frames = stream.next_chunk_frames()
@@ -195,6 +201,36 @@ class Scheduler:
         if ran or ending:
             return 0.0
         return wait if ready else 0.05
+
+    def _apply_surge(self, streams: list[Stream], now: float) -> None:
+        """Feed the surge controller this tick's lag and move the streams it names, between
+        their chunks (none of them is in a batch now); count the time spent degraded."""
+        assert self.surge is not None
+        elapsed = now - self._surge_sampled if self._surge_sampled else 0.0
+        self._surge_sampled = now
+        views = [
+            SurgeStream(s.stream_id, s.config.surge_priority, tuple(ms for ms, _ in s.ladder), s.chunk_ms)
+            for s in streams
+            if len(s.ladder) > 1
+        ]
+        moves = self.surge.decide(now, self.lag_s * 1000.0, views)
+        by_id = {stream.stream_id: stream for stream in streams}
+        up = 0
+        for move in moves:
+            stream = by_id[move.stream_id]
+            up += move.chunk_ms > stream.chunk_ms
+            stream.set_chunk(move.chunk_ms, move.chunk_ms // self.frame_ms, now)
+        degraded = sum(1 for s in streams if s.degraded_since)
+        with self.stats.lock:
+            self.stats.degraded_stream_seconds += self.degraded_streams * elapsed
+            self.stats.chunk_moves_up += up
+            self.stats.chunk_moves_down += len(moves) - up
+        self.degraded_streams = degraded
+        if moves:
+            log.info(
+                "%s: lag %.0f ms, %d streams moved %s a chunk size; %d of %d degraded",
+                self.name, self.lag_s * 1000.0, len(moves), "up" if up else "down", degraded, len(streams),
+            )  # fmt: skip
 
     def _form_batches(self, ready: list[tuple[Stream, int]], now: float) -> Iterable[list[tuple[Stream, int]]]:
         groups: dict[tuple[int, int], list[tuple[Stream, int]]] = {}
@@ -343,6 +379,7 @@ class Scheduler:
             end_ms=(utt.start_frame + utt.offset) * self.frame_ms,
             latency_ms=latency_ms,
             audio_end_monotonic=audio_end,
+            chunk_ms=stream.chunk_ms,
         )
         deliver(stream, event)
 
@@ -363,7 +400,7 @@ class Scheduler:
                 continue  # more chunks to decode first (input finished mid-tick)
             utt = stream.utterance
             if utt.tokens and reason != REASONS[LEADING_SILENCE]:
-                self.finalizer.submit(FinalJob(stream, reason, UtteranceSnapshot.of(utt), detected))
+                self.finalizer.submit(FinalJob(stream, reason, UtteranceSnapshot.of(utt, stream.chunk_ms), detected))
             if retire:
                 self._retire(stream)
             else:
