@@ -206,6 +206,9 @@ class Transcript(Event):
     confidence: float | None
     latency_ms: float | None  # engine latency of this result
     text_raw: str | None = field(default=None, metadata=OMITTED_WHEN_NONE)  # spoken form where ITN rewrote text
+    # The engine's chunk size (ms) in force for this result: the route's, or longer while the
+    # node was behind (surge); left out where unknown.
+    chunk_ms: int | None = field(default=None, metadata=OMITTED_WHEN_NONE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

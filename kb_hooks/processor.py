@@ -148,6 +148,7 @@ class TranscriptProcessor:
                 confidence=update.confidence,
                 latency_ms=update.latency_ms,
                 text_raw=text_raw,
+                chunk_ms=update.chunk_ms,
             )
         return TranscriptFinal(
             call=update.call,
@@ -160,6 +161,7 @@ class TranscriptProcessor:
             confidence=update.confidence,
             latency_ms=update.latency_ms,
             text_raw=text_raw,
+            chunk_ms=update.chunk_ms,
             nbest=tuple(Alternative(self._redact_text(text, update.call), score) for text, score in update.nbest),
         )
 
