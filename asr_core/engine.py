@@ -89,6 +89,7 @@ class Engine:
             self.frame_ms,
             self.stats,
             workers=self.options.finals_workers,
+            surge=self.options.surge,
         )
         self.schedulers = [
             Scheduler(
@@ -237,10 +238,20 @@ class Engine:
 
     @property
     def overloaded(self) -> bool:
-        """Behind now: a chunk has waited longer than ``behind_ms`` for its step, or an ended
-        utterance longer than ``finals_behind_ms`` for its Final. The gateway then admits no
-        new calls, so the calls it has are not made later still."""
-        return self.lag_ms > self.options.behind_ms or self.finals_lag_ms > self.options.finals_behind_ms
+        """No room for another call: an ended utterance has waited longer than
+        ``finals_behind_ms`` for its Final, or a chunk longer than ``behind_ms`` for its step.
+        The gateway then admits no new calls, so the calls it has are not made later still.
+
+        With surge (``EngineOptions.surge``) a late chunk alone is not full: streams can move to
+        longer chunks, which cost less. The scheduler a new stream would join is full only when
+        even its streams' longest chunks would fall behind (``Scheduler.full_at_longest_chunks``:
+        behind with every stream there, or their measured cost there past its time)."""
+        if self.finals_lag_ms > self.options.finals_behind_ms:
+            return True
+        if self.options.surge is None:
+            return self.lag_ms > self.options.behind_ms
+        joins = min(self.schedulers, key=lambda s: s.open_streams)
+        return joins.full_at_longest_chunks(self.options.behind_ms)
 
     def open_stream(self, config: StreamConfig, on_event: Callable[[Event], None]) -> Stream:
         """A new stream in a free cache slot; raises ``CapacityError`` when none is free."""

@@ -24,6 +24,7 @@ class EngineStats:
     chunk_moves_up: int = 0
     chunk_moves_down: int = 0
     degraded_stream_seconds: float = 0.0
+    reduced_finals: int = 0  # finals searched with the cheaper settings while finals queued (surge)
     batch_sizes: MeasurementRing = field(default_factory=lambda: MeasurementRing(100_000))
     forward_ms: MeasurementRing = field(default_factory=lambda: MeasurementRing(100_000))
     partial_latency_ms: MeasurementRing = field(default_factory=lambda: MeasurementRing(500_000))

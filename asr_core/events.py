@@ -56,6 +56,7 @@ class Final:
     latency_ms: float = 0.0  # endpoint detection -> final produced
     audio_end_monotonic: float = 0.0
     chunk_ms: int = 0  # chunk size in force at the utterance's last chunk (asr_core/surge.py)
+    reduced_search: bool = False  # searched with a narrower beam, no proposals: finals were queueing (surge)
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,6 +70,10 @@ class FinalSettings:
     attention_beam: int = 0  # > 0: add this many attention-decoder proposals to each n-best
     vocab_size: int = 0  # CTC output size; needed to score proposals (see ctc_scores_topk)
 
+    def reduced(self, beam: int) -> FinalSettings:
+        """The cheaper search finals get under surge: a beam of at most ``beam``, no proposals."""
+        return replace(self, beam=min(self.beam, beam), attention_beam=0)
+
     @classmethod
     def for_model(
         cls, loaded: LoadedModel, *, beam: int, ctc_weight: float, reverse_weight: float, attention_beam: int = 0
@@ -124,8 +128,10 @@ class FinalSearch:
         self._device, self._dtype = reference.device, reference.dtype
 
     @torch.inference_mode()
-    def run(self, requests: list[FinalRequest]) -> list[FinalResult]:
-        s = self.settings
+    def run(self, requests: list[FinalRequest], settings: FinalSettings | None = None) -> list[FinalResult]:
+        """The finals of ``requests``, searched with ``settings`` (default: this search's own;
+        the finalizer passes ``FinalSettings.reduced`` ones under surge)."""
+        s = settings or self.settings
         nbests = [ctc_prefix_beam_search_topk(r.topk_values, r.topk_ids, s.beam, s.blank, r.context) for r in requests]
         to_rescore = [i for i, r in enumerate(requests) if r.encoder_out is not None and nbests[i]]
         rescored: dict[int, RescoreResult] = {}
@@ -137,7 +143,7 @@ class FinalSearch:
                 encoder_outs.append(torch.as_tensor(out).to(self._device, self._dtype))
             candidates = [nbests[i] for i in to_rescore]
             if s.attention_beam > 0 and supports_search(self.proposer):
-                candidates = self._with_proposals([requests[i] for i in to_rescore], candidates, encoder_outs)
+                candidates = self._with_proposals([requests[i] for i in to_rescore], candidates, encoder_outs, s)
             # The hotword bonus the CTC search ranked by joins the rescoring score (None: no list).
             biased = any(requests[i].context is not None for i in to_rescore)
             bonuses = [[h.context_score for h in c] for c in candidates] if biased else None
@@ -156,13 +162,16 @@ class FinalSearch:
         return [FinalResult(nbest, rescored.get(i)) for i, nbest in enumerate(nbests)]
 
     def _with_proposals(
-        self, requests: list[FinalRequest], nbests: list[list[Hypothesis]], encoder_outs: list[torch.Tensor]
+        self,
+        requests: list[FinalRequest],
+        nbests: list[list[Hypothesis]],
+        encoder_outs: list[torch.Tensor],
+        s: FinalSettings,
     ) -> list[list[Hypothesis]]:
         """Each CTC n-best plus the attention decoder's own beam-search hypotheses that it lacks,
         every member scored by CTC's forward on the stored posteriors, so that the rescoring
         compares them on one scale. CTC n-best members keep their order and token times;
         proposals CTC cannot align to the utterance's frames are dropped."""
-        s = self.settings
         # A proposal much longer than every CTC hypothesis would get a hopeless CTC score; the
         # cap also bounds the search where the decoder does not end (e.g. untrained weights).
         limits = [
@@ -285,12 +294,12 @@ class ProcessFinalSearch:
                 process.kill()
                 process.wait(timeout)
 
-    def run(self, requests: list[FinalRequest]) -> list[FinalResult]:
+    def run(self, requests: list[FinalRequest], settings: FinalSettings | None = None) -> list[FinalResult]:
         with self._lock:
             try:
                 if self._conn is None:
                     raise EOFError("no child")
-                self._conn.send([request.portable() for request in requests])
+                self._conn.send(([request.portable() for request in requests], settings))
                 if not self._conn.poll(REPLY_TIMEOUT_S):
                     raise TimeoutError(f"no reply in {REPLY_TIMEOUT_S:.0f} s")
                 results: list[FinalResult] = self._conn.recv()
@@ -303,7 +312,7 @@ class ProcessFinalSearch:
                     self._start()
                 except RuntimeError:
                     log.exception("finals process could not be restarted; finals run in-process")
-        return self._fallback.run(requests)
+        return self._fallback.run(requests, settings)
 
     def close(self, timeout: float = 5.0) -> None:
         with self._lock:
@@ -347,10 +356,11 @@ def serve(fd: int) -> None:
     trim = memtrim.Periodic()  # jemalloc keeps freed pages in this process too (asr_common.allocator)
     while True:
         try:
-            requests = conn.recv()
+            message = conn.recv()
         except (EOFError, OSError):
             return
-        if requests is None:
+        if message is None:
             return
-        conn.send(search.run(requests))
+        requests, batch_settings = message
+        conn.send(search.run(requests, batch_settings))
         trim()

@@ -35,6 +35,7 @@ import torch
 
 from asr_core import memtrim
 from asr_core.backends import ChunkRunner, ChunkStepInputs
+from asr_core.capacity import ChunkCosts
 from asr_core.endpoint import LEADING_SILENCE, NO_ENDPOINT, REASONS, loud_frames, update_endpoints
 from asr_core.engine_options import EngineOptions
 from asr_core.engine_stats import EngineStats
@@ -46,6 +47,10 @@ from asr_core.surge import SurgeController, SurgeStream
 from kv_ring import KvPool
 
 log = logging.getLogger(__name__)
+
+FULL_LOAD = 0.9
+"""Share of a scheduler's time its batches may take before it counts as full: the rest of
+its tick (draining inboxes, forming batches, events) is not in the measured batch times."""
 
 
 class Scheduler:
@@ -95,6 +100,7 @@ class Scheduler:
         self.surge = SurgeController(options.surge) if options.surge is not None else None
         self._surge_sampled = 0.0  # monotonic time of the controller's latest sample
         self.degraded_streams = 0  # streams above their own chunk size at the latest sample
+        self.costs = ChunkCosts()  # measured per chunk size, for admission under surge
 
     @property
     def running(self) -> bool:
@@ -110,6 +116,19 @@ class Scheduler:
             if stream.stream_id in self.streams:
                 raise ValueError(f"stream id {stream.stream_id!r} is already open")
             self.streams[stream.stream_id] = stream
+
+    def full_at_longest_chunks(self, behind_ms: float) -> bool:
+        """Under surge: no room for one more stream even if every stream ran at the longest
+        chunk of its ladder. Either it is behind (lag past ``behind_ms``) with every stream
+        there already, or the measured costs (``costs``) of its streams at their longest
+        chunks, and one more like them, would take more than ``FULL_LOAD`` of its time. A
+        longest size not measured yet gives no estimate: the lag rule alone decides."""
+        if self.lag_s * 1000.0 > behind_ms and (self.surge is None or self.surge.saturated):
+            return True
+        with self.lock:
+            longest = [stream.ladder[-1][0] for stream in self.streams.values()]
+        load = self.costs.load(longest) if longest else None
+        return load is not None and load * (len(longest) + 1) / len(longest) > FULL_LOAD
 
     def start(self) -> None:
         self._stop.clear()
@@ -254,9 +273,11 @@ class Scheduler:
 
     @torch.inference_mode()
     def _process_batch(self, batch: list[tuple[Stream, int]], ending: list[tuple[Stream, str]]) -> None:
+        batch_started = time.perf_counter()
         streams = [stream for stream, _ in batch]
         frames = batch[0][1]
         size = len(streams)
+        full_chunks = frames == streams[0].window  # not a short last chunk: a fair cost sample
         audio = np.stack([stream.take_chunk_samples(frames) for stream in streams])  # (B, samples)
         feats = fbank_windows(torch.from_numpy(audio).to(self.device), frames, self.frontend)  # (B, T_in, n_mels)
         xs = feats.to(dtype=self.options.dtype)
@@ -321,6 +342,8 @@ class Scheduler:
             self.stats.behind_realtime_chunks += len(behind)
         if behind:
             self._note_behind(max(behind))
+        if full_chunks:
+            self.costs.observe(streams[0].chunk_ms, size, time.perf_counter() - batch_started)
 
     def _loud_frames(self, streams: list[Stream], feats: torch.Tensor, chunk: int) -> np.ndarray:
         """(B, C) bool: new encoder frames whose audio stands out from each stream's noise floor.

@@ -66,6 +66,11 @@ class SurgeSettings:
     step_interval_s: float = 2.0  # at least this long between two moves: a chunk of each stream to show
     step_share: float = 0.25  # share of the scheduler's streams one move takes (at least one stream)
     sample_interval_s: float = 0.1  # the scheduler feeds the controller at most this often
+    # Finals under surge: a batch of ended utterances whose oldest has waited this long (ms) for
+    # its Final is searched with a beam of ``finals_beam`` and without the decoder's proposals,
+    # so finals catch up before they queue past ``EngineOptions.finals_behind_ms``.
+    finals_reduce_ms: float = 1500.0
+    finals_beam: int = 4
 
     def __post_init__(self) -> None:
         if not 0 <= self.restore_ms < self.degrade_ms:
@@ -76,6 +81,11 @@ class SurgeSettings:
             raise ValueError(f"surge step_share must be in (0, 1], got {self.step_share}")
         if self.step_interval_s < 0 or self.restore_after_s < 0 or self.sample_interval_s < 0:
             raise ValueError("surge step_interval_s, restore_after_s and sample_interval_s must not be negative")
+        if self.finals_reduce_ms < 0 or self.finals_beam < 1:
+            raise ValueError(
+                f"surge finals_reduce_ms must not be negative ({self.finals_reduce_ms}) "
+                f"and finals_beam at least 1 ({self.finals_beam})"
+            )
 
 
 @dataclass(frozen=True, slots=True)

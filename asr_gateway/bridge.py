@@ -178,9 +178,10 @@ class CallBridge:
     # -- calls.handler.CallHandler -------------------------------------------------------
 
     def has_capacity(self, legs: int) -> bool:
-        """A free engine slot per leg, and an engine that keeps up: while it is behind real time
-        (``Engine.overloaded``) new calls and OPTIONS probes get 503 (counted in
-        ``overload_refusals``) instead of making every call's transcripts later."""
+        """A free engine slot per leg, and an engine that keeps up: while it has no room
+        (``Engine.overloaded``: behind real time, or with surge behind even at its calls'
+        longest chunks) new calls and OPTIONS probes get 503 (counted in ``overload_refusals``)
+        instead of making every call's transcripts later."""
         if self.engine.overloaded:
             self.overload_refusals += 1
             return False
@@ -422,4 +423,5 @@ def _update(ctx: CallContext, participant: Participant, event: Partial | Final, 
         latency_ms=event.latency_ms,
         audio_end_monotonic=event.audio_end_monotonic,
         chunk_ms=event.chunk_ms,
+        reduced_search=True if final is not None and final.reduced_search else None,
     )

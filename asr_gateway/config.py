@@ -114,6 +114,13 @@ class SurgeConfig(_Section):
     restore_after_s: float = Field(10.0, ge=0, description="calm this long (s) before each move back")
     step_interval_s: float = Field(2.0, ge=0, description="at least this long (s) between two moves")
     step_share: float = Field(0.25, gt=0, le=1, description="share of the streams one move takes")
+    finals_reduce_ms: float = Field(
+        1500.0,
+        ge=0,
+        description="a final waiting this long (ms) is searched the cheaper way (finals_beam, no decoder "
+        "proposals), so finals catch up before finals_behind_ms refuses calls",
+    )
+    finals_beam: int = Field(4, ge=1, description="the finals' CTC beam while they catch up")
 
     @model_validator(mode="after")
     def _thresholds(self) -> SurgeConfig:
@@ -131,6 +138,8 @@ class SurgeConfig(_Section):
             restore_after_s=self.restore_after_s,
             step_interval_s=self.step_interval_s,
             step_share=self.step_share,
+            finals_reduce_ms=self.finals_reduce_ms,
+            finals_beam=self.finals_beam,
         )
 
 

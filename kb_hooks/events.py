@@ -222,6 +222,9 @@ class TranscriptFinal(Transcript):
     event_type = EventType.TRANSCRIPT_FINAL
     is_partial: Literal[False] = field(default=False, init=False)
     nbest: tuple[Alternative, ...]
+    # True where the engine searched it with a narrower beam and without the decoder's proposals
+    # because finals were queueing under surge (a little less accurate); left out otherwise.
+    reduced_search: bool | None = field(default=None, metadata=OMITTED_WHEN_NONE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -80,3 +80,4 @@ class TranscriptUpdate:
     audio_end_monotonic: float | None = None  # time.monotonic() when the chunk's last sample arrived
     text_raw: str | None = None  # the spoken form where ``text`` was normalized (ITN); None: not normalized
     chunk_ms: int | None = None  # the engine's chunk size in force for this result (longer under surge)
+    reduced_search: bool | None = None  # finals: True where searched the cheaper way under surge

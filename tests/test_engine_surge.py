@@ -258,3 +258,77 @@ def test_a_route_says_how_far_it_gives_way_and_the_service_turns_it_on() -> None
     assert SurgeConfig(enabled=True, degrade_ms=500).settings() == SurgeSettings(degrade_ms=500)
     with pytest.raises(ValidationError, match="restore_ms"):
         SurgeConfig(restore_ms=400)
+
+
+# -- admission follows the measured capacity --------------------------------------------------
+
+
+def test_costs_are_per_stream_second_and_follow_the_latest_batches() -> None:
+    from asr_core.capacity import ChunkCosts
+
+    costs = ChunkCosts(smoothing=0.5)
+    assert costs.cost(160) is None and costs.load([160]) is None
+    costs.observe(160, streams=4, seconds=0.064)  # 4 x 160 ms of audio in 64 ms: 0.1 s per s
+    assert costs.cost(160) == pytest.approx(0.1)
+    costs.observe(160, streams=4, seconds=0.128)
+    assert costs.cost(160) == pytest.approx(0.15)
+    costs.observe(640, streams=8, seconds=0.256)
+    assert costs.load([160, 160, 640]) == pytest.approx(0.35)
+    assert costs.load([160, 320]) is None, "a size never run has no estimate"
+
+
+@needs_fixture
+def test_under_surge_a_late_chunk_is_full_only_when_nothing_is_left_to_move() -> None:
+    torch.set_num_threads(1)
+    loaded = load_wenet_model(FIXTURE / "model")
+    samples = read_wav(FIXTURE / "wav" / "utt1.wav").samples
+    settings = SurgeSettings(degrade_ms=100, restore_ms=50, step_interval_s=10.0, sample_interval_s=0.0)
+    options = EngineOptions(max_streams=2, behind_ms=200, endpoint=NO_ENDPOINTS, surge=settings)
+
+    movable = Engine(loaded, options)
+    stream = movable.open_stream(StreamConfig(chunk_ms=160, max_chunk_ms=640, stream_id="a"), lambda e: None)
+    stream.accept_waveform(samples[:32000])
+    time.sleep(0.3)
+    movable.run_once()
+    movable.run_once()
+    assert movable.lag_ms > 200.0 and stream.chunk_ms == 320, "behind, and the stream moved up"
+    assert not movable.overloaded, "longer chunks may still catch up (640 ms not measured yet): room for a call"
+    movable.schedulers[0].costs.observe(640, streams=1, seconds=0.5)  # 640 ms of audio cost 500 ms
+    assert movable.overloaded, "even its longest chunks would fall behind: full"
+
+    fixed = Engine(loaded, options)
+    stream = fixed.open_stream(StreamConfig(chunk_ms=160, max_chunk_ms=160, stream_id="b"), lambda e: None)
+    stream.accept_waveform(samples[:32000])
+    time.sleep(0.3)
+    fixed.run_once()
+    fixed.run_once()
+    assert fixed.lag_ms > 200.0 and fixed.overloaded, "behind with nothing left to move: full"
+
+
+# -- finals under surge -------------------------------------------------------------------------
+
+
+@needs_fixture
+def test_finals_that_waited_are_searched_the_cheaper_way_and_say_so() -> None:
+    from asr_core.finalizer import FinalJob, UtteranceSnapshot
+
+    torch.set_num_threads(1)
+    loaded = load_wenet_model(FIXTURE / "model")
+    samples = read_wav(FIXTURE / "wav" / "utt1.wav").samples
+    settings = SurgeSettings(finals_reduce_ms=500, finals_beam=2)
+    engine = Engine(loaded, EngineOptions(max_streams=1, endpoint=NO_ENDPOINTS, attention_beam=2, surge=settings))
+    assert (engine.finalizer.reduced_settings.beam, engine.finalizer.reduced_settings.attention_beam) == (2, 0)
+    events: list[Event] = []
+    stream = engine.open_stream(StreamConfig(stream_id="a"), events.append)
+    stream.accept_waveform(samples[:32000])
+    while engine.run_once() == 0.0:
+        pass
+    snapshot = UtteranceSnapshot.of(stream.utterance, stream.chunk_ms)
+    engine.finalizer.submit(FinalJob(stream, "silence", snapshot, time.monotonic()))
+    engine.finalize_pending()
+    engine.finalizer.submit(FinalJob(stream, "silence", snapshot, time.monotonic() - 0.6))
+    engine.finalize_pending()
+    fresh, waited = [e for e in events if isinstance(e, Final)]
+    assert not fresh.reduced_search and len(fresh.nbest) > 2
+    assert waited.reduced_search and len(waited.nbest) <= 2
+    assert engine.stats.reduced_finals == 1

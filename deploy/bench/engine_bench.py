@@ -61,6 +61,7 @@ SURGE_AB_KEYS = (
     "degraded_streams_peak",
     "degraded_stream_seconds",
     "chunk_moves",
+    "reduced_finals",
     "drain_s",
 )
 """``--surge``: the measurements shown side by side, [off, on]."""
@@ -261,6 +262,7 @@ def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray)
         "degraded_streams_peak": degraded_peak,
         "degraded_stream_seconds": round(stats.degraded_stream_seconds, 1),
         "chunk_moves": [stats.chunk_moves_up, stats.chunk_moves_down],
+        "reduced_finals": stats.reduced_finals,
         "drain_s": round(drain_s, 3),
         # Seconds the feeding took beyond the audio's length: the load generator (one Python
         # thread) fell behind real time, so the trial offered less than its stream count.
