@@ -7,6 +7,10 @@ graph) and most of the per-batch tensor work run without the GIL, so they run on
 cores at once.
 
 Each tick it
+0. under surge (``EngineOptions.surge``; asr_core/surge.py), every ``sample_interval_s``, feeds
+   its lag to its ``SurgeController`` and moves the streams it names to a longer or shorter
+   chunk, between their chunks, and keeps each chunk size's measured cost (``costs``) for the
+   engine's admission check,
 1. moves every stream's queued audio into its fbank extractor,
 2. collects the streams whose next chunk is complete,
 3. groups them by chunk shape (chunk size, input frames) -- one bucket per shape, so streams
