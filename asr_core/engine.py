@@ -28,6 +28,7 @@ from asr_core.frontend import encoder_frame_ms
 from asr_core.model.loader import LoadedModel
 from asr_core.scheduler import Scheduler
 from asr_core.stream import Stream, StreamConfig, chunk_input_frames
+from asr_core.surge import chunk_ladder
 from asr_core.tokens import tokens_to_text
 from kv_ring import KvPool
 
@@ -88,6 +89,7 @@ class Engine:
             self.frame_ms,
             self.stats,
             workers=self.options.finals_workers,
+            surge=self.options.surge,
         )
         self.schedulers = [
             Scheduler(
@@ -230,25 +232,43 @@ class Engine:
         return self.finalizer.lag_s() * 1000.0
 
     @property
+    def degraded_streams(self) -> int:
+        """Streams running at a longer chunk than their own because the engine fell behind."""
+        return sum(scheduler.degraded_streams for scheduler in self.schedulers)
+
+    @property
     def overloaded(self) -> bool:
-        """Behind now: a chunk has waited longer than ``behind_ms`` for its step, or an ended
-        utterance longer than ``finals_behind_ms`` for its Final. The gateway then admits no
-        new calls, so the calls it has are not made later still."""
-        return self.lag_ms > self.options.behind_ms or self.finals_lag_ms > self.options.finals_behind_ms
+        """No room for another call: an ended utterance has waited longer than
+        ``finals_behind_ms`` for its Final, or a chunk longer than ``behind_ms`` for its step.
+        The gateway then admits no new calls, so the calls it has are not made later still.
+
+        With surge (``EngineOptions.surge``) a late chunk alone is not full: streams can move to
+        longer chunks, which cost less. The scheduler a new stream would join is full only when
+        even its streams' longest chunks would fall behind (``Scheduler.full_at_longest_chunks``:
+        behind with every stream there, or their measured cost there past its time)."""
+        if self.finals_lag_ms > self.options.finals_behind_ms:
+            return True
+        if self.options.surge is None:
+            return self.lag_ms > self.options.behind_ms
+        joins = min(self.schedulers, key=lambda s: s.open_streams)
+        return joins.full_at_longest_chunks(self.options.behind_ms)
 
     def open_stream(self, config: StreamConfig, on_event: Callable[[Event], None]) -> Stream:
         """A new stream in a free cache slot; raises ``CapacityError`` when none is free."""
         self._check_stream_shape(config.chunk_ms, config.left_chunks)
         chunk_frames = config.chunk_frames(self.subsampling, self.frame_ms // self.subsampling)
+        ladder = self.ladder(config)
         stream_id = config.stream_id or uuid.uuid4().hex
         with self._open_lock:
             if any(stream_id in scheduler.streams for scheduler in self.schedulers):
                 raise ValueError(f"stream id {stream_id!r} is already open")
-            input_frames, window = self._step_shape(config.chunk_ms, config.left_chunks)
+            _, window = self._step_shape(config.chunk_ms, config.left_chunks)
             slot = self.pool.allocate(window)
-            # Its batches attend over this window: a graph for it is traced on first use unless
-            # ``warm_up`` built it (``warm_up(streams=...)``).
-            self.runner.expect(input_frames, window)
+            # Its batches attend over this window, at each size it may move to under load: a
+            # graph for each is traced on first use unless ``warm_up`` built it
+            # (``warm_up(streams=...)``).
+            for shape in ladder:
+                self.runner.expect(*self._step_shape(*shape))
             try:
                 scheduler = min(self.schedulers, key=lambda s: s.open_streams)
                 stream = Stream(
@@ -261,12 +281,23 @@ class Engine:
                     on_event=on_event,
                     frontend=self.frontend,
                     wake=scheduler.wakeup.set,
+                    ladder=ladder,
                 )
                 scheduler.add(stream)
             except ValueError:
                 self.pool.release(slot)
                 raise
         return stream
+
+    def ladder(self, config: StreamConfig) -> tuple[tuple[int, int], ...]:
+        """(chunk ms, left chunks) a stream of ``config`` may run at, its own first: under load
+        (``EngineOptions.surge``) it moves up this ladder and back (asr_core/surge.py). Without
+        surge, or with ``max_chunk_ms`` unset, its own size only. ``warm_up`` takes these."""
+        if self.options.surge is None or config.max_chunk_ms is None:
+            return ((config.chunk_ms, config.left_chunks),)
+        return chunk_ladder(
+            config.chunk_ms, config.left_chunks, config.max_chunk_ms, self.options.allowed_chunk_ms, self.frame_ms
+        )
 
     def _check_stream_shape(self, chunk_ms: int, left_chunks: int) -> None:
         """``ValueError`` unless streams of ``chunk_ms`` chunks keeping ``left_chunks`` may open."""

@@ -14,6 +14,7 @@ import torch
 from asr_core import memtrim
 from asr_core.endpoint import EndpointRules
 from asr_core.finals import WORKER_NICENESS
+from asr_core.surge import SurgeSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +64,9 @@ class EngineOptions:
     # Finalizer lanes searching at once, each with its own thread (and child process with
     # ``finalizer="process"``); a stream's utterances always go to the same one.
     finals_workers: int = 1
+    # Graceful degradation: while a scheduler falls behind, its streams that allow it
+    # (``StreamConfig.max_chunk_ms``) move to longer chunks and back (asr_core/surge.py). None: off.
+    surge: SurgeSettings | None = None
 
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

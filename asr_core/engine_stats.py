@@ -19,6 +19,12 @@ class EngineStats:
     finals: int = 0
     behind_realtime_chunks: int = 0
     errors: int = 0
+    # Graceful degradation (asr_core/surge.py): moves of a stream one chunk size up or down its
+    # ladder, and stream-seconds spent above its own chunk size (summed over streams).
+    chunk_moves_up: int = 0
+    chunk_moves_down: int = 0
+    degraded_stream_seconds: float = 0.0
+    reduced_finals: int = 0  # finals searched with the cheaper settings while finals queued (surge)
     batch_sizes: MeasurementRing = field(default_factory=lambda: MeasurementRing(100_000))
     forward_ms: MeasurementRing = field(default_factory=lambda: MeasurementRing(100_000))
     partial_latency_ms: MeasurementRing = field(default_factory=lambda: MeasurementRing(500_000))

@@ -35,6 +35,7 @@ class Partial:
     end_ms: int
     latency_ms: float
     audio_end_monotonic: float
+    chunk_ms: int  # chunk size in force for the chunk that produced it (asr_core/surge.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +55,8 @@ class Final:
     confidence: float = 0.0
     latency_ms: float = 0.0  # endpoint detection -> final produced
     audio_end_monotonic: float = 0.0
+    chunk_ms: int = 0  # chunk size in force at the utterance's last chunk (asr_core/surge.py)
+    reduced_search: bool = False  # searched with a narrower beam, no proposals: finals were queueing (surge)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,11 @@ or in its child process (``ProcessFinalSearch``, CPU only), then emits the event
 order. A stream's jobs all go to one lane, so its events stay in order. Without the threads
 (``run_once`` drivers: tests, offline tools) ``finalize_pending`` does the same work in the
 caller's thread.
+
+Under surge (``EngineOptions.surge``) a batch whose oldest utterance has waited that long is
+searched with ``FinalSettings.reduced`` settings (a narrower beam, no decoder proposals), so the
+finals catch up before they queue long enough to make the node refuse calls; those finals say
+so (``Final.reduced_search``).
 """
 
 from __future__ import annotations
@@ -30,8 +35,9 @@ from asr_common.draining import wait_while_progressing
 from asr_core.ctc_search import Hypothesis
 from asr_core.engine_stats import EngineStats
 from asr_core.events import Ended, Event, Final, NBestEntry
-from asr_core.finals import WORKER_NICENESS, FinalRequest, FinalSearch, ProcessFinalSearch
+from asr_core.finals import WORKER_NICENESS, FinalRequest, FinalSearch, FinalSettings, ProcessFinalSearch
 from asr_core.stream import Stream, Utterance
+from asr_core.surge import SurgeSettings
 from rescoring.attention import RescoreResult
 
 log = logging.getLogger(__name__)
@@ -60,10 +66,13 @@ class UtteranceSnapshot:
     topk_values: list[np.ndarray]
     topk_ids: list[np.ndarray]
     encoder_out: list[torch.Tensor]
+    chunk_ms: int  # in force at its last chunk
 
     @classmethod
-    def of(cls, utt: Utterance) -> UtteranceSnapshot:
-        return cls(utt.utterance_id, utt.start_frame, utt.offset, utt.topk_values, utt.topk_ids, utt.encoder_out)
+    def of(cls, utt: Utterance, chunk_ms: int) -> UtteranceSnapshot:
+        return cls(
+            utt.utterance_id, utt.start_frame, utt.offset, utt.topk_values, utt.topk_ids, utt.encoder_out, chunk_ms
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,9 +140,16 @@ class Finalizer:
         frame_ms: int,
         stats: EngineStats,
         workers: int = 1,
+        surge: SurgeSettings | None = None,
     ) -> None:
+        """With ``surge``, finals that waited its ``finals_reduce_ms`` are searched with the
+        cheaper settings (a beam of at most its ``finals_beam``, no proposals)."""
         if workers < 1:
             raise ValueError(f"finals workers must be at least 1, got {workers}")
+        self.reduce_after_ms = surge.finals_reduce_ms if surge is not None else None
+        self.reduced_settings: FinalSettings = search.settings.reduced(
+            surge.finals_beam if surge else search.settings.beam
+        )
         self.local_search = search
         self.text = text
         self.frame_ms = frame_ms
@@ -257,7 +273,12 @@ class Finalizer:
             )
             for job in finals
         ]
-        results = search.run(requests) if requests else []
+        waited_ms = (time.monotonic() - min(job.detected for job in finals)) * 1000.0 if finals else 0.0
+        reduced = self.reduce_after_ms is not None and waited_ms >= self.reduce_after_ms
+        results = search.run(requests, self.reduced_settings if reduced else None) if requests else []
+        if reduced:
+            with self.stats.lock:
+                self.stats.reduced_finals += len(finals)
         nbests = [result.nbest for result in results]
         rescored = {i: result.rescored for i, result in enumerate(results) if result.rescored is not None}
         index = {id(job): i for i, job in enumerate(finals)}
@@ -266,9 +287,9 @@ class Finalizer:
                 self._end(job)
                 continue
             i = index[id(job)]
-            self._emit_final(job, nbests[i], rescored.get(i))
+            self._emit_final(job, nbests[i], rescored.get(i), reduced)
 
-    def _emit_final(self, job: FinalJob, nbest: list[Hypothesis], result: RescoreResult | None) -> None:
+    def _emit_final(self, job: FinalJob, nbest: list[Hypothesis], result: RescoreResult | None, reduced: bool) -> None:
         utt, stream = job.utterance, job.stream
         if result is not None:
             entries = tuple(
@@ -300,6 +321,8 @@ class Finalizer:
             confidence=confidence,
             latency_ms=latency_ms,
             audio_end_monotonic=now,
+            chunk_ms=utt.chunk_ms,
+            reduced_search=reduced,
         )
         deliver(stream, event)
 

@@ -71,6 +71,12 @@ class FinalSettings:
     reverse_weight: float
     attention_beam: int = 0  # > 0: add this many attention-decoder proposals to each n-best
     vocab_size: int = 0  # CTC output size; needed to score proposals (see ctc_scores_topk)
+    proposals: bool = True  # False: no decoder proposals, whatever a request's attention beam (surge)
+
+    def reduced(self, beam: int) -> FinalSettings:
+        """The cheaper search finals get under surge: a beam of at most ``beam``, no proposals
+        (not even for a route's joint finals)."""
+        return replace(self, beam=min(self.beam, beam), attention_beam=0, proposals=False)
 
     @classmethod
     def for_model(
@@ -127,8 +133,10 @@ class FinalSearch:
         self._device, self._dtype = reference.device, reference.dtype
 
     @torch.inference_mode()
-    def run(self, requests: list[FinalRequest]) -> list[FinalResult]:
-        s = self.settings
+    def run(self, requests: list[FinalRequest], settings: FinalSettings | None = None) -> list[FinalResult]:
+        """The finals of ``requests``, searched with ``settings`` (default: this search's own;
+        the finalizer passes ``FinalSettings.reduced`` ones under surge)."""
+        s = settings or self.settings
         nbests = [ctc_prefix_beam_search_topk(r.topk_values, r.topk_ids, s.beam, s.blank, r.context) for r in requests]
         to_rescore = [i for i, r in enumerate(requests) if r.encoder_out is not None and nbests[i]]
         rescored: dict[int, RescoreResult] = {}
@@ -139,8 +147,8 @@ class FinalSearch:
                 assert out is not None
                 encoder_outs.append(torch.as_tensor(out).to(self._device, self._dtype))
             candidates = [nbests[i] for i in to_rescore]
-            if supports_search(self.proposer):
-                candidates = self._with_all_proposals([requests[i] for i in to_rescore], candidates, encoder_outs)
+            if s.proposals and supports_search(self.proposer):
+                candidates = self._with_all_proposals([requests[i] for i in to_rescore], candidates, encoder_outs, s)
             # The hotword bonus the CTC search ranked by joins the rescoring score (None: no list).
             biased = any(requests[i].context is not None for i in to_rescore)
             bonuses = [[h.context_score for h in c] for c in candidates] if biased else None
@@ -159,18 +167,22 @@ class FinalSearch:
         return [FinalResult(nbest, rescored.get(i)) for i, nbest in enumerate(nbests)]
 
     def _with_all_proposals(
-        self, requests: list[FinalRequest], nbests: list[list[Hypothesis]], encoder_outs: list[torch.Tensor]
+        self,
+        requests: list[FinalRequest],
+        nbests: list[list[Hypothesis]],
+        encoder_outs: list[torch.Tensor],
+        s: FinalSettings,
     ) -> list[list[Hypothesis]]:
         """The n-best lists with proposals where a request's attention beam (its own, else the
         settings') is > 0: one search per beam width in use, the others as they were."""
-        beams = [self.settings.attention_beam if r.attention_beam is None else r.attention_beam for r in requests]
+        beams = [s.attention_beam if r.attention_beam is None else r.attention_beam for r in requests]
         out = list(nbests)
         for beam in sorted({b for b in beams if b > 0}):
-            if self.settings.vocab_size <= 0:
+            if s.vocab_size <= 0:
                 raise ValueError("attention proposals need FinalSettings.vocab_size (the CTC output size)")
             rows = [i for i, b in enumerate(beams) if b == beam]
             merged = self._with_proposals(
-                [requests[i] for i in rows], [nbests[i] for i in rows], [encoder_outs[i] for i in rows], beam
+                [requests[i] for i in rows], [nbests[i] for i in rows], [encoder_outs[i] for i in rows], beam, s
             )
             for i, nbest in zip(rows, merged, strict=True):
                 out[i] = nbest
@@ -182,12 +194,12 @@ class FinalSearch:
         nbests: list[list[Hypothesis]],
         encoder_outs: list[torch.Tensor],
         beam: int,
+        s: FinalSettings,
     ) -> list[list[Hypothesis]]:
         """Each CTC n-best plus the attention decoder's own beam-search hypotheses that it lacks,
         every member scored by CTC's forward on the stored posteriors, so that the rescoring
         compares them on one scale. CTC n-best members keep their order and token times;
         proposals CTC cannot align to the utterance's frames are dropped."""
-        s = self.settings
         # A proposal much longer than every CTC hypothesis would get a hopeless CTC score; the
         # cap also bounds the search where the decoder does not end (e.g. untrained weights).
         limits = [
@@ -310,12 +322,12 @@ class ProcessFinalSearch:
                 process.kill()
                 process.wait(timeout)
 
-    def run(self, requests: list[FinalRequest]) -> list[FinalResult]:
+    def run(self, requests: list[FinalRequest], settings: FinalSettings | None = None) -> list[FinalResult]:
         with self._lock:
             try:
                 if self._conn is None:
                     raise EOFError("no child")
-                self._conn.send([request.portable() for request in requests])
+                self._conn.send(([request.portable() for request in requests], settings))
                 if not self._conn.poll(REPLY_TIMEOUT_S):
                     raise TimeoutError(f"no reply in {REPLY_TIMEOUT_S:.0f} s")
                 results: list[FinalResult] = self._conn.recv()
@@ -328,7 +340,7 @@ class ProcessFinalSearch:
                     self._start()
                 except RuntimeError:
                     log.exception("finals process could not be restarted; finals run in-process")
-        return self._fallback.run(requests)
+        return self._fallback.run(requests, settings)
 
     def close(self, timeout: float = 5.0) -> None:
         with self._lock:
@@ -372,10 +384,11 @@ def serve(fd: int) -> None:
     trim = memtrim.Periodic()  # jemalloc keeps freed pages in this process too (asr_common.allocator)
     while True:
         try:
-            requests = conn.recv()
+            message = conn.recv()
         except (EOFError, OSError):
             return
-        if requests is None:
+        if message is None:
             return
-        conn.send(search.run(requests))
+        requests, batch_settings = message
+        conn.send(search.run(requests, batch_settings))
         trim()

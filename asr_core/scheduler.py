@@ -7,6 +7,10 @@ graph) and most of the per-batch tensor work run without the GIL, so they run on
 cores at once.
 
 Each tick it
+0. under surge (``EngineOptions.surge``; asr_core/surge.py), every ``sample_interval_s``, feeds
+   its lag to its ``SurgeController`` and moves the streams it names to a longer or shorter
+   chunk, between their chunks, and keeps each chunk size's measured cost (``costs``) for the
+   engine's admission check,
 1. moves every stream's queued audio into its fbank extractor,
 2. collects the streams whose next chunk is complete,
 3. groups them by chunk shape (chunk size, input frames) -- one bucket per shape, so streams
@@ -35,6 +39,7 @@ import torch
 
 from asr_core import memtrim
 from asr_core.backends import ChunkRunner, ChunkStepInputs
+from asr_core.capacity import ChunkCosts
 from asr_core.endpoint import LEADING_SILENCE, NO_ENDPOINT, REASONS, loud_frames, update_endpoints
 from asr_core.engine_options import EngineOptions
 from asr_core.engine_stats import EngineStats
@@ -42,9 +47,14 @@ from asr_core.events import Partial
 from asr_core.finalizer import EndJob, Finalizer, FinalJob, UtteranceSnapshot, deliver
 from asr_core.frontend import DEFAULT_FRONTEND, FrontendConfig, encoder_frame_ms, fbank_windows
 from asr_core.stream import Stream
+from asr_core.surge import SurgeController, SurgeStream
 from kv_ring import KvPool
 
 log = logging.getLogger(__name__)
+
+FULL_LOAD = 0.9
+"""Share of a scheduler's time its batches may take before it counts as full: the rest of
+its tick (draining inboxes, forming batches, events) is not in the measured batch times."""
 
 
 class Scheduler:
@@ -91,6 +101,10 @@ class Scheduler:
         self._last_behind_log = 0.0
         self.trims_heap = True  # returns freed heap to the OS (one of an engine's schedulers does)
         self.lag_s = 0.0  # how long the oldest chunk ready at the latest tick had waited (0: none)
+        self.surge = SurgeController(options.surge) if options.surge is not None else None
+        self._surge_sampled = 0.0  # monotonic time of the controller's latest sample
+        self.degraded_streams = 0  # streams above their own chunk size at the latest sample
+        self.costs = ChunkCosts()  # measured per chunk size, for admission under surge
 
     @property
     def running(self) -> bool:
@@ -106,6 +120,19 @@ class Scheduler:
             if stream.stream_id in self.streams:
                 raise ValueError(f"stream id {stream.stream_id!r} is already open")
             self.streams[stream.stream_id] = stream
+
+    def full_at_longest_chunks(self, behind_ms: float) -> bool:
+        """Under surge: no room for one more stream even if every stream ran at the longest
+        chunk of its ladder. Either it is behind (lag past ``behind_ms``) with every stream
+        there already, or the measured costs (``costs``) of its streams at their longest
+        chunks, and one more like them, would take more than ``FULL_LOAD`` of its time. A
+        longest size not measured yet gives no estimate: the lag rule alone decides."""
+        if self.lag_s * 1000.0 > behind_ms and (self.surge is None or self.surge.saturated):
+            return True
+        with self.lock:
+            longest = [stream.ladder[-1][0] for stream in self.streams.values()]
+        load = self.costs.load(longest) if longest else None
+        return load is not None and load * (len(longest) + 1) / len(longest) > FULL_LOAD
 
     def start(self) -> None:
         self._stop.clear()
@@ -132,7 +159,7 @@ class Scheduler:
         for stream in streams:
             utt = stream.utterance
             if utt.tokens:
-                self.finalizer.submit(FinalJob(stream, "closed", UtteranceSnapshot.of(utt), detected))
+                self.finalizer.submit(FinalJob(stream, "closed", UtteranceSnapshot.of(utt, stream.chunk_ms), detected))
             self._retire(stream)
         return len(streams)
 
@@ -165,6 +192,8 @@ class Scheduler:
         ready: list[tuple[Stream, int]] = []
         ending: list[tuple[Stream, str]] = []
         now = time.monotonic()
+        if self.surge is not None and now - self._surge_sampled >= self.surge.settings.sample_interval_s:
+            self._apply_surge(streams, now)
         for stream in streams:
             stream.drain_inbox()
             frames = stream.next_chunk_frames()
@@ -196,6 +225,36 @@ class Scheduler:
             return 0.0
         return wait if ready else 0.05
 
+    def _apply_surge(self, streams: list[Stream], now: float) -> None:
+        """Feed the surge controller this tick's lag and move the streams it names, between
+        their chunks (none of them is in a batch now); count the time spent degraded."""
+        assert self.surge is not None
+        elapsed = now - self._surge_sampled if self._surge_sampled else 0.0
+        self._surge_sampled = now
+        views = [
+            SurgeStream(s.stream_id, s.config.surge_priority, tuple(ms for ms, _ in s.ladder), s.chunk_ms)
+            for s in streams
+            if len(s.ladder) > 1
+        ]
+        moves = self.surge.decide(now, self.lag_s * 1000.0, views)
+        by_id = {stream.stream_id: stream for stream in streams}
+        up = 0
+        for move in moves:
+            stream = by_id[move.stream_id]
+            up += move.chunk_ms > stream.chunk_ms
+            stream.set_chunk(move.chunk_ms, move.chunk_ms // self.frame_ms, now)
+        degraded = sum(1 for s in streams if s.degraded_since)
+        with self.stats.lock:
+            self.stats.degraded_stream_seconds += self.degraded_streams * elapsed
+            self.stats.chunk_moves_up += up
+            self.stats.chunk_moves_down += len(moves) - up
+        self.degraded_streams = degraded
+        if moves:
+            log.info(
+                "%s: lag %.0f ms, %d streams moved %s a chunk size; %d of %d degraded",
+                self.name, self.lag_s * 1000.0, len(moves), "up" if up else "down", degraded, len(streams),
+            )  # fmt: skip
+
     def _form_batches(self, ready: list[tuple[Stream, int]], now: float) -> Iterable[list[tuple[Stream, int]]]:
         groups: dict[tuple[int, int], list[tuple[Stream, int]]] = {}
         for stream, frames in ready:
@@ -218,9 +277,11 @@ class Scheduler:
 
     @torch.inference_mode()
     def _process_batch(self, batch: list[tuple[Stream, int]], ending: list[tuple[Stream, str]]) -> None:
+        batch_started = time.perf_counter()
         streams = [stream for stream, _ in batch]
         frames = batch[0][1]
         size = len(streams)
+        full_chunks = frames == streams[0].window  # not a short last chunk: a fair cost sample
         audio = np.stack([stream.take_chunk_samples(frames) for stream in streams])  # (B, samples)
         feats = fbank_windows(torch.from_numpy(audio).to(self.device), frames, self.frontend)  # (B, T_in, n_mels)
         xs = feats.to(dtype=self.options.dtype)
@@ -285,6 +346,8 @@ class Scheduler:
             self.stats.behind_realtime_chunks += len(behind)
         if behind:
             self._note_behind(max(behind))
+        if full_chunks:
+            self.costs.observe(streams[0].chunk_ms, size, time.perf_counter() - batch_started)
 
     def _loud_frames(self, streams: list[Stream], feats: torch.Tensor, chunk: int) -> np.ndarray:
         """(B, C) bool: new encoder frames whose audio stands out from each stream's noise floor.
@@ -343,6 +406,7 @@ class Scheduler:
             end_ms=(utt.start_frame + utt.offset) * self.frame_ms,
             latency_ms=latency_ms,
             audio_end_monotonic=audio_end,
+            chunk_ms=stream.chunk_ms,
         )
         deliver(stream, event)
 
@@ -363,7 +427,7 @@ class Scheduler:
                 continue  # more chunks to decode first (input finished mid-tick)
             utt = stream.utterance
             if utt.tokens and reason != REASONS[LEADING_SILENCE]:
-                self.finalizer.submit(FinalJob(stream, reason, UtteranceSnapshot.of(utt), detected))
+                self.finalizer.submit(FinalJob(stream, reason, UtteranceSnapshot.of(utt, stream.chunk_ms), detected))
             if retire:
                 self._retire(stream)
             else:

@@ -35,6 +35,10 @@ class StreamConfig:
     stream_id: str | None = None
     context: ContextGraph | None = None  # hotwords biasing the finals' CTC search; None: none
     attention_beam: int | None = None  # finals' decoder proposals (joint; 0: rescore); None: the engine's
+    # Under load the engine may run the stream at longer chunks up to this size (ms; None: its
+    # own ``chunk_ms``, never degraded), keeping its attention window (asr_core/surge.py).
+    max_chunk_ms: int | None = None
+    surge_priority: int = 0  # higher: degraded later, restored sooner
 
     def chunk_frames(self, subsampling: int, frame_ms: int = 10) -> int:
         """Encoder frames per chunk: 160 ms -> 4 with 4x subsampling of 10 ms frames."""
@@ -93,11 +97,17 @@ class Stream:
         on_event: Callable[[Event], None],
         wake: Callable[[], None],
         frontend: FrontendConfig = DEFAULT_FRONTEND,
+        ladder: tuple[tuple[int, int], ...] = (),
     ) -> None:
         self.stream_id = stream_id
         self.config = config
         self.slot = slot
+        # (chunk ms, left chunks) it may run at, its own first (asr_core.surge.chunk_ladder).
+        self.ladder = ladder or ((config.chunk_ms, config.left_chunks),)
+        self.chunk_ms = config.chunk_ms  # in force: changes between chunks under load (``set_chunk``)
         self.chunk_frames = chunk_frames
+        self.left_chunks = config.left_chunks
+        self.degraded_since = 0.0  # monotonic time it left its own chunk size; 0 while at it
         self.on_event = on_event
         self._wake = wake
         self._lock = threading.Lock()
@@ -114,6 +124,8 @@ class Stream:
         # Scheduler-thread state.
         self.fbank = FbankStream(frontend)
         self.frames_consumed = 0  # fbank frames (stream time) already behind the next chunk's start
+        self._subsampling = subsampling
+        self._right_context = right_context
         self.stride = subsampling * chunk_frames  # fbank frames per chunk
         self.window = chunk_input_frames(chunk_frames, subsampling, right_context)  # fbank frames per chunk input
         self.context = right_context + 1  # fewest fbank frames that yield one encoder frame
@@ -129,7 +141,7 @@ class Stream:
     @property
     def cache_frames(self) -> int:
         """Encoder frames of attention cache this stream keeps (its cache slot's window)."""
-        return self.chunk_frames * self.config.left_chunks
+        return self.chunk_frames * self.left_chunks
 
     def accept_waveform(self, samples: np.ndarray) -> None:
         """Queue 16 kHz mono PCM (int16, or float in int16 range) of any length; never blocks on the engine."""
@@ -208,6 +220,31 @@ class Stream:
         self.frames_consumed += min(self.stride, num_frames)
         self.fbank.drop_frames(self.frames_consumed - self.fbank.first_available)
         return samples
+
+    def set_chunk(self, chunk_ms: int, chunk_frames: int, now: float) -> None:
+        """Run the next chunks at ``chunk_ms`` (``chunk_frames`` encoder frames), one of ``ladder``.
+
+        Called between chunks: the next chunk starts at ``frames_consumed`` whatever its size,
+        so no audio is skipped or read twice; the model offset and the cache slot go on as they
+        are (the window in encoder frames is the same at every size of the ladder). A chunk
+        that was ready at the old size is formed again at the new one (``ready_since`` reset).
+        """
+        left_chunks = dict(self.ladder).get(chunk_ms)
+        if left_chunks is None or chunk_frames * left_chunks != self.cache_frames:
+            raise ValueError(
+                f"stream {self.stream_id}: {chunk_ms} ms chunks ({chunk_frames} frames) are not on its ladder "
+                f"{self.ladder}"
+            )
+        if chunk_ms == self.chunk_ms:
+            return
+        self.chunk_ms = chunk_ms
+        self.chunk_frames = chunk_frames
+        self.left_chunks = left_chunks
+        self.stride = self._subsampling * chunk_frames
+        self.window = chunk_input_frames(chunk_frames, self._subsampling, self._right_context)
+        self.ready_since = 0.0
+        degraded = chunk_ms != self.config.chunk_ms
+        self.degraded_since = (self.degraded_since or now) if degraded else 0.0
 
     def next_seq(self) -> int:
         return next(self._seq)

@@ -32,12 +32,14 @@ from typing import Any, assert_never
 import numpy as np
 
 from asr_common.draining import wait_while_progressing
+from asr_core.context_graph import ContextGraph
 from asr_core.engine import Engine
 from asr_core.events import Ended, Event, Final, Partial
 from asr_core.stream import Stream, StreamConfig
 from asr_gateway.hotwords import HotwordLists
 from calls.call import CallInfo, CallSource, LegInfo
 from calls.join import Joiner
+from calls.profile import Profile
 from kb_hooks import events as ev
 from kb_hooks.processor import TranscriptProcessor
 from kb_hooks.publisher import Publisher
@@ -186,9 +188,10 @@ class CallBridge:
     # -- calls.handler.CallHandler -------------------------------------------------------
 
     def has_capacity(self, legs: int) -> bool:
-        """A free engine slot per leg, and an engine that keeps up: while it is behind real time
-        (``Engine.overloaded``) new calls and OPTIONS probes get 503 (counted in
-        ``overload_refusals``) instead of making every call's transcripts later."""
+        """A free engine slot per leg, and an engine that keeps up: while it has no room
+        (``Engine.overloaded``: behind real time, or with surge behind even at its calls'
+        longest chunks) new calls and OPTIONS probes get 503 (counted in ``overload_refusals``)
+        instead of making every call's transcripts later."""
         if self.engine.overloaded:
             self.overload_refusals += 1
             return False
@@ -197,13 +200,7 @@ class CallBridge:
     def open_leg(self, call: CallInfo, leg: LegInfo) -> StreamSink:
         profile = call.profile
         context = self.hotwords.get(profile.hotwords) if self.hotwords is not None else None
-        config = StreamConfig(
-            chunk_ms=profile.chunk_ms,
-            left_chunks=profile.left_chunks,
-            stream_id=leg.leg_id,
-            context=context,
-            attention_beam=profile.attention_beam,
-        )
+        config = stream_config(profile, stream_id=leg.leg_id, context=context)
         stream = self.engine.open_stream(config, self._on_engine_event)  # PoolExhausted: a CapacityError, 503
         with self._lock:
             call_id, state, fresh = self._state_for(call)
@@ -428,6 +425,19 @@ class CallBridge:
         )
 
 
+def stream_config(profile: Profile, stream_id: str | None = None, context: ContextGraph | None = None) -> StreamConfig:
+    """The engine stream of a leg of a call routed to ``profile``."""
+    return StreamConfig(
+        chunk_ms=profile.chunk_ms,
+        left_chunks=profile.left_chunks,
+        stream_id=stream_id,
+        context=context,
+        attention_beam=profile.attention_beam,
+        max_chunk_ms=profile.surge.max_chunk_ms,
+        surge_priority=profile.surge.priority,
+    )
+
+
 def _participant(leg: LegInfo) -> Participant:
     return Participant(role=leg.role, aor=leg.aor, label=leg.label, name=leg.name)
 
@@ -448,4 +458,6 @@ def _update(ctx: CallContext, participant: Participant, event: Partial | Final, 
         nbest=tuple((e.text, e.score) for e in final.nbest) if final else (),
         latency_ms=event.latency_ms,
         audio_end_monotonic=event.audio_end_monotonic,
+        chunk_ms=event.chunk_ms,
+        reduced_search=True if final is not None and final.reduced_search else None,
     )

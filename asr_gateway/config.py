@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from asr_common.yamlconf import ConfigError, read_yaml, validate_data
+from asr_core.surge import SurgeSettings
 from asr_gateway.state_dir import default_state_dir
 from audiosocket.config import AudioSocketSettings
 from kb_hooks.config import KbHooksSettings, RedisSettings
@@ -104,6 +105,46 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+class SurgeConfig(_Section):
+    """Graceful degradation (asr_core/surge.py): while the engine falls behind, streams whose
+    route allows it (the profile's ``surge.max_chunk_ms``) move to longer chunks, which cost less
+    per second of audio, lowest ``surge.priority`` first, and move back once it has caught up."""
+
+    enabled: bool = Field(False, description="move streams to longer chunks while the engine is behind")
+    degrade_ms: float = Field(300.0, gt=0, description="engine lag (ms) at or past which more streams move up")
+    restore_ms: float = Field(100.0, ge=0, description="engine lag (ms) at or under which streams move back")
+    restore_after_s: float = Field(10.0, ge=0, description="calm this long (s) before each move back")
+    step_interval_s: float = Field(2.0, ge=0, description="at least this long (s) between two moves")
+    step_share: float = Field(0.25, gt=0, le=1, description="share of the streams one move takes")
+    finals_reduce_ms: float = Field(
+        1500.0,
+        ge=0,
+        description="a final waiting this long (ms) is searched the cheaper way (finals_beam, no decoder "
+        "proposals), so finals catch up before finals_behind_ms refuses calls",
+    )
+    finals_beam: int = Field(4, ge=1, description="the finals' CTC beam while they catch up")
+
+    @model_validator(mode="after")
+    def _thresholds(self) -> SurgeConfig:
+        if self.restore_ms >= self.degrade_ms:
+            raise ValueError(f"restore_ms ({self.restore_ms}) must be below degrade_ms ({self.degrade_ms})")
+        return self
+
+    def settings(self) -> SurgeSettings | None:
+        """The engine's surge settings; None while disabled."""
+        if not self.enabled:
+            return None
+        return SurgeSettings(
+            degrade_ms=self.degrade_ms,
+            restore_ms=self.restore_ms,
+            restore_after_s=self.restore_after_s,
+            step_interval_s=self.step_interval_s,
+            step_share=self.step_share,
+            finals_reduce_ms=self.finals_reduce_ms,
+            finals_beam=self.finals_beam,
+        )
+
+
 class EngineSettings(_Section):
     """The shared batched recognizer."""
 
@@ -180,6 +221,7 @@ class EngineSettings(_Section):
         "(docs/BENCHMARKS.md). A route's attention_beam overrides it for its calls",
     )
     endpoint: EndpointSettings = EndpointSettings()
+    surge: SurgeConfig = SurgeConfig()
 
     @field_validator("chunk_ms")
     @classmethod

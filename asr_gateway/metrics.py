@@ -57,6 +57,9 @@ class EngineFigures:
     lag_s: float  # the oldest ready chunk's wait for a step (latest tick)
     finals_lag_s: float  # the oldest ended utterance's wait for its final (0: none waiting)
     overload_refusals: int  # calls and OPTIONS refused while the engine was behind
+    degraded_streams: int  # streams at a longer chunk than their route's because the engine was behind
+    degraded_stream_seconds: float  # stream-seconds spent so, summed over streams
+    reduced_finals: int  # finals searched the cheaper way while finals queued (surge)
     batch_size: Histogram  # streams per batched chunk step
     step_seconds: Histogram
     partial_latency: Histogram
@@ -157,6 +160,21 @@ class NodeCollector(Collector):
             "asr_engine_overload_refusals",
             "calls and OPTIONS refused (503) while the engine was behind real time or behind on finals",
             value=engine.overload_refusals,
+        )
+        yield GaugeMetricFamily(
+            "asr_engine_degraded_streams",
+            "streams running at a longer chunk than their route's because the engine fell behind (surge)",
+            value=engine.degraded_streams,
+        )
+        yield CounterMetricFamily(
+            "asr_engine_degraded_stream_seconds",
+            "stream-seconds spent at a longer chunk than the route's (surge), summed over streams",
+            value=engine.degraded_stream_seconds,
+        )
+        yield CounterMetricFamily(
+            "asr_engine_reduced_finals",
+            "finals searched with a narrower beam and no decoder proposals while finals queued (surge)",
+            value=engine.reduced_finals,
         )
         yield histogram("asr_engine_batch_size", "streams per batched chunk step", engine.batch_size)
         yield histogram("asr_engine_step_seconds", "time of one batched chunk step (forward)", engine.step_seconds)

@@ -36,7 +36,7 @@ from asr_core.endpoint import EndpointRules
 from asr_core.engine import Engine
 from asr_core.engine_options import EngineOptions, resolve_dtype
 from asr_core.model.loader import LoadedModel, load_wenet_model
-from asr_gateway.bridge import CallBridge
+from asr_gateway.bridge import CallBridge, stream_config
 from asr_gateway.config import ServiceConfig
 from asr_gateway.doors import Doors
 from asr_gateway.heartbeat import Heartbeat, default_node_id
@@ -102,6 +102,7 @@ def engine_options(config: ServiceConfig) -> EngineOptions:
         finals_niceness=engine.finals_niceness,
         finals_behind_ms=engine.finals_behind_ms,
         finals_workers=engine.resolved_finals_workers,
+        surge=engine.surge.settings(),
     )
 
 
@@ -219,7 +220,10 @@ class Service:
         await self.publisher.start()
         self.bridge.start()
         # Before SIP listens: the first calls' chunks must not wait for one-time set-up.
-        shapes = sorted({(p.chunk_ms, p.left_chunks) for p in self.router.routes.profiles.values()})
+        # Each profile's chunk sizes under load too (``Engine.ladder``), so that a surge does not
+        # start with tracing graphs.
+        profiles = self.router.routes.profiles.values()
+        shapes = sorted({shape for p in profiles for shape in self.engine.ladder(stream_config(p))})
         warm_s = await asyncio.get_running_loop().run_in_executor(None, self.engine.warm_up, shapes)
         log.info("engine warmed up in %.1f s", warm_s)
         self.engine.start()
@@ -360,6 +364,9 @@ class Service:
                 lag_s=engine.lag_ms / 1e3,
                 finals_lag_s=engine.finals_lag_ms / 1e3,
                 overload_refusals=self.bridge.overload_refusals,
+                degraded_streams=engine.degraded_streams,
+                degraded_stream_seconds=stats.degraded_stream_seconds,
+                reduced_finals=stats.reduced_finals,
                 batch_size=stats.batch_size_histogram,
                 step_seconds=stats.step_seconds,
                 partial_latency=stats.partial_latency_seconds,

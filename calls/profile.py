@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from asr_common.punctuation import PunctuationName
 from calls.join import check_join_by
@@ -53,12 +53,27 @@ class RoleRuleModel(BaseModel):
         return RoleRule(self.agent_aor, self.caller_aor, tuple(self.label_order))
 
 
+ChunkMs = Literal[160, 240, 320, 640]
+
+
+class SurgeProfile(BaseModel):
+    """How a route's calls give way when the node falls behind (the engine's ``surge``): their
+    streams may move to longer chunks up to ``max_chunk_ms`` (equal to the route's ``chunk_ms``:
+    never), keeping the same attention window; routes of lower ``priority`` move first and
+    move back last. Only sizes the engine allows (``engine.allowed_chunk_ms``) whose chunk
+    divides the window are used: 160 ms x 8 moves to 320 x 4 and 640 x 2, 240 is skipped."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    max_chunk_ms: ChunkMs = 640
+    priority: int = 0
+
+
 class Profile(BaseModel):
     """How the calls of a route are transcribed and published."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str = "default"
-    chunk_ms: Literal[160, 240, 320, 640] = 320
+    chunk_ms: ChunkMs = 320
     left_chunks: int = Field(4, ge=1, le=64)
     transcribe: list[Role] = Field(default_factory=lambda: list(_ALL_ROLES))
     kb_set: str | None = None
@@ -105,6 +120,17 @@ class Profile(BaseModel):
     join_timeout_s: float = Field(5.0, gt=0, le=60)
     """How long (s) the first call of a pair waits for its partner before the call is
     announced alone; a partner later than that is a call of its own."""
+    surge: SurgeProfile = Field(default_factory=SurgeProfile)
+    """Longer chunks while the node is behind (``SurgeProfile``; the engine's ``surge.enabled``)."""
+
+    @model_validator(mode="after")
+    def _surge_not_below_chunk(self) -> Profile:
+        if self.surge.max_chunk_ms < self.chunk_ms:
+            raise ValueError(
+                f"surge.max_chunk_ms {self.surge.max_chunk_ms} is below chunk_ms {self.chunk_ms}; "
+                f"set it to {self.chunk_ms} for a route that never degrades"
+            )
+        return self
 
     bearer_token: SecretStr | None = Field(None, min_length=16)
     """WebSocket door: the token a client of the routes using this profile must present

@@ -211,6 +211,9 @@ class Transcript(Event):
     confidence: float | None
     latency_ms: float | None  # engine latency of this result
     text_raw: str | None = field(default=None, metadata=OMITTED_WHEN_NONE)  # engine's text: ITN/punctuation rewrote it
+    # The engine's chunk size (ms) in force for this result: the route's, or longer while the
+    # node was behind (surge); left out where unknown.
+    chunk_ms: int | None = field(default=None, metadata=OMITTED_WHEN_NONE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -224,6 +227,9 @@ class TranscriptFinal(Transcript):
     event_type = EventType.TRANSCRIPT_FINAL
     is_partial: Literal[False] = field(default=False, init=False)
     nbest: tuple[Alternative, ...]
+    # True where the engine searched it with a narrower beam and without the decoder's proposals
+    # because finals were queueing under surge (a little less accurate); left out otherwise.
+    reduced_search: bool | None = field(default=None, metadata=OMITTED_WHEN_NONE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -149,6 +149,7 @@ class TranscriptProcessor:
                 confidence=update.confidence,
                 latency_ms=update.latency_ms,
                 text_raw=text_raw,
+                chunk_ms=update.chunk_ms,
             )
         return TranscriptFinal(
             call=update.call,
@@ -161,6 +162,8 @@ class TranscriptProcessor:
             confidence=update.confidence,
             latency_ms=update.latency_ms,
             text_raw=text_raw,
+            chunk_ms=update.chunk_ms,
+            reduced_search=update.reduced_search,
             nbest=tuple(Alternative(self._redact_text(text, update.call), score) for text, score in update.nbest),
         )
 

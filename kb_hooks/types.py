@@ -82,3 +82,5 @@ class TranscriptUpdate:
     latency_ms: float | None = None  # engine-side latency the engine measured for this result
     audio_end_monotonic: float | None = None  # time.monotonic() when the chunk's last sample arrived
     text_raw: str | None = None  # the engine's text where the route rewrites it (ITN, punctuation)
+    chunk_ms: int | None = None  # the engine's chunk size in force for this result (longer under surge)
+    reduced_search: bool | None = None  # finals: True where searched the cheaper way under surge

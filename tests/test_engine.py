@@ -312,7 +312,7 @@ def test_finals_left_waiting_make_the_engine_overloaded_until_they_are_done(
     while engine.run_once() == 0.0:
         pass
     assert engine.finals_lag_ms == 0.0 and not engine.overloaded
-    snapshot = UtteranceSnapshot.of(stream.utterance)
+    snapshot = UtteranceSnapshot.of(stream.utterance, stream.chunk_ms)
     engine.finalizer.submit(FinalJob(stream, "endpoint", snapshot, time.monotonic() - 0.2))
     assert 200.0 <= engine.finals_lag_ms < 300.0 and not engine.overloaded
     time.sleep(0.15)

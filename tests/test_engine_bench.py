@@ -131,3 +131,13 @@ def test_hotwords_file_ab_uses_that_list(tmp_path: Path) -> None:
     ab = report["hotwords_ab"]
     assert ab["phrases"] == 2 and ab["file"] == str(phrases) and ab["graph_nodes"] == 6
     assert all(v > 0 for v in ab["finals_rtf"])
+
+
+def test_surge_ab_reports_fixed_chunks_and_degradation_side_by_side() -> None:
+    report = run_bench("--streams", "2", "--seconds", "2", "--surge")
+    ab = report["surge_ab"]
+    assert report["off"]["surge"] is False and report["on"]["surge"] is True
+    for key in ("late_chunk_fraction", "degraded_streams_peak", "degraded_stream_seconds", "chunk_moves", "finals"):
+        assert len(ab[key]) == 2, key
+    assert ab["degraded_streams_peak"][0] == 0 and ab["chunk_moves"][0] == [0, 0], "nothing moves without surge"
+    assert 0.0 <= ab["late_chunk_fraction"][1] <= 1.0

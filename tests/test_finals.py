@@ -68,6 +68,11 @@ def test_process_search_equals_thread_search(loaded: LoadedModel, requests: list
         expected = local.run(requests)
         assert expected[-1].rescored is None and expected[0].rescored is not None
         assert_same(remote.run(requests), expected)
+        reduced = settings(loaded).reduced(beam=2)  # surge: per batch, sent with it
+        assert (reduced.beam, reduced.attention_beam) == (2, 0)
+        narrow = local.run(requests, reduced)
+        assert max(len(r.nbest) for r in narrow) <= 2 < max(len(r.nbest) for r in expected)
+        assert_same(remote.run(requests, reduced), narrow)
         assert (remote.cpu_seconds() or 0.0) > 0.0
     finally:
         remote.close()

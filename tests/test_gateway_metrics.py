@@ -114,6 +114,9 @@ def test_metrics_move_and_health_mirrors_options(tmp_path: Path, redis_server: R
             result = await call
             assert result.returncode == 0, result.errors
             assert await collector.wait_for(["m-"], 10)
+            seen["chunk_ms"] = {
+                r.event.get("chunk_ms") for r in collector.received if r.event["event_type"].startswith("transcript.")
+            }
             seen["after"] = await asyncio.to_thread(scrape, metrics_port)
             seen["free"] = await probe(metrics_port, sip_port)
             service.request_stop()
@@ -146,6 +149,12 @@ def test_metrics_move_and_health_mirrors_options(tmp_path: Path, redis_server: R
     assert value(after, "asr_redis_connected") == 1
     assert value(after, "asr_engine_lag_seconds") is not None
     assert value(after, "asr_engine_overload_refusals_total") == 0  # one call keeps up
+    assert (
+        value(after, "asr_engine_degraded_streams") == 0
+        and value(after, "asr_engine_degraded_stream_seconds_total") == 0
+        and value(after, "asr_engine_reduced_finals_total") == 0
+    )
+    assert seen["chunk_ms"] == {320}, "transcripts carry the route's chunk size (no surge)"
     for name in ("asr_partial_latency_seconds", "asr_final_latency_seconds", "asr_publish_latency_seconds",
                  "asr_engine_step_seconds", "asr_engine_batch_size"):  # fmt: skip
         count = value(after, f"{name}_count") or 0

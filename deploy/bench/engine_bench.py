@@ -39,6 +39,7 @@ from asr_core.engine_options import DTYPES, EngineOptions, resolve_dtype
 from asr_core.events import Event, Final
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_core.stream import StreamConfig
+from asr_core.surge import SurgeSettings
 from rescoring.packing import PrefixTree
 from rtp.leg import DEFAULT_RESAMPLE_BATCH_MS
 
@@ -50,6 +51,20 @@ FINAL_LATENCY_LIMIT_MS = 2000.0
 """--find-max: finals must keep up too. They run at a lower priority than partials (a niced
 process), so past the CPU's capacity partials still pass while finals fall further behind
 with every utterance; a p95 of 2 s from endpoint to final bounds that backlog."""
+SURGE_AB_KEYS = (
+    "late_chunk_fraction",
+    "partial_latency_ms",
+    "tail_partial_latency_ms",
+    "final_latency_ms",
+    "finals",
+    "cores_used",
+    "degraded_streams_peak",
+    "degraded_stream_seconds",
+    "chunk_moves",
+    "reduced_finals",
+    "drain_s",
+)
+"""``--surge``: the measurements shown side by side, [off, on]."""
 LATE_CHUNK_MS = 1000.0
 """No chunk of the judged window may come later than this (or than 3 chunks, for chunks over 333 ms)."""
 
@@ -85,6 +100,8 @@ class Trial:
     step_threads: int = 1
     schedulers: int = 1
     context: ContextGraph | None = None  # hotwords on every stream (--hotwords-ab, --hotwords)
+    surge: SurgeSettings | None = None  # --surge: streams may move up to ``max_chunk_ms`` while behind
+    max_chunk_ms: int = 640
 
 
 def synthetic_speech(seconds: float, seed: int, rate: int = SAMPLE_RATE) -> np.ndarray:
@@ -111,11 +128,14 @@ def _percentiles(values: list[float], qs: tuple[int, ...]) -> dict[str, float]:
 
 def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray) -> dict[str, Any]:
     """Run one load level; returns the measurements as a dict."""
+    # With surge the engine also runs the longer sizes of the streams' ladders (and sizes its
+    # pool for the largest: more memory, the same windows attended over); without, one size.
+    sizes = [ms for ms in (160, 320, 640) if trial.chunk_ms < ms <= trial.max_chunk_ms] if trial.surge else []
     options = EngineOptions(
         max_streams=trial.streams,
         max_batch=trial.max_batch,
         max_wait_ms=trial.max_wait_ms,
-        allowed_chunk_ms=(trial.chunk_ms,),
+        allowed_chunk_ms=(trial.chunk_ms, *sizes),
         max_left_chunks=trial.left_chunks,
         device=device,
         dtype=resolve_dtype(trial.dtype, device),
@@ -125,9 +145,17 @@ def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray)
         step_threads=trial.step_threads,
         schedulers=trial.schedulers,
         endpoint=EndpointRules(max_utterance_ms=trial.max_utterance_ms),
+        surge=trial.surge,
     )
     engine = Engine(loaded, options)
-    engine.warm_up()
+    config = StreamConfig(
+        chunk_ms=trial.chunk_ms,
+        left_chunks=trial.left_chunks,
+        rescore=trial.rescore,
+        context=trial.context,
+        max_chunk_ms=trial.max_chunk_ms,
+    )
+    engine.warm_up(engine.ladder(config))
     finals: list[Final] = []  # measured after the run, not in the engine's event path
     lock = threading.Lock()
 
@@ -136,9 +164,6 @@ def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray)
             with lock:
                 finals.append(event)
 
-    config = StreamConfig(
-        chunk_ms=trial.chunk_ms, left_chunks=trial.left_chunks, rescore=trial.rescore, context=trial.context
-    )
     streams = [engine.open_stream(config, on_event) for _ in range(trial.streams)]
     piece_samples = trial.piece_ms * loaded.frontend.sample_rate // 1000
     piece_s = trial.piece_ms / 1000.0
@@ -152,6 +177,7 @@ def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray)
     cpu0 = time.process_time()
     wall0 = time.monotonic()
     latency_mark = 0
+    degraded_peak = 0
     cuda = torch.device(device).type == "cuda"
     if cuda:
         torch.cuda.synchronize(device)
@@ -171,6 +197,7 @@ def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray)
                     j = (starts[i] + k) % audio_pieces
                     streams[i].accept_waveform(audio[j * piece_samples : (j + 1) * piece_samples])
                 next_piece[i] = due[i]
+            degraded_peak = max(degraded_peak, engine.degraded_streams)
             if not latency_mark and now >= 0.75 * trial.seconds:
                 latency_mark = len(engine.stats.partial_latency_ms)
             if (next_piece >= pieces_total).all():
@@ -229,6 +256,13 @@ def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray)
         # right-to-left prefix trees of each n-best (rescoring.packing.PrefixTree).
         "rescore_tree_nodes_per_s": round(sum(_tree_nodes(f) for f in finals) / audio_s, 2),
         "behind_realtime_chunks": stats.behind_realtime_chunks,
+        # Chunks later than behind_ms (1 s) of all chunks: how far the run fell behind real time.
+        "late_chunk_fraction": round(stats.behind_realtime_chunks / stats.chunks, 4) if stats.chunks else 0.0,
+        "surge": trial.surge is not None,
+        "degraded_streams_peak": degraded_peak,
+        "degraded_stream_seconds": round(stats.degraded_stream_seconds, 1),
+        "chunk_moves": [stats.chunk_moves_up, stats.chunk_moves_down],
+        "reduced_finals": stats.reduced_finals,
         "drain_s": round(drain_s, 3),
         # Seconds the feeding took beyond the audio's length: the load generator (one Python
         # thread) fell behind real time, so the trial offered less than its stream count.
@@ -485,6 +519,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="A/B in one run as --hotwords-ab, with this phrase file (spelled in the model's units) on every stream",
     )  # fmt: skip
     parser.add_argument(
+        "--surge", action="store_true",
+        help="A/B in one run: the trial at fixed chunks, then with graceful degradation (streams move up to "
+        "--max-chunk-ms while the engine is behind); reports both (surge_ab: [off, on])",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-chunk-ms", type=int, default=640, choices=[160, 320, 640], help="with --surge: the longest chunk"
+    )
+    parser.add_argument(
         "--piece-ms",
         type=int,
         default=DEFAULT_PIECE_MS,
@@ -556,6 +598,7 @@ def run(args: argparse.Namespace) -> int:
         args.traced_step,
         args.step_threads,
         args.schedulers,
+        max_chunk_ms=args.max_chunk_ms,
     )
     header = {
         "arch": None if args.model else args.arch,
@@ -594,6 +637,13 @@ def run(args: argparse.Namespace) -> int:
             "final_tokens_per_s": [without["final_tokens_per_s"], with_list["final_tokens_per_s"]],
         }
         print(json.dumps({**header, **without, "hotwords_ab": ab}, ensure_ascii=False))
+        return 0
+    if args.surge:
+        # Off and on in one run, same offered load (--streams: e.g. twice the fixed-chunk maximum).
+        off = run_trial(loaded, base, args.device, audio)
+        on = run_trial(loaded, Trial(**{**base.__dict__, "surge": SurgeSettings()}), args.device, audio)
+        surge_ab = {key: [off[key], on[key]] for key in SURGE_AB_KEYS}
+        print(json.dumps({**header, "streams": base.streams, "surge_ab": surge_ab, "off": off, "on": on}))
         return 0
     if not args.find_max:
         print(json.dumps({**header, **run_trial(loaded, base, args.device, audio)}, ensure_ascii=False))
