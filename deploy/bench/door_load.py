@@ -20,7 +20,8 @@ around it; connection set-up and close are outside it. `server_cpu_fraction` is 
 over the window's wall time; `server_backlog_s` how long after the generator's last frame the
 sinks stopped growing (resolution `DRAIN_POLL_S`); `setup_failures` legs the server did not
 take; `refusals` the door's own counters (empty in a clean run); `calls_ended` the legs the
-server ended after the generator closed them.
+server ended after the generator closed them. `frames_received` may fall a little short of
+`frames_sent` at 8 kHz: the upsampler holds its last few ms until a leg ends.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ DRAIN_POLL_S = 0.05
 DRAIN_LIMIT_S = 30.0
 ENDED_LIMIT_S = 10.0
 SOCKET_TIMEOUT_S = 10.0
+SETUP_IDLE_S = 300.0
+"""The doors' idle timeout in the bench: longer than opening every leg takes."""
 AUDIOSOCKET_UUID, AUDIOSOCKET_HANGUP = 0x01, 0x00
 AUDIOSOCKET_AUDIO = {8000: 0x10, 16000: 0x12}
 """AudioSocket message kinds: signed linear at 8 kHz (``slin``) and 16 kHz (``slin16``)."""
@@ -223,13 +226,14 @@ def run_generator(conn: Connection, load: DoorLoad) -> None:
 
 def _door_server(door: Door, host: str, legs: int, handler: CountingCallHandler) -> AudioSocketServer | WebSocketServer:
     """The door's real server on a free port; one generator address opens every leg, so its
-    per-source connection budget is raised to the leg count (as the SIP bench trusts its UAC)."""
+    per-source connection budget is raised to the leg count (as the SIP bench trusts its UAC),
+    and the legs opened first wait silent while the others open, so the idle timeout is long."""
     routes = Router(RoutesFile(profiles={"default": Profile()}))
-    budget = legs + 1
+    limits = {"max_connections_per_source": legs + 1, "idle_timeout_s": SETUP_IDLE_S}
     if door == "audiosocket":
-        settings = AudioSocketSettings(enabled=True, host=host, port=0, max_connections_per_source=budget)
+        settings = AudioSocketSettings(enabled=True, host=host, port=0, **limits)
         return AudioSocketServer(settings, handler, lambda: routes)
-    ws = WebSocketSettings(enabled=True, host=host, port=0, max_connections_per_source=budget)
+    ws = WebSocketSettings(enabled=True, host=host, port=0, **limits)
     return WebSocketServer(ws, handler, lambda: routes, lambda _call, _listener: None, lambda _call: None,
                            (160, 240, 320, 640))  # fmt: skip
 
