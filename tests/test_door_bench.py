@@ -24,9 +24,8 @@ def test_every_door_beside_rtp_in_one_run() -> None:
     for door in ("audiosocket", "websocket"):
         run = report[door]
         assert (run["door"], run["legs_up"], run["setup_failures"], run["refusals"]) == (door, 3, 0, {})
-        assert run["frames_sent"] == 3 * 50 and run["frames_received"] >= 0.9 * 3 * 50, (
-            run
-        )  # less what the upsampler holds
+        assert run["frames_sent"] == 3 * 50, run
+        assert run["frames_received"] >= 0.9 * 3 * 50, run  # less what the upsampler still holds
         assert run["calls_ended"] == 3 and run["send_errors"] == 0
     per_20ms = report["server_cpu_us_per_20ms"]
     assert per_20ms.keys() == {"rtp", "audiosocket", "websocket"}
@@ -38,11 +37,8 @@ def test_one_door_at_16_khz() -> None:
         "deploy.bench.media_load", "--door", "audiosocket", "--door-rate", "16000", "--calls", "2", "--seconds", "1",
         timeout=60,
     )  # fmt: skip
-    assert (report["door"], report["sample_rate"], report["frames_received"]) == (
-        "audiosocket",
-        16000,
-        2 * 50,
-    )  # no upsampler
+    assert (report["door"], report["sample_rate"]) == ("audiosocket", 16000)
+    assert report["frames_received"] == 2 * 50  # 16 kHz goes to the sinks as sent: nothing held
 
 
 def test_wire_frames_follow_the_public_descriptions() -> None:
