@@ -5,6 +5,9 @@ Sans-IO. Some recorders send one call set-up per direction of a conversation (Ci
 built-in bridge: two INVITEs tied by ``x-refci``). A profile's ``join_by`` names where a
 front door reads the tie (``sip/cucm.py`` for SIP):
 
+- unset (None): automatic; SIP joins a CUCM built-in-bridge INVITE (its From URI names one
+  end and an ``x-refci``: nothing else sends those) as under ``cucm``, and nothing else;
+- ``none``: no call is joined, a CUCM one included;
 - ``cucm``: CUCM's ``x-refci`` From-URI parameter (the door also reads who speaks);
 - ``header:NAME``: the value of the header (or attribute) ``NAME``;
 - ``uri-param:NAME``: the value of the From URI's parameter ``NAME``;
@@ -30,11 +33,14 @@ _PARAM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._~!*'+-]{0,63}$")
 UUID_HEX_DIGITS = 32
 """Hex digits of a UUID (RFC 4122): the longest ``uuid-prefix:N``."""
 
+NO_JOIN = "none"
+"""The join rule that joins nothing (turns off the automatic CUCM join)."""
+
 
 def check_join_by(value: str) -> str:
-    """``value`` if it is a join rule (``cucm``, ``header:NAME``, ``uri-param:NAME``,
+    """``value`` if it is a join rule (``none``, ``cucm``, ``header:NAME``, ``uri-param:NAME``,
     ``uuid-prefix:N``), else ValueError."""
-    if value == "cucm":
+    if value in (NO_JOIN, "cucm"):
         return value
     kind, sep, name = value.partition(":")
     if sep and kind == "header" and HEADER_NAME.match(name):
@@ -44,7 +50,8 @@ def check_join_by(value: str) -> str:
     if sep and kind == "uuid-prefix" and name.isdigit() and 1 <= int(name) <= UUID_HEX_DIGITS:
         return value
     raise ValueError(
-        f"{value!r} is not a join rule: use cucm, header:NAME, uri-param:NAME or uuid-prefix:N (N 1-{UUID_HEX_DIGITS})"
+        f"{value!r} is not a join rule: use none, cucm, header:NAME, uri-param:NAME"
+        f" or uuid-prefix:N (N 1-{UUID_HEX_DIGITS})"
     )
 
 

@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from asr_common.punctuation import PunctuationName
-from calls.join import check_join_by
+from calls.join import NO_JOIN, check_join_by
 from calls.metadata import check_header_names
 from calls.roles import Role, RoleRule
 
@@ -116,7 +116,9 @@ class Profile(BaseModel):
     """Join two plain calls into one (``calls.join``; SIP: ``sip/cucm.py``): ``cucm`` (built-in-bridge
     From URI ``x-nearend``/``x-farend`` = agent/caller, paired by ``x-refci``), ``header:NAME`` or
     ``uri-param:NAME`` (From URI parameter), or ``uuid-prefix:N`` (AudioSocket: the first N hex
-    digits of the connection's UUID); calls with the same value become one call."""
+    digits of the connection's UUID); calls with the same value become one call. Unset: a CUCM
+    built-in-bridge INVITE (one end named and an ``x-refci``) is joined as under ``cucm``, other
+    calls stand alone; ``none`` (or YAML ``off``/``false``) joins nothing."""
     join_timeout_s: float = Field(5.0, gt=0, le=60)
     """How long (s) the first call of a pair waits for its partner before the call is
     announced alone; a partner later than that is a call of its own."""
@@ -141,10 +143,13 @@ class Profile(BaseModel):
     """WebSocket door, ``mod_audio_fork`` streams: send the call's events back as text frames
     (FreeSWITCH hands them to the dialplan as events). Application streams always get theirs."""
 
-    @field_validator("join_by")
+    @field_validator("join_by", mode="before")
     @classmethod
-    def _join_rule(cls, value: str | None) -> str | None:
-        return None if value is None else check_join_by(value)
+    def _join_rule(cls, value: object) -> object:
+        """YAML 1.1 reads a bare ``off``/``no``/``false`` as false: the admin turned joins off."""
+        if value is False:
+            return NO_JOIN
+        return check_join_by(value) if isinstance(value, str) else value
 
     @field_validator("srtp", "punctuation", mode="before")
     @classmethod

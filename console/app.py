@@ -36,6 +36,7 @@ from starlette.templating import Jinja2Templates
 from console.configs import ConfigStore, UnknownFile
 from console.feeds import CallIndex, CallSummary, Hub, call_snapshot, fold_event, running_hub
 from console.settings import ConsoleSettings
+from console.speak import SpeakTarget, speak_target
 from console.users import Role, User, Users
 from kb_hooks.connection import make_client
 
@@ -66,11 +67,14 @@ class Console:
         self.store: ConfigStore | None = None
         self.client: aioredis.Redis | None = None
         self.hub: Hub | None = None
+        self.speak: SpeakTarget | None = None
 
     def open(self) -> None:
         from asr_gateway.config import load_config
 
-        redis = load_config(self.settings.service_config).redis
+        service = load_config(self.settings.service_config)
+        redis = service.redis
+        self.speak = speak_target(self.settings.speak_url, service.websocket)
         self.client = make_client(redis.url, redis.connect_timeout_s, 5.0)
         prefixes = self.settings.key_prefixes or [redis.key_prefix]
         index = CallIndex(self.settings.agent_id_key, self.settings.ended_keep_s)
@@ -207,6 +211,11 @@ def build_app(settings: ConsoleSettings) -> Starlette:
         except HTTPException:  # another agent's call, or none: 404, as the API answers
             return page("missing.html", request, status_code=404, call_id=request.path_params["call_id"])
         return page("call.html", request, call_id=call_id, agent_id_key=settings.agent_id_key)
+
+    @need("agent", page=True)
+    async def speak_page(request: Request) -> Response:
+        assert console.speak is not None
+        return page("speak.html", request, target=console.speak)
 
     @need("admin", page=True)
     async def admin_page(request: Request) -> Response:
@@ -393,6 +402,7 @@ def build_app(settings: ConsoleSettings) -> Starlette:
         Route("/logout", logout, methods=["POST"]),
         Route("/", calls_page),
         Route("/calls/{call_id}", call_page),
+        Route("/speak", speak_page),
         Route("/admin", admin_page),
         Route("/api/me", me),
         Route("/api/calls", api_calls),

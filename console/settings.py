@@ -38,6 +38,12 @@ class ConsoleSettings(BaseModel):
     session_max_age_s: int = Field(12 * 3600, ge=60)
     bootstrap_events: int = Field(20_000, ge=0, description="firehose entries read at start to find open calls")
     ended_keep_s: int = Field(600, ge=0, description="how long ended calls stay on the calls page")
+    speak_url: str | None = Field(
+        None,
+        pattern=r"^wss?://[^\s]+$",
+        description="the gateway's WebSocket stream URL for the Speak page, as the browser reaches it "
+        "(default: the host the console was reached at, the gateway's websocket.port, /v1/stream; console/speak.py)",
+    )
 
     @property
     def host_port(self) -> tuple[str, int]:

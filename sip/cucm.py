@@ -7,6 +7,10 @@ leg's reference), so ``x-refci`` ties the pair together. A routing profile picks
 call's role and join key are read (``Profile.role`` / ``Profile.join_by``; the rules, the
 key's form and the wait for the partner are the call model's, ``calls.join``):
 
+- unset: a From URI naming exactly one end and a non-empty ``x-refci`` is a CUCM
+  built-in-bridge INVITE (no other sender uses those parameters) and is read as under ``cucm``;
+  any other INVITE keeps the profile's role and stands alone;
+- ``none``: the profile's role, never joined;
 - ``cucm``: role from ``x-nearend``/``x-farend``, key from ``x-refci``;
 - ``header:NAME``: key is the value of the INVITE header ``NAME``;
 - ``uri-param:NAME``: key is the value of the From URI parameter ``NAME``.
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from calls.join import join_key
+from calls.join import NO_JOIN, join_key
 from calls.roles import Role
 from sip.errors import SipParseError
 from sip.header_values import SipUri
@@ -49,15 +53,28 @@ def cucm_side(params: dict[str, str | None]) -> Role | None:
     return None
 
 
+def cucm_call(params: dict[str, str | None]) -> PlainCall | None:
+    """The role and key of a From URI that is unmistakably CUCM built-in bridge's (exactly one
+    of ``x-nearend``/``x-farend``, and an ``x-refci`` with a value); None for any other URI."""
+    side = cucm_side(params)
+    key = join_key("cucm", params.get("x-refci"))
+    if side is None or key is None or ("x-nearend" in params and "x-farend" in params):
+        return None
+    return PlainCall(side, key)
+
+
 def plain_call(request: Request, from_uri: str, role: Role, join_by: str | None) -> PlainCall:
     """Role and join key of a plain INVITE under a profile's ``role`` and ``join_by``.
 
-    ``role`` is the default; ``join_by: cucm`` overrides it by the From URI's near/far end.
-    A missing or empty key value leaves the call alone (no join), never refuses it.
+    ``role`` is the default; a CUCM built-in-bridge From URI overrides it by its near/far end
+    when ``join_by`` is unset or ``cucm``. A missing or empty key value leaves the call alone
+    (no join), never refuses it.
     """
-    if join_by is None:
+    if join_by == NO_JOIN:
         return PlainCall(role)
     params = uri_params(from_uri)
+    if join_by is None:
+        return cucm_call(params) or PlainCall(role)
     if join_by == "cucm":
         side = cucm_side(params)
         return PlainCall(side or role, join_key("cucm", params.get("x-refci")) if side else None)

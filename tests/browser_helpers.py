@@ -22,14 +22,18 @@ needs_chromium = pytest.mark.skipif(
 
 
 @contextmanager
-def chromium(profile_dir: Path, width: int = LAPTOP_WIDTH, height: int = WINDOW_HEIGHT) -> Iterator[Any]:
-    """A headless Chromium window of ``width`` x ``height`` px with a fresh profile."""
+def chromium(
+    profile_dir: Path, width: int = LAPTOP_WIDTH, height: int = WINDOW_HEIGHT, extra_flags: tuple[str, ...] = ()
+) -> Iterator[Any]:
+    """A headless Chromium window of ``width`` x ``height`` px with a fresh profile, started with
+    ``extra_flags`` besides ours (e.g. a fake capture device)."""
     webdriver = pytest.importorskip("selenium.webdriver")
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium") or "chromium"
     for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--hide-scrollbars", f"--window-size={width},{height}", f"--user-data-dir={profile_dir}"):  # fmt: skip
+                 "--hide-scrollbars", f"--window-size={width},{height}", f"--user-data-dir={profile_dir}",
+                 *extra_flags):  # fmt: skip
         options.add_argument(flag)
     driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=str(CHROMEDRIVER)), options=options)
     try:

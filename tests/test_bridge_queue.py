@@ -30,9 +30,13 @@ class RecordingPublisher:
         self.events.append(event)
 
     def call_started(
-        self, ctx: CallContext, participants: Iterable[Participant], metadata: Mapping[str, str] | None = None
+        self,
+        ctx: CallContext,
+        participants: Iterable[Participant],
+        metadata: Mapping[str, str] | None = None,
+        source: ev.CallSourceName = "sip",
     ) -> ev.CallStarted:
-        event = ev.CallStarted(call=ctx, participants=tuple(participants), metadata=dict(metadata or {}))
+        event = ev.CallStarted(call=ctx, participants=tuple(participants), metadata=dict(metadata or {}), source=source)
         self.submit(event)
         return event
 

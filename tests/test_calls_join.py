@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
 from calls.join import Joiner, join_key, uuid_join_key
 from calls.profile import Profile
+from calls.routing import load_routes
 
 
 def test_join_key_is_namespaced_by_the_rule_and_cleaned() -> None:
@@ -50,9 +53,17 @@ def test_uuid_prefix_keys_streams_by_their_uuids_first_digits() -> None:
     assert uuid_join_key("cucm", caller) is None and uuid_join_key(None, caller) is None
 
 
-@pytest.mark.parametrize("rule", ["cucm", "header:X-Ref", "uri-param:x-refci", "uuid-prefix:8"])
+@pytest.mark.parametrize("rule", ["none", "cucm", "header:X-Ref", "uri-param:x-refci", "uuid-prefix:8"])
 def test_profile_takes_join_rules(rule: str) -> None:
     assert Profile(join_by=rule, role="caller").join_by == rule
+
+
+@pytest.mark.parametrize("written", ["none", "off", "false", "no"])
+def test_a_routes_file_turns_joins_off_in_the_words_yaml_reads(tmp_path: Path, written: str) -> None:
+    routes = tmp_path / "routes.yaml"
+    routes.write_text(f"profiles:\n  quiet:\n    join_by: {written}\ndefault_profile: quiet\n")
+    assert load_routes(routes).routes.profiles["quiet"].join_by == "none"
+    assert Profile().join_by is None  # unset: the automatic CUCM join (sip/cucm.py)
 
 
 @pytest.mark.parametrize(

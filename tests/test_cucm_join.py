@@ -1,12 +1,14 @@
-"""Plain-call roles and joining (issue 23 item 3): ``sip.cucm`` and ``CallBridge`` making two
-INVITEs with one join key a single call with two participants (the rules, the profile fields and
-the joiner: tests/test_calls_join.py)."""
+"""Plain-call roles and joining (issue 23 item 3; a CUCM INVITE joined without a rule: issue 40
+item 7): ``sip.cucm`` and ``CallBridge`` making two INVITEs with one join key a single call with
+two participants (the rules, the profile fields and the joiner: tests/test_calls_join.py)."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
 from typing import Any
+
+import pytest
 
 from asr_core.events import Ended
 from asr_gateway.bridge import CallBridge
@@ -42,6 +44,32 @@ def test_plain_calls_without_cucm_params_keep_the_profile_role_and_stand_alone()
     assert plain_call(invite(), "sip:citizen@pbx", "mixed", "cucm") == plain_call(invite(), "sip:x@y", "mixed", None)
     assert plain_call(invite(), "sip:citizen@pbx", "caller", None).role == "caller"
     assert plain_call(invite(), "not a uri", "agent", "cucm").join_key is None
+
+
+def test_a_cucm_invite_is_joined_and_given_its_role_without_a_join_rule() -> None:
+    near, far = plain_call(invite(), NEAR, "mixed", None), plain_call(invite(), FAR, "caller", None)
+    assert (near.role, far.role) == ("agent", "caller")
+    assert near.join_key == far.join_key == "cucm=25396399"
+    assert plain_call(invite(), NEAR, "mixed", None) == plain_call(invite(), NEAR, "mixed", "cucm")
+
+
+def test_join_by_none_turns_the_automatic_cucm_join_off() -> None:
+    assert plain_call(invite(), NEAR, "mixed", "none") == plain_call(invite(), FAR, "mixed", "none")
+    assert plain_call(invite(), NEAR, "caller", "none").join_key is None
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "sip:1001@cucm.example;x-nearend",  # no x-refci: nothing to pair by
+        "sip:1001@cucm.example;x-nearend;x-refci=",
+        "sip:1001@cucm.example;x-refci=25396399",  # neither end named
+        "sip:1001@cucm.example;x-nearend;x-farend;x-refci=25396399",  # both: which?
+        "sip:1001@pbx.example;refci=25396399",
+    ],
+)
+def test_only_an_unmistakable_cucm_uri_is_joined_without_a_rule(uri: str) -> None:
+    assert plain_call(invite(), uri, "caller", None) == plain_call(invite(), uri, "caller", "none")
 
 
 def test_header_and_uri_param_join_keys() -> None:
@@ -86,7 +114,7 @@ class FakePublisher:
     started: list[tuple[str, list[str]]] = field(default_factory=list)
     ended: list[str] = field(default_factory=list)
 
-    def call_started(self, ctx: Any, participants: list[Any], metadata: Any) -> None:
+    def call_started(self, ctx: Any, participants: list[Any], metadata: Any, source: str = "sip") -> None:
         self.started.append((ctx.call_id, sorted(p.role for p in participants)))
 
     def call_ended(self, ctx: Any, reason: str, stats: Any) -> None:
@@ -173,8 +201,9 @@ def test_calls_without_a_key_are_announced_at_once() -> None:
 # -- through the sans-IO UAS: role and key on CallInfo, kept across a re-INVITE -----------
 
 
-def test_uas_gives_a_cucm_near_end_invite_the_agent_role_and_the_join_key() -> None:
-    router = Router(RoutesFile(profiles={"default": Profile(join_by="cucm")}))
+@pytest.mark.parametrize("join_by", [None, "cucm"])
+def test_uas_gives_a_cucm_near_end_invite_the_agent_role_and_the_join_key(join_by: str | None) -> None:
+    router = Router(RoutesFile(profiles={"default": Profile(join_by=join_by)}))
     core = UasCore(SipSettings(), CountingCallHandler(), FakePorts(), router)
 
     def near(data: bytes) -> bytes:

@@ -114,11 +114,12 @@ def test_metadata_headers_reach_call_started(tmp_path: Path, redis_server: Redis
 
 def test_cucm_built_in_bridge_two_invites_are_one_call(tmp_path: Path, redis_server: RedisServer) -> None:
     """CUCM built-in-bridge recording: one INVITE per direction, From URI ``;x-nearend`` (the
-    agent's phone) or ``;x-farend`` (the caller), both with the same ``;x-refci``. A route with
-    ``join_by: cucm`` makes them one call in Redis, with an agent and a caller participant."""
+    agent's phone) or ``;x-farend`` (the caller), both with the same ``;x-refci``. They are one
+    call in Redis, with an agent and a caller participant, on a route that sets no ``join_by``
+    (the parameters are unmistakable; issue 40 item 7)."""
     routes = tmp_path / "routes.yaml"
     routes.write_text(
-        "profiles:\n  cucm:\n    join_by: cucm\n"
+        "profiles:\n  cucm:\n    join_timeout_s: 5\n"
         "default_profile: cucm\n"
         "routes:\n  - name: cucm-bib\n    match: {from_user: '^(1001|citizen)$'}\n    profile: cucm\n",
         encoding="utf-8",

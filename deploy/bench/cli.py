@@ -31,7 +31,10 @@ def _module_main(name: str) -> Callable[[list[str]], int]:
 
 # Commands whose options belong to their own module (``asr-bench media --help`` shows them).
 PASSTHROUGH: dict[str, tuple[Callable[[list[str]], int], str]] = {
-    "media": (_module_main("media_load"), "SIP calls + RTP on loopback: setup failures, loss, server CPU per packet"),
+    "media": (
+        _module_main("media_load"),
+        "SIP calls + RTP (or --door audiosocket|websocket|all) on loopback: setup failures, loss, server CPU per 20 ms",
+    ),
     "publisher": (_module_main("publisher_bench"), "events/s and publish latency to a local Redis"),
     "sherpa-peer": (_module_main("sherpa_peer"), "sherpa-onnx vs our engine on the same exported model"),
     "soak": (_module_main("soak"), "N calls for M minutes: RSS, FDs and threads over time"),

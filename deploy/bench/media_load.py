@@ -1,6 +1,7 @@
 """RTP media load through real SIP call setup, on loopback; prints one JSON object.
 
     asr-bench media --calls 1000 --seconds 20 [--rate 200] [--codec PCMU] [--compare-no-sip]
+    asr-bench media --door audiosocket|websocket|all --calls 1000 --seconds 20 [--door-rate 8000]
 
 This process runs the server: the real `sip.transport.SipServer` (UDP) with real
 `rtp.leg.RtpLeg` legs, the engine replaced by `calls.handler.CountingCallHandler`'s counting sinks,
@@ -37,6 +38,11 @@ Both runs use the same receive path (the C one unprotects in-order SRTP packets 
 report as `no_sip` and `server_cpu_ratio_to_no_sip`. `--parser-bench` instead prints the
 per-packet parse cost of our RtpPacket, and of aiortc's where aiortc is installed (the
 `bench` extra; otherwise the JSON says "aiortc not installed").
+
+`--door audiosocket|websocket` runs `--calls` legs of that door at `--door-rate` Hz into the same
+counting sinks (fields: `deploy.bench.door_load`); `--door all` runs RTP (SIP mode, or `--no-sip`),
+AudioSocket and WebSocket in turn at the same load: one JSON, each report under its door's name,
+`server_cpu_us_per_20ms` side by side (an RTP packet is 20 ms).
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ from typing import Any
 
 from asr_common.audio import PcmSink
 from calls.handler import CountingCallHandler
+from deploy.bench.door_load import DOORS, run_door
 from deploy.bench.sip_uac import PACKET_MS, UacConfig, run_uac, stream_rtp
 from rtp.codecs import audio_codecs, payload_type_map
 from rtp.decoding import RESAMPLERS
@@ -367,7 +374,23 @@ async def run_direct(args: argparse.Namespace, srtp: bool = False) -> dict[str, 
     return report
 
 
+async def _run_doors(args: argparse.Namespace) -> dict[str, Any]:
+    """`--door`: one door's legs, or (`all`) RTP and every door at the same load, side by side."""
+    if args.door != "all":
+        return await run_door(args.door, args.host, args.calls, args.seconds, args.door_rate)
+    rtp = await (run_direct(args) if args.no_sip else run_sip(args))
+    report: dict[str, Any] = {"door": "all", "legs": args.calls, "seconds": args.seconds, "rtp": rtp}
+    for door in DOORS:
+        report[door] = await run_door(door, args.host, args.calls, args.seconds, args.door_rate)
+    report["server_cpu_us_per_20ms"] = {"rtp": rtp["server_cpu_us_per_packet"]} | {
+        door: report[door]["server_cpu_us_per_20ms"] for door in DOORS
+    }
+    return report
+
+
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.door != "rtp":
+        return await _run_doors(args)
     if args.srtp_compare:
         report = await run_direct(args)
         report["srtp"] = await run_direct(args, srtp=True)
@@ -434,6 +457,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--server-max-calls", type=_positive(int), help="server admission limit (default --calls); beyond it: 503"
     )
+    parser.add_argument(
+        "--door", choices=("rtp", *DOORS, "all"), default="rtp", help="legs of this door (all: each in turn)"
+    )
+    parser.add_argument("--door-rate", type=int, choices=(8000, 16000), default=8000, help="Hz sent to the doors")
     parser.add_argument("--no-sip", action="store_true", help="open the legs directly (the older mode)")
     parser.add_argument("--compare-no-sip", action="store_true", help="also run --no-sip and report both")
     parser.add_argument(

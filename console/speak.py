@@ -1,0 +1,55 @@
+"""Where the "Speak to it" page streams the browser's audio: the gateway's WebSocket door.
+
+The console and the gateway are separate processes; the page connects to the gateway itself
+(our ``hotline-asr.v1`` dialect, docs/front-doors.md). The address is the console's
+``speak_url`` when set; otherwise it is derived from the gateway's ``websocket`` section: the
+scheme from ``websocket.tls``, the port from ``websocket.port`` and the host the browser used
+to reach the console (the page fills it in), which is right when both run on one host. When
+the door is off and no ``speak_url`` is set, the page says so and how to turn it on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from wsaudio.config import WebSocketSettings
+
+STREAM_PATH = "/v1/stream"
+"""Path of our dialect on the WebSocket door."""
+
+
+@dataclass(frozen=True)
+class SpeakTarget:
+    """What the page needs to open its stream.
+
+    ``url``: the whole ``ws://``/``wss://`` URL, or None when the page builds it from
+    ``scheme``, the browser's host name, ``port`` and ``STREAM_PATH``; ``off`` says why there
+    is nowhere to connect (the door is off), None when there is.
+    """
+
+    url: str | None
+    scheme: str
+    port: int
+    off: str | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {"url": self.url, "scheme": self.scheme, "port": self.port, "path": STREAM_PATH, "off": self.off}
+
+
+def speak_target(speak_url: str | None, door: WebSocketSettings) -> SpeakTarget:
+    """The target under the console's ``speak_url`` and the gateway's WebSocket door settings."""
+    scheme = "wss" if door.tls else "ws"
+    if speak_url is not None:
+        return SpeakTarget(speak_url, scheme, door.port)
+    if not door.enabled:
+        return SpeakTarget(None, scheme, door.port, off=(
+            "The gateway's WebSocket door is off. Set websocket: {enabled: true} in the gateway's "
+            "config (docs/front-doors.md) and restart it, or set speak_url in console.yaml if the "
+            "door listens elsewhere (behind a proxy, on another host)."
+        ))  # fmt: skip
+    if door.port == 0:
+        return SpeakTarget(None, scheme, door.port, off=(
+            "The gateway's WebSocket door listens on a port picked at start (websocket.port: 0), "
+            "which the console cannot know: set websocket.port, or speak_url in console.yaml."
+        ))  # fmt: skip
+    return SpeakTarget(None, scheme, door.port)
