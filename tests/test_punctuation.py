@@ -139,9 +139,11 @@ class _ConfigRecordingEngine(FakeEngine):
 class _ContextRecordingPublisher(RecordingPublisher):
     contexts: list[CallContext] = dataclasses.field(default_factory=list)
 
-    def call_started(self, ctx: CallContext, participants: Any, metadata: Any = None) -> ev.CallStarted:
+    def call_started(
+        self, ctx: CallContext, participants: Any, metadata: Any = None, source: ev.CallSourceName = "sip"
+    ) -> ev.CallStarted:
         self.contexts.append(ctx)
-        return super().call_started(ctx, participants, metadata)
+        return super().call_started(ctx, participants, metadata, source)
 
 
 def test_the_bridge_hands_a_routes_finals_settings_to_the_engine_and_the_processor() -> None:
