@@ -6,7 +6,7 @@ from the door's leg (SIP: the RTP leg). Engine events are
 handed to one worker thread (bounded queue) that runs KB matching, tagging and redaction
 (``kb_hooks.TranscriptProcessor``) and submits the results to the publisher, so neither the
 engine thread nor the event loop ever waits on them. ``call.ended`` is published after the
-last final of the call's last leg.
+last final of the call's last leg, right after ``call.analytics`` where the route wants it.
 
 Plain calls with the same ``CallInfo.join_key`` (CUCM built-in-bridge recording: one INVITE
 per direction) are one call here: the second one's legs become more participants of the first
@@ -372,6 +372,9 @@ class CallBridge:
         stats: dict[str, object] = {"audio_ms": dict(state.audio_ms)}
         if state.dtmf:
             stats["dtmf_events"] = dict(state.dtmf)
+        analytics = self.processor.call_analytics(state.ctx, max(state.audio_ms.values(), default=0))
+        if analytics is not None:
+            self.publisher.submit(analytics)
         self.publisher.call_ended(state.ctx, state.ended_reason, stats)
         self.processor.end_call(state.ctx.call_id)
 
@@ -386,6 +389,7 @@ class CallBridge:
             kb_set=profile.kb_set,
             tag_rules=(profile.tag_rules,) if profile.tag_rules else (),
             itn=profile.itn,
+            analytics_rules=profile.analytics_rules,
         )
 
 

@@ -1,5 +1,5 @@
 """What ``check-config`` (and the console's config editor) checks beyond the config's own schema:
-the files it names (routes, KB sets, tag rules, model) load, and the spool directory is writable."""
+the files it names (routes, KB sets, tag and analytics rules, model) load, and the spool directory is writable."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ def check_referenced_files(config: ServiceConfig) -> list[str]:
     """Validate the files the config points at (routes, KB, tag rules, model) and that the spool
     directory is writable; one line per problem."""
     from asr_gateway.service import load_router
+    from kb_hooks.analytics_rules import load_analytics_rules
     from kb_hooks.kb import load_kb
     from kb_hooks.tags import load_tag_rules
 
@@ -31,6 +32,11 @@ def check_referenced_files(config: ServiceConfig) -> list[str]:
     for path in config.kb_hooks.tag_rule_sets.values():
         try:
             load_tag_rules(path)
+        except ConfigError as exc:
+            problems += exc.errors
+    for path in config.kb_hooks.analytics_rule_sets.values():
+        try:
+            load_analytics_rules(path)
         except ConfigError as exc:
             problems += exc.errors
     problems += writable_problems(config.redis.spool_dir, "redis.spool_dir")

@@ -126,6 +126,13 @@ def check_profiles(router: Router, config: ServiceConfig, where: str) -> list[st
             problems.append(
                 f"{where}: profile {name!r} tag_rules {profile.tag_rules!r} is not in kb_hooks.tag_rule_sets ({known})"
             )
+        rule_sets = config.kb_hooks.analytics_rule_sets
+        if profile.analytics_rules is not None and profile.analytics_rules not in rule_sets:
+            known = ", ".join(sorted(rule_sets)) or "none"
+            problems.append(
+                f"{where}: profile {name!r} analytics_rules {profile.analytics_rules!r} is not in "
+                f"kb_hooks.analytics_rule_sets ({known})"
+            )
     return problems
 
 

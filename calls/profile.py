@@ -67,6 +67,9 @@ class Profile(BaseModel):
     itn: bool = False
     """Finals' spoken numbers in digits (``text``), the spoken form kept in ``text_raw``."""
     tag_rules: str | None = None
+    analytics_rules: str | None = None
+    """Name of a ``kb_hooks.analytics_rule_sets`` file: each call of the route ends with
+    ``call.analytics`` (talk, silence, overlaps, speaking rate, the file's checks and categories)."""
     redaction: Literal["mask", "keep", "hash"] = "mask"
     key_prefix: str = "asr"
     roles: RoleRuleModel = Field(default_factory=RoleRuleModel)

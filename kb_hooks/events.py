@@ -25,7 +25,7 @@ from functools import cache
 from importlib import resources
 from typing import Any, ClassVar, Literal, NamedTuple
 
-from kb_hooks.types import CallContext, Participant, RedactionMode
+from kb_hooks.types import CallContext, Participant, ParticipantRole, RedactionMode
 
 SCHEMA_VERSION = "1"
 
@@ -43,6 +43,7 @@ class EventType(StrEnum):
     TAGS = "tags"
     CALL_ENDED = "call.ended"
     DTMF = "dtmf"
+    CALL_ANALYTICS = "call.analytics"
 
 
 SuggestionStatus = Literal["suggested", "confirmed", "withdrawn"]
@@ -153,6 +154,50 @@ class Tag(JsonRecord):
     span: Span
     homophone: bool
     redacted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Interruption(JsonRecord):
+    """Overlapping talk that ``by`` started while ``of`` was talking (roles)."""
+
+    by: ParticipantRole
+    of: ParticipantRole
+    count: int
+    total_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Overlap(JsonRecord):
+    """Both parties talking at once: how often, for how long (ms), and who interrupted whom."""
+
+    count: int
+    total_ms: int
+    interruptions: tuple[Interruption, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RuleCheck(JsonRecord):
+    """One check of the route's analytics rules; ``passed`` None: it did not apply (no address given)."""
+
+    id: str
+    kind: str
+    passed: bool | None
+    participant: ParticipantRole | None  # whose utterance decided it
+    utterance_id: int | None
+    at_ms: int | None  # that utterance's begin, ms from the start of its participant's audio
+    phrase: str | None  # the rule's phrase (or the address) that was found
+
+
+@dataclass(frozen=True, slots=True)
+class CategoryHit(JsonRecord):
+    """A rule category the call falls into, with the first utterance that showed it."""
+
+    id: str
+    label: str
+    participant: ParticipantRole | None
+    utterance_id: int | None
+    at_ms: int | None
+    phrase: str | None
 
 
 # -- the envelope and the event types ----------------------------------------------------
@@ -305,10 +350,27 @@ class Dtmf(Event):
         )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallAnalytics(Event):
+    """What the call's finals show once it is over (``kb_hooks.analytics``); just before ``call.ended``.
+
+    Times in ms; per-party values keyed by role (``caller``, ``agent``, ``mixed``).
+    """
+
+    event_type = EventType.CALL_ANALYTICS
+    duration_ms: int  # the longest leg's audio
+    talk_ms: Mapping[str, int]  # role -> ms in which that party talked
+    non_talk_ms: int  # ms of the call in which nobody talked
+    overlap: Overlap
+    speaking_rate: Mapping[str, float]  # role -> characters per minute of its talk
+    checks: tuple[RuleCheck, ...]
+    categories: tuple[CategoryHit, ...]
+
+
 # Every event type of v1 and its declared type.
 EVENT_CLASSES: Mapping[EventType, type[Event]] = {
     cls.event_type: cls
-    for cls in (CallStarted, TranscriptPartial, TranscriptFinal, KbSuggestion, Tags, CallEnded, Dtmf)
+    for cls in (CallStarted, TranscriptPartial, TranscriptFinal, KbSuggestion, Tags, CallEnded, Dtmf, CallAnalytics)
 }
 
 

@@ -49,6 +49,7 @@ class CallContext:
     kb_set: str | None = None  # name of the knowledge base to match; None disables KB matching
     tag_rules: tuple[str, ...] = ()  # names of the tag rule sets to apply
     itn: bool = False  # finals: spoken numbers to digits (kb_hooks.itn); text_raw keeps the spoken form
+    analytics_rules: str | None = None  # name of the analytics rule set; None: no call.analytics
 
 
 class TokenTiming(NamedTuple):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,9 @@ def test_every_event_type_matches_the_schema(processor: TranscriptProcessor) -> 
     typed += processor.process(update("我今天发现新华路", True))
     typed += processor.process(update(SEED, False))
     typed.append(ev.Dtmf.press(call, CALLER, "#", 0, 120))
+    analytics = processor.call_analytics(replace(call, analytics_rules="hotline"), 61_000)
+    assert analytics is not None
+    typed.append(analytics)
     typed.append(ev.CallEnded(call=call, reason="bye", stats={"duration_ms": 61_000, "utterances": 1}))
     events = validated(typed)
     assert {e["event_type"] for e in events} == set(ev.EventType)
