@@ -35,10 +35,11 @@ from asr_core.stream import Stream, StreamConfig
 from asr_gateway.hotwords import HotwordLists
 from calls.call import CallInfo, LegInfo
 from calls.join import Joiner
+from calls.profile import WorkorderSection
 from kb_hooks import events as ev
 from kb_hooks.processor import TranscriptProcessor
 from kb_hooks.publisher import Publisher
-from kb_hooks.types import CallContext, Participant, RedactionMode, TranscriptUpdate
+from kb_hooks.types import CallContext, Participant, RedactionMode, TranscriptUpdate, WorkorderOptions
 from rtp.dtmf import KeyPress
 
 log = logging.getLogger(__name__)
@@ -390,7 +391,16 @@ class CallBridge:
             tag_rules=(profile.tag_rules,) if profile.tag_rules else (),
             itn=profile.itn,
             analytics_rules=profile.analytics_rules,
+            workorder=_workorder_options(profile.workorder),
         )
+
+
+def _workorder_options(section: WorkorderSection | None) -> WorkorderOptions | None:
+    if section is None:
+        return None
+    if section.fillers is None:
+        return WorkorderOptions(section.streets)
+    return WorkorderOptions(section.streets, tuple(section.fillers))
 
 
 def _participant(leg: LegInfo) -> Participant:

@@ -88,6 +88,7 @@ class ConfigReloader:
             *kb_hooks.kb_sets.values(),
             *kb_hooks.tag_rule_sets.values(),
             *kb_hooks.analytics_rule_sets.values(),
+            *kb_hooks.street_lists.values(),
             *self.hotwords.files(),
         ]
         if self.config.routes is not None:

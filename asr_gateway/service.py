@@ -133,6 +133,12 @@ def check_profiles(router: Router, config: ServiceConfig, where: str) -> list[st
                 f"{where}: profile {name!r} analytics_rules {profile.analytics_rules!r} is not in "
                 f"kb_hooks.analytics_rule_sets ({known})"
             )
+        streets = profile.workorder.streets if profile.workorder is not None else None
+        if streets is not None and streets not in config.kb_hooks.street_lists:
+            known = ", ".join(sorted(config.kb_hooks.street_lists)) or "none"
+            problems.append(
+                f"{where}: profile {name!r} workorder.streets {streets!r} is not in kb_hooks.street_lists ({known})"
+            )
     return problems
 
 

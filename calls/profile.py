@@ -52,6 +52,16 @@ class RoleRuleModel(BaseModel):
         return RoleRule(self.agent_aor, self.caller_aor, tuple(self.label_order))
 
 
+class WorkorderSection(BaseModel):
+    """A route's work-order draft (``kb_hooks.workorder``): the form filled in as the call goes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    streets: str | None = None
+    """Name of a ``kb_hooks.street_lists`` file that addresses are normalized against."""
+    fillers: list[str] | None = None
+    """Words dropped from the caller's statement; unset: 嗯 呃 啊 那个 就是 然后 这个."""
+
+
 class Profile(BaseModel):
     """How the calls of a route are transcribed and published."""
 
@@ -70,6 +80,8 @@ class Profile(BaseModel):
     analytics_rules: str | None = None
     """Name of a ``kb_hooks.analytics_rule_sets`` file: each call of the route ends with
     ``call.analytics`` (talk, silence, overlaps, speaking rate, the file's checks and categories)."""
+    workorder: WorkorderSection | None = None
+    """Set (``workorder: {}`` at least): ``workorder.updated`` events as the call fills in the form."""
     redaction: Literal["mask", "keep", "hash"] = "mask"
     key_prefix: str = "asr"
     roles: RoleRuleModel = Field(default_factory=RoleRuleModel)

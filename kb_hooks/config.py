@@ -102,6 +102,9 @@ class KbHooksSettings(BaseModel):
     analytics_rule_sets: dict[str, Path] = Field(
         default_factory=dict, description="call.analytics checks and categories (kb_hooks.analytics_rules)"
     )
+    street_lists: dict[str, Path] = Field(
+        default_factory=dict, description="street names work-order addresses are normalized against, one per line"
+    )
     default_redaction: RedactionMode = RedactionMode.MASK
     hash_key: SecretStr = Field(
         SecretStr(""), description="HMAC key for redaction mode 'hash'; set it so hashes cannot be brute-forced"

@@ -1,5 +1,5 @@
-"""Turns transcript updates into events: the (redacted) transcript, KB suggestions and tags,
-and at the end of a call its analytics (``call_analytics``).
+"""Turns transcript updates into events: the (redacted) transcript, KB suggestions, tags and
+the work-order draft, and at the end of a call its analytics (``call_analytics``).
 
 Runs on the engine's thread; pure CPU work on one utterance (two Aho-Corasick passes, a few
 regular expressions), no I/O. Per-call state makes each KB entry appear once per call unless
@@ -33,12 +33,14 @@ from kb_hooks.events import (
     Token,
     TranscriptFinal,
     TranscriptPartial,
+    WorkorderUpdated,
 )
 from kb_hooks.kb import KbMatch, KnowledgeBase, load_kb
 from kb_hooks.redact import SENSITIVE_LABELS, Redacted, Redactor
 from kb_hooks.reload import ReloadableRef, ReloadResult
 from kb_hooks.tags import TagRules, load_tag_rules
 from kb_hooks.types import CallContext, RedactionMode, TranscriptUpdate
+from kb_hooks.workorder import StreetList, WorkorderDraft, load_street_list
 
 _TAGGED_ENTITIES = frozenset({"phone", "id_number", "address", "date", "time"})
 _SCORE_EPSILON = 1e-6
@@ -59,6 +61,7 @@ class _CallState:
     tags_seen: set[tuple[str, str, str]] = field(default_factory=set)
     last_partial: dict[tuple[Any, ...], tuple[str, Redacted]] = field(default_factory=dict)
     finals: list[Utterance] = field(default_factory=list)  # kept for call.analytics where the route wants it
+    draft: WorkorderDraft | None = None  # where the route wants a work order
 
 
 class TranscriptProcessor:
@@ -74,11 +77,13 @@ class TranscriptProcessor:
         max_suggestions_per_utterance: int = 3,
         tags_on_partials: bool = False,
         analytics_rules: Mapping[str, ReloadableRef[AnalyticsRules]] | None = None,
+        street_lists: Mapping[str, ReloadableRef[StreetList]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.kb = dict(kb)
         self.tag_rules = dict(tag_rules)
         self.analytics_rules = dict(analytics_rules or {})
+        self.street_lists = dict(street_lists or {})
         self.clock = clock  # unix s: when a call gave an address (repeat_address categories)
         self._recent_addresses = RecentAddresses()
         self.redactor = redaction
@@ -101,6 +106,7 @@ class TranscriptProcessor:
             analytics_rules={
                 name: ReloadableRef(path, load_analytics_rules) for name, path in settings.analytics_rule_sets.items()
             },
+            street_lists={name: ReloadableRef(path, load_street_list) for name, path in settings.street_lists.items()},
         )
 
     def _files(self) -> dict[str, ReloadableRef[Any]]:
@@ -108,14 +114,16 @@ class TranscriptProcessor:
             **{f"kb:{name}": ref for name, ref in self.kb.items()},
             **{f"tags:{name}": ref for name, ref in self.tag_rules.items()},
             **{f"analytics:{name}": ref for name, ref in self.analytics_rules.items()},
+            **{f"streets:{name}": ref for name, ref in self.street_lists.items()},
         }
 
     def reload_all(self) -> dict[str, ReloadResult]:
-        """Reload every changed file (SIGHUP); keys are ``kb:NAME``, ``tags:NAME`` and ``analytics:NAME``."""
+        """Reload every changed file (SIGHUP); keys are ``kb:NAME``, ``tags:NAME``, ``analytics:NAME``
+        and ``streets:NAME``."""
         return {key: ref.try_reload() for key, ref in self._files().items()}
 
     def content_hashes(self) -> dict[str, str]:
-        """The sha256 of every KB, tag and analytics rules file in force (keys as in ``reload_all``)."""
+        """The sha256 of every KB, tag, analytics rules and street file in force (keys as in ``reload_all``)."""
         return {key: ref.content_hash for key, ref in self._files().items()}
 
     def end_call(self, call_id: str) -> None:
@@ -151,7 +159,30 @@ class TranscriptProcessor:
                 events.append(tags)
         if not update.is_partial and ctx.analytics_rules is not None:
             state.finals.append(_utterance(update, entities))
+        if not update.is_partial and ctx.workorder is not None:
+            events.extend(self._workorder(ctx, state, events))
         return events
+
+    def _workorder(self, ctx: CallContext, state: _CallState, events: list[Event]) -> list[WorkorderUpdated]:
+        """``workorder.updated`` when this final's events changed the draft."""
+        options = ctx.workorder
+        if options is None:
+            return []
+        if state.draft is None:
+            ref = self.street_lists.get(options.streets) if options.streets else None
+            state.draft = WorkorderDraft(ref.get() if ref is not None else None, options.fillers)
+        changed = state.draft.observe(events)
+        if not changed:
+            return []
+        return [
+            WorkorderUpdated(
+                call=ctx,
+                workorder_id=ctx.call_id,
+                revision=state.draft.revision,
+                changed=changed,
+                fields=state.draft.fields,
+            )
+        ]
 
     def call_analytics(self, ctx: CallContext, duration_ms: int) -> CallAnalytics | None:
         """The call's ``call.analytics`` (publish it before ``call.ended``), None where its route
