@@ -37,6 +37,8 @@ from console.configs import ConfigStore, UnknownFile
 from console.feeds import CallIndex, CallSummary, Hub, call_snapshot, fold_event, running_hub
 from console.settings import ConsoleSettings
 from console.users import Role, User, Users
+from console.workorders import ConfirmError, append_after, confirmation
+from kb_hooks.config import RedisSettings
 from kb_hooks.connection import make_client
 
 log = logging.getLogger(__name__)
@@ -65,12 +67,13 @@ class Console:
         self.users = Users(settings.users_file)
         self.store: ConfigStore | None = None
         self.client: aioredis.Redis | None = None
+        self.redis = RedisSettings()
         self.hub: Hub | None = None
 
     def open(self) -> None:
         from asr_gateway.config import load_config
 
-        redis = load_config(self.settings.service_config).redis
+        redis = self.redis = load_config(self.settings.service_config).redis
         self.client = make_client(redis.url, redis.connect_timeout_s, 5.0)
         prefixes = self.settings.key_prefixes or [redis.key_prefix]
         index = CallIndex(self.settings.agent_id_key, self.settings.ended_keep_s)
@@ -288,6 +291,27 @@ def build_app(settings: ConsoleSettings) -> Starlette:
 
         return EventSourceResponse(events(), ping=SSE_PING_S)
 
+    @need("agent")
+    async def api_confirm_workorder(request: Request) -> Response:
+        """The agent confirms the call's work order (``{"fields": {name: value}}``): ``workorder.confirmed``."""
+        prefix, call_id = await find_call(request)
+        data = await body(request)
+        fields = data.get("fields") or {}
+        if not isinstance(fields, dict):
+            raise HTTPException(400, "fields must map work-order field names to values")
+        stored = await call_snapshot(hub().client, prefix, call_id, hub().layout)
+        user: User = request.state.user
+        try:
+            event = confirmation([e for _, e in stored], fields, user.name)
+            wire = await append_after(hub().client, console.redis, hub().layout, prefix, stored, event)
+        except ConfirmError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=exc.status)
+        except (RedisError, OSError) as exc:
+            return JSONResponse({"error": f"Redis is unreachable, nothing was confirmed: {exc}"}, status_code=503)
+        details = {"call_id": call_id, "changes": len(event.changes)}
+        store().audit(user.name, "workorder-confirmed", details, peer(request))
+        return JSONResponse({"ok": True, "event": wire})
+
     # -- admin API ----------------------------------------------------------------------
 
     def file_key(data: dict[str, Any]) -> str:
@@ -399,6 +423,7 @@ def build_app(settings: ConsoleSettings) -> Starlette:
         Route("/api/calls/stream", api_calls_stream),
         Route("/api/calls/{call_id}", api_call),
         Route("/api/calls/{call_id}/events", api_call_events),
+        Route("/api/calls/{call_id}/workorder", api_confirm_workorder, methods=["POST"]),
         Route("/api/admin/files", admin_files),
         Route("/api/admin/files/{key}", admin_file),
         Route("/api/admin/validate", admin_validate, methods=["POST"]),

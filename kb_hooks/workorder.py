@@ -5,8 +5,8 @@ Sans-IO: ``WorkorderDraft.observe(events)`` reads the events the processor made 
 processor then publishes ``workorder.updated``. The form's fields:
 
 * ``category``: the first demand tag (the route's tag rules), with every phrase that matched it;
-* ``address``: the latest address the caller gave (fillers dropped), its street normalized
-  against the route's street list (``StreetList``: exact, homophone or one character off);
+* ``address``: the latest address the caller gave (fillers dropped), normalized with numbers in
+  digits and its street against the route's street list (``StreetList``: exact, homophone or one character off);
 * ``time``: the latest date and time the caller gave;
 * ``contact``: the latest phone number the caller gave, as published (redacted per the
   route's policy; its digits only where the route keeps numbers);
@@ -158,7 +158,8 @@ class WorkorderDraft:
                 continue
             elif tag.label == "address":
                 heard = drop_fillers(tag.value, self.fillers)  # 那个新华路12号: the tag's place ends at no boundary
-                normalized, street = self.streets.normalize(heard) if self.streets else (heard, None)
+                digits = drop_fillers(tag.normalized or tag.value, self.fillers)  # 十二号 -> 12号
+                normalized, street = self.streets.normalize(digits) if self.streets else (digits, None)
                 self._set("address", DraftField(heard, normalized, (street,) if street else (), ids))
             elif tag.label == "phone":
                 self._set("contact", DraftField(tag.value, tag.normalized, (), ids))
