@@ -121,9 +121,14 @@ class Printer:
 
 def workorder_line(event: Mapping[str, Any]) -> str:
     """The fields of a ``workorder.updated`` (or ``.confirmed``) event: ``name=value · ...``,
-    each normalized where it has a normalized form."""
+    the address and the time normalized (as the console's form shows them)."""
     drafted = (event.get("fields") or {}).items()
-    return " · ".join(f"{name}={f.get('normalized') or f.get('value')}" for name, f in drafted if f)
+    shown = {
+        name: (f.get("normalized") if name in ("address", "time") else None) or f.get("value")
+        for name, f in drafted
+        if f
+    }
+    return " · ".join(f"{name}={value}" for name, value in shown.items())
 
 
 def analytics_line(event: Mapping[str, Any]) -> str:

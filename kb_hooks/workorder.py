@@ -4,7 +4,8 @@ Sans-IO: ``WorkorderDraft.observe(events)`` reads the events the processor made 
 (``transcript.final``, ``kb.suggestion``, ``tags``) and returns the fields that changed; the
 processor then publishes ``workorder.updated``. The form's fields:
 
-* ``category``: the first demand tag (the route's tag rules), with every phrase that matched it;
+* ``category``: the caller's first demand tag (the route's tag rules), with every phrase that
+  matched it;
 * ``address``: the latest address the caller gave (fillers dropped), normalized with numbers in
   digits and its street against the route's street list (``StreetList``: exact, homophone or one character off);
 * ``time``: the latest date and time the caller gave;
@@ -135,8 +136,8 @@ class WorkorderDraft:
             return ()
         from_caller = final.participant.role in _CALLER_ROLES
         for event in events:
-            if isinstance(event, Tags):
-                self._tags(event, final, from_caller)
+            if isinstance(event, Tags) and from_caller:
+                self._tags(event, final)
             elif isinstance(event, KbSuggestion) and event.status == "confirmed":
                 self._kb_entry(event, final)
         if from_caller:
@@ -149,12 +150,12 @@ class WorkorderDraft:
     def _set(self, name: WorkorderField, value: DraftField) -> None:
         self.fields = replace(self.fields, **{name: value})
 
-    def _tags(self, event: Tags, final: TranscriptFinal, from_caller: bool) -> None:
+    def _tags(self, event: Tags, final: TranscriptFinal) -> None:
         ids = (final.event_id, event.event_id)
         for tag in event.tags:
             if tag.kind == "demand":
                 self._category(tag, ids)
-            elif tag.kind != "entity" or not from_caller:
+            elif tag.kind != "entity":
                 continue
             elif tag.label == "address":
                 heard = drop_fillers(tag.value, self.fillers)  # 那个新华路12号: the tag's place ends at no boundary

@@ -116,3 +116,14 @@ def test_routes_without_a_workorder_get_no_draft(tmp_path: Path) -> None:
     p = processor(tmp_path)
     plain = CallContext("c2", None, "hotline", None, RedactionMode.MASK, "hotline", ("demands",))
     assert not [e for e in p.process(final(plain, CALLER, 0, "新华路的井盖坏了")) if isinstance(e, ev.WorkorderUpdated)]
+
+
+def test_the_agents_words_fill_only_the_kb_entry(tmp_path: Path) -> None:
+    p = processor(tmp_path)
+    ctx = call(RedactionMode.MASK)
+    agent_said = p.process(final(ctx, AGENT, 0, "是和平路8号施工噪音吗，我的工号是13812345678"))
+    assert [e.changed for e in agent_said if isinstance(e, ev.WorkorderUpdated)] == [("kb_entry",)]
+    caller_said = p.process(final(ctx, CALLER, 0, "不是，是井盖坏了"))
+    draft = next(e for e in caller_said if isinstance(e, ev.WorkorderUpdated))
+    assert draft.fields.category is not None and draft.fields.category.value == "市政设施/井盖"
+    assert draft.fields.address is None and draft.fields.contact is None
