@@ -60,6 +60,10 @@ class WorkorderSection(BaseModel):
     """Name of a ``kb_hooks.street_lists`` file that addresses are normalized against."""
     fillers: list[str] | None = None
     """Words dropped from the caller's statement; unset: 嗯 呃 啊 那个 就是 然后 这个."""
+    webhook_url: str | None = Field(None, pattern=r"^https?://\S+$")
+    """The ticket system's URL: the console POSTs each confirmed work order there (``console.webhooks``)."""
+    webhook_secret_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """Environment variable (of the console) holding the webhook's HMAC-SHA256 key; unset: unsigned."""
 
 
 class Profile(BaseModel):

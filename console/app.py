@@ -33,11 +33,13 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
+from asr_common.yamlconf import ConfigError
 from console.configs import ConfigStore, UnknownFile
 from console.feeds import CallIndex, CallSummary, Hub, call_snapshot, fold_event, running_hub
 from console.settings import ConsoleSettings
 from console.users import Role, User, Users
-from console.workorders import ConfirmError, append_after, confirmation
+from console.webhooks import Outbox, WebhookSender
+from console.workorders import ConfirmError, append_after, confirmation, route_profile, webhook_delivery
 from kb_hooks.config import RedisSettings
 from kb_hooks.connection import make_client
 
@@ -68,12 +70,16 @@ class Console:
         self.store: ConfigStore | None = None
         self.client: aioredis.Redis | None = None
         self.redis = RedisSettings()
+        self.routes: Path | None = None
         self.hub: Hub | None = None
+        self.webhooks = WebhookSender(Outbox(settings.state_dir / "webhook-outbox.jsonl"))
 
     def open(self) -> None:
         from asr_gateway.config import load_config
 
-        redis = self.redis = load_config(self.settings.service_config).redis
+        service = load_config(self.settings.service_config)
+        redis = self.redis = service.redis
+        self.routes = service.routes
         self.client = make_client(redis.url, redis.connect_timeout_s, 5.0)
         prefixes = self.settings.key_prefixes or [redis.key_prefix]
         index = CallIndex(self.settings.agent_id_key, self.settings.ended_keep_s)
@@ -310,7 +316,16 @@ def build_app(settings: ConsoleSettings) -> Starlette:
             return JSONResponse({"error": f"Redis is unreachable, nothing was confirmed: {exc}"}, status_code=503)
         details = {"call_id": call_id, "changes": len(event.changes)}
         store().audit(user.name, "workorder-confirmed", details, peer(request))
-        return JSONResponse({"ok": True, "event": wire})
+        try:
+            delivery = webhook_delivery(route_profile(console.routes, event.route), wire)
+        except ConfigError as exc:
+            log.error("work order %s confirmed, not sent to a ticket system: the routes file is broken: %s",
+                      event.workorder_id, exc)  # fmt: skip
+            delivery = None
+        if delivery is not None:
+            console.webhooks.outbox.add(delivery)
+            console.webhooks.wake()
+        return JSONResponse({"ok": True, "event": wire, "webhook": "queued" if delivery else None})
 
     # -- admin API ----------------------------------------------------------------------
 
@@ -406,8 +421,10 @@ def build_app(settings: ConsoleSettings) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         console.open()
         assert console.hub is not None and console.client is not None
+        console.webhooks.start()
         async with running_hub(console.hub):
             yield
+        await console.webhooks.stop()
         await console.client.aclose()
 
     routes = [

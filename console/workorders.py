@@ -16,11 +16,15 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
 
+from calls.profile import Profile
+from calls.routing import load_routes
 from console.feeds import stream_id_key
+from console.webhooks import Delivery
 from kb_hooks.config import RedisSettings
 from kb_hooks.events import DraftField, EventType, FieldChange, WorkorderConfirmed, WorkorderFields
 from kb_hooks.keys import KeyLayout
@@ -106,6 +110,27 @@ def confirmation(stored: Sequence[Mapping[str, Any]], fields: Mapping[str, Any],
         fields=WorkorderFields(**confirmed),
         changes=tuple(changes),
     )
+
+
+def route_profile(routes: Path | None, route: str | None) -> Profile | None:
+    """The profile that took a call of ``route`` (an event's ``route``: a route's name, None for
+    the default profile) in the routes file in force; None when it has none."""
+    router = load_routes(routes) if routes is not None else None
+    if router is None:
+        return None
+    by_name = {r.name: r.profile for r in router.routes.routes}
+    name = by_name.get(route) if route is not None else router.routes.default_profile
+    return router.routes.profiles.get(name) if name is not None else None
+
+
+def webhook_delivery(profile: Profile | None, wire: Mapping[str, Any]) -> Delivery | None:
+    """The ticket-system delivery of a published ``workorder.confirmed`` where the profile has a webhook."""
+    section = profile.workorder if profile is not None else None
+    if section is None or section.webhook_url is None:
+        return None
+    body = json.dumps(wire, ensure_ascii=False, separators=(",", ":"))
+    return Delivery(str(wire["event_id"]), str(wire["workorder_id"]), section.webhook_url, section.webhook_secret_env,
+                    body)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ def stored_events(url: str, key: str) -> list[dict[str, Any]]:
 def drafted_call(call_id: str, conf: Path) -> tuple[list[ev.Event], ev.CallEnded]:
     """A call with a work-order draft (the real processor, the example street list), and its end."""
     processor = TranscriptProcessor.from_settings(load_config(conf / "gateway.yaml").kb_hooks)
-    ctx = CallContext(call_id, route="default", redaction=RedactionMode.MASK, kb_set="hotline",
+    ctx = CallContext(call_id, route="pbx-default", redaction=RedactionMode.MASK, kb_set="hotline",
                       tag_rules=("hotline",), workorder=WorkorderOptions(streets="hotline"))  # fmt: skip
     caller = Participant("caller", "sip:citizen@pbx")
     events: list[ev.Event] = [ev.CallStarted(call=ctx, participants=(caller,), metadata={"X-Agent-Id": "1001"})]
