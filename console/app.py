@@ -217,6 +217,10 @@ def build_app(settings: ConsoleSettings) -> Starlette:
             return page("missing.html", request, status_code=404, call_id=request.path_params["call_id"])
         return page("call.html", request, call_id=call_id, agent_id_key=settings.agent_id_key)
 
+    @need("supervisor", page=True)
+    async def analytics_page(request: Request) -> Response:
+        return page("analytics.html", request)
+
     @need("admin", page=True)
     async def admin_page(request: Request) -> Response:
         return page("admin.html", request)
@@ -434,6 +438,7 @@ def build_app(settings: ConsoleSettings) -> Starlette:
         Route("/logout", logout, methods=["POST"]),
         Route("/", calls_page),
         Route("/calls/{call_id}", call_page),
+        Route("/analytics", analytics_page),
         Route("/admin", admin_page),
         Route("/api/me", me),
         Route("/api/calls", api_calls),

@@ -96,6 +96,41 @@
     });
   }
 
+  // -- the supervisors' summary of call.analytics -----------------------------------
+  function analyticsPage() {
+    const body = document.querySelector("#analytics-calls tbody");
+    const percent = (part, whole) => (whole ? `${Math.round((100 * part) / whole)} %` : "-");
+    api.watchCalls((calls) => {
+      const analysed = calls.filter((c) => c.analytics);
+      const checks = new Map(); // id -> [passed, decided]
+      const categories = new Map();
+      let duration = 0, silence = 0, overlaps = 0;
+      body.replaceChildren();
+      for (const call of analysed) {
+        const a = call.analytics;
+        duration += a.duration_ms;
+        silence += a.non_talk_ms;
+        overlaps += a.overlaps;
+        for (const id of a.passed) { const c = checks.get(id) || [0, 0]; c[0] += 1; c[1] += 1; checks.set(id, c); }
+        for (const id of a.failed) { const c = checks.get(id) || [0, 0]; c[1] += 1; checks.set(id, c); }
+        for (const label of a.categories) categories.set(label, (categories.get(label) || 0) + 1);
+        const talk = Object.entries(a.talk_ms).map(([role, ms]) => `${role} ${seconds(ms)}`).join(" · ");
+        body.append(el("tr", { "data-call-id": call.call_id },
+          el("td", {}, el("a", { href: "/calls/" + encodeURIComponent(call.call_id) }, time(call.started_at) || call.call_id)),
+          el("td", {}, call.agent_id || ""), el("td", {}, seconds(a.duration_ms)), el("td", {}, talk),
+          el("td", {}, seconds(a.non_talk_ms)), el("td", {}, `${a.overlaps} (${seconds(a.overlap_ms)})`),
+          el("td", { class: a.failed.length ? "failed" : "" }, a.failed.map(words).join(", ") || "none"),
+          el("td", {}, a.categories.join("、"))));
+      }
+      document.getElementById("analytics-overview").textContent = analysed.length
+        ? `${analysed.length} calls · ${seconds(duration)} of audio · silence ${percent(silence, duration)} · ${overlaps} overlaps`
+        : "No analysed calls yet.";
+      document.getElementById("analytics-rates").replaceChildren(
+        ...[...checks].map(([id, [passed, decided]]) => el("li", {}, `${words(id)}: passed ${passed} of ${decided} (${percent(passed, decided)})`)),
+        ...[...categories].map(([label, count]) => el("li", {}, `${label}: ${count} calls`)));
+    });
+  }
+
   // -- one call ----------------------------------------------------------------------
   function callPage(root) {
     const callId = root.dataset.callId;
@@ -395,4 +430,5 @@
   if (page && page.dataset.page === "calls") callsPage(page);
   if (page && page.dataset.page === "call") callPage(page);
   if (page && page.dataset.page === "admin") adminPage();
+  if (page && page.dataset.page === "analytics") analyticsPage();
 })();
