@@ -99,3 +99,15 @@ def test_a_confirmation_without_a_draft_records_every_field_as_changed() -> None
     assert event.fields.address is None
     with pytest.raises(ConfirmError, match="has not ended"):
         confirmation(stored[:1], {}, "agent1")
+
+
+def test_admins_edit_the_analytics_rules_and_the_street_list_like_the_tag_rules(console: tuple[str, Path]) -> None:
+    base, conf = console
+    admin = login(base, "admin")
+    keys = [f["key"] for f in admin.get("/api/admin/files").json()["files"]]
+    assert "analytics:hotline" in keys and "streets:hotline" in keys
+    broken = "checks:\n  - id: hello\n    kind: greeting\n    phrases: []\n"
+    answer = admin.post("/api/admin/validate", json={"key": "analytics:hotline", "content": broken}).json()
+    assert not answer["ok"] and answer["errors"][0].startswith(f"{conf / 'analytics.yaml'}:4 checks.0.phrases:")
+    fine = admin.post("/api/admin/validate", json={"key": "streets:hotline", "content": "新华路\n"}).json()
+    assert fine == {"ok": True, "errors": []}
