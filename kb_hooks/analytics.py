@@ -24,6 +24,10 @@ TOKEN_MS = 300
 """How long (ms) a token whose end is unknown is taken to last at most: about one Mandarin
 syllable at a normal rate of four to five syllables a second."""
 
+TURN_GAP_MS = 1000
+"""A party's pause shorter than this (ms) does not end its turn: overlaps are counted per pair of
+turns, so a stretch of talking at once that one party's short pause splits is one overlap."""
+
 Interval = tuple[int, int]  # [begin, end) in ms
 
 
@@ -65,11 +69,12 @@ def _token_intervals(utterance: Utterance) -> list[Interval]:
     return out
 
 
-def merge(intervals: Iterable[Interval]) -> list[Interval]:
-    """The union of ``intervals`` as disjoint intervals in order (touching ones joined)."""
+def merge(intervals: Iterable[Interval], gap_ms: int = 0) -> list[Interval]:
+    """The union of ``intervals`` as disjoint intervals in order, those less than ``gap_ms``
+    apart (and touching ones) joined."""
     out: list[Interval] = []
     for begin, end in sorted(intervals):
-        if out and begin <= out[-1][1]:
+        if out and (begin <= out[-1][1] or begin - out[-1][1] < gap_ms):
             out[-1] = (out[-1][0], max(out[-1][1], end))
         else:
             out.append((begin, end))
@@ -95,9 +100,14 @@ def _intersections(a: Sequence[Interval], b: Sequence[Interval]) -> list[Interva
     return out
 
 
-def _started_at(talk: Sequence[Interval], moment: int) -> int:
-    """Begin of the talk interval that holds ``moment``."""
-    return next(begin for begin, end in talk if begin <= moment < end)
+def _started_at(turns: Sequence[Interval], moment: int) -> int:
+    """Begin of the turn that holds ``moment``."""
+    return next(begin for begin, end in turns if begin <= moment < end)
+
+
+def _within(intervals: Sequence[Interval], begin: int, end: int) -> list[Interval]:
+    """``intervals`` cut to [begin, end)."""
+    return [(max(b, begin), min(e, end)) for b, e in intervals if b < end and e > begin]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +124,10 @@ class Measures:
 def measure(utterances: Iterable[Utterance], duration_ms: int) -> Measures:
     """Talk, non-talk, overlaps and speaking rate of a call of ``duration_ms`` (the longest leg).
 
-    Each overlap is an interruption by the party whose talk started later, of the one already
-    talking (equal starts count for the party listed second, agent before caller in role order).
+    An overlap is a pair of turns (talk joined over pauses under ``TURN_GAP_MS``) in which both
+    parties talk at once; its ms are those of the talk itself. Each is an interruption by the
+    party whose turn started later, of the one already talking (when both started at once, the
+    caller counts as the one who interrupted the agent).
     """
     talk_by_role: dict[ParticipantRole, list[Interval]] = {}
     chars: dict[str, int] = {}
@@ -123,6 +135,7 @@ def measure(utterances: Iterable[Utterance], duration_ms: int) -> Measures:
         talk_by_role.setdefault(utterance.role, []).extend(utterance.talk)
         chars[utterance.role] = chars.get(utterance.role, 0) + utterance.spoken_chars
     talk = {role: merge(intervals) for role, intervals in sorted(talk_by_role.items())}
+    turns = {role: merge(intervals, TURN_GAP_MS) for role, intervals in talk.items()}
     everyone = merge(interval for intervals in talk.values() for interval in intervals)
     end = max(duration_ms, everyone[-1][1] if everyone else 0)
     roles = sorted(talk)
@@ -130,14 +143,17 @@ def measure(utterances: Iterable[Utterance], duration_ms: int) -> Measures:
     interruptions: dict[tuple[ParticipantRole, ParticipantRole], list[int]] = {}
     for k, first in enumerate(roles):
         for second in roles[k + 1 :]:
-            for begin, stop in _intersections(talk[first], talk[second]):
+            for begin, stop in _intersections(turns[first], turns[second]):
+                both = total(_intersections(_within(talk[first], begin, stop), _within(talk[second], begin, stop)))
+                if not both:
+                    continue
                 count += 1
-                overlap_ms += stop - begin
-                first_began = _started_at(talk[first], begin)
-                by, of = (first, second) if first_began > _started_at(talk[second], begin) else (second, first)
+                overlap_ms += both
+                first_began = _started_at(turns[first], begin)
+                by, of = (first, second) if first_began > _started_at(turns[second], begin) else (second, first)
                 tally = interruptions.setdefault((by, of), [0, 0])
                 tally[0] += 1
-                tally[1] += stop - begin
+                tally[1] += both
     talk_ms: dict[str, int] = {role: total(intervals) for role, intervals in talk.items()}
     return Measures(
         duration_ms=end,

@@ -96,6 +96,19 @@ def test_the_caller_interrupting_the_agent_and_both_starting_at_once() -> None:
     assert m.overlap.interruptions == (ev.Interruption("caller", "agent", 2, 2_000),)
 
 
+def test_talking_at_once_across_a_short_pause_is_one_overlap() -> None:
+    utterances = [
+        said("caller", 0, "井盖坏了很久了", 0, 7_000),
+        said("agent", 0, "好的", 3_000, 4_000),  # the agent cuts in at 3 s ...
+        said("agent", 1, "我记下", 4_600, 5_500),  # ... pauses 600 ms (under TURN_GAP_MS) and goes on
+        said("agent", 2, "还有吗", 9_000, 9_600),  # a new turn, after the caller stopped
+    ]
+    m = measure(utterances, duration_ms=10_000)
+    assert (m.overlap.count, m.overlap.total_ms) == (1, 1_000 + 900)
+    assert m.overlap.interruptions == (ev.Interruption("agent", "caller", 1, 1_900),)
+    assert m.talk_ms["agent"] == 1_000 + 900 + 600  # the pause is not talk
+
+
 def test_tokens_with_begin_times_only_last_until_the_next_at_most_token_ms() -> None:
     # CTC peaks only (what the engine gives): 0, 200, 400 ms, then a pause, then 2000 ms.
     tokens = (("井", 0, None), ("盖", 200, None), ("坏", 400, None), ("了", 2_000, None))
