@@ -75,11 +75,28 @@ def _is_branch_tag(part: str | int) -> bool:
     return isinstance(part, str) and (part.startswith("function-") or any(c in part for c in "[]()"))
 
 
+def _file_loc(loc: Sequence[str | int], index: KeyIndex) -> tuple[str | int, ...]:
+    """``loc`` without the tags of discriminated unions: pydantic puts the tag (``kind: greeting``
+    -> ``greeting``) between an item and its keys, where the file has no such key."""
+    kept: tuple[str | int, ...] = ()
+    for i, part in enumerate(loc):
+        is_tag = (
+            isinstance(part, str)
+            and kept in index
+            and kept + (part,) not in index
+            and i + 1 < len(loc)
+            and kept + (loc[i + 1],) in index
+        )
+        if not is_tag:
+            kept += (part,)
+    return kept
+
+
 def format_validation_error(path: Path | str, exc: ValidationError, index: KeyIndex) -> list[str]:
     """Turn a pydantic error into ``file:line dotted.key: message`` lines (one per key)."""
     by_loc: dict[tuple[str | int, ...], list[str]] = {}
     for error in exc.errors():
-        loc = tuple(part for part in error["loc"] if not _is_branch_tag(part))
+        loc = _file_loc([part for part in error["loc"] if not _is_branch_tag(part)], index)
         messages = by_loc.setdefault(loc, [])
         message = _describe(error)
         if message not in messages:

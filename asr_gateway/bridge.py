@@ -6,7 +6,7 @@ from the door's leg (SIP: the RTP leg). Engine events are
 handed to one worker thread (bounded queue) that runs KB matching, tagging and redaction
 (``kb_hooks.TranscriptProcessor``) and submits the results to the publisher, so neither the
 engine thread nor the event loop ever waits on them. ``call.ended`` is published after the
-last final of the call's last leg.
+last final of the call's last leg, right after ``call.analytics`` where the route wants it.
 
 Plain calls with the same ``CallInfo.join_key`` (CUCM built-in-bridge recording: one INVITE
 per direction) are one call here: the second one's legs become more participants of the first
@@ -39,11 +39,11 @@ from asr_core.stream import Stream, StreamConfig
 from asr_gateway.hotwords import HotwordLists
 from calls.call import CallInfo, CallSource, LegInfo
 from calls.join import Joiner
-from calls.profile import Profile
+from calls.profile import Profile, WorkorderSection
 from kb_hooks import events as ev
 from kb_hooks.processor import TranscriptProcessor
 from kb_hooks.publisher import Publisher
-from kb_hooks.types import CallContext, Participant, RedactionMode, TranscriptUpdate
+from kb_hooks.types import CallContext, Participant, RedactionMode, TranscriptUpdate, WorkorderOptions
 from rtp.dtmf import KeyPress
 
 log = logging.getLogger(__name__)
@@ -405,6 +405,10 @@ class CallBridge:
         stats: dict[str, object] = {"audio_ms": dict(state.audio_ms)}
         if state.dtmf:
             stats["dtmf_events"] = dict(state.dtmf)
+        analytics = self.processor.call_analytics(state.ctx, max(state.audio_ms.values(), default=0))
+        if analytics is not None:
+            self.publisher.submit(analytics)
+            self._tell(analytics)
         self._tell(self.publisher.call_ended(state.ctx, state.ended_reason, stats))
         with self._lock:
             self._listeners.pop(state.ctx.call_id, None)
@@ -422,6 +426,8 @@ class CallBridge:
             tag_rules=(profile.tag_rules,) if profile.tag_rules else (),
             itn=profile.itn,
             punctuation=profile.punctuation,
+            analytics_rules=profile.analytics_rules,
+            workorder=_workorder_options(profile.workorder),
         )
 
 
@@ -436,6 +442,14 @@ def stream_config(profile: Profile, stream_id: str | None = None, context: Conte
         max_chunk_ms=profile.surge.max_chunk_ms,
         surge_priority=profile.surge.priority,
     )
+
+
+def _workorder_options(section: WorkorderSection | None) -> WorkorderOptions | None:
+    if section is None:
+        return None
+    if section.fillers is None:
+        return WorkorderOptions(section.streets)
+    return WorkorderOptions(section.streets, tuple(section.fillers))
 
 
 def _participant(leg: LegInfo) -> Participant:

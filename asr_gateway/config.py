@@ -415,6 +415,8 @@ def _resolve_paths(config: ServiceConfig, base: Path) -> ServiceConfig:
         update={
             "kb_sets": {name: resolve(p) for name, p in config.kb_hooks.kb_sets.items()},
             "tag_rule_sets": {name: resolve(p) for name, p in config.kb_hooks.tag_rule_sets.items()},
+            "analytics_rule_sets": {name: resolve(p) for name, p in config.kb_hooks.analytics_rule_sets.items()},
+            "street_lists": {name: resolve(p) for name, p in config.kb_hooks.street_lists.items()},
         }
     )
     return config.model_copy(update={**updates, "engine": engine, "redis": redis, "kb_hooks": hooks})

@@ -1,5 +1,6 @@
 """What ``check-config`` (and the console's config editor) checks beyond the config's own schema:
-the files it names (routes, KB sets, tag rules, model) load, and the spool directory is writable."""
+the files it names (routes, KB sets, tag and analytics rules, street lists, model) load, and the
+spool directory is writable."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ def check_referenced_files(config: ServiceConfig) -> list[str]:
     """Validate the files the config points at (routes, KB, tag rules, model) and that the spool
     directory is writable; one line per problem."""
     from asr_gateway.service import load_router
+    from kb_hooks.analytics_rules import load_analytics_rules
     from kb_hooks.kb import load_kb
     from kb_hooks.tags import load_tag_rules
+    from kb_hooks.workorder import load_street_list
 
     problems: list[str] = []
     try:
@@ -31,6 +34,16 @@ def check_referenced_files(config: ServiceConfig) -> list[str]:
     for path in config.kb_hooks.tag_rule_sets.values():
         try:
             load_tag_rules(path)
+        except ConfigError as exc:
+            problems += exc.errors
+    for path in config.kb_hooks.analytics_rule_sets.values():
+        try:
+            load_analytics_rules(path)
+        except ConfigError as exc:
+            problems += exc.errors
+    for path in config.kb_hooks.street_lists.values():
+        try:
+            load_street_list(path)
         except ConfigError as exc:
             problems += exc.errors
     problems += writable_problems(config.redis.spool_dir, "redis.spool_dir")

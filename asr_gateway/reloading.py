@@ -84,7 +84,13 @@ class ConfigReloader:
 
     def _watched_files(self) -> list[Path]:
         kb_hooks = self.config.kb_hooks
-        files = [*kb_hooks.kb_sets.values(), *kb_hooks.tag_rule_sets.values(), *self.hotwords.files()]
+        files = [
+            *kb_hooks.kb_sets.values(),
+            *kb_hooks.tag_rule_sets.values(),
+            *kb_hooks.analytics_rule_sets.values(),
+            *kb_hooks.street_lists.values(),
+            *self.hotwords.files(),
+        ]
         if self.config.routes is not None:
             files.append(self.config.routes)
         return files

@@ -128,6 +128,19 @@ def check_profiles(router: Router, config: ServiceConfig, where: str) -> list[st
             problems.append(
                 f"{where}: profile {name!r} tag_rules {profile.tag_rules!r} is not in kb_hooks.tag_rule_sets ({known})"
             )
+        rule_sets = config.kb_hooks.analytics_rule_sets
+        if profile.analytics_rules is not None and profile.analytics_rules not in rule_sets:
+            known = ", ".join(sorted(rule_sets)) or "none"
+            problems.append(
+                f"{where}: profile {name!r} analytics_rules {profile.analytics_rules!r} is not in "
+                f"kb_hooks.analytics_rule_sets ({known})"
+            )
+        streets = profile.workorder.streets if profile.workorder is not None else None
+        if streets is not None and streets not in config.kb_hooks.street_lists:
+            known = ", ".join(sorted(config.kb_hooks.street_lists)) or "none"
+            problems.append(
+                f"{where}: profile {name!r} workorder.streets {streets!r} is not in kb_hooks.street_lists ({known})"
+            )
     return problems
 
 

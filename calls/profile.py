@@ -68,6 +68,20 @@ class SurgeProfile(BaseModel):
     priority: int = 0
 
 
+class WorkorderSection(BaseModel):
+    """A route's work-order draft (``kb_hooks.workorder``): the form filled in as the call goes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    streets: str | None = None
+    """Name of a ``kb_hooks.street_lists`` file that addresses are normalized against."""
+    fillers: list[str] | None = None
+    """Words dropped from the caller's statement; unset: 嗯 呃 啊 那个 就是 然后 这个."""
+    webhook_url: str | None = Field(None, pattern=r"^https?://\S+$")
+    """The ticket system's URL: the console POSTs each confirmed work order there (``console.webhooks``)."""
+    webhook_secret_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """Environment variable (of the console) holding the webhook's HMAC-SHA256 key; unset: unsigned."""
+
+
 class Profile(BaseModel):
     """How the calls of a route are transcribed and published."""
 
@@ -91,6 +105,11 @@ class Profile(BaseModel):
     where the speaker paused and question marks after 吗/呢/吧 and question words; the text
     without them is kept in ``text_raw``. Applied after ``itn``."""
     tag_rules: str | None = None
+    analytics_rules: str | None = None
+    """Name of a ``kb_hooks.analytics_rule_sets`` file: each call of the route ends with
+    ``call.analytics`` (talk, silence, overlaps, speaking rate, the file's checks and categories)."""
+    workorder: WorkorderSection | None = None
+    """Set (``workorder: {}`` at least): ``workorder.updated`` events as the call fills in the form."""
     redaction: Literal["mask", "keep", "hash"] = "mask"
     key_prefix: str = "asr"
     roles: RoleRuleModel = Field(default_factory=RoleRuleModel)

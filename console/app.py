@@ -33,11 +33,15 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
+from asr_common.yamlconf import ConfigError
 from console.configs import ConfigStore, UnknownFile
 from console.feeds import CallIndex, CallSummary, Hub, call_snapshot, fold_event, running_hub
 from console.settings import ConsoleSettings
 from console.speak import SpeakTarget, speak_target
 from console.users import Role, User, Users
+from console.webhooks import Outbox, WebhookSender
+from console.workorders import ConfirmError, append_after, confirmation, route_profile, webhook_delivery
+from kb_hooks.config import RedisSettings
 from kb_hooks.connection import make_client
 
 log = logging.getLogger(__name__)
@@ -66,14 +70,18 @@ class Console:
         self.users = Users(settings.users_file)
         self.store: ConfigStore | None = None
         self.client: aioredis.Redis | None = None
+        self.redis = RedisSettings()
+        self.routes: Path | None = None
         self.hub: Hub | None = None
         self.speak: SpeakTarget | None = None
+        self.webhooks = WebhookSender(Outbox(settings.state_dir / "webhook-outbox.jsonl"))
 
     def open(self) -> None:
         from asr_gateway.config import load_config
 
         service = load_config(self.settings.service_config)
-        redis = service.redis
+        redis = self.redis = service.redis
+        self.routes = service.routes
         self.speak = speak_target(self.settings.speak_url, service.websocket)
         self.client = make_client(redis.url, redis.connect_timeout_s, 5.0)
         prefixes = self.settings.key_prefixes or [redis.key_prefix]
@@ -217,6 +225,10 @@ def build_app(settings: ConsoleSettings) -> Starlette:
         assert console.speak is not None
         return page("speak.html", request, target=console.speak)
 
+    @need("supervisor", page=True)
+    async def analytics_page(request: Request) -> Response:
+        return page("analytics.html", request)
+
     @need("admin", page=True)
     async def admin_page(request: Request) -> Response:
         return page("admin.html", request)
@@ -296,6 +308,36 @@ def build_app(settings: ConsoleSettings) -> Starlette:
                     yield {"id": item.stream_id, "data": item.data}
 
         return EventSourceResponse(events(), ping=SSE_PING_S)
+
+    @need("agent")
+    async def api_confirm_workorder(request: Request) -> Response:
+        """The agent confirms the call's work order (``{"fields": {name: value}}``): ``workorder.confirmed``."""
+        prefix, call_id = await find_call(request)
+        data = await body(request)
+        fields = data.get("fields") or {}
+        if not isinstance(fields, dict):
+            raise HTTPException(400, "fields must map work-order field names to values")
+        stored = await call_snapshot(hub().client, prefix, call_id, hub().layout)
+        user: User = request.state.user
+        try:
+            event = confirmation([e for _, e in stored], fields, user.name)
+            wire = await append_after(hub().client, console.redis, hub().layout, prefix, stored, event)
+        except ConfirmError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=exc.status)
+        except (RedisError, OSError) as exc:
+            return JSONResponse({"error": f"Redis is unreachable, nothing was confirmed: {exc}"}, status_code=503)
+        details = {"call_id": call_id, "changes": len(event.changes)}
+        store().audit(user.name, "workorder-confirmed", details, peer(request))
+        try:
+            delivery = webhook_delivery(route_profile(console.routes, event.route), wire)
+        except ConfigError as exc:
+            log.error("work order %s confirmed, not sent to a ticket system: the routes file is broken: %s",
+                      event.workorder_id, exc)  # fmt: skip
+            delivery = None
+        if delivery is not None:
+            console.webhooks.outbox.add(delivery)
+            console.webhooks.wake()
+        return JSONResponse({"ok": True, "event": wire, "webhook": "queued" if delivery else None})
 
     # -- admin API ----------------------------------------------------------------------
 
@@ -391,8 +433,10 @@ def build_app(settings: ConsoleSettings) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         console.open()
         assert console.hub is not None and console.client is not None
+        console.webhooks.start()
         async with running_hub(console.hub):
             yield
+        await console.webhooks.stop()
         await console.client.aclose()
 
     routes = [
@@ -403,12 +447,14 @@ def build_app(settings: ConsoleSettings) -> Starlette:
         Route("/", calls_page),
         Route("/calls/{call_id}", call_page),
         Route("/speak", speak_page),
+        Route("/analytics", analytics_page),
         Route("/admin", admin_page),
         Route("/api/me", me),
         Route("/api/calls", api_calls),
         Route("/api/calls/stream", api_calls_stream),
         Route("/api/calls/{call_id}", api_call),
         Route("/api/calls/{call_id}/events", api_call_events),
+        Route("/api/calls/{call_id}/workorder", api_confirm_workorder, methods=["POST"]),
         Route("/api/admin/files", admin_files),
         Route("/api/admin/files/{key}", admin_file),
         Route("/api/admin/validate", admin_validate, methods=["POST"]),

@@ -1,8 +1,9 @@
-"""The admin side: the gateways' routing, KB and tag files; validation, *try it*, apply, versions,
-rollback, audit log and the versions the gateways report.
+"""The admin side: the gateways' routing, KB, tag and analytics rules and street files; validation,
+*try it*, apply, versions, rollback, audit log and the versions the gateways report.
 
-Files are named by key: ``routes``, ``kb:NAME`` and ``tags:NAME`` (the names of the service
-config's ``kb_hooks.kb_sets`` and ``tag_rule_sets``). Validation runs ``check-config``'s own
+Files are named by key: ``routes``, ``kb:NAME``, ``tags:NAME``, ``analytics:NAME`` and
+``streets:NAME`` (the names of the service config's ``kb_hooks.kb_sets``, ``tag_rule_sets``,
+``analytics_rule_sets`` and ``street_lists``). Validation runs ``check-config``'s own
 checks on the draft (written next to the real file, so relative paths resolve the same way)
 and reports its ``file:line`` messages under the real file's name. *Apply* writes the file
 atomically (temporary file, fsync, rename), keeps the new content as a version (time, user,
@@ -38,6 +39,10 @@ from kb_hooks.types import CallContext, Participant, RedactionMode, TranscriptUp
 NODE_STALE_S = 10.0
 NODE_FORGET_S = 86_400.0
 MAX_FILE_BYTES = 4 << 20
+
+
+# The kind of a file key (``kb:hotline``) -> the kb_hooks field naming those files.
+_SET_FIELDS = {"kb": "kb_sets", "tags": "tag_rule_sets", "analytics": "analytics_rule_sets", "streets": "street_lists"}
 
 
 class UnknownFile(KeyError):
@@ -107,8 +112,8 @@ class ConfigStore:
         out: dict[str, Path] = {}
         if self.config.routes is not None:
             out["routes"] = self.config.routes
-        out.update({f"kb:{name}": path for name, path in hooks.kb_sets.items()})
-        out.update({f"tags:{name}": path for name, path in hooks.tag_rule_sets.items()})
+        for kind, field in _SET_FIELDS.items():
+            out.update({f"{kind}:{name}": path for name, path in getattr(hooks, field).items()})
         return out
 
     def path_of(self, key: str) -> Path:
@@ -136,7 +141,7 @@ class ConfigStore:
         if kind == "routes":
             return config.model_copy(update={"routes": path})
         hooks = config.kb_hooks
-        field = "kb_sets" if kind == "kb" else "tag_rule_sets"
+        field = _SET_FIELDS[kind]
         sets = {**getattr(hooks, field), name: path}
         return config.model_copy(update={"kb_hooks": hooks.model_copy(update={field: sets})})
 

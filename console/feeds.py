@@ -72,6 +72,7 @@ class CallSummary:
     suggestions: list[str] = field(default_factory=list)
     ended_at: str | None = None
     end_reason: str | None = None
+    analytics: dict[str, Any] | None = None  # call.analytics, as the supervisors' page sums it up
     updated: float = field(default_factory=time.time)
 
     def to_json(self) -> dict[str, Any]:
@@ -86,6 +87,7 @@ class CallSummary:
             "suggestions": self.suggestions,
             "ended_at": self.ended_at,
             "end_reason": self.end_reason,
+            "analytics": self.analytics,
             "active": self.ended_at is None,
         }
 
@@ -149,6 +151,24 @@ def fold_event(call: CallSummary, event: dict[str, Any], agent_id_key: str) -> N
     elif kind == EventType.CALL_ENDED:
         call.ended_at = event.get("ts")
         call.end_reason = event.get("reason")
+    elif kind == EventType.CALL_ANALYTICS:
+        call.analytics = analytics_summary(event)
+
+
+def analytics_summary(event: dict[str, Any]) -> dict[str, Any]:
+    """What the supervisors' page shows of a ``call.analytics``: times in ms, checks by verdict."""
+    checks = event.get("checks") or []
+    overlap = event.get("overlap") or {}
+    return {
+        "duration_ms": event.get("duration_ms", 0),
+        "talk_ms": dict(event.get("talk_ms") or {}),
+        "non_talk_ms": event.get("non_talk_ms", 0),
+        "overlaps": overlap.get("count", 0),
+        "overlap_ms": overlap.get("total_ms", 0),
+        "passed": [c.get("id") for c in checks if c.get("passed") is True],
+        "failed": [c.get("id") for c in checks if c.get("passed") is False],
+        "categories": [c.get("label") for c in event.get("categories") or []],
+    }
 
 
 @dataclass(frozen=True)

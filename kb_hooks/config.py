@@ -93,12 +93,18 @@ class RedisSettings(BaseModel):
 
 
 class KbHooksSettings(BaseModel):
-    """Knowledge bases and tag rule sets by name (routes refer to them), and the redaction policy."""
+    """Knowledge bases, tag and analytics rule sets by name (routes refer to them), and the redaction policy."""
 
     model_config = ConfigDict(extra="forbid")
 
     kb_sets: dict[str, Path] = Field(default_factory=dict)
     tag_rule_sets: dict[str, Path] = Field(default_factory=dict)
+    analytics_rule_sets: dict[str, Path] = Field(
+        default_factory=dict, description="call.analytics checks and categories (kb_hooks.analytics_rules)"
+    )
+    street_lists: dict[str, Path] = Field(
+        default_factory=dict, description="street names work-order addresses are normalized against, one per line"
+    )
     default_redaction: RedactionMode = RedactionMode.MASK
     hash_key: SecretStr = Field(
         SecretStr(""), description="HMAC key for redaction mode 'hash'; set it so hashes cannot be brute-forced"

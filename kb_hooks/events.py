@@ -25,7 +25,7 @@ from functools import cache
 from importlib import resources
 from typing import Any, ClassVar, Literal, NamedTuple
 
-from kb_hooks.types import CallContext, Participant, RedactionMode
+from kb_hooks.types import CallContext, Participant, ParticipantRole, RedactionMode
 
 SCHEMA_VERSION = "1"
 
@@ -43,11 +43,15 @@ class EventType(StrEnum):
     TAGS = "tags"
     CALL_ENDED = "call.ended"
     DTMF = "dtmf"
+    CALL_ANALYTICS = "call.analytics"
+    WORKORDER_UPDATED = "workorder.updated"
+    WORKORDER_CONFIRMED = "workorder.confirmed"
 
 
 SuggestionStatus = Literal["suggested", "confirmed", "withdrawn"]
 SuggestionKind = Literal["keyword", "all_of", "pattern"]  # how a KB entry matched (kb_hooks.kb)
 TagKind = Literal["demand", "entity", "category"]
+WorkorderField = Literal["category", "address", "time", "contact", "statement", "kb_entry"]
 
 
 def utc_timestamp(moment: datetime | None = None) -> str:
@@ -153,6 +157,81 @@ class Tag(JsonRecord):
     span: Span
     homophone: bool
     redacted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Interruption(JsonRecord):
+    """Overlapping talk that ``by`` started while ``of`` was talking (roles)."""
+
+    by: ParticipantRole
+    of: ParticipantRole
+    count: int
+    total_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Overlap(JsonRecord):
+    """Both parties talking at once: how often, for how long (ms), and who interrupted whom."""
+
+    count: int
+    total_ms: int
+    interruptions: tuple[Interruption, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RuleCheck(JsonRecord):
+    """One check of the route's analytics rules; ``passed`` None: it did not apply (no address given)."""
+
+    id: str
+    kind: str
+    passed: bool | None
+    participant: ParticipantRole | None  # whose utterance decided it
+    utterance_id: int | None
+    at_ms: int | None  # that utterance's begin, ms from the start of its participant's audio
+    phrase: str | None  # the rule's phrase (or the address) that was found
+
+
+@dataclass(frozen=True, slots=True)
+class CategoryHit(JsonRecord):
+    """A rule category the call falls into, with the first utterance that showed it."""
+
+    id: str
+    label: str
+    participant: ParticipantRole | None
+    utterance_id: int | None
+    at_ms: int | None
+    phrase: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class DraftField(JsonRecord):
+    """One field of a work-order draft and the events it came from."""
+
+    value: str  # as published: the contact redacted per the route's policy
+    normalized: str | None  # category: None; address: against the street list; time, contact: digits; kb_entry: id
+    matched: tuple[str, ...]  # the words that gave it: a category's matched phrases, the street list's street
+    event_ids: tuple[str, ...]  # the transcript.final, tags and kb.suggestion events it came from
+
+
+@dataclass(frozen=True, slots=True)
+class WorkorderFields(JsonRecord):
+    """The hotline's form, each field None until the call yields it (``kb_hooks.workorder``)."""
+
+    category: DraftField | None = None
+    address: DraftField | None = None
+    time: DraftField | None = None
+    contact: DraftField | None = None
+    statement: DraftField | None = None
+    kb_entry: DraftField | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FieldChange(JsonRecord):
+    """A field the agent changed against the draft when confirming (None: empty)."""
+
+    field: WorkorderField
+    draft: str | None
+    confirmed: str | None
 
 
 # -- the envelope and the event types ----------------------------------------------------
@@ -316,10 +395,61 @@ class Dtmf(Event):
         )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallAnalytics(Event):
+    """What the call's finals show once it is over (``kb_hooks.analytics``); just before ``call.ended``.
+
+    Times in ms; per-party values keyed by role (``caller``, ``agent``, ``mixed``).
+    """
+
+    event_type = EventType.CALL_ANALYTICS
+    duration_ms: int  # the longest leg's audio
+    talk_ms: Mapping[str, int]  # role -> ms in which that party talked
+    non_talk_ms: int  # ms of the call in which nobody talked
+    overlap: Overlap
+    speaking_rate: Mapping[str, float]  # role -> characters per minute of its talk
+    checks: tuple[RuleCheck, ...]
+    categories: tuple[CategoryHit, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkorderUpdated(Event):
+    """The call's work-order draft after a final filled or changed ``changed`` (all fields sent)."""
+
+    event_type = EventType.WORKORDER_UPDATED
+    workorder_id: str  # the call_id: one work order per call
+    revision: int  # 1, 2 ... per call
+    changed: tuple[WorkorderField, ...]
+    fields: WorkorderFields
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkorderConfirmed(Event):
+    """The agent confirmed the draft (the console): the fields as confirmed and what the agent changed."""
+
+    event_type = EventType.WORKORDER_CONFIRMED
+    workorder_id: str
+    revision: int  # the draft revision the agent saw
+    confirmed_by: str  # the console user
+    fields: WorkorderFields
+    changes: tuple[FieldChange, ...]  # the draft's accuracy measure: empty when nothing was changed
+
+
 # Every event type of v1 and its declared type.
 EVENT_CLASSES: Mapping[EventType, type[Event]] = {
     cls.event_type: cls
-    for cls in (CallStarted, TranscriptPartial, TranscriptFinal, KbSuggestion, Tags, CallEnded, Dtmf)
+    for cls in (
+        CallStarted,
+        TranscriptPartial,
+        TranscriptFinal,
+        KbSuggestion,
+        Tags,
+        CallEnded,
+        Dtmf,
+        CallAnalytics,
+        WorkorderUpdated,
+        WorkorderConfirmed,
+    )
 }
 
 

@@ -1,4 +1,5 @@
-"""Turns transcript updates into events: the (redacted) transcript, KB suggestions and tags.
+"""Turns transcript updates into events: the (redacted) transcript, KB suggestions, tags and
+the work-order draft, and at the end of a call its analytics (``call_analytics``).
 
 Runs on the engine's thread; pure CPU work on one utterance (two Aho-Corasick passes, a few
 regular expressions), no I/O. Per-call state makes each KB entry appear once per call unless
@@ -8,18 +9,24 @@ its score improves, and lets a final confirm or withdraw what a partial suggeste
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from asr_common.itn import normalize_numbers, normalize_tokens
 from asr_common.punctuation import PUNCTUATORS
+from kb_hooks.analytics import Utterance, measure, spoken_chars
+from kb_hooks.analytics_rules import AnalyticsRules, RecentAddresses, load_analytics_rules
 from kb_hooks.config import KbHooksSettings
 from kb_hooks.entities import Entity, extract_entities
 from kb_hooks.events import (
     Alternative,
+    CallAnalytics,
+    CategoryHit,
     Event,
     KbSuggestion,
+    RuleCheck,
     Span,
     SuggestionStatus,
     Tag,
@@ -27,12 +34,14 @@ from kb_hooks.events import (
     Token,
     TranscriptFinal,
     TranscriptPartial,
+    WorkorderUpdated,
 )
 from kb_hooks.kb import KbMatch, KnowledgeBase, load_kb
 from kb_hooks.redact import SENSITIVE_LABELS, Redacted, Redactor
 from kb_hooks.reload import ReloadableRef, ReloadResult
 from kb_hooks.tags import TagRules, load_tag_rules
 from kb_hooks.types import CallContext, RedactionMode, TranscriptUpdate
+from kb_hooks.workorder import StreetList, WorkorderDraft, load_street_list
 
 _TAGGED_ENTITIES = frozenset({"phone", "id_number", "address", "date", "time"})
 _SCORE_EPSILON = 1e-6
@@ -52,6 +61,8 @@ class _CallState:
     pending: dict[tuple[Any, ...], set[str]] = field(default_factory=dict)
     tags_seen: set[tuple[str, str, str]] = field(default_factory=set)
     last_partial: dict[tuple[Any, ...], tuple[str, Redacted]] = field(default_factory=dict)
+    finals: list[Utterance] = field(default_factory=list)  # kept for call.analytics where the route wants it
+    draft: WorkorderDraft | None = None  # where the route wants a work order
 
 
 class TranscriptProcessor:
@@ -66,9 +77,16 @@ class TranscriptProcessor:
         mask_digit_runs: int = 7,
         max_suggestions_per_utterance: int = 3,
         tags_on_partials: bool = False,
+        analytics_rules: Mapping[str, ReloadableRef[AnalyticsRules]] | None = None,
+        street_lists: Mapping[str, ReloadableRef[StreetList]] | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.kb = dict(kb)
         self.tag_rules = dict(tag_rules)
+        self.analytics_rules = dict(analytics_rules or {})
+        self.street_lists = dict(street_lists or {})
+        self.clock = clock  # unix s: when a call gave an address (repeat_address categories)
+        self._recent_addresses = RecentAddresses()
         self.redactor = redaction
         self.mask_digit_runs = mask_digit_runs
         self.max_suggestions = max_suggestions_per_utterance
@@ -86,19 +104,28 @@ class TranscriptProcessor:
             mask_digit_runs=settings.mask_digit_runs,
             max_suggestions_per_utterance=settings.max_suggestions_per_utterance,
             tags_on_partials=settings.tags_on_partials,
+            analytics_rules={
+                name: ReloadableRef(path, load_analytics_rules) for name, path in settings.analytics_rule_sets.items()
+            },
+            street_lists={name: ReloadableRef(path, load_street_list) for name, path in settings.street_lists.items()},
         )
 
+    def _files(self) -> dict[str, ReloadableRef[Any]]:
+        return {
+            **{f"kb:{name}": ref for name, ref in self.kb.items()},
+            **{f"tags:{name}": ref for name, ref in self.tag_rules.items()},
+            **{f"analytics:{name}": ref for name, ref in self.analytics_rules.items()},
+            **{f"streets:{name}": ref for name, ref in self.street_lists.items()},
+        }
+
     def reload_all(self) -> dict[str, ReloadResult]:
-        """Reload every changed file (SIGHUP); keys are ``kb:NAME`` and ``tags:NAME``."""
-        results = {f"kb:{name}": ref.try_reload() for name, ref in self.kb.items()}
-        results.update({f"tags:{name}": ref.try_reload() for name, ref in self.tag_rules.items()})
-        return results
+        """Reload every changed file (SIGHUP); keys are ``kb:NAME``, ``tags:NAME``, ``analytics:NAME``
+        and ``streets:NAME``."""
+        return {key: ref.try_reload() for key, ref in self._files().items()}
 
     def content_hashes(self) -> dict[str, str]:
-        """The sha256 of every KB and tag file in force (keys as in ``reload_all``)."""
-        hashes = {f"kb:{name}": ref.content_hash for name, ref in self.kb.items()}
-        hashes.update({f"tags:{name}": ref.content_hash for name, ref in self.tag_rules.items()})
-        return hashes
+        """The sha256 of every KB, tag, analytics rules and street file in force (keys as in ``reload_all``)."""
+        return {key: ref.content_hash for key, ref in self._files().items()}
 
     def end_call(self, call_id: str) -> None:
         """Forget a call's suggestion and tag state."""
@@ -131,7 +158,60 @@ class TranscriptProcessor:
             tags = self._tags(update, entities, redacted, state)
             if tags is not None:
                 events.append(tags)
+        if not update.is_partial and ctx.analytics_rules is not None:
+            state.finals.append(_utterance(update, entities))
+        if not update.is_partial and ctx.workorder is not None:
+            events.extend(self._workorder(ctx, state, events))
         return events
+
+    def _workorder(self, ctx: CallContext, state: _CallState, events: list[Event]) -> list[WorkorderUpdated]:
+        """``workorder.updated`` when this final's events changed the draft."""
+        options = ctx.workorder
+        if options is None:
+            return []
+        if state.draft is None:
+            ref = self.street_lists.get(options.streets) if options.streets else None
+            state.draft = WorkorderDraft(ref.get() if ref is not None else None, options.fillers)
+        changed = state.draft.observe(events)
+        if not changed:
+            return []
+        return [
+            WorkorderUpdated(
+                call=ctx,
+                workorder_id=ctx.call_id,
+                revision=state.draft.revision,
+                changed=changed,
+                fields=state.draft.fields,
+            )
+        ]
+
+    def call_analytics(self, ctx: CallContext, duration_ms: int) -> CallAnalytics | None:
+        """The call's ``call.analytics`` (publish it before ``call.ended``), None where its route
+        names no analytics rule set; ``duration_ms``: the longest leg's audio."""
+        if ctx.analytics_rules is None:
+            return None
+        with self._lock:
+            state = self._calls.get(ctx.call_id, _CallState())
+        numbers = measure(state.finals, duration_ms)
+        ref = self.analytics_rules.get(ctx.analytics_rules)
+        checks: tuple[RuleCheck, ...] = ()
+        categories: tuple[CategoryHit, ...] = ()
+        if ref is not None:
+            now = self.clock()
+            addresses = {a for u in state.finals if u.role != "agent" for a in u.addresses}
+            earlier = self._recent_addresses.hours_since(ctx.analytics_rules, addresses, now)
+            checks, categories = ref.get().evaluate(state.finals, numbers.duration_ms, earlier)
+            self._recent_addresses.remember(ctx.analytics_rules, addresses, now)
+        return CallAnalytics(
+            call=ctx,
+            duration_ms=numbers.duration_ms,
+            talk_ms=numbers.talk_ms,
+            non_talk_ms=numbers.non_talk_ms,
+            overlap=numbers.overlap,
+            speaking_rate=numbers.speaking_rate,
+            checks=checks,
+            categories=categories,
+        )
 
     def _transcript(self, update: TranscriptUpdate, redacted: Redacted) -> TranscriptPartial | TranscriptFinal:
         token_texts = self.redactor.redact_tokens(update.text, [t[0] for t in update.tokens], redacted)
@@ -292,3 +372,26 @@ def _rewritten(final: TranscriptUpdate) -> TranscriptUpdate:
     if ctx.punctuation != "off":
         update = replace(update, text=PUNCTUATORS[ctx.punctuation].punctuate(update.text, update.tokens))
     return replace(update, text_raw=final.text) if ctx.itn or ctx.punctuation != "off" else update
+
+
+def _utterance(update: TranscriptUpdate, entities: list[Entity]) -> Utterance:
+    """A final as ``kb_hooks.analytics`` reads it (the text before redaction: phrases and
+    addresses are matched in it, and only the rules' phrases and addresses are published)."""
+    return Utterance(
+        role=update.participant.role,
+        utterance_id=update.utterance_id,
+        text=update.text,
+        spoken_chars=spoken_chars(update.text_raw if update.text_raw is not None else update.text),
+        begin_ms=update.begin_offset_ms,
+        end_ms=update.end_offset_ms,
+        tokens=update.tokens,
+        addresses=tuple(e.normalized for e in entities if e.label == "address"),
+    )
+
+
+def _normalized(update: TranscriptUpdate) -> TranscriptUpdate:
+    """The update with spoken numbers in digits (text, tokens, n-best); ``text_raw`` keeps the spoken text."""
+    normalized = normalize_numbers(update.text)
+    tokens = tuple(normalize_tokens(normalized, [(t[0], t[1], t[2]) for t in update.tokens]))
+    nbest = tuple((normalize_numbers(text).text, score) for text, score in update.nbest)
+    return replace(update, text=normalized.text, tokens=tokens, nbest=nbest, text_raw=update.text)

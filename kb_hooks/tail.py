@@ -16,6 +16,7 @@ import json
 import os
 import sys
 from collections import deque
+from collections.abc import Mapping
 from typing import Any, TextIO
 
 import redis.asyncio as aioredis
@@ -107,10 +108,39 @@ class Printer:
             body = (f"CALL STARTED route={event.get('route')} sip_call_id={event.get('sip_call_id')} "
                     f"participants={roles}")  # fmt: skip
             return f"{head} {self._paint('call', body)}"
+        if kind == EventType.WORKORDER_UPDATED:
+            body = f"WORK ORDER r{event.get('revision')} {workorder_line(event)}"
+            return f"{head} {self._paint('tags', body)}"
+        if kind == EventType.CALL_ANALYTICS:
+            return f"{head} {self._paint('call', 'ANALYTICS ' + analytics_line(event))}"
         if kind == EventType.CALL_ENDED:
             body = f"CALL ENDED reason={event.get('reason')} {json.dumps(event.get('stats'), ensure_ascii=False)}"
             return f"{head} {self._paint('call', body)}"
         return f"{head} {kind} {json.dumps(event, ensure_ascii=False)}"
+
+
+def workorder_line(event: Mapping[str, Any]) -> str:
+    """The fields of a ``workorder.updated`` (or ``.confirmed``) event: ``name=value · ...``,
+    the address and the time normalized (as the console's form shows them)."""
+    drafted = (event.get("fields") or {}).items()
+    shown = {
+        name: (f.get("normalized") if name in ("address", "time") else None) or f.get("value")
+        for name, f in drafted
+        if f
+    }
+    return " · ".join(f"{name}={value}" for name, value in shown.items())
+
+
+def analytics_line(event: Mapping[str, Any]) -> str:
+    """A ``call.analytics`` event in one line: talk per role, silence, overlaps, checks, categories."""
+    talk = " ".join(f"{role} {ms / 1000:.1f}s" for role, ms in (event.get("talk_ms") or {}).items())
+    overlap = event.get("overlap") or {}
+    verdicts = {True: "ok", False: "FAIL"}
+    checks = " ".join(f"{c.get('id')}:{verdicts.get(c.get('passed'), 'n/a')}" for c in event.get("checks", []))
+    categories = ",".join(str(c.get("label")) for c in event.get("categories", []))
+    return (f"talk {talk or '-'}, silence {int(event.get('non_talk_ms', 0)) / 1000:.1f}s, "
+            f"overlaps {overlap.get('count', 0)} ({int(overlap.get('total_ms', 0)) / 1000:.1f}s); "
+            f"checks {checks or '-'}; categories {categories or '-'}")  # fmt: skip
 
 
 async def _start_id(client: aioredis.Redis, key: str, args: argparse.Namespace) -> str:

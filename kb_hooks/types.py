@@ -39,6 +39,18 @@ class Participant:
         return {"role": self.role, "aor": self.aor, "label": self.label, "name": self.name}
 
 
+DEFAULT_FILLERS = ("嗯", "呃", "啊", "那个", "就是", "然后", "这个")
+"""Words left out of a work order's statement where the route lists none."""
+
+
+@dataclass(frozen=True)
+class WorkorderOptions:
+    """A route's work-order draft (``kb_hooks.workorder``)."""
+
+    streets: str | None = None  # name of the street list (kb_hooks.street_lists) addresses are normalized against
+    fillers: tuple[str, ...] = DEFAULT_FILLERS  # dropped from the statement
+
+
 @dataclass(frozen=True)
 class CallContext:
     """Per-call facts that every event of the call carries, plus the call's KB/tag/redaction choice."""
@@ -52,6 +64,8 @@ class CallContext:
     tag_rules: tuple[str, ...] = ()  # names of the tag rule sets to apply
     itn: bool = False  # finals: spoken numbers to digits (asr_common.itn); text_raw keeps the spoken form
     punctuation: PunctuationName = "off"  # finals: asr_common.punctuation.PUNCTUATORS' key; text_raw keeps the text
+    analytics_rules: str | None = None  # name of the analytics rule set; None: no call.analytics
+    workorder: WorkorderOptions | None = None  # None: no work-order draft
 
 
 class TokenTiming(NamedTuple):

@@ -1,5 +1,5 @@
 """Shared by the console tests and the console benchmark's checks: a gateway-style config in a
-temporary directory (copies of the example routes, KB and tag files), a users file with real
+temporary directory (copies of the example routes, KB, tag and analytics rules and street files), a users file with real
 argon2 hashes, a console served by uvicorn on a free loopback port, and a real kb_hooks
 Publisher on its own thread for publishing events into Redis as the gateway does."""
 
@@ -39,7 +39,8 @@ def write_configs(tmp: Path, redis_url: str, gateway_extra: str = "") -> Path:
     """Copies of the example files, a gateway config naming them, users, the console config."""
     conf = tmp / "conf"
     conf.mkdir(parents=True, exist_ok=True)
-    for name in ("routes.example.yaml", "kb.example.yaml", "tags.example.yaml"):
+    for name in ("routes.example.yaml", "kb.example.yaml", "tags.example.yaml", "analytics.example.yaml",
+                 "streets.example.txt"):  # fmt: skip
         shutil.copy(EXAMPLES / name, conf / name.replace(".example", ""))
     (conf / "gateway.yaml").write_text(
         f"""redis: {{url: "{redis_url}", spool_dir: {tmp / "spool"}}}
@@ -47,6 +48,8 @@ routes: routes.yaml
 kb_hooks:
   kb_sets: {{hotline: kb.yaml}}
   tag_rule_sets: {{hotline: tags.yaml}}
+  analytics_rule_sets: {{hotline: analytics.yaml}}
+  street_lists: {{hotline: streets.txt}}
 {gateway_extra}""",
         encoding="utf-8",
     )

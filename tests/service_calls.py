@@ -51,6 +51,8 @@ routes: {routes}
 kb_hooks:
   kb_sets: {{hotline: {REPO / "deploy" / "config" / "kb.example.yaml"}}}
   tag_rule_sets: {{hotline: {REPO / "deploy" / "config" / "tags.example.yaml"}}}
+  analytics_rule_sets: {{hotline: {REPO / "deploy" / "config" / "analytics.example.yaml"}}}
+  street_lists: {{hotline: {REPO / "deploy" / "config" / "streets.example.txt"}}}
 """,
         encoding="utf-8",
     )

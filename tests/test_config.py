@@ -199,3 +199,26 @@ def test_rtp_latch_defaults_to_the_signalled_address(tmp_path: Path) -> None:
     path = write(tmp_path, "rtp:\n  latch: anyone\n")
     (problem,) = errors_of(path)
     assert problem.startswith(f"{path}:2 rtp.latch:") and "'strict', 'address' or 'first'" in problem
+
+
+def test_check_config_reads_the_analytics_rules_and_the_names_routes_give(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "analytics.yaml").write_text("checks:\n  - id: hello\n    kind: greeting\n    phrases: []\n")
+    (tmp_path / "routes.yaml").write_text("profiles:\n  default:\n    analytics_rules: qa\n")
+    path = write(tmp_path, "routes: routes.yaml\nkb_hooks:\n  analytics_rule_sets:\n    hotline: analytics.yaml\n")
+    assert gateway_main(["check-config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'analytics.yaml'}:4 checks.0.phrases:" in err
+    assert "profile 'default' analytics_rules 'qa' is not in kb_hooks.analytics_rule_sets (hotline)" in err
+
+
+def test_check_config_refuses_a_workorder_street_list_the_config_does_not_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "routes.yaml").write_text("profiles:\n  default:\n    workorder:\n      streets: city\n")
+    path = write(tmp_path, "routes: routes.yaml\nkb_hooks:\n  street_lists:\n    district: missing.txt\n")
+    assert gateway_main(["check-config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "profile 'default' workorder.streets 'city' is not in kb_hooks.street_lists (district)" in err
+    assert f"{tmp_path / 'missing.txt'}: file not found" in err

@@ -108,6 +108,9 @@ class FakeProcessor:
 
     def end_call(self, call_id: str) -> None: ...
 
+    def call_analytics(self, ctx: Any, duration_ms: int) -> None:
+        return None
+
 
 @dataclass
 class FakePublisher:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 from kb_hooks import events as ev
 from kb_hooks.config import KbHooksSettings
 from kb_hooks.processor import TranscriptProcessor
-from kb_hooks.types import CallContext, Participant, RedactionMode, TranscriptUpdate
+from kb_hooks.types import CallContext, Participant, RedactionMode, TranscriptUpdate, WorkorderOptions
 
 REPO = Path(__file__).resolve().parents[1]
 SEED = "我今天发现新华路十二号井盖发生了破损，有安全隐患"
@@ -56,8 +57,20 @@ def test_every_event_type_matches_the_schema(processor: TranscriptProcessor) -> 
     agent = Participant("agent", "sip:1001@pbx.local", "agent-1001")
     typed: list[ev.Event] = [ev.CallStarted(call=call, participants=(CALLER, agent), metadata={})]
     typed += processor.process(update("我今天发现新华路", True))
-    typed += processor.process(update(SEED, False))
+    typed += processor.process(update(SEED, False, call=replace(call, workorder=WorkorderOptions())))
     typed.append(ev.Dtmf.press(call, CALLER, "#", 0, 120))
+    draft = next(e for e in typed if isinstance(e, ev.WorkorderUpdated))
+    category = ev.DraftField("市政设施/路灯", None, (), ())
+    typed.append(
+        ev.WorkorderConfirmed(
+            call=call, workorder_id=draft.workorder_id, revision=draft.revision, confirmed_by="agent-1001",
+            fields=replace(draft.fields, category=category),
+            changes=(ev.FieldChange("category", "市政设施/井盖", "市政设施/路灯"),),
+        )
+    )  # fmt: skip
+    analytics = processor.call_analytics(replace(call, analytics_rules="hotline"), 61_000)
+    assert analytics is not None
+    typed.append(analytics)
     typed.append(ev.CallEnded(call=call, reason="bye", stats={"duration_ms": 61_000, "utterances": 1}))
     events = validated(typed)
     assert {e["event_type"] for e in events} == set(ev.EventType)

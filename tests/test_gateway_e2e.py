@@ -70,6 +70,16 @@ def test_calls_through_the_whole_service(tmp_path: Path, redis_server: RedisServ
     assert "kb-municipal-manhole" in suggested, suggested
     tag_events = [e for e in events if e["event_type"] == "tags" and not e["is_partial"]]
     assert any("井盖" in json.dumps(e["tags"], ensure_ascii=False) for e in tag_events), tag_events
+    # The example route's analytics, right before call.ended, and its work-order draft.
+    for call_events in by_call.values():
+        analytics = call_events[-2]
+        assert analytics["event_type"] == "call.analytics", [e["event_type"] for e in call_events]
+        assert analytics["duration_ms"] >= 3_000 and sum(analytics["talk_ms"].values()) > 1_000, analytics
+        assert analytics["non_talk_ms"] < analytics["duration_ms"], analytics
+        assert [c["id"] for c in analytics["checks"]] == ["greeting", "address_read_back", "closing",
+                                                          "no_forbidden_words"]  # fmt: skip
+    drafts = [e for e in events if e["event_type"] == "workorder.updated"]
+    assert any((d["fields"]["category"] or {}).get("value") == "市政设施/井盖" for d in drafts), drafts
 
 
 def test_metadata_headers_reach_call_started(tmp_path: Path, redis_server: RedisServer) -> None:

@@ -329,7 +329,9 @@ def test_sigterm_to_serve_flushes_finals_and_exits_0(tmp_path: Path, redis_serve
                 "metrics": {"host": "127.0.0.1", "port": metrics_port},
                 "routes": str(DATA_DIR / "routes.yaml"),
                 "kb_hooks": {"kb_sets": {"hotline": str(DATA_DIR / "kb.yaml")},
-                             "tag_rule_sets": {"hotline": str(DATA_DIR / "tags.yaml")}},
+                             "tag_rule_sets": {"hotline": str(DATA_DIR / "tags.yaml")},
+                             "analytics_rule_sets": {"hotline": str(DATA_DIR / "analytics.yaml")},
+                             "street_lists": {"hotline": str(DATA_DIR / "streets.txt")}},
                 "logging": {"level": "warning", "format": "json"},
             }
         ),

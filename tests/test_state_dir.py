@@ -79,7 +79,11 @@ engine: {{model_dir: {DEMO_MODEL_DIR}, max_streams: 2, max_batch: 2}}
 redis: {{url: "redis://127.0.0.1:{free_tcp_port()}/0", connect_timeout_s: 0.2}}
 metrics: {{host: 127.0.0.1, port: 0}}
 routes: {DATA_DIR / "routes.yaml"}
-kb_hooks: {{kb_sets: {{hotline: {DATA_DIR / "kb.yaml"}}}, tag_rule_sets: {{hotline: {DATA_DIR / "tags.yaml"}}}}}
+kb_hooks:
+  kb_sets: {{hotline: {DATA_DIR / "kb.yaml"}}}
+  tag_rule_sets: {{hotline: {DATA_DIR / "tags.yaml"}}}
+  analytics_rule_sets: {{hotline: {DATA_DIR / "analytics.yaml"}}}
+  street_lists: {{hotline: {DATA_DIR / "streets.txt"}}}
 """,
         encoding="utf-8",
     )

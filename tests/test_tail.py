@@ -97,3 +97,23 @@ def test_partials_rewrite_in_place_on_a_terminal() -> None:
     text = out.getvalue()
     assert text.count("\r\033[K") == 3 and text.endswith("\n") and text.count("\n") == 1
     assert "\033[1m▶ 我今天发现" in text
+
+
+def test_work_orders_and_analytics_print_in_one_line_each() -> None:
+    printer = Printer(io.StringIO(), as_json=False, tty=False)
+    address = ev.DraftField("新花路12号", "新华路12号", ("新华路",), ("e1", "e2"))
+    category = ev.DraftField("市政设施/井盖", None, ("井盖",), ("e1", "e2"))
+    draft = ev.WorkorderUpdated(call=CTX, workorder_id=CTX.call_id, revision=2, changed=("address",),
+                                fields=ev.WorkorderFields(category=category, address=address))  # fmt: skip
+    assert printer.format(draft.to_json()).endswith("WORK ORDER r2 category=市政设施/井盖 · address=新华路12号")
+    analytics = ev.CallAnalytics(
+        call=CTX, duration_ms=10_000, talk_ms={"agent": 3_000, "caller": 4_500}, non_talk_ms=3_000,
+        overlap=ev.Overlap(1, 500, (ev.Interruption("agent", "caller", 1, 500),)), speaking_rate={},
+        checks=(ev.RuleCheck("greeting", "greeting", True, "agent", 0, 0, "您好"),
+                ev.RuleCheck("address_read_back", "address_read_back", None, None, None, None, None)),
+        categories=(ev.CategoryHit("complaint", "投诉", "caller", 1, 4_000, "投诉"),),
+    )  # fmt: skip
+    assert printer.format(analytics.to_json()).endswith(
+        "ANALYTICS talk agent 3.0s caller 4.5s, silence 3.0s, overlaps 1 (0.5s); "
+        "checks greeting:ok address_read_back:n/a; categories 投诉"
+    )

@@ -78,12 +78,17 @@ async def write_console_files(workdir: Path, redis_url: str, listen: str, users:
     them and the demo's Redis, the users file and the console's config; returns the latter."""
     conf = workdir / "conf"
     conf.mkdir(parents=True, exist_ok=True)
-    for name in ("routes.yaml", "kb.yaml", "tags.yaml"):
+    for name in ("routes.yaml", "kb.yaml", "tags.yaml", "analytics.yaml", "streets.txt"):
         shutil.copy(DATA_DIR / name, conf / name)
     service = {
         "redis": {"url": redis_url, "key_prefix": KEY_PREFIX, "spool_dir": str(workdir / "spool")},
         "routes": "routes.yaml",
-        "kb_hooks": {"kb_sets": {"hotline": "kb.yaml"}, "tag_rule_sets": {"hotline": "tags.yaml"}},
+        "kb_hooks": {
+            "kb_sets": {"hotline": "kb.yaml"},
+            "tag_rule_sets": {"hotline": "tags.yaml"},
+            "analytics_rule_sets": {"hotline": "analytics.yaml"},
+            "street_lists": {"hotline": "streets.txt"},
+        },
     }
     (conf / "gateway.yaml").write_text(json.dumps(service, indent=2) + "\n", encoding="utf-8")  # JSON is YAML
     hashes = await asyncio.gather(*(hash_password(user.password) for user in users))
@@ -104,7 +109,12 @@ def service_config(redis_url: str, model_dir: Path, workdir: Path) -> ServiceCon
     config = demo_config(redis_url, model_dir, workdir)
     conf = workdir / "conf"
     hooks = config.kb_hooks.model_copy(
-        update={"kb_sets": {"hotline": conf / "kb.yaml"}, "tag_rule_sets": {"hotline": conf / "tags.yaml"}}
+        update={
+            "kb_sets": {"hotline": conf / "kb.yaml"},
+            "tag_rule_sets": {"hotline": conf / "tags.yaml"},
+            "analytics_rule_sets": {"hotline": conf / "analytics.yaml"},
+            "street_lists": {"hotline": conf / "streets.txt"},
+        }
     )
     return config.model_copy(update={"routes": conf / "routes.yaml", "kb_hooks": hooks})
 

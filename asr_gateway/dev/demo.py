@@ -49,7 +49,7 @@ from asr_gateway.service import DEMO_MODEL_DIR, Service
 from kb_hooks.connection import make_client
 from kb_hooks.events import EventType
 from kb_hooks.keys import firehose_key, live_channel
-from kb_hooks.tail import Printer
+from kb_hooks.tail import Printer, analytics_line, workorder_line
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 KEY_PREFIX = "asr"
@@ -91,7 +91,7 @@ class DemoError(RuntimeError):
 def demo_config(
     redis_url: str, model_dir: Path, workdir: Path, *, max_streams: int = 16, **engine: Any
 ) -> ServiceConfig:
-    """Loopback-only config on free ports, with the bundled routes, KB and tag rules."""
+    """Loopback-only config on free ports, with the bundled routes, KB, tag and analytics rules and streets."""
     rtp_base = random.randrange(42_000, 60_000, 1_000)
     return ServiceConfig.model_validate(
         {
@@ -112,6 +112,8 @@ def demo_config(
             "kb_hooks": {
                 "kb_sets": {"hotline": DATA_DIR / "kb.yaml"},
                 "tag_rule_sets": {"hotline": DATA_DIR / "tags.yaml"},
+                "analytics_rule_sets": {"hotline": DATA_DIR / "analytics.yaml"},
+                "street_lists": {"hotline": DATA_DIR / "streets.txt"},
             },
         }
     )
@@ -266,6 +268,8 @@ class CallSummary:
     first_partial_ms: float | None = None
     kb: list[str] = field(default_factory=list)
     tags: list[str] = field(default_factory=list)
+    workorder: str | None = None  # the last draft in one line
+    analytics: str | None = None  # call.analytics in one line
 
     @property
     def ok(self) -> bool:
@@ -315,6 +319,10 @@ def summarize(call: DemoCall, result: CallResult, received: list[Received], refe
                 label = f"{tag.get('label')}={tag.get('value')}" if tag.get("value") else str(tag.get("label"))
                 if label not in summary.tags:
                     summary.tags.append(label)
+        elif kind == EventType.WORKORDER_UPDATED:
+            summary.workorder = workorder_line(event)
+        elif kind == EventType.CALL_ANALYTICS:
+            summary.analytics = analytics_line(event)
         elif kind == EventType.CALL_ENDED:
             summary.ended_reason = str(event.get("reason"))
     for role, texts in finals.items():
@@ -340,6 +348,7 @@ def print_summary(report: DemoReport, out: TextIO) -> None:
             if leg.reference is not None:
                 out.write(f"  {'':<6} {'reference  ' if leg.cer is not None else ''}«{leg.reference}»\n")
         out.write(f"  KB: {', '.join(call.kb) or '-'}\n  tags: {', '.join(call.tags) or '-'}\n")
+        out.write(f"  work order: {call.workorder or '-'}\n  analytics: {call.analytics or '-'}\n")
     out.write("demo ok\n" if report.ok else "demo FAILED: see the calls above\n")
     out.flush()
 

@@ -96,6 +96,41 @@
     });
   }
 
+  // -- the supervisors' summary of call.analytics -----------------------------------
+  function analyticsPage() {
+    const body = document.querySelector("#analytics-calls tbody");
+    const percent = (part, whole) => (whole ? `${Math.round((100 * part) / whole)} %` : "-");
+    api.watchCalls((calls) => {
+      const analysed = calls.filter((c) => c.analytics);
+      const checks = new Map(); // id -> [passed, decided]
+      const categories = new Map();
+      let duration = 0, silence = 0, overlaps = 0;
+      body.replaceChildren();
+      for (const call of analysed) {
+        const a = call.analytics;
+        duration += a.duration_ms;
+        silence += a.non_talk_ms;
+        overlaps += a.overlaps;
+        for (const id of a.passed) { const c = checks.get(id) || [0, 0]; c[0] += 1; c[1] += 1; checks.set(id, c); }
+        for (const id of a.failed) { const c = checks.get(id) || [0, 0]; c[1] += 1; checks.set(id, c); }
+        for (const label of a.categories) categories.set(label, (categories.get(label) || 0) + 1);
+        const talk = Object.entries(a.talk_ms).map(([role, ms]) => `${role} ${seconds(ms)}`).join(" · ");
+        body.append(el("tr", { "data-call-id": call.call_id },
+          el("td", {}, el("a", { href: "/calls/" + encodeURIComponent(call.call_id) }, time(call.started_at) || call.call_id)),
+          el("td", {}, call.agent_id || ""), el("td", {}, seconds(a.duration_ms)), el("td", {}, talk),
+          el("td", {}, seconds(a.non_talk_ms)), el("td", {}, `${a.overlaps} (${seconds(a.overlap_ms)})`),
+          el("td", { class: a.failed.length ? "failed" : "" }, a.failed.map(words).join(", ") || "none"),
+          el("td", {}, a.categories.join("、"))));
+      }
+      document.getElementById("analytics-overview").textContent = analysed.length
+        ? `${analysed.length} calls · ${seconds(duration)} of audio · silence ${percent(silence, duration)} · ${overlaps} overlaps`
+        : "No analysed calls yet.";
+      document.getElementById("analytics-rates").replaceChildren(
+        ...[...checks].map(([id, [passed, decided]]) => el("li", {}, `${words(id)}: passed ${passed} of ${decided} (${percent(passed, decided)})`)),
+        ...[...categories].map(([label, count]) => el("li", {}, `${label}: ${count} calls`)));
+    });
+  }
+
   // -- one call ----------------------------------------------------------------------
   function callPage(root) {
     const callId = root.dataset.callId;
@@ -191,7 +226,69 @@
         `started ${time(event.ts)} · ${event.route ? "route " + event.route : "default profile"} · ${who}${agent ? " · agent " + agent : ""}`;
     }
 
+    // -- the work-order draft (docs/workorder.md) and its confirmation
+    const form = document.getElementById("workorder");
+    const confirmButton = document.getElementById("workorder-confirm");
+    const formState = document.getElementById("workorder-state");
+    const SHOWN_NORMALIZED = new Set(["address", "time"]); // as console/workorders.py form_value
+    let callEnded = false;
+
+    function formValue(name, field) {
+      if (!field) return "";
+      return (SHOWN_NORMALIZED.has(name) && field.normalized) || field.value;
+    }
+
+    function drafted(event) {
+      form.hidden = false;
+      document.getElementById("workorder-revision").textContent = "draft " + event.revision;
+      for (const [name, field] of Object.entries(event.fields || {})) {
+        const input = form.elements.namedItem(name);
+        if (!input || input.dataset.edited) continue; // never overwrite what the agent typed
+        input.value = formValue(name, field);
+        input.title = field && field.matched && field.matched.length ? "heard: " + field.matched.join(", ") : "";
+      }
+    }
+
+    function confirmed(event) {
+      form.hidden = false;
+      const changed = (event.changes || []).map((c) => c.field).join(", ");
+      formState.textContent = `confirmed by ${event.confirmed_by} ${time(event.ts)}` + (changed ? ` · changed: ${changed}` : " · no changes");
+    }
+
+    form.addEventListener("input", (e) => { if (e.target.name) e.target.dataset.edited = "1"; });
+    form.addEventListener("submit", async (e) => {
+      e.preventDefault();
+      const fields = {};
+      for (const input of form.querySelectorAll("input, textarea")) fields[input.name] = input.value;
+      confirmButton.disabled = true;
+      try {
+        const answer = await api.post(`/api/calls/${encodeURIComponent(callId)}/workorder`, { fields });
+        if (answer.error) formState.textContent = answer.error;
+      } catch (error) {
+        formState.textContent = error.message;
+      } finally {
+        confirmButton.disabled = !callEnded;
+      }
+    });
+
+    function analytics(event) {
+      document.getElementById("analytics").hidden = false;
+      const talk = Object.entries(event.talk_ms || {}).map(([role, ms]) => `${role} ${seconds(ms)}`).join(" · ");
+      const rate = Object.entries(event.speaking_rate || {}).map(([role, r]) => `${role} ${Math.round(r)} chars/min`).join(" · ");
+      const overlap = event.overlap || {};
+      const who = (overlap.interruptions || []).map((i) => `${i.by} interrupted ${i.of} ${i.count}×`).join(", ");
+      const categories = (event.categories || []).map((c) => c.label).join(", ");
+      document.getElementById("analytics-text").textContent =
+        `talk ${talk || "-"} · silence ${seconds(event.non_talk_ms)} · overlaps ${overlap.count || 0} (${seconds(overlap.total_ms || 0)})` +
+        `${who ? ": " + who : ""} · rate ${rate || "-"}${categories ? " · categories: " + categories : ""}`;
+      const verdict = (passed) => (passed === true ? "passed" : passed === false ? "failed" : "did not apply");
+      document.getElementById("analytics-checks").replaceChildren(...(event.checks || []).map((c) =>
+        el("li", { class: "check " + verdict(c.passed).replace(/ /g, "-") }, `${words(c.id)}: ${verdict(c.passed)}${c.phrase ? " (“" + c.phrase + "”)" : ""}`)));
+    }
+
     function ended(event) {
+      callEnded = true;
+      confirmButton.disabled = false;
       const box = document.getElementById("summary");
       box.hidden = false;
       const stats = statsText(event.stats);
@@ -206,6 +303,9 @@
       "kb.suggestion": suggestion,
       tags: tags,
       "call.ended": ended,
+      "call.analytics": analytics,
+      "workorder.updated": drafted,
+      "workorder.confirmed": confirmed,
     };
     api.follow(callId, (event) => {
       const handler = handlers[event.event_type];
@@ -330,4 +430,5 @@
   if (page && page.dataset.page === "calls") callsPage(page);
   if (page && page.dataset.page === "call") callPage(page);
   if (page && page.dataset.page === "admin") adminPage();
+  if (page && page.dataset.page === "analytics") analyticsPage();
 })();

@@ -99,7 +99,9 @@ def write_config(path: Path, redis_url: str, model_dir: Path, calls: int, thread
         "metrics": {"host": "127.0.0.1", "port": metrics_port},
         "routes": str(DATA_DIR / "routes.yaml"),
         "kb_hooks": {"kb_sets": {"hotline": str(DATA_DIR / "kb.yaml")},
-                     "tag_rule_sets": {"hotline": str(DATA_DIR / "tags.yaml")}},
+                     "tag_rule_sets": {"hotline": str(DATA_DIR / "tags.yaml")},
+                     "analytics_rule_sets": {"hotline": str(DATA_DIR / "analytics.yaml")},
+                     "street_lists": {"hotline": str(DATA_DIR / "streets.txt")}},
         "logging": {"level": "warning", "format": "json"},
     }  # fmt: skip
     path.write_text(json.dumps(config), encoding="utf-8")
