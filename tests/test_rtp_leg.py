@@ -1,4 +1,5 @@
 import asyncio
+import random
 import socket
 import struct
 import time
@@ -173,19 +174,42 @@ def test_payload_type_change_and_unknown_types() -> None:
     asyncio.run(scenario())
 
 
+def _free_udp_run(length: int) -> int:
+    """An even port starting ``length`` UDP ports free on HOST just now (other tests and other
+    programs on this machine bind ports too, so a fixed range can be taken)."""
+    for _ in range(200):
+        base = random.randrange(20_000, 60_000, 2)
+        taken: list[socket.socket] = []
+        try:
+            for port in range(base, base + length):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                taken.append(sock)
+                sock.bind((HOST, port))
+        except OSError:
+            continue
+        else:
+            return base
+        finally:
+            for sock in taken:
+                sock.close()
+    raise RuntimeError(f"no run of {length} free UDP ports found on {HOST}")
+
+
 def test_port_allocator() -> None:
-    allocator = PortAllocator(HOST, 41001, 41006)
+    base = _free_udp_run(7)
+    low, high = base + 1, base + 6  # pairs (base+2, base+3) and (base+4, base+5)
+    allocator = PortAllocator(HOST, low, high)
     assert allocator.capacity == 2
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as squatter:
-        squatter.bind((HOST, 41003))
+        squatter.bind((HOST, base + 3))
         first = allocator.allocate()
-        assert first == 41004
-        with pytest.raises(PortsExhausted, match="41001-41006"):
+        assert first == base + 4
+        with pytest.raises(PortsExhausted, match=f"{low}-{high}"):
             allocator.allocate()
     allocator.release(first)
-    assert allocator.allocate() == 41002
+    assert allocator.allocate() == base + 2
     with pytest.raises(ValueError, match="even/odd pair"):
-        PortAllocator(HOST, 41001, 41002)
+        PortAllocator(HOST, low, low + 1)
 
 
 def test_open_resolves_a_host_name() -> None:
