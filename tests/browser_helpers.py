@@ -3,7 +3,9 @@ sign in, and check that a page fits the window's width."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +21,19 @@ needs_chromium = pytest.mark.skipif(
     shutil.which("chromium") is None or not CHROMEDRIVER.is_file(),
     reason="chromium and chromium-driver not installed",
 )
+
+
+SCREENSHOTS_ENV = "HOTLINE_ASR_SCREENSHOTS"
+
+
+def screenshot_dir() -> Path:
+    """Where the browser tests save their screenshots: ``$HOTLINE_ASR_SCREENSHOTS`` when set (e.g.
+    ``docs/img`` to refresh the docs' pictures), else a folder under the system's temporary
+    directory, so that a test run leaves the checkout as it was."""
+    chosen = os.environ.get(SCREENSHOTS_ENV)
+    folder = Path(chosen) if chosen else Path(tempfile.gettempdir()) / "hotline-asr-screenshots"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 @contextmanager

@@ -6,7 +6,7 @@ text and the 井盖破损应急处置流程 card must show within 3 s of the fin
 edits that KB entry in the browser and applies it; the gateway reloads (the console's reload
 request), reports the new version hash, and the next call's suggestion carries the new title.
 A rollback in the browser restores the entry. Requests without login and writes without the
-CSRF token are refused. The run writes docs/img/console-call.png and docs/img/console-admin.png.
+CSRF token are refused. The run saves console-call.png and console-admin.png (browser_helpers.screenshot_dir).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from asr_core.audio_io import read_wav
 from asr_gateway.config import load_config
 from asr_gateway.dev.sipp_calls import PCMU, place_call
 from asr_gateway.service import Service
-from tests.browser_helpers import chromium, needs_chromium
+from tests.browser_helpers import chromium, needs_chromium, screenshot_dir
 from tests.browser_helpers import sign_in as sign_in_as
 from tests.console_helpers import PASSWORDS, running_console, write_configs
 from tests.redis_server import RedisServer, free_port, redis_server
@@ -38,7 +38,7 @@ __all__ = ["redis_server"]
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data" / "hotline_8k"
-IMG = REPO / "docs" / "img"
+IMG = screenshot_dir()
 CARD_TITLE = "井盖破损应急处置流程"
 NEW_TITLE = "井盖破损应急处置流程（2024修订）"
 
@@ -152,7 +152,6 @@ def test_console_in_chromium(tmp_path: Path, redis_server: RedisServer, browser:
         final_lag = attr_ms(driver, "#lane-caller .utt.final", "data-final-at") - made
         card_lag = attr_ms(driver, card_sel, "data-confirmed-at") - made
         assert final_lag <= 3000 and card_lag <= 3000, (final_lag, card_lag)
-        IMG.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(IMG / "console-call.png"))
 
         # -- refused: no login, and a write without the CSRF token ----------------------------

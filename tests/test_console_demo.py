@@ -1,7 +1,7 @@
 """``asr-gateway demo --console`` as a newcomer runs it: one command prints the console's URL
 and three users with fresh passwords; in Chromium the agent signs in and sees a demo call placed
 for them, live, with the caller's text; Ctrl-C stops the service, the calls and the console.
-Writes docs/img/console-demo.png."""
+Saves console-demo.png (browser_helpers.screenshot_dir)."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ import pytest
 
 from asr_gateway.dev.console_demo import AGENT_ID
 from asr_gateway.dev.local_redis import free_tcp_port
-from tests.browser_helpers import chromium, needs_chromium, sign_in
+from tests.browser_helpers import chromium, needs_chromium, screenshot_dir, sign_in
 
 REPO = Path(__file__).resolve().parents[1]
-IMG = REPO / "docs" / "img"
+IMG = screenshot_dir()
 
 pytestmark = [
     pytest.mark.skipif(
@@ -78,7 +78,6 @@ def test_demo_with_the_console(tmp_path: Path) -> None:
             assert AGENT_ID in driver.find_element(By.CSS_SELECTOR, "#calls tr[data-call-id]").text
             # the list fills in live: a call's last words and its KB suggestion
             WebDriverWait(driver, 60).until(lambda d: "井盖破损应急处置流程" in d.find_element(By.ID, "calls").text)
-            IMG.mkdir(parents=True, exist_ok=True)
             driver.save_screenshot(str(IMG / "console-demo.png"))
             driver.find_element(By.CSS_SELECTOR, "#calls tr[data-call-id] a").click()
             WebDriverWait(driver, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#lane-caller .utt.final"))

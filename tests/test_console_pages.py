@@ -3,7 +3,7 @@ the gateway publishes them: an agent cannot open another agent's call page nor a
 (a 404 page); with an ``agent_id_key`` other than X-Agent-Id the call header still names the
 agent; the call page says its event fields in words (the end reason, durations in seconds, the
 match kind), never raw JSON; and every page fits a 1366 px laptop and a 768 px tablet (no
-sideways scroll, nothing past the right edge). Writes docs/img/console-*-768.png."""
+sideways scroll, nothing past the right edge). Saves console-*-768.png (browser_helpers.screenshot_dir)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from tests.browser_helpers import (
     assert_fits_width,
     chromium,
     needs_chromium,
+    screenshot_dir,
     sign_in,
 )
 from tests.console_helpers import PASSWORDS, LivePublisher, call_events, login, running_console, write_configs
@@ -32,7 +33,7 @@ pytest.importorskip("selenium.webdriver")
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
-IMG = Path(__file__).resolve().parents[1] / "docs" / "img"
+IMG = screenshot_dir()
 AGENT_KEY = "X-Operator"
 # what the gateway's bridge puts in call.ended (audio per leg) and a leg's RFC 4733 key presses
 STATS = {"audio_ms": {"call-a-0": 8800, "call-a-1": 8640}, "dtmf_events": {"call-a-0": 3}}
@@ -43,7 +44,6 @@ def at_both_widths(driver: Any, what: str, screenshot: str | None = None) -> Non
         driver.set_window_size(width, WINDOW_HEIGHT)
         assert_fits_width(driver, f"{what} at {width} px")
     if screenshot is not None:
-        IMG.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(IMG / screenshot))
     driver.set_window_size(LAPTOP_WIDTH, WINDOW_HEIGHT)
 

@@ -7,7 +7,7 @@ microphone in our ``hotline-asr.v1`` dialect (AudioWorklet, resampled to 16 kHz 
 shows the recording's exact final text, which Redis holds for a call whose source is
 ``websocket``; the same file chosen as a WAV file (decoded and resampled in JS) gives it too.
 Chromium's WebSocket stack is an independent client of the door. Without the door the page
-says so and how to turn it on. The run writes docs/img/console-speak.png.
+says so and how to turn it on. The run saves console-speak.png (browser_helpers.screenshot_dir).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from tests.browser_helpers import (
     assert_fits_width,
     chromium,
     needs_chromium,
+    screenshot_dir,
     sign_in,
 )
 from tests.console_helpers import PASSWORDS, login, running_console, write_configs
@@ -39,7 +40,7 @@ from wsaudio.config import WebSocketSettings
 
 __all__ = ["redis_server"]
 
-IMG = Path(__file__).resolve().parents[1] / "docs" / "img"
+IMG = screenshot_dir()
 TRAILING_SILENCE_S = 2.0  # after each pass of the looped file, so the endpointer ends the utterance
 
 
@@ -103,7 +104,6 @@ def test_speak_to_it_in_chromium_shows_the_recordings_final_text(tmp_path: Path,
         )
         final: Any = WebDriverWait(driver, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#speak-finals li"))
         assert final[0].text == SEED_TEXT, [f.text for f in final]
-        IMG.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(IMG / "console-speak.png"))
         driver.find_element(By.ID, "speak-stop").click()
         WebDriverWait(driver, 30).until(
