@@ -14,7 +14,7 @@ This module keeps the transactions and dialogs; its helpers each have one job:
 ``invite.InviteGate`` (the checks a new INVITE passes), ``admission`` (ACL, rate, capacity),
 ``auth`` (digest), ``session_timer`` (RFC 4028), ``call_media`` (streams, legs, SDP answer),
 ``responses`` (building responses) and ``actions`` (what the transport is asked to do).
-At about 600 lines it is kept whole on purpose: every method left here reads and writes the
+At about 650 lines it is kept whole on purpose: every method left here reads and writes the
 same transaction and dialog tables, and cutting them apart would scatter one state machine.
 """
 
