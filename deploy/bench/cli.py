@@ -56,6 +56,10 @@ PASSTHROUGH: dict[str, tuple[Callable[[list[str]], int], str]] = {
         "CER per chunk size on data dirs (wav.scp + text), data.list or WAVs + text; --compare KEY=A,B: an A/B; "
         "--backend: through the engine; --int8-change: INT8 vs fp32",
     ),
+    "sizing": (
+        _module_main("sizing"),
+        "real-time streams per core for each --arch x --chunk-ms pair, INT8: one JSON plus a Markdown table",
+    ),
     "punctuation": (
         _module_main("punctuation_bench"),
         "punctuation F1 of the finals' pause rules on hand-punctuated sentences (synthesized token times)",

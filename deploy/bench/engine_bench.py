@@ -40,6 +40,7 @@ from asr_core.events import Event, Final
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_core.stream import StreamConfig
 from asr_core.surge import SurgeSettings
+from deploy.bench.make_random_model import ARCHS, make_random_model
 from rescoring.packing import PrefixTree
 from rtp.leg import DEFAULT_RESAMPLE_BATCH_MS
 
@@ -300,11 +301,17 @@ def _passes(result: dict[str, Any]) -> bool:
     )
 
 
-def find_max(loaded: LoadedModel, base: Trial, device: str, audio: np.ndarray, start: int) -> tuple[int, list[dict]]:
-    """Largest stream count that passes: doubling, then bisection to within ~10 %."""
+def find_max(
+    loaded: LoadedModel, base: Trial, device: str, audio: np.ndarray, start: int, deadline: float | None = None
+) -> tuple[int, list[dict]]:
+    """Largest stream count that passes: doubling, then bisection to within ~10 %. Past
+    ``deadline`` (``time.monotonic()`` seconds) no further trial starts and each counts as a
+    failure, so the count found is then a lower bound; a trial under way runs to its end."""
     trials: list[dict[str, Any]] = []
 
     def attempt(n: int) -> bool:
+        if deadline is not None and time.monotonic() > deadline:
+            return False
         result = run_trial(loaded, Trial(**{**base.__dict__, "streams": n}), device, audio)
         trials.append(result)
         print(
@@ -429,16 +436,17 @@ def calibrate_ctc(
     return CtcCalibration(scale, scale * threshold, len(tokens) / seconds, mean_peak(scale))
 
 
-def _load_model(args: argparse.Namespace, workdir: Path) -> tuple[LoadedModel, np.ndarray, dict | None]:
+def load_model(args: argparse.Namespace, workdir: Path) -> tuple[LoadedModel, np.ndarray, dict | None]:
     """The model, the audio to feed at the model's own rate (``--audio``, resampled where it
-    differs, or synthetic speech), and for a random model its CTC calibration (for the report)."""
+    differs, or synthetic speech), and for a random model its CTC calibration (for the report).
+    A random model is written to ``workdir`` once and read from there by later calls (the
+    calibration, which depends on ``--chunk-ms``, is made afresh on each load)."""
     if args.model:
         loaded = load_wenet_model(args.model)
     else:
-        from deploy.bench.make_random_model import make_random_model
-
         model_dir = workdir / f"random_{args.arch}"
-        make_random_model(args.arch, model_dir, seed=0)
+        if not (model_dir / "final.pt").is_file():
+            make_random_model(args.arch, model_dir, seed=0)
         loaded = load_wenet_model(model_dir)
     rate = loaded.frontend.sample_rate
     audio = read_wav(args.audio, rate).samples if args.audio else synthetic_speech(30.0, seed=1, rate=rate)
@@ -461,7 +469,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--model", type=Path, help="WeNet model directory")
     source.add_argument(
         "--arch",
-        choices=["aishell", "wenetspeech", "small"],
+        choices=sorted(ARCHS),
         default="aishell",
         help="random-weight model of this shape (default: aishell)",
     )
@@ -566,6 +574,29 @@ def random_hotwords(units: list[str], count: int, seed: int) -> ContextGraph:
     return ContextGraph(phrases)
 
 
+def base_trial(args: argparse.Namespace) -> Trial:
+    """The trial the engine bench's options describe (``--find-max`` varies its stream count)."""
+    return Trial(
+        args.streams,
+        args.seconds,
+        args.chunk_ms,
+        args.left_chunks,
+        args.max_batch,
+        args.max_wait_ms,
+        args.fast,
+        args.backend,
+        args.max_utterance_ms or (20000 if args.model else 6000),
+        args.dtype or ("float16" if args.device.startswith("cuda") else "float32"),
+        args.finalizer,
+        args.rescore,
+        args.piece_ms,
+        args.traced_step,
+        args.step_threads,
+        args.schedulers,
+        max_chunk_ms=args.max_chunk_ms,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     if args.piece_ms <= 0:
         raise SystemExit(f"--piece-ms must be positive, got {args.piece_ms}")
@@ -579,30 +610,11 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        loaded, audio, calibration = _load_model(args, Path(tmp))
-    max_utterance_ms = args.max_utterance_ms or (20000 if args.model else 6000)
-    base = Trial(
-        args.streams,
-        args.seconds,
-        args.chunk_ms,
-        args.left_chunks,
-        args.max_batch,
-        args.max_wait_ms,
-        args.fast,
-        args.backend,
-        max_utterance_ms,
-        args.dtype or ("float16" if args.device.startswith("cuda") else "float32"),
-        args.finalizer,
-        args.rescore,
-        args.piece_ms,
-        args.traced_step,
-        args.step_threads,
-        args.schedulers,
-        max_chunk_ms=args.max_chunk_ms,
-    )
+        loaded, audio, calibration = load_model(args, Path(tmp))
+    base = base_trial(args)
     header = {
         "arch": None if args.model else args.arch,
-        "max_utterance_ms": max_utterance_ms,
+        "max_utterance_ms": base.max_utterance_ms,
         "ctc_calibration": calibration,
         "model": str(args.model) if args.model else None,
         "device": args.device,

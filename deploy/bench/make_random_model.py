@@ -40,7 +40,13 @@ ARCHS: dict[str, dict[str, Any]] = {
         },
         "decoder_conf": {"attention_heads": 4, "linear_units": 2048, "num_blocks": 3, "r_num_blocks": 3},
     },
-    # WeNet's WenetSpeech U2++ conformer
+    # WeNet's WenetSpeech U2++ conformer: encoder and decoder as in wenet-e2e/wenet
+    # examples/wenetspeech/s0/conf/train_u2++_conformer.yaml (read 2026-12-06: conformer
+    # 12 x 512, 8 heads, 2048 units, kernel 15, causal, dynamic chunk; bitransformer 3 + 3
+    # blocks, 8 heads, 2048 units). The vocabulary is not in that file (the recipe builds
+    # data/dict/lang_char.txt from the WenetSpeech transcripts) and the released archive's
+    # train.yaml and units.txt could not be read from here: 5538 is unverified, and the
+    # compute depends on it only through the CTC head and the decoder's embedding and output.
     "wenetspeech": {
         "vocab": 5538,
         "encoder_conf": {
