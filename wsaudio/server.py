@@ -22,7 +22,6 @@ import logging
 import ssl
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +42,7 @@ from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
 from asr_common.audio import PcmSink
 from asr_common.errors import CapacityError
+from asr_common.listener import TcpListener
 from calls.call import CallInfo, CallSource, LegInfo
 from calls.handler import CallHandler
 from calls.metadata import CallMetadata
@@ -74,7 +74,7 @@ Watch = Callable[[str, Callable[[dict[str, Any]], None]], None]
 """``CallBridge.watch``: hand a call's events to a listener (called on another thread)."""
 
 
-class WebSocketServer:
+class WebSocketServer(TcpListener):
     """Listens for WebSocket audio streams and hands their legs to ``handler``.
 
     ``router`` returns the routes in force; ``watch``/``unwatch`` subscribe a call's events;
@@ -87,6 +87,7 @@ class WebSocketServer:
         self, settings: WebSocketSettings, handler: CallHandler, router: Callable[[], Router], watch: Watch,
         unwatch: Callable[[str], None], allowed_chunk_ms: tuple[int, ...], tls: ssl.SSLContext | None = None,
     ) -> None:  # fmt: skip
+        super().__init__(settings.max_connections_per_source)
         self.settings = settings
         self.handler = handler
         self.router = router
@@ -94,64 +95,14 @@ class WebSocketServer:
         self.unwatch = unwatch
         self.allowed_chunk_ms = allowed_chunk_ms
         self.tls = tls
-        self.refusals: Counter[str] = Counter()
         self.legs = 0
-        self.draining = False
-        self._server: asyncio.Server | None = None
-        self._per_source: Counter[str] = Counter()
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    @property
-    def port(self) -> int:
-        if self._server is None:
-            raise RuntimeError("WebSocketServer.port read before start()")
-        return int(self._server.sockets[0].getsockname()[1])
-
-    @property
-    def connections(self) -> int:
-        return len(self._tasks)
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(
-            self._accept,
-            self.settings.host,
-            self.settings.port,
-            ssl=self.tls,
-            ssl_handshake_timeout=self.settings.handshake_timeout_s if self.tls is not None else None,
-        )
+        await self._listen(self.settings.host, self.settings.port, self.tls, self.settings.handshake_timeout_s)
         log.info("websocket listening on %s:%d%s", self.settings.host, self.port, " (tls)" if self.tls else "")
 
-    def set_draining(self) -> None:
-        self.draining = True
-
-    async def stop(self) -> None:
-        """Stop listening and end every open stream (reason ``shutdown``)."""
-        self.draining = True
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        peer = writer.get_extra_info("peername") or ("", 0)
-        host = str(peer[0])
-        self._tasks.add(task)
-        self._per_source[host] += 1
-        try:
-            await _Connection(self, reader, writer, host, int(peer[1])).run()
-        finally:
-            self._per_source[host] -= 1
-            if not self._per_source[host]:
-                del self._per_source[host]
-            self._tasks.discard(task)
-            writer.close()
-
-    def over_source_cap(self, host: str) -> bool:
-        return self._per_source[host] > self.settings.max_connections_per_source
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, port: int) -> None:
+        await _Connection(self, reader, writer, host, port).run()
 
 
 class _Leg:
