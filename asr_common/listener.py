@@ -3,9 +3,9 @@
 A door (AudioSocket, WebSocket) listens on a port, runs one task per connection, counts the
 connections from each source address, refuses new ones while draining, counts its refusals by
 reason, and on ``stop`` stops listening and cancels and awaits every connection's task. The
-door subclasses ``TcpListener`` and keeps only its protocol: ``_serve`` runs one connection,
-and the door decides how (and when in its protocol) to refuse one that is ``draining`` or
-``over_source_cap``. Front doors may not import each other; both may import this.
+door subclasses ``TcpListener`` and keeps only its protocol: ``_serve`` runs one connection
+(a ``Peer``), and the door decides how (and when in its protocol) to refuse one that is
+``draining`` or ``over_source_cap``. Front doors may not import each other; both may import this.
 """
 
 from __future__ import annotations
@@ -14,6 +14,17 @@ import abc
 import asyncio
 import ssl
 from collections import Counter
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """One accepted connection: its two stream ends and the address it came from."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    host: str
+    port: int
 
 
 class TcpListener(abc.ABC):
@@ -71,18 +82,18 @@ class TcpListener(abc.ABC):
         return self._per_source[host] > self.max_connections_per_source
 
     @abc.abstractmethod
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, port: int) -> None:
-        """Run one connection from ``host``:``port`` until it ends; the writer is closed afterwards."""
+    async def _serve(self, peer: Peer) -> None:
+        """Run one connection until it ends; its writer is closed afterwards."""
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        peer = writer.get_extra_info("peername") or ("", 0)
-        host = str(peer[0])
+        address = writer.get_extra_info("peername") or ("", 0)
+        host = str(address[0])
         self._tasks.add(task)
         self._per_source[host] += 1
         try:
-            await self._serve(reader, writer, host, int(peer[1]))
+            await self._serve(Peer(reader, writer, host, int(address[1])))
         finally:
             self._per_source[host] -= 1
             if not self._per_source[host]:

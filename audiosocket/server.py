@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from asr_common.audio import SAMPLE_RATE, TELEPHONE_RATE, PcmSink
 from asr_common.errors import CapacityError
-from asr_common.listener import TcpListener
+from asr_common.listener import Peer, TcpListener
 from audiosocket.config import AudioSocketSettings
 from audiosocket.errors import PeerError
 from audiosocket.frames import FrameReader, Kind, encode
@@ -89,14 +89,15 @@ class AudioSocketServer(TcpListener):
         await self._listen(self.settings.host, self.settings.port)
         log.info("audiosocket listening on %s:%d", self.settings.host, self.port)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, port: int) -> None:
+    async def _serve(self, peer: Peer) -> None:
         if self.draining:
-            await self.refuse(writer, PeerError("draining", "this node is draining; try another"))
-        elif self.over_source_cap(host):
+            await self.refuse(peer.writer, PeerError("draining", "this node is draining; try another"))
+        elif self.over_source_cap(peer.host):
             limit = self.max_connections_per_source
-            await self.refuse(writer, PeerError("source_connections", f"more than {limit} connections from {host}"))
+            error = PeerError("source_connections", f"more than {limit} connections from {peer.host}")
+            await self.refuse(peer.writer, error)
         else:
-            await _Connection(self, reader, writer, host, port).run()
+            await _Connection(self, peer).run()
 
     async def refuse(self, writer: asyncio.StreamWriter, error: PeerError) -> None:
         """Count ``error`` and answer it with an error frame carrying its message."""
@@ -110,15 +111,9 @@ class AudioSocketServer(TcpListener):
 class _Connection:
     """One connection's read loop and its leg."""
 
-    def __init__(
-        self, server: AudioSocketServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str,
-        port: int,
-    ) -> None:  # fmt: skip
+    def __init__(self, server: AudioSocketServer, peer: Peer) -> None:
         self.server = server
-        self.reader = reader
-        self.writer = writer
-        self.host = host
-        self.port = port
+        self.peer = peer
         self.frames = FrameReader(server.settings.max_frame_bytes)
         self.session = Session(RATES)
         self.leg: _Leg | None = None
@@ -129,7 +124,7 @@ class _Connection:
             reason = await self._read()
         except PeerError as error:
             reason = "protocol-error"
-            await self.server.refuse(self.writer, error)
+            await self.server.refuse(self.peer.writer, error)
         except ConnectionError:
             reason = "peer-closed"
         finally:
@@ -146,7 +141,7 @@ class _Connection:
             if partial_since is not None:
                 timeout = min(timeout, partial_since + settings.frame_timeout_s - time.monotonic())
             try:
-                data = await asyncio.wait_for(self.reader.read(READ_BYTES), max(timeout, 0.0))
+                data = await asyncio.wait_for(self.peer.reader.read(READ_BYTES), max(timeout, 0.0))
             except TimeoutError:
                 if partial_since is not None and self.frames.buffered:
                     message = f"AudioSocket frame incomplete after {settings.frame_timeout_s} s"
@@ -182,7 +177,7 @@ class _Connection:
     def _open(self, stream_id: uuid.UUID) -> None:
         """Route the stream named ``stream_id`` and open its leg (not when its role is not transcribed)."""
         server = self.server
-        facts = CallFacts(self.host, "", "", {"uuid": str(stream_id)}, siprec=False)
+        facts = CallFacts(self.peer.host, "", "", {"uuid": str(stream_id)}, siprec=False)
         decision = server.router().decide(facts)
         profile = decision.profile
         if profile is None:
@@ -199,7 +194,7 @@ class _Connection:
             from_name=None,
             to_aor="",
             to_name=None,
-            peer=(self.host, self.port, "tcp"),
+            peer=(self.peer.host, self.peer.port, "tcp"),
             route=decision.route,
             profile=profile,
             siprec=False,
