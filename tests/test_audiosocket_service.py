@@ -7,23 +7,21 @@ recording's exact text in Redis. Bad input against the door alone: tests/test_au
 from __future__ import annotations
 
 import asyncio
-import shutil
 import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from asr_gateway.service import Service
 from tests.audio_clients import audiosocket_call, recording
 from tests.demo_quality import SEED_TEXT
 from tests.redis_server import RedisServer, redis_server
 from tests.service_calls import read_valid_events, service_config, wait_drained
+from tests.tool_marks import needs_redis_server
 
 __all__ = ["redis_server"]  # the fixture, used by name
 
-pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
+pytestmark = needs_redis_server
 
 ROUTES = """
 profiles:

@@ -22,10 +22,11 @@ from asr_gateway.dev.sipp_calls import PCMA, PCMU, place_call
 from tests.demo_quality import GOOD_ENOUGH_CER
 from tests.redis_server import RedisServer, redis_server
 from tests.service_calls import DATA, REPO, read_events, read_valid_events, run_calls, service_config
+from tests.tool_marks import needs_redis_server, needs_sipp
 
 pytestmark = [
-    pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp not installed (Debian package sip-tester)"),
-    pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed"),
+    needs_sipp,
+    needs_redis_server,
 ]
 
 __all__ = ["redis_server"]  # the fixture, used by name

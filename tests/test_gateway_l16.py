@@ -6,10 +6,7 @@ finals must read the reference text within the demo CER bound, each key press mu
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
-
-import pytest
 
 from asr_common.scoring import cer
 from asr_core.audio_io import read_wav
@@ -19,12 +16,13 @@ from rtp.codecs import codec
 from tests.demo_quality import GOOD_ENOUGH_CER
 from tests.redis_server import RedisServer, redis_server
 from tests.service_calls import DATA, read_valid_events, run_calls, service_config
+from tests.tool_marks import needs_redis_server, needs_sipp
 
 __all__ = ["redis_server"]  # the fixture, used by name
 
 pytestmark = [
-    pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp not installed (Debian package sip-tester)"),
-    pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed"),
+    needs_sipp,
+    needs_redis_server,
 ]
 
 

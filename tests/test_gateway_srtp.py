@@ -12,7 +12,6 @@ import asyncio
 import base64
 import logging
 import re
-import shutil
 import urllib.request
 from pathlib import Path
 
@@ -24,12 +23,13 @@ from asr_gateway.service import Ports, Service
 from rtp.srtp import SrtpKeys
 from tests.redis_server import RedisServer, redis_server
 from tests.service_calls import DATA, read_valid_events, run_calls, service_config
+from tests.tool_marks import needs_redis_server, needs_sipp
 
 __all__ = ["redis_server"]  # the fixture, imported for pytest
 
 pytestmark = [
-    pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp not installed (Debian package sip-tester)"),
-    pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed"),
+    needs_sipp,
+    needs_redis_server,
 ]
 
 KEY = bytes(range(7, 37))

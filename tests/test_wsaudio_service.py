@@ -10,21 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from asr_gateway.service import Service
 from tests.audio_clients import audio_fork_client, hotline_client, recording, wenet_client
 from tests.demo_quality import SEED_TEXT
 from tests.redis_server import RedisServer, redis_server
 from tests.service_calls import read_valid_events, service_config, wait_drained
+from tests.tool_marks import needs_redis_server
 
 __all__ = ["redis_server"]  # the fixture, used by name
 
-pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
+pytestmark = needs_redis_server
 
 OTHER_TEXT = "早上七点多北京路附近暖气不热"  # hotline_1, tests/data/hotline_8k/text
 TOKEN = "s3cret-token-for-tests"
