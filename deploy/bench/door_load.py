@@ -232,6 +232,15 @@ def _received(handler: CountingCallHandler) -> int:
     return sum(sink.samples for sink in handler.sinks.values())
 
 
+def spawn_generator(target: Callable[..., None], *args: Any) -> tuple[Connection, multiprocessing.process.BaseProcess]:
+    """Start ``target(pipe_end, *args)`` in a spawned daemon process; our end of the pipe and the process."""
+    context = multiprocessing.get_context("spawn")
+    conn, child_conn = context.Pipe()
+    process = context.Process(target=target, args=(child_conn, *args), daemon=True)
+    process.start()
+    return conn, process
+
+
 async def receive_from(conn: Connection, process: multiprocessing.process.BaseProcess) -> Any:
     """The next message of the load generator ``process`` on ``conn``; RuntimeError when it died instead."""
     try:
@@ -247,10 +256,7 @@ async def run_door(door: Door, host: str, legs: int, seconds: float, rate: int) 
     server = _door_server(door, host, legs, handler)
     await server.start()
     load = DoorLoad(door, host, server.port, legs, seconds, rate)
-    context = multiprocessing.get_context("spawn")
-    conn, child_conn = context.Pipe()
-    generator = context.Process(target=run_generator, args=(child_conn, load), daemon=True)
-    generator.start()
+    conn, generator = spawn_generator(run_generator, load)
     try:
         ready = await receive_from(conn, generator)
         cpu_start, wall_start = time.process_time(), time.monotonic()

@@ -64,7 +64,7 @@ from typing import Any
 
 from asr_common.audio import PcmSink
 from calls.handler import CountingCallHandler
-from deploy.bench.door_load import DOORS, receive_from, run_door
+from deploy.bench.door_load import DOORS, receive_from, run_door, spawn_generator
 from deploy.bench.sip_uac import PACKET_MS, UacConfig, run_uac, stream_rtp
 from rtp.codecs import audio_codecs, payload_type_map
 from rtp.decoding import RESAMPLERS
@@ -262,10 +262,7 @@ async def run_sip(args: argparse.Namespace) -> dict[str, Any]:
         rtp_sockets=args.sockets,
         t1_s=args.t1_ms / 1000,
     )
-    context = multiprocessing.get_context("spawn")
-    conn, child_conn = context.Pipe()
-    generator = context.Process(target=run_uac, args=(child_conn, config), daemon=True)
-    generator.start()
+    conn, generator = spawn_generator(run_uac, config)
     try:
         setup = await receive_from(conn, generator)
         deadline = time.monotonic() + LEGS_OPEN_LIMIT_S
@@ -341,14 +338,7 @@ async def run_direct(args: argparse.Namespace, srtp: bool = False) -> dict[str, 
         await leg.open(args.host, allocator.allocate())
         legs[name] = leg
     ports = [leg.local_port or 0 for leg in legs.values()]
-    context = multiprocessing.get_context("spawn")
-    conn, child_conn = context.Pipe()
-    sender = context.Process(
-        target=_direct_sender,
-        args=(child_conn, args.host, ports, args.seconds, args.codec, args.sockets, srtp),
-        daemon=True,
-    )
-    sender.start()
+    conn, sender = spawn_generator(_direct_sender, args.host, ports, args.seconds, args.codec, args.sockets, srtp)
     try:
         await receive_from(conn, sender)
         window = await _measure_streaming(conn, sender, legs.values())
