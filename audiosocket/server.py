@@ -19,11 +19,11 @@ import contextlib
 import logging
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable
 
 from asr_common.audio import SAMPLE_RATE, TELEPHONE_RATE, PcmSink
 from asr_common.errors import CapacityError
+from asr_common.listener import Peer, TcpListener
 from audiosocket.config import AudioSocketSettings
 from audiosocket.errors import PeerError
 from audiosocket.frames import FrameReader, Kind, encode
@@ -71,7 +71,7 @@ class _Leg:
         self.sink.input_finished()
 
 
-class AudioSocketServer:
+class AudioSocketServer(TcpListener):
     """Listens for AudioSocket connections and hands their legs to ``handler``.
 
     ``router`` returns the routes in force (the service swaps them on reload). ``refusals``
@@ -79,67 +79,25 @@ class AudioSocketServer:
     """
 
     def __init__(self, settings: AudioSocketSettings, handler: CallHandler, router: Callable[[], Router]) -> None:
+        super().__init__(settings.max_connections_per_source)
         self.settings = settings
         self.handler = handler
         self.router = router
-        self.refusals: Counter[str] = Counter()
         self.legs = 0
-        self.draining = False
-        self._server: asyncio.Server | None = None
-        self._per_source: Counter[str] = Counter()
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    @property
-    def port(self) -> int:
-        """The port listened on (the OS's choice when configured as 0)."""
-        if self._server is None:
-            raise RuntimeError("AudioSocketServer.port read before start()")
-        return int(self._server.sockets[0].getsockname()[1])
-
-    @property
-    def connections(self) -> int:
-        return len(self._tasks)
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._accept, self.settings.host, self.settings.port)
+        await self._listen(self.settings.host, self.settings.port)
         log.info("audiosocket listening on %s:%d", self.settings.host, self.port)
 
-    def set_draining(self) -> None:
-        """Refuse new connections from now on; open ones go on until they end or ``stop``."""
-        self.draining = True
-
-    async def stop(self) -> None:
-        """Stop listening and end every open leg (reason ``shutdown``)."""
-        self.draining = True
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        peer = writer.get_extra_info("peername") or ("", 0)
-        host, port = str(peer[0]), int(peer[1])
-        self._tasks.add(task)
-        self._per_source[host] += 1
-        try:
-            if self.draining:
-                await self.refuse(writer, PeerError("draining", "this node is draining; try another"))
-            elif self._per_source[host] > self.settings.max_connections_per_source:
-                limit = self.settings.max_connections_per_source
-                error = PeerError("source_connections", f"more than {limit} connections from {host}")
-                await self.refuse(writer, error)
-            else:
-                await _Connection(self, reader, writer, host, port).run()
-        finally:
-            self._per_source[host] -= 1
-            if not self._per_source[host]:
-                del self._per_source[host]
-            self._tasks.discard(task)
-            writer.close()
+    async def _serve(self, peer: Peer) -> None:
+        if self.draining:
+            await self.refuse(peer.writer, PeerError("draining", "this node is draining; try another"))
+        elif self.over_source_cap(peer.host):
+            limit = self.max_connections_per_source
+            error = PeerError("source_connections", f"more than {limit} connections from {peer.host}")
+            await self.refuse(peer.writer, error)
+        else:
+            await _Connection(self, peer).run()
 
     async def refuse(self, writer: asyncio.StreamWriter, error: PeerError) -> None:
         """Count ``error`` and answer it with an error frame carrying its message."""
@@ -153,15 +111,9 @@ class AudioSocketServer:
 class _Connection:
     """One connection's read loop and its leg."""
 
-    def __init__(
-        self, server: AudioSocketServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str,
-        port: int,
-    ) -> None:  # fmt: skip
+    def __init__(self, server: AudioSocketServer, peer: Peer) -> None:
         self.server = server
-        self.reader = reader
-        self.writer = writer
-        self.host = host
-        self.port = port
+        self.peer = peer
         self.frames = FrameReader(server.settings.max_frame_bytes)
         self.session = Session(RATES)
         self.leg: _Leg | None = None
@@ -172,7 +124,7 @@ class _Connection:
             reason = await self._read()
         except PeerError as error:
             reason = "protocol-error"
-            await self.server.refuse(self.writer, error)
+            await self.server.refuse(self.peer.writer, error)
         except ConnectionError:
             reason = "peer-closed"
         finally:
@@ -189,7 +141,7 @@ class _Connection:
             if partial_since is not None:
                 timeout = min(timeout, partial_since + settings.frame_timeout_s - time.monotonic())
             try:
-                data = await asyncio.wait_for(self.reader.read(READ_BYTES), max(timeout, 0.0))
+                data = await asyncio.wait_for(self.peer.reader.read(READ_BYTES), max(timeout, 0.0))
             except TimeoutError:
                 if partial_since is not None and self.frames.buffered:
                     message = f"AudioSocket frame incomplete after {settings.frame_timeout_s} s"
@@ -225,7 +177,7 @@ class _Connection:
     def _open(self, stream_id: uuid.UUID) -> None:
         """Route the stream named ``stream_id`` and open its leg (not when its role is not transcribed)."""
         server = self.server
-        facts = CallFacts(self.host, "", "", {"uuid": str(stream_id)}, siprec=False)
+        facts = CallFacts(self.peer.host, "", "", {"uuid": str(stream_id)}, siprec=False)
         decision = server.router().decide(facts)
         profile = decision.profile
         if profile is None:
@@ -242,7 +194,7 @@ class _Connection:
             from_name=None,
             to_aor="",
             to_name=None,
-            peer=(self.host, self.port, "tcp"),
+            peer=(self.peer.host, self.peer.port, "tcp"),
             route=decision.route,
             profile=profile,
             siprec=False,

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from asr_common.itn import normalize_numbers, normalize_tokens
@@ -217,21 +218,11 @@ class TranscriptProcessor:
         token_texts = self.redactor.redact_tokens(update.text, [t[0] for t in update.tokens], redacted)
         tokens = tuple(Token(text, tok[1], tok[2]) for text, tok in zip(token_texts, update.tokens, strict=True))
         text_raw = self._redact_text(update.text_raw, update.call) if update.text_raw is not None else None
-        if update.is_partial:
-            return TranscriptPartial(
-                call=update.call,
-                participant=update.participant,
-                utterance_id=update.utterance_id,
-                text=redacted.text,
-                begin_offset_ms=update.begin_offset_ms,
-                end_offset_ms=update.end_offset_ms,
-                tokens=tokens,
-                confidence=update.confidence,
-                latency_ms=update.latency_ms,
-                text_raw=text_raw,
-                chunk_ms=update.chunk_ms,
-            )
-        return TranscriptFinal(
+        make: type[TranscriptPartial] | partial[TranscriptFinal] = TranscriptPartial
+        if not update.is_partial:
+            nbest = tuple(Alternative(self._redact_text(text, update.call), score) for text, score in update.nbest)
+            make = partial(TranscriptFinal, nbest=nbest, reduced_search=update.reduced_search)
+        return make(
             call=update.call,
             participant=update.participant,
             utterance_id=update.utterance_id,
@@ -243,8 +234,6 @@ class TranscriptProcessor:
             latency_ms=update.latency_ms,
             text_raw=text_raw,
             chunk_ms=update.chunk_ms,
-            reduced_search=update.reduced_search,
-            nbest=tuple(Alternative(self._redact_text(text, update.call), score) for text, score in update.nbest),
         )
 
     def _redact_text(self, text: str, ctx: CallContext) -> str:

@@ -20,7 +20,7 @@ from typing import Any, cast
 import jsonschema
 import redis
 
-from asr_gateway.config import ServiceConfig
+from asr_gateway.config import ServiceConfig, load_config
 from asr_gateway.dev.sipp_calls import CallResult
 from asr_gateway.service import DEMO_MODEL_DIR, Ports, Service
 from kb_hooks import events as ev
@@ -57,6 +57,19 @@ kb_hooks:
         encoding="utf-8",
     )
     return config
+
+
+def service_config(tmp_path: Path, redis_url: str, routes: str | None = None, extra: str = "") -> ServiceConfig:
+    """``write_config``'s config, loaded: ``routes`` (YAML text) written as its routes file (the
+    example routes when None), ``extra`` (YAML lines: another door, say) appended to it."""
+    routes_file = EXAMPLE_ROUTES
+    if routes is not None:
+        routes_file = tmp_path / "routes.yaml"
+        routes_file.write_text(routes, encoding="utf-8")
+    config_file = write_config(tmp_path, redis_url, routes_file)
+    with config_file.open("a", encoding="utf-8") as out:
+        out.write(extra)
+    return load_config(config_file, {})
 
 
 def read_events(url: str) -> list[dict[str, Any]]:

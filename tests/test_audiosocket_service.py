@@ -7,24 +7,21 @@ recording's exact text in Redis. Bad input against the door alone: tests/test_au
 from __future__ import annotations
 
 import asyncio
-import shutil
 import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from asr_gateway.config import load_config
 from asr_gateway.service import Service
 from tests.audio_clients import audiosocket_call, recording
 from tests.demo_quality import SEED_TEXT
 from tests.redis_server import RedisServer, redis_server
-from tests.service_calls import read_valid_events, wait_drained, write_config
+from tests.service_calls import read_valid_events, service_config, wait_drained
+from tests.tool_marks import needs_redis_server
 
 __all__ = ["redis_server"]  # the fixture, used by name
 
-pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
+pytestmark = needs_redis_server
 
 ROUTES = """
 profiles:
@@ -42,12 +39,9 @@ AGENT = uuid.UUID("a0a0a0a0-0000-4000-8000-0000000000a1")
 
 
 def test_audiosocket_calls_at_8_and_16_khz_and_a_joined_call(tmp_path: Path, redis_server: RedisServer) -> None:
-    routes = tmp_path / "routes.yaml"
-    routes.write_text(ROUTES, encoding="utf-8")
-    config_file = write_config(tmp_path, redis_server.url, routes)
-    with config_file.open("a", encoding="utf-8") as out:
-        out.write("audiosocket: {enabled: true, host: 127.0.0.1, port: 0}\n")
-    config = load_config(config_file, {})
+    config = service_config(
+        tmp_path, redis_server.url, ROUTES, "audiosocket: {enabled: true, host: 127.0.0.1, port: 0}\n"
+    )
     seed8k, seed16k, other8k = (
         recording("hotline_seed", 8000),
         recording("hotline_seed", 16000),

@@ -9,22 +9,21 @@ token at most ``kb_hooks.analytics.TOKEN_MS``)."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from asr_core.audio_io import read_wav
 from asr_gateway.config import load_config
 from asr_gateway.dev.sipp_calls import PCMU, place_call
 from tests.redis_server import RedisServer, redis_server
 from tests.service_calls import DATA, read_valid_events, run_calls, write_config
+from tests.tool_marks import needs_redis_server, needs_sipp
 
 __all__ = ["redis_server"]
 pytestmark = [
-    pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp not installed (Debian package sip-tester)"),
-    pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed"),
+    needs_sipp,
+    needs_redis_server,
 ]
 
 TOLERANCE_MS = 150

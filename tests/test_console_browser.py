@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -33,6 +32,7 @@ from tests.browser_helpers import chromium, needs_chromium, screenshot_dir
 from tests.browser_helpers import sign_in as sign_in_as
 from tests.console_helpers import PASSWORDS, running_console, write_configs
 from tests.redis_server import RedisServer, free_port, redis_server
+from tests.tool_marks import needs_sipp
 
 __all__ = ["redis_server"]
 
@@ -43,7 +43,7 @@ CARD_TITLE = "井盖破损应急处置流程"
 NEW_TITLE = "井盖破损应急处置流程（2024修订）"
 
 pytestmark = [
-    pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp not installed (Debian package sip-tester)"),
+    needs_sipp,
     needs_chromium,
 ]
 pytest.importorskip("selenium.webdriver")

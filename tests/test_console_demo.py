@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import queue
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,15 +21,14 @@ import pytest
 from asr_gateway.dev.console_demo import AGENT_ID
 from asr_gateway.dev.local_redis import free_tcp_port
 from tests.browser_helpers import chromium, needs_chromium, screenshot_dir, sign_in
+from tests.tool_marks import needs_redis_server, needs_sipp
 
 REPO = Path(__file__).resolve().parents[1]
 IMG = screenshot_dir()
 
 pytestmark = [
-    pytest.mark.skipif(
-        shutil.which("sipp") is None or shutil.which("redis-server") is None,
-        reason="needs sipp (Debian package sip-tester) and redis-server",
-    ),
+    needs_sipp,
+    needs_redis_server,
     needs_chromium,
 ]
 pytest.importorskip("selenium.webdriver")

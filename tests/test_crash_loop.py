@@ -3,17 +3,17 @@ and restarted; every durable event it journaled is in Redis exactly once, every 
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
 from asr_gateway.service import DEMO_MODEL_DIR
 from deploy.bench import crash_loop
+from tests.tool_marks import needs_redis_server, needs_sipp
 
 pytestmark = [
-    pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp not installed (Debian package sip-tester)"),
-    pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed"),
+    needs_sipp,
+    needs_redis_server,
     pytest.mark.skipif(not (DEMO_MODEL_DIR / "final.pt").is_file(), reason="the bundled demo model is missing"),
     pytest.mark.timeout(300),
 ]

@@ -4,16 +4,9 @@ without sipp."""
 
 from __future__ import annotations
 
-import shutil
-
-import pytest
-
 from deploy.bench.e2e_bench import Sample, bracket, cpu_figures
 from tests.bench_json import run_bench_module
-
-needs_sipp = pytest.mark.skipif(
-    shutil.which("sipp") is None or shutil.which("redis-server") is None, reason="needs sipp and redis-server"
-)
+from tests.tool_marks import needs_redis_server, needs_sipp
 
 
 def sample(at: float, cpu_s: float, threads: dict[str, float], finals_cpu_s: float, machine: float | None) -> Sample:
@@ -47,6 +40,7 @@ def test_cpu_over_the_steady_window_comes_from_the_samples_around_it() -> None:
 
 
 @needs_sipp
+@needs_redis_server
 def test_two_schedulers_share_the_calls_and_the_cpu_is_reported_by_thread() -> None:
     args = ("e2e", "--calls", "2", "--seconds", "4", "--threads", "1", "--schedulers", "2")
     report = run_bench_module("deploy.bench.cli", *args, timeout=240)
@@ -62,6 +56,7 @@ def test_two_schedulers_share_the_calls_and_the_cpu_is_reported_by_thread() -> N
 
 
 @needs_sipp
+@needs_redis_server
 def test_steady_arrivals_replace_each_ended_call_and_judge_the_steady_stretch() -> None:
     """``--steady 1``: 4 calls up at once, each replaced once when it ends (8 calls in all,
     started evenly over a call's length); latencies over the stretch from the first hang-up to

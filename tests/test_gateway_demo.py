@@ -12,13 +12,9 @@ from asr_gateway.cli import main as cli_main
 from asr_gateway.dev.demo import DATA_DIR, DEMO_CALLS, load_references
 from asr_gateway.service import DEMO_MODEL_DIR
 from tests.demo_quality import GOOD_ENOUGH_CER
+from tests.tool_marks import needs_redis_server, needs_sipp
 
 MODEL = DEMO_MODEL_DIR  # the bundled model must read the bundled recordings: no fallback, no skip
-
-needs_peers = pytest.mark.skipif(
-    shutil.which("sipp") is None or shutil.which("redis-server") is None,
-    reason="needs sipp (Debian package sip-tester) and redis-server",
-)
 
 
 def test_bundled_audio_is_small_and_has_references() -> None:
@@ -33,7 +29,8 @@ def test_bundled_audio_is_small_and_has_references() -> None:
     assert any(call.siprec for call in DEMO_CALLS)
 
 
-@needs_peers
+@needs_sipp
+@needs_redis_server
 def test_demo_runs_the_whole_pipeline(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ASR_REDIS_URL", raising=False)
     code = cli_main(["demo", "--model", str(MODEL), "--json"])

@@ -18,15 +18,15 @@ import pytest
 
 from asr_common.scoring import cer
 from asr_core.audio_io import read_wav
-from asr_gateway.config import load_config
 from asr_gateway.dev.sipp_calls import PCMA, PCMU, place_call
 from tests.demo_quality import GOOD_ENOUGH_CER
 from tests.redis_server import RedisServer, redis_server
-from tests.service_calls import DATA, REPO, read_events, read_valid_events, run_calls, write_config
+from tests.service_calls import DATA, REPO, read_events, read_valid_events, run_calls, service_config
+from tests.tool_marks import needs_redis_server, needs_sipp
 
 pytestmark = [
-    pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp not installed (Debian package sip-tester)"),
-    pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed"),
+    needs_sipp,
+    needs_redis_server,
 ]
 
 __all__ = ["redis_server"]  # the fixture, used by name
@@ -36,7 +36,7 @@ def test_calls_through_the_whole_service(tmp_path: Path, redis_server: RedisServ
     texts = dict(line.split(maxsplit=1) for line in (DATA / "text").read_text(encoding="utf-8").splitlines())
     seed = read_wav(DATA / "hotline_seed.wav")
     other = read_wav(DATA / "hotline_1.wav")
-    config = load_config(write_config(tmp_path, redis_server.url), {})
+    config = service_config(tmp_path, redis_server.url)
 
     run_calls(
         config,
@@ -86,12 +86,11 @@ def test_metadata_headers_reach_call_started(tmp_path: Path, redis_server: Redis
     """The headers a route lists (X-Agent-Id, X-UCID) arrive in call.started.metadata in Redis,
     with From/To, the dialled number and the SIPREC session id; transcript events name the
     participant's aor and display name."""
-    routes = tmp_path / "routes.yaml"
-    routes.write_text(
+    config = service_config(
+        tmp_path,
+        redis_server.url,
         "profiles:\n  default:\n    kb_set: hotline\n    metadata_headers: [X-Agent-Id, X-UCID, User-to-User]\n",
-        encoding="utf-8",
     )
-    config = load_config(write_config(tmp_path, redis_server.url, routes), {})
     seed = read_wav(DATA / "hotline_seed.wav")
     headers = "X-Agent-Id: 1001\nx-ucid: 00001002121700000042"
 
@@ -127,14 +126,13 @@ def test_cucm_built_in_bridge_two_invites_are_one_call(tmp_path: Path, redis_ser
     agent's phone) or ``;x-farend`` (the caller), both with the same ``;x-refci``. They are one
     call in Redis, with an agent and a caller participant, on a route that sets no ``join_by``
     (the parameters are unmistakable; issue 40 item 7)."""
-    routes = tmp_path / "routes.yaml"
-    routes.write_text(
+    config = service_config(
+        tmp_path,
+        redis_server.url,
         "profiles:\n  cucm:\n    join_timeout_s: 5\n"
         "default_profile: cucm\n"
         "routes:\n  - name: cucm-bib\n    match: {from_user: '^(1001|citizen)$'}\n    profile: cucm\n",
-        encoding="utf-8",
     )
-    config = load_config(write_config(tmp_path, redis_server.url, routes), {})
     seed = read_wav(DATA / "hotline_seed.wav")
     other = read_wav(DATA / "hotline_1.wav")
 
@@ -184,15 +182,14 @@ def test_a_routes_hotwords_fix_a_street_name_in_redis(tmp_path: Path, redis_serv
     text, pcm = names_sentence(1)
     name = "金沙江路"
     assert name in text
-    routes = tmp_path / "routes.yaml"
-    routes.write_text(
+    config = service_config(
+        tmp_path,
+        redis_server.url,
         "profiles:\n  plain: {}\n"
         f"  streets: {{hotwords: {NAMES_LIST}}}\n"
         "routes:\n  - {name: streets, match: {to_user: '^4002$'}, profile: streets}\n"
         "default_profile: plain\n",
-        encoding="utf-8",
     )
-    config = load_config(write_config(tmp_path, redis_server.url, routes), {})
 
     run_calls(
         config,

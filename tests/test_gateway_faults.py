@@ -11,7 +11,6 @@ import itertools
 import json
 import os
 import random
-import shutil
 import signal
 import socket
 import subprocess
@@ -36,12 +35,13 @@ from asr_gateway.dev.sipp_calls import PCMA, CallResult, place_call, rtp_packets
 from asr_gateway.service import DEMO_MODEL_DIR, Service
 from kb_hooks import events as ev
 from tests.redis_server import RedisServer
+from tests.tool_marks import needs_redis_server, needs_sipp
 
 MODEL = DEMO_MODEL_DIR  # the bundled model must read the bundled recordings: no fallback, no skip
 
 pytestmark = [
-    pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp not installed (Debian package sip-tester)"),
-    pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed"),
+    needs_sipp,
+    needs_redis_server,
     pytest.mark.timeout(60),
 ]
 

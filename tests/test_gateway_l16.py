@@ -6,26 +6,23 @@ finals must read the reference text within the demo CER bound, each key press mu
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
-
-import pytest
 
 from asr_common.scoring import cer
 from asr_core.audio_io import read_wav
-from asr_gateway.config import load_config
 from asr_gateway.dev.sipp_calls import place_call
 from asr_gateway.service import Ports, Service
 from rtp.codecs import codec
 from tests.demo_quality import GOOD_ENOUGH_CER
 from tests.redis_server import RedisServer, redis_server
-from tests.service_calls import DATA, read_valid_events, run_calls, write_config
+from tests.service_calls import DATA, read_valid_events, run_calls, service_config
+from tests.tool_marks import needs_redis_server, needs_sipp
 
 __all__ = ["redis_server"]  # the fixture, used by name
 
 pytestmark = [
-    pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp not installed (Debian package sip-tester)"),
-    pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed"),
+    needs_sipp,
+    needs_redis_server,
 ]
 
 
@@ -38,9 +35,7 @@ routes: []
 
 def test_l16_calls_are_transcribed(tmp_path: Path, redis_server: RedisServer) -> None:
     texts = dict(line.split(maxsplit=1) for line in (DATA / "text").read_text(encoding="utf-8").splitlines())
-    routes = tmp_path / "routes.yaml"
-    routes.write_text(ROUTES, encoding="utf-8")
-    config = load_config(write_config(tmp_path, redis_server.url, routes), {})
+    config = service_config(tmp_path, redis_server.url, ROUTES)
     seed = read_wav(DATA / "hotline_seed.wav")
     wide, narrow = codec("L16/16000"), codec("L16/8000")
     assert wide.dynamic and narrow.dynamic

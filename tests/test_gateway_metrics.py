@@ -9,7 +9,6 @@ when the engine is full or the service drains, while ``/health/live`` stays 200 
 from __future__ import annotations
 
 import asyncio
-import shutil
 import socket
 import urllib.error
 import urllib.request
@@ -24,6 +23,7 @@ from asr_gateway.dev.demo import DATA_DIR, EventCollector, demo_config
 from asr_gateway.dev.sipp_calls import place_call
 from asr_gateway.service import DEMO_MODEL_DIR, Service
 from tests.redis_server import RedisServer, redis_server
+from tests.tool_marks import needs_redis_server, needs_sipp
 
 __all__ = ["redis_server"]  # the fixture, used by name
 
@@ -32,8 +32,8 @@ FIXTURE_MODEL = REPO.parent / "shared" / "fixtures" / "wenet_u2pp_small" / "mode
 MODEL = DEMO_MODEL_DIR if (DEMO_MODEL_DIR / "final.pt").is_file() else FIXTURE_MODEL
 
 pytestmark = [
-    pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp not installed (Debian package sip-tester)"),
-    pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed"),
+    needs_sipp,
+    needs_redis_server,
     pytest.mark.skipif(not MODEL.is_dir(), reason="neither the demo model nor the WeNet fixture model"),
     pytest.mark.timeout(60),
 ]

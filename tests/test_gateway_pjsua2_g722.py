@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import shutil
 import wave
 from pathlib import Path
 
@@ -28,12 +27,13 @@ from tests.demo_quality import GOOD_ENOUGH_CER
 from tests.redis_server import RedisServer, redis_server
 from tests.service_calls import DATA, read_valid_events, wait_drained, write_config
 from tests.test_sip_pjsua2 import call_with_pjsua2
+from tests.tool_marks import needs_redis_server
 
 __all__ = ["redis_server"]  # the fixture, used by name
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("pjsua2") is None, reason="pjsua2 not installed (pjsua2-python)"),
-    pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed"),
+    needs_redis_server,
     pytest.mark.timeout(120),
 ]
 

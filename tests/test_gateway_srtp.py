@@ -12,25 +12,24 @@ import asyncio
 import base64
 import logging
 import re
-import shutil
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from asr_core.audio_io import read_wav
-from asr_gateway.config import load_config
 from asr_gateway.dev.sipp_calls import place_call
 from asr_gateway.service import Ports, Service
 from rtp.srtp import SrtpKeys
 from tests.redis_server import RedisServer, redis_server
-from tests.service_calls import DATA, read_valid_events, run_calls, write_config
+from tests.service_calls import DATA, read_valid_events, run_calls, service_config
+from tests.tool_marks import needs_redis_server, needs_sipp
 
 __all__ = ["redis_server"]  # the fixture, imported for pytest
 
 pytestmark = [
-    pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp not installed (Debian package sip-tester)"),
-    pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed"),
+    needs_sipp,
+    needs_redis_server,
 ]
 
 KEY = bytes(range(7, 37))
@@ -41,9 +40,9 @@ def test_srtp_call_reads_like_the_plain_call_and_a_wrong_key_reads_nothing(
     tmp_path: Path, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    routes = tmp_path / "routes.yaml"
-    routes.write_text("profiles:\n  default:\n    kb_set: hotline\n    srtp: optional\n", encoding="utf-8")
-    config = load_config(write_config(tmp_path, redis_server.url, routes), {})
+    config = service_config(
+        tmp_path, redis_server.url, "profiles:\n  default:\n    kb_set: hotline\n    srtp: optional\n"
+    )
     seed = read_wav(DATA / "hotline_seed.wav")
     keys = SrtpKeys("AES_CM_128_HMAC_SHA1_80", KEY)
     totals: dict[str, int] = {}

@@ -8,25 +8,22 @@ and as counts in ``call.ended.stats``; no key press is decoded as audio.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
-
-import pytest
 
 from asr_common.scoring import cer
 from asr_core.audio_io import read_wav
-from asr_gateway.config import load_config
 from asr_gateway.dev.sipp_calls import G722, PCMU, place_call
 from asr_gateway.service import Ports, Service
 from tests.demo_quality import GOOD_ENOUGH_CER
 from tests.redis_server import RedisServer, redis_server
-from tests.service_calls import DATA, read_valid_events, run_calls, write_config
+from tests.service_calls import DATA, read_valid_events, run_calls, service_config
+from tests.tool_marks import needs_redis_server, needs_sipp
 
 __all__ = ["redis_server"]  # the fixture, used by name
 
 pytestmark = [
-    pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp not installed (Debian package sip-tester)"),
-    pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed"),
+    needs_sipp,
+    needs_redis_server,
 ]
 
 ROUTES = """
@@ -41,9 +38,7 @@ routes:
 
 
 def test_g722_call_reads_like_pcmu_and_keys_are_published(tmp_path: Path, redis_server: RedisServer) -> None:
-    routes = tmp_path / "routes.yaml"
-    routes.write_text(ROUTES, encoding="utf-8")
-    config = load_config(write_config(tmp_path, redis_server.url, routes), {})
+    config = service_config(tmp_path, redis_server.url, ROUTES)
     seed = read_wav(DATA / "hotline_seed.wav")
 
     async def check_totals(service: Service, ports: Ports) -> None:

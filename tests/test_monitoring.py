@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from asr_gateway.dev.demo import demo_config
 from asr_gateway.service import DEMO_MODEL_DIR, Service
 from tests.redis_server import RedisServer, redis_server
+from tests.tool_marks import needs_redis_server
 
 __all__ = ["redis_server"]  # the fixture, used by name
 
@@ -87,7 +88,7 @@ def test_the_dashboard_shows_what_operators_asked_for() -> None:
     assert "sum by (le)" in text, "a latency p95 across all nodes, from the summed histograms"
 
 
-@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
+@needs_redis_server
 def test_every_metric_the_rules_and_dashboard_use_is_exported(tmp_path: Path, redis_server: RedisServer) -> None:
     async def scrape() -> set[str]:
         service = Service(demo_config(redis_server.url, DEMO_MODEL_DIR, tmp_path, max_streams=2))

@@ -25,6 +25,7 @@ from kb_hooks.spool import SPOOL_FILE, Spool, SpoolInUseError
 from kb_hooks.types import CallContext
 from tests.redis_server import RedisServer, free_port, redis_server  # noqa: F401
 from tests.test_publisher import CALLER, settings, transcript, wait_until
+from tests.tool_marks import needs_redis_server
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -81,7 +82,7 @@ def run_and_kill(tmp_path: Path, url: str, tag: str, seconds: float) -> None:
         proc.wait()
 
 
-@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
+@needs_redis_server
 def test_sigkill_with_redis_up_and_down_loses_no_journaled_event(tmp_path: Path) -> None:
     server = RedisServer(tmp_path / "redis", extra_args=["--appendonly", "yes", "--appendfsync", "always"])
     server.start()

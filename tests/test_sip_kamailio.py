@@ -29,11 +29,12 @@ from rtp.ports import PortAllocator
 from sip.config import SipSettings
 from sip.transport import SipServer
 from tests.test_sip_sipp import free_port, run_sipp
+from tests.tool_marks import needs_sipp
 
 KAMAILIO = shutil.which("kamailio")
 pytestmark = [
     pytest.mark.skipif(KAMAILIO is None, reason="kamailio not installed"),
-    pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp not installed (Debian package sip-tester)"),
+    needs_sipp,
     pytest.mark.timeout(60),
 ]
 

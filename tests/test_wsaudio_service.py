@@ -10,22 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from asr_gateway.config import load_config
 from asr_gateway.service import Service
 from tests.audio_clients import audio_fork_client, hotline_client, recording, wenet_client
 from tests.demo_quality import SEED_TEXT
 from tests.redis_server import RedisServer, redis_server
-from tests.service_calls import read_valid_events, wait_drained, write_config
+from tests.service_calls import read_valid_events, service_config, wait_drained
+from tests.tool_marks import needs_redis_server
 
 __all__ = ["redis_server"]  # the fixture, used by name
 
-pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
+pytestmark = needs_redis_server
 
 OTHER_TEXT = "早上七点多北京路附近暖气不热"  # hotline_1, tests/data/hotline_8k/text
 TOKEN = "s3cret-token-for-tests"
@@ -43,12 +40,9 @@ routes:
 
 
 def test_wenet_ours_and_audio_fork_streams(tmp_path: Path, redis_server: RedisServer) -> None:
-    routes = tmp_path / "routes.yaml"
-    routes.write_text(ROUTES, encoding="utf-8")
-    config_file = write_config(tmp_path, redis_server.url, routes)
-    with config_file.open("a", encoding="utf-8") as out:
-        out.write("websocket: {enabled: true, host: 127.0.0.1, port: 0}\n")
-    config = load_config(config_file, {})
+    config = service_config(
+        tmp_path, redis_server.url, ROUTES, "websocket: {enabled: true, host: 127.0.0.1, port: 0}\n"
+    )
     seed8k, seed16k = recording("hotline_seed", 8000), recording("hotline_seed", 16000)
     other8k, other16k = recording("hotline_1", 8000), recording("hotline_1", 16000)
 

@@ -22,7 +22,6 @@ import logging
 import ssl
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +42,7 @@ from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
 from asr_common.audio import PcmSink
 from asr_common.errors import CapacityError
+from asr_common.listener import Peer, TcpListener
 from calls.call import CallInfo, CallSource, LegInfo
 from calls.handler import CallHandler
 from calls.metadata import CallMetadata
@@ -74,7 +74,7 @@ Watch = Callable[[str, Callable[[dict[str, Any]], None]], None]
 """``CallBridge.watch``: hand a call's events to a listener (called on another thread)."""
 
 
-class WebSocketServer:
+class WebSocketServer(TcpListener):
     """Listens for WebSocket audio streams and hands their legs to ``handler``.
 
     ``router`` returns the routes in force; ``watch``/``unwatch`` subscribe a call's events;
@@ -87,6 +87,7 @@ class WebSocketServer:
         self, settings: WebSocketSettings, handler: CallHandler, router: Callable[[], Router], watch: Watch,
         unwatch: Callable[[str], None], allowed_chunk_ms: tuple[int, ...], tls: ssl.SSLContext | None = None,
     ) -> None:  # fmt: skip
+        super().__init__(settings.max_connections_per_source)
         self.settings = settings
         self.handler = handler
         self.router = router
@@ -94,64 +95,14 @@ class WebSocketServer:
         self.unwatch = unwatch
         self.allowed_chunk_ms = allowed_chunk_ms
         self.tls = tls
-        self.refusals: Counter[str] = Counter()
         self.legs = 0
-        self.draining = False
-        self._server: asyncio.Server | None = None
-        self._per_source: Counter[str] = Counter()
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    @property
-    def port(self) -> int:
-        if self._server is None:
-            raise RuntimeError("WebSocketServer.port read before start()")
-        return int(self._server.sockets[0].getsockname()[1])
-
-    @property
-    def connections(self) -> int:
-        return len(self._tasks)
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(
-            self._accept,
-            self.settings.host,
-            self.settings.port,
-            ssl=self.tls,
-            ssl_handshake_timeout=self.settings.handshake_timeout_s if self.tls is not None else None,
-        )
+        await self._listen(self.settings.host, self.settings.port, self.tls, self.settings.handshake_timeout_s)
         log.info("websocket listening on %s:%d%s", self.settings.host, self.port, " (tls)" if self.tls else "")
 
-    def set_draining(self) -> None:
-        self.draining = True
-
-    async def stop(self) -> None:
-        """Stop listening and end every open stream (reason ``shutdown``)."""
-        self.draining = True
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        peer = writer.get_extra_info("peername") or ("", 0)
-        host = str(peer[0])
-        self._tasks.add(task)
-        self._per_source[host] += 1
-        try:
-            await _Connection(self, reader, writer, host, int(peer[1])).run()
-        finally:
-            self._per_source[host] -= 1
-            if not self._per_source[host]:
-                del self._per_source[host]
-            self._tasks.discard(task)
-            writer.close()
-
-    def over_source_cap(self, host: str) -> bool:
-        return self._per_source[host] > self.settings.max_connections_per_source
+    async def _serve(self, peer: Peer) -> None:
+        await _Connection(self, peer).run()
 
 
 class _Leg:
@@ -168,15 +119,9 @@ class _Leg:
 class _Connection:
     """One connection: the handshake, the stream's legs, and the replies."""
 
-    def __init__(
-        self, server: WebSocketServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str,
-        port: int,
-    ) -> None:  # fmt: skip
+    def __init__(self, server: WebSocketServer, peer: Peer) -> None:
         self.server = server
-        self.reader = reader
-        self.writer = writer
-        self.host = host
-        self.port = port
+        self.peer = peer
         self.ws = WSConnection(ConnectionType.SERVER)
         self.handshake: Handshake | None = None
         self.start: StreamStart | None = None
@@ -208,7 +153,7 @@ class _Connection:
             if self._sender is not None:
                 self._sender.cancel()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.writer.drain(), 1.0)
+                await asyncio.wait_for(self.peer.writer.drain(), 1.0)
 
     async def _read(self) -> str:
         settings = self.server.settings
@@ -221,7 +166,7 @@ class _Connection:
             else:
                 timeout = settings.idle_timeout_s
             try:
-                data = await asyncio.wait_for(self.reader.read(READ_BYTES), max(timeout, 0.0))
+                data = await asyncio.wait_for(self.peer.reader.read(READ_BYTES), max(timeout, 0.0))
             except TimeoutError:
                 if self.handshake is None:
                     self.server.refusals["slow_handshake"] += 1
@@ -258,7 +203,7 @@ class _Connection:
 
     def _on_request(self, request: Request) -> None:
         server = self.server
-        if server.draining or server.over_source_cap(self.host):
+        if server.draining or server.over_source_cap(self.peer.host):
             reason = "draining" if server.draining else "source_connections"
             server.refusals[reason] += 1
             body = b"draining; try another node" if server.draining else b"too many connections from this address"
@@ -293,7 +238,7 @@ class _Connection:
     def _open(self, start: StreamStart) -> None:
         server, handshake = self.server, self.handshake
         assert handshake is not None
-        decision = server.router().decide(CallFacts(self.host, "", "", start.attributes, siprec=False))
+        decision = server.router().decide(CallFacts(self.peer.host, "", "", start.attributes, siprec=False))
         profile = decision.profile
         if profile is None:
             raise PeerError("no_route", f"no route takes this stream (code {decision.reject_code})")
@@ -322,7 +267,7 @@ class _Connection:
             from_name=None,
             to_aor="",
             to_name=None,
-            peer=(self.host, self.port, "ws"),
+            peer=(self.peer.host, self.peer.port, "ws"),
             route=decision.route,
             profile=profile,
             siprec=False,
@@ -399,16 +344,16 @@ class _Connection:
         if not self.closed:
             self._send(CloseConnection(code=CLOSE_NORMAL, reason="end of stream"))
             self.closed = True
-        self.writer.close()
+        self.peer.writer.close()
 
     def _refuse(self, error: PeerError) -> None:
         self.server.refusals[error.reason] += 1
-        log.info("websocket %s from %s: %s", error.reason, self.host, error.message)
+        log.info("websocket %s from %s: %s", error.reason, self.peer.host, error.message)
         if self.handshake is not None and not self.closed:
             with contextlib.suppress(LocalProtocolError):
                 self._send(CloseConnection(code=error.close_code or CLOSE_POLICY, reason=error.message[:120]))
         self.closed = True
 
     def _send(self, event: Event) -> None:
-        if not self.writer.is_closing():
-            self.writer.write(self.ws.send(event))
+        if not self.peer.writer.is_closing():
+            self.peer.writer.write(self.ws.send(event))

@@ -48,7 +48,7 @@ from audiosocket.server import AudioSocketServer
 from calls.handler import CountingCallHandler
 from calls.profile import Profile
 from calls.routing import Router, RoutesFile
-from deploy.bench.sip_uac import PACKET_MS, StreamReport
+from deploy.bench.sip_uac import PACKET_MS, StreamReport, paced_ticks
 from wsaudio.config import WebSocketSettings
 from wsaudio.server import WebSocketServer
 
@@ -167,15 +167,8 @@ def _frames_for(load: DoorLoad) -> Callable[[bytes], bytes]:
 
 def _stream(sockets: list[socket.socket], frames: list[list[bytes]], seconds: float) -> StreamReport:
     """One frame to every leg per tick for ``seconds``, paced by the clock (as ``stream_rtp``)."""
-    ticks = round(seconds * 1000 / PACKET_MS)
     report = StreamReport()
-    cpu_start, start = time.process_time(), time.monotonic()
-    for tick in range(ticks):
-        delay = start + tick * PACKET_MS / 1000 - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-        elif delay < -PACKET_MS / 1000:
-            report.ticks_behind += 1
+    for tick in paced_ticks(seconds, report):
         for sock, leg_frames in zip(sockets, frames, strict=True):
             try:
                 sock.sendall(leg_frames[tick % len(leg_frames)])
@@ -183,9 +176,6 @@ def _stream(sockets: list[socket.socket], frames: list[list[bytes]], seconds: fl
                 report.send_errors += 1
                 continue
             report.packets_sent += 1
-    report.cpu_s = time.process_time() - cpu_start
-    report.end_time = time.monotonic()
-    report.wall_s = report.end_time - start
     return report
 
 
@@ -242,7 +232,17 @@ def _received(handler: CountingCallHandler) -> int:
     return sum(sink.samples for sink in handler.sinks.values())
 
 
-async def _receive(conn: Connection, process: multiprocessing.process.BaseProcess) -> Any:
+def spawn_generator(target: Callable[..., None], *args: Any) -> tuple[Connection, multiprocessing.process.BaseProcess]:
+    """Start ``target(pipe_end, *args)`` in a spawned daemon process; our end of the pipe and the process."""
+    context = multiprocessing.get_context("spawn")
+    conn, child_conn = context.Pipe()
+    process = context.Process(target=target, args=(child_conn, *args), daemon=True)
+    process.start()
+    return conn, process
+
+
+async def receive_from(conn: Connection, process: multiprocessing.process.BaseProcess) -> Any:
+    """The next message of the load generator ``process`` on ``conn``; RuntimeError when it died instead."""
     try:
         return await asyncio.get_running_loop().run_in_executor(None, conn.recv)
     except EOFError:
@@ -256,15 +256,12 @@ async def run_door(door: Door, host: str, legs: int, seconds: float, rate: int) 
     server = _door_server(door, host, legs, handler)
     await server.start()
     load = DoorLoad(door, host, server.port, legs, seconds, rate)
-    context = multiprocessing.get_context("spawn")
-    conn, child_conn = context.Pipe()
-    generator = context.Process(target=run_generator, args=(child_conn, load), daemon=True)
-    generator.start()
+    conn, generator = spawn_generator(run_generator, load)
     try:
-        ready = await _receive(conn, generator)
+        ready = await receive_from(conn, generator)
         cpu_start, wall_start = time.process_time(), time.monotonic()
         conn.send("stream")
-        streamed = await _receive(conn, generator)
+        streamed = await receive_from(conn, generator)
         received, last_growth = _received(handler), time.monotonic()
         while time.monotonic() - last_growth < 4 * DRAIN_POLL_S and time.monotonic() - wall_start < DRAIN_LIMIT_S:
             await asyncio.sleep(DRAIN_POLL_S)
@@ -273,7 +270,7 @@ async def run_door(door: Door, host: str, legs: int, seconds: float, rate: int) 
                 last_growth = time.monotonic()
         cpu_s, wall_s = time.process_time() - cpu_start, time.monotonic() - wall_start
         conn.send("hangup")
-        await _receive(conn, generator)
+        await receive_from(conn, generator)
         deadline = time.monotonic() + ENDED_LIMIT_S
         while len(handler.ended) < ready["legs_up"] and time.monotonic() < deadline:
             await asyncio.sleep(DRAIN_POLL_S)

@@ -64,7 +64,7 @@ from typing import Any
 
 from asr_common.audio import PcmSink
 from calls.handler import CountingCallHandler
-from deploy.bench.door_load import DOORS, run_door
+from deploy.bench.door_load import DOORS, receive_from, run_door, spawn_generator
 from deploy.bench.sip_uac import PACKET_MS, UacConfig, run_uac, stream_rtp
 from rtp.codecs import audio_codecs, payload_type_map
 from rtp.decoding import RESAMPLERS
@@ -85,15 +85,6 @@ DRAIN_POLL_S = 0.2
 LEGS_OPEN_LIMIT_S = 10.0
 STALL_PROBE_S = 0.05
 BENCH_SRTP = SrtpKeys("AES_CM_128_HMAC_SHA1_80", bytes(range(30)))
-
-
-async def _receive(conn: Connection, process: multiprocessing.process.BaseProcess) -> Any:
-    """The next message of the load generator; RuntimeError when it died instead."""
-    try:
-        return await asyncio.get_running_loop().run_in_executor(None, conn.recv)
-    except EOFError:
-        process.join(timeout=5)
-        raise RuntimeError(f"the load generator exited (code {process.exitcode}) before reporting") from None
 
 
 async def _drain(legs: Iterable[RtpLeg]) -> int:
@@ -168,7 +159,7 @@ async def _measure_streaming(
     collections_start = [generation["collections"] for generation in gc.get_stats()]
     cpu_start, wall_start = time.process_time(), time.monotonic()
     conn.send("stream")
-    streamed = await _receive(conn, generator)
+    streamed = await receive_from(conn, generator)
     await _drain(legs)
     cpu_s, wall_s = time.process_time() - cpu_start, time.monotonic() - wall_start
     prober.cancel()
@@ -271,12 +262,9 @@ async def run_sip(args: argparse.Namespace) -> dict[str, Any]:
         rtp_sockets=args.sockets,
         t1_s=args.t1_ms / 1000,
     )
-    context = multiprocessing.get_context("spawn")
-    conn, child_conn = context.Pipe()
-    generator = context.Process(target=run_uac, args=(child_conn, config), daemon=True)
-    generator.start()
+    conn, generator = spawn_generator(run_uac, config)
     try:
-        setup = await _receive(conn, generator)
+        setup = await receive_from(conn, generator)
         deadline = time.monotonic() + LEGS_OPEN_LIMIT_S
         while len(legs_by_sink) < setup["calls_up"] and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
@@ -294,7 +282,7 @@ async def run_sip(args: argparse.Namespace) -> dict[str, Any]:
         report |= _report(args, legs, window.streamed["sent_by_call"], ended_early, window)
 
         conn.send("hangup")
-        done = await _receive(conn, generator)
+        done = await receive_from(conn, generator)
     finally:
         generator.join(timeout=5)
         if generator.is_alive():
@@ -350,16 +338,9 @@ async def run_direct(args: argparse.Namespace, srtp: bool = False) -> dict[str, 
         await leg.open(args.host, allocator.allocate())
         legs[name] = leg
     ports = [leg.local_port or 0 for leg in legs.values()]
-    context = multiprocessing.get_context("spawn")
-    conn, child_conn = context.Pipe()
-    sender = context.Process(
-        target=_direct_sender,
-        args=(child_conn, args.host, ports, args.seconds, args.codec, args.sockets, srtp),
-        daemon=True,
-    )
-    sender.start()
+    conn, sender = spawn_generator(_direct_sender, args.host, ports, args.seconds, args.codec, args.sockets, srtp)
     try:
-        await _receive(conn, sender)
+        await receive_from(conn, sender)
         window = await _measure_streaming(conn, sender, legs.values())
     finally:
         sender.join(timeout=5)

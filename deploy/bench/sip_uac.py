@@ -24,7 +24,7 @@ import socket
 import struct
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -130,6 +130,26 @@ def tone_payloads(codec: str) -> list[bytes]:
     return [encoder.encode(tone[i : i + step]) for i in range(0, rate, step)]
 
 
+def paced_ticks(seconds: float, report: StreamReport) -> Iterator[int]:
+    """The tick numbers of `seconds` of 20 ms packets, each yielded when its time comes.
+
+    A tick that starts more than one period late counts in `report.ticks_behind` and is
+    yielded anyway. Once the last tick's packets are sent, `report` gets the CPU and wall
+    seconds spent and the end time.
+    """
+    cpu_start, start = time.process_time(), time.monotonic()
+    for tick in range(round(seconds * 1000 / PACKET_MS)):
+        delay = start + tick * PACKET_MS / 1000 - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        elif delay < -PACKET_MS / 1000:
+            report.ticks_behind += 1
+        yield tick
+    report.cpu_s = time.process_time() - cpu_start
+    report.end_time = time.monotonic()
+    report.wall_s = report.end_time - start
+
+
 def stream_rtp(
     targets: list[tuple[socket.socket, tuple[str, int]]],
     seconds: float,
@@ -151,17 +171,9 @@ def stream_rtp(
     payload_type = codec_named(codec).payload_type
     packet_ticks = codec_named(codec).clock_rate * PACKET_MS // 1000
     payloads = tone_payloads(codec)
-    ticks = round(seconds * 1000 / PACKET_MS)
     sends = [(sender.sendto, address) for sender, address in targets]
     report = StreamReport()
-    cpu_start = time.process_time()
-    start = time.monotonic()
-    for tick in range(ticks):
-        delay = start + tick * PACKET_MS / 1000 - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-        elif delay < -PACKET_MS / 1000:
-            report.ticks_behind += 1
+    for tick in paced_ticks(seconds, report):
         header = _RTP_HEADER.pack(0x80, payload_type, tick & 0xFFFF, (tick * packet_ticks) & 0xFFFFFFFF, BENCH_SSRC)
         packet = header + payloads[tick % len(payloads)]
         for index, (sendto, address) in enumerate(sends):
@@ -177,9 +189,6 @@ def stream_rtp(
                 sent[index] += 1
         if on_tick is not None:
             on_tick()
-    report.cpu_s = time.process_time() - cpu_start
-    report.end_time = time.monotonic()
-    report.wall_s = report.end_time - start
     return report
 
 
