@@ -56,6 +56,10 @@ PASSTHROUGH: dict[str, tuple[Callable[[list[str]], int], str]] = {
         "CER per chunk size on data dirs (wav.scp + text), data.list or WAVs + text; --compare KEY=A,B: an A/B; "
         "--backend: through the engine; --int8-change: INT8 vs fp32",
     ),
+    "workorder": (
+        _module_main("workorder"),
+        "work-order field accuracy on a labelled call set: from the reference text, or --audio through the service",
+    ),
     "punctuation": (
         _module_main("punctuation_bench"),
         "punctuation F1 of the finals' pause rules on hand-punctuated sentences (synthesized token times)",

@@ -1,0 +1,67 @@
+"""The labelled work-order set and ``asr-bench workorder``: the generator remakes the committed
+set exactly, the set parses with true fields the demo's street list and tag rules can give, and
+the extraction from the reference text scores the first calls field by field as expected."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asr_common.yamlconf import ConfigError
+from deploy.bench import workorder as bench
+from kb_hooks.workorder import load_street_list
+from recipes import workorder_calls
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_generator_remakes_the_committed_set() -> None:
+    seed, count = workorder_calls.load_seed(workorder_calls.DEFAULT_SET)
+    made = workorder_calls.to_yaml(workorder_calls.make_calls(count, seed), seed)
+    assert made == workorder_calls.DEFAULT_SET.read_text(encoding="utf-8")
+    assert workorder_calls.make_calls(3, 7) == workorder_calls.make_calls(3, 7)
+    assert workorder_calls.make_calls(3, 7) != workorder_calls.make_calls(3, 8)
+
+
+def test_the_set_parses_and_its_truth_fits_the_demo_route() -> None:
+    calls = bench.load_set(bench.DEFAULT_SET)
+    assert len(calls) >= 100 and len({c.call_id for c in calls}) == len(calls)
+    streets = load_street_list(REPO / "asr_gateway" / "dev" / "data" / "streets.txt").streets
+    assert set(workorder_calls.STREETS) == set(streets)
+    for call in calls:
+        assert {role for role, _ in call.turns} == {"caller", "agent"}
+        assert call.truth["address"].startswith(streets)
+        assert call.truth["contact"].isdigit() and len(call.truth["contact"]) == 11
+
+
+def test_a_malformed_set_names_the_file_and_the_call(tmp_path: Path) -> None:
+    path = tmp_path / "set.yaml"
+    path.write_text("calls:\n- id: x\n  turns: [{caller: 你好}]\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"set\.yaml: calls\[0\]: needs id, turns"):
+        bench.load_set(path)
+
+
+def test_the_reference_text_of_five_calls_scores_field_by_field() -> None:
+    calls = bench.load_set(bench.DEFAULT_SET)[:5]
+    result = bench.score(calls, bench.run_text(calls, keep_numbers=False))
+    assert result["right"] == {"category": 5, "address": 4, "time": 5, "contact": 5, "kb_entry": 5}
+    # the address entity takes in the verb before the street ("我要投诉人民大道一百三十号")
+    assert result["misses"] == [
+        {"call": "wo-002", "field": "address", "truth": "人民大道130号", "draft": "要投诉人民大道130号"}
+    ]
+    kept = bench.score(calls, bench.run_text(calls, keep_numbers=True))
+    assert kept["right"]["contact"] == 5
+
+
+def test_a_calls_last_draft_in_redis_is_found_by_its_sip_call_id() -> None:
+    def updated(sip_call_id: str, revision: int, category: str) -> dict[str, Any]:
+        fields: dict[str, Any] = {"category": {"value": category, "normalized": None, "matched": [], "event_ids": []}}
+        return {"event_type": "workorder.updated", "sip_call_id": sip_call_id, "revision": revision, "fields": fields}
+
+    events = [updated("wo-001-1-9@h", 2, "b"), updated("wo-001-1-9@h", 1, "a"), updated("wo-0011-1-9@h", 3, "c"),
+              {"event_type": "call.ended", "sip_call_id": "wo-001-1-9@h"}]  # fmt: skip
+    drafts = bench.last_drafts(events, ["wo-001", "wo-002"])
+    assert list(drafts) == ["wo-001"]
+    assert drafts["wo-001"]["category"] == events[0]["fields"]["category"]
