@@ -55,13 +55,16 @@ def test_the_reference_text_of_five_calls_scores_field_by_field() -> None:
     assert kept["right"]["contact"] == 5
 
 
-def test_a_calls_last_draft_in_redis_is_found_by_its_sip_call_id() -> None:
+def test_a_calls_last_draft_and_finals_in_redis_are_found_by_its_sip_call_id() -> None:
     def updated(sip_call_id: str, revision: int, category: str) -> dict[str, Any]:
         fields: dict[str, Any] = {"category": {"value": category, "normalized": None, "matched": [], "event_ids": []}}
         return {"event_type": "workorder.updated", "sip_call_id": sip_call_id, "revision": revision, "fields": fields}
 
+    final = {"event_type": "transcript.final", "sip_call_id": "wo-001-1-9@h", "participant": {"role": "caller"},
+             "text": "新华路的井盖坏了"}  # fmt: skip
     events = [updated("wo-001-1-9@h", 2, "b"), updated("wo-001-1-9@h", 1, "a"), updated("wo-0011-1-9@h", 3, "c"),
-              {"event_type": "call.ended", "sip_call_id": "wo-001-1-9@h"}]  # fmt: skip
+              final, {"event_type": "call.ended", "sip_call_id": "wo-001-1-9@h"}]  # fmt: skip
     drafts = bench.last_drafts(events, ["wo-001", "wo-002"])
     assert list(drafts) == ["wo-001"]
     assert drafts["wo-001"]["category"] == events[0]["fields"]["category"]
+    assert bench.heard(events, ["wo-001", "wo-002"]) == {"wo-001": ["caller: 新华路的井盖坏了"]}

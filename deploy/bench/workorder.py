@@ -11,7 +11,8 @@ scripted two-party calls and the fields a careful agent would file from each. Tw
   recipes.workorder_calls render --out DIR``): each call is placed as a SIPREC call (caller and
   agent on their own streams, RTP from sipp) into the service with the bundled model and a
   throwaway redis-server; the last ``workorder.updated`` of each call in Redis is compared
-  with the truth. ``--concurrency`` calls at a time.
+  with the truth. ``--concurrency`` calls at a time; ``--heard`` adds the finals of each call
+  with a wrong field, to tell recognition errors from extraction errors.
 
 A field counts as right when the draft's normalized form equals the truth: ``category`` (the
 label), ``address`` (listed street, house number in digits), ``time`` ("date clock", digits),
@@ -219,7 +220,8 @@ def read_tracks(audio_dir: Path, call: LabelledCall) -> dict[str, Any]:
 
 async def _through_service(
     calls: Sequence[LabelledCall], audio_dir: Path, workdir: Path, redis_url: str, keep_numbers: bool, concurrency: int
-) -> dict[str, Fields]:
+) -> list[dict[str, Any]]:
+    """Place the calls, ``concurrency`` at a time, each batch decoded to its end; every event in Redis."""
     config = demo_config(redis_url, default_model_dir(), workdir)
     if keep_numbers:
         config = config.model_copy(update={"routes": _keep_numbers_routes(workdir)})
@@ -245,25 +247,42 @@ async def _through_service(
                 await asyncio.sleep(0.1)
     finally:
         await service.stop(grace_s=5)
-    return last_drafts(firehose(redis_url, KEY_PREFIX), [call.call_id for call in calls])
+    return firehose(redis_url, KEY_PREFIX)
+
+
+def call_of(sip_call_id: str, call_ids: Sequence[str]) -> str | None:
+    """The set's call a SIP Call-ID belongs to (the bench tags it ``<call id>-...``)."""
+    return next((c for c in call_ids if sip_call_id.startswith(f"{c}-")), None)
 
 
 def last_drafts(events: Sequence[Mapping[str, Any]], call_ids: Sequence[str]) -> dict[str, Fields]:
-    """Each call's draft of highest revision, the call found by its SIP Call-ID (``<call id>-...``)."""
+    """Each call's draft of highest revision."""
     drafts: dict[str, tuple[int, Fields]] = {}
     for event in events:
         if event.get("event_type") != EventType.WORKORDER_UPDATED:
             continue
-        sip_call_id = str(event.get("sip_call_id", ""))
-        call_id = next((c for c in call_ids if sip_call_id.startswith(f"{c}-")), None)
+        call_id = call_of(str(event.get("sip_call_id", "")), call_ids)
         if call_id is not None and event["revision"] > drafts.get(call_id, (0, {}))[0]:
             drafts[call_id] = (event["revision"], event["fields"])
     return {call_id: fields for call_id, (_, fields) in drafts.items()}
 
 
+def heard(events: Sequence[Mapping[str, Any]], call_ids: Sequence[str]) -> dict[str, list[str]]:
+    """Each call's finals as published, ``role: text`` in order: what the draft was made from."""
+    finals: dict[str, list[str]] = {}
+    for event in events:
+        if event.get("event_type") != EventType.TRANSCRIPT_FINAL:
+            continue
+        call_id = call_of(str(event.get("sip_call_id", "")), call_ids)
+        if call_id is not None:
+            finals.setdefault(call_id, []).append(f"{event['participant']['role']}: {event['text']}")
+    return finals
+
+
 def run_audio(
     calls: Sequence[LabelledCall], audio_dir: Path, keep_numbers: bool, concurrency: int, redis_url: str | None
-) -> dict[str, Fields]:
+) -> list[dict[str, Any]]:
+    """The events of the calls placed through the service (``_through_service``)."""
     with tempfile.TemporaryDirectory(prefix="asr-bench-workorder-") as tmp:
         workdir = Path(tmp)
         if redis_url is not None:
@@ -290,18 +309,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--misses", type=int, default=20, help="wrong fields listed in the output (default: %(default)s)"
     )
+    parser.add_argument("--heard", action="store_true", help="--audio: the finals of each call listed in misses")
     return parser
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     calls = load_set(args.set)[: args.limit]
+    call_ids = [call.call_id for call in calls]
+    finals: dict[str, list[str]] = {}
     if args.audio is None:
         drafts = run_text(calls, args.keep_numbers)
     else:
-        drafts = run_audio(calls, args.audio, args.keep_numbers, max(args.concurrency, 1), args.redis)
+        events = run_audio(calls, args.audio, args.keep_numbers, max(args.concurrency, 1), args.redis)
+        drafts, finals = last_drafts(events, call_ids), heard(events, call_ids)
     result = score(calls, drafts)
     mistakes = result.pop("misses")
+    listed = mistakes[: args.misses]
     report = {
         "set": str(args.set),
         "through": "service" if args.audio is not None else "reference text",
@@ -309,7 +333,10 @@ def main(argv: list[str]) -> int:
         "contact_scored": "digits" if args.keep_numbers else "masked length",
         **result,
         "wrong_fields": len(mistakes),
-        "misses": mistakes[: args.misses],
+        "misses": listed,
     }
+    if args.heard and finals:
+        missed = dict.fromkeys(miss["call"] for miss in listed)
+        report["heard"] = {call_id: finals.get(call_id, []) for call_id in missed}
     print(json.dumps(report, ensure_ascii=False, indent=2))
     return 0
