@@ -11,6 +11,7 @@ import pytest
 
 from asr_common.yamlconf import ConfigError
 from deploy.bench import workorder as bench
+from kb_hooks.types import RedactionMode, WorkorderOptions
 from kb_hooks.workorder import load_street_list
 from recipes import workorder_calls
 
@@ -41,6 +42,13 @@ def test_a_malformed_set_names_the_file_and_the_call(tmp_path: Path) -> None:
     path.write_text("calls:\n- id: x\n  turns: [{caller: 你好}]\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=r"set\.yaml: calls\[0\]: needs id, turns"):
         bench.load_set(path)
+
+
+def test_the_text_goes_through_the_demo_routes_settings() -> None:
+    ctx = bench.route_context(bench.demo_profile(), "wo-001", keep_numbers=False)
+    assert (ctx.kb_set, ctx.tag_rules, ctx.redaction) == ("hotline", ("hotline",), RedactionMode.MASK)
+    assert ctx.workorder == WorkorderOptions("hotline")
+    assert bench.route_context(bench.demo_profile(), "wo-001", keep_numbers=True).redaction is RedactionMode.KEEP
 
 
 def test_the_reference_text_of_five_calls_scores_field_by_field() -> None:

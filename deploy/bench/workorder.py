@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+import numpy as np
 import yaml
 
 from asr_common.yamlconf import ConfigError
@@ -101,9 +102,10 @@ def route_context(profile: Profile, call_id: str, keep_numbers: bool) -> CallCon
     """The context the bridge gives a call of ``profile`` (``asr_gateway.bridge``)."""
     section = profile.workorder
     workorder = None
-    if section is not None:
-        fillers = tuple(section.fillers) if section.fillers is not None else None
-        workorder = WorkorderOptions(section.streets, fillers) if fillers else WorkorderOptions(section.streets)
+    if section is not None and section.fillers is None:
+        workorder = WorkorderOptions(section.streets)
+    elif section is not None:
+        workorder = WorkorderOptions(section.streets, tuple(section.fillers or ()))
     return CallContext(
         call_id=call_id,
         redaction=RedactionMode.KEEP if keep_numbers else RedactionMode(profile.redaction),
@@ -186,6 +188,7 @@ def score(calls: Sequence[LabelledCall], drafts: Mapping[str, Fields]) -> dict[s
 
 def run_text(calls: Sequence[LabelledCall], keep_numbers: bool) -> dict[str, Fields]:
     profile = demo_profile()
+    # Only the demo's kb_hooks settings are taken: nothing connects to that Redis or loads the model.
     settings = demo_config("redis://127.0.0.1:6379/0", DEMO_MODEL_DIR, Path(tempfile.gettempdir())).kb_hooks
     processor = TranscriptProcessor.from_settings(settings)
     return {
@@ -203,8 +206,17 @@ def _keep_numbers_routes(workdir: Path) -> Path:
     return path
 
 
-def read_tracks(audio_dir: Path, call: LabelledCall) -> dict[str, Any]:
-    """The call's two 8 kHz tracks, the same length; ConfigError saying how to make them when absent."""
+@dataclass(frozen=True)
+class Tracks:
+    """A voiced call: each party's int16 samples (N,), the same N, at ``rate`` Hz (8000)."""
+
+    caller: np.ndarray
+    agent: np.ndarray
+    rate: int
+
+
+def read_tracks(audio_dir: Path, call: LabelledCall) -> Tracks:
+    """The call's two tracks; ConfigError saying how to make them when absent."""
     tracks = {}
     for role in ROLES:
         path = audio_dir / f"{call.call_id}.{role}.wav"
@@ -215,7 +227,7 @@ def read_tracks(audio_dir: Path, call: LabelledCall) -> dict[str, Any]:
     (caller, rate), (agent, agent_rate) = tracks["caller"], tracks["agent"]
     if rate != agent_rate or len(caller) != len(agent):
         raise ConfigError([f"{audio_dir}: {call.call_id}'s tracks differ in rate or length; render them again"])
-    return {"caller": caller, "agent": agent, "rate": rate}
+    return Tracks(caller, agent, rate)
 
 
 async def _through_service(
@@ -234,8 +246,8 @@ async def _through_service(
             placed = []
             for call in batch:
                 tracks = read_tracks(audio_dir, call)
-                placed.append(place_call(workdir / call.call_id, ports.sip_udp, tracks["caller"], tracks["rate"],
-                                         payload_type=PCMU, siprec=True, second_pcm=tracks["agent"],
+                placed.append(place_call(workdir / call.call_id, ports.sip_udp, tracks.caller, tracks.rate,
+                                         payload_type=PCMU, siprec=True, second_pcm=tracks.agent,
                                          call_tag=call.call_id))  # fmt: skip
             for call, result in zip(batch, await asyncio.gather(*placed), strict=True):
                 if result.returncode != 0:
