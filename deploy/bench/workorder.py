@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -215,16 +216,21 @@ class Tracks:
     rate: int
 
 
+def track_path(audio_dir: Path, call: LabelledCall, role: Role) -> Path:
+    return audio_dir / f"{call.call_id}.{role}.wav"
+
+
+def check_voiced(audio_dir: Path, calls: Sequence[LabelledCall]) -> None:
+    """ConfigError saying how to voice the set when a call's track is missing."""
+    missing = [path for call in calls for role in ROLES if not (path := track_path(audio_dir, call, role)).is_file()]
+    if missing:
+        raise ConfigError([f"{missing[0]}: missing ({len(missing)} tracks in all); voice the set first: "
+                           f"python -m recipes.workorder_calls render --out {audio_dir}"])  # fmt: skip
+
+
 def read_tracks(audio_dir: Path, call: LabelledCall) -> Tracks:
-    """The call's two tracks; ConfigError saying how to make them when absent."""
-    tracks = {}
-    for role in ROLES:
-        path = audio_dir / f"{call.call_id}.{role}.wav"
-        if not path.is_file():
-            raise ConfigError([f"{path}: missing; voice the set first: "
-                               f"python -m recipes.workorder_calls render --out {audio_dir}"])  # fmt: skip
-        tracks[role] = read_pcm16(path)
-    (caller, rate), (agent, agent_rate) = tracks["caller"], tracks["agent"]
+    """The call's two tracks (``recipes.workorder_calls render`` makes them the same length)."""
+    (caller, rate), (agent, agent_rate) = (read_pcm16(track_path(audio_dir, call, role)) for role in ROLES)
     if rate != agent_rate or len(caller) != len(agent):
         raise ConfigError([f"{audio_dir}: {call.call_id}'s tracks differ in rate or length; render them again"])
     return Tracks(caller, agent, rate)
@@ -327,12 +333,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except ConfigError as exc:
+        print(f"asr-bench workorder: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     calls = load_set(args.set)[: args.limit]
     call_ids = [call.call_id for call in calls]
     finals: dict[str, list[str]] = {}
     if args.audio is None:
         drafts = run_text(calls, args.keep_numbers)
     else:
+        check_voiced(args.audio, calls)
         events = run_audio(calls, args.audio, args.keep_numbers, max(args.concurrency, 1), args.redis)
         drafts, finals = last_drafts(events, call_ids), heard(events, call_ids)
     result = score(calls, drafts)
