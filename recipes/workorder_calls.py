@@ -204,10 +204,18 @@ def render_call(call: Call, out_dir: Path, seed: int) -> None:
         write_wav(out_dir / f"{call.call_id}.{role}.wav", np.clip(np.round(track), -32768, 32767).astype(np.int16))
 
 
-def load_seed(path: Path) -> tuple[int, int]:
-    """(seed, call count) a set file was made with."""
+def read_set(path: Path) -> tuple[int, list[Call]]:
+    """(the seed it was made with, its calls) of a set file this module wrote."""
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    return int(data["seed"]), len(data["calls"])
+    calls = [
+        Call(
+            raw["id"],
+            tuple((role, text) for turn in raw["turns"] for role, text in turn.items()),
+            Truth(**raw["truth"]),
+        )
+        for raw in data["calls"]
+    ]
+    return int(data["seed"]), calls
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,15 +227,15 @@ def main(argv: list[str] | None = None) -> int:
     write.add_argument("--calls", type=int, default=DEFAULT_CALLS)
     write.add_argument("--set", type=Path, default=DEFAULT_SET, help="the file written")
     render = sub.add_parser("render", help="voice the set's calls: DIR/<id>.caller.wav, DIR/<id>.agent.wav")
-    render.add_argument("--set", type=Path, default=DEFAULT_SET, help="the set file (its seed and size)")
+    render.add_argument("--set", type=Path, default=DEFAULT_SET, help="the set file whose calls are voiced")
     render.add_argument("--out", type=Path, required=True)
     render.add_argument("--limit", type=int, default=None, help="only the first N calls")
     args = parser.parse_args(argv)
     if args.command == "write":
         args.set.write_text(to_yaml(make_calls(args.calls, args.seed), args.seed), encoding="utf-8")
         return 0
-    seed, count = load_seed(args.set)
-    for call in make_calls(count, seed)[: args.limit]:
+    seed, calls = read_set(args.set)
+    for call in calls[: args.limit]:
         render_call(call, args.out, seed)
     return 0
 

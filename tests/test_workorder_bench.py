@@ -7,21 +7,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from asr_common.yamlconf import ConfigError
 from deploy.bench import workorder as bench
 from kb_hooks.types import RedactionMode, WorkorderOptions
 from kb_hooks.workorder import load_street_list
-from recipes import workorder_calls
+from recipes import synth, workorder_calls
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_generator_remakes_the_committed_set() -> None:
-    seed, count = workorder_calls.load_seed(workorder_calls.DEFAULT_SET)
-    made = workorder_calls.to_yaml(workorder_calls.make_calls(count, seed), seed)
-    assert made == workorder_calls.DEFAULT_SET.read_text(encoding="utf-8")
+    seed, calls = workorder_calls.read_set(workorder_calls.DEFAULT_SET)
+    made = workorder_calls.make_calls(len(calls), seed)
+    assert made == calls
+    assert workorder_calls.to_yaml(made, seed) == workorder_calls.DEFAULT_SET.read_text(encoding="utf-8")
     assert workorder_calls.make_calls(3, 7) == workorder_calls.make_calls(3, 7)
     assert workorder_calls.make_calls(3, 7) != workorder_calls.make_calls(3, 8)
 
@@ -76,3 +78,15 @@ def test_a_calls_last_draft_and_finals_in_redis_are_found_by_its_sip_call_id() -
     assert list(drafts) == ["wo-001"]
     assert drafts["wo-001"]["category"] == events[0]["fields"]["category"]
     assert bench.heard(events, ["wo-001", "wo-002"]) == {"wo-001": ["caller: 新华路的井盖坏了"]}
+
+
+@pytest.mark.skipif(not synth.espeak_available(), reason="espeak-ng not installed")
+def test_a_rendered_call_is_two_tracks_of_one_length_each_party_on_its_own(tmp_path: Path) -> None:
+    _, calls = workorder_calls.read_set(workorder_calls.DEFAULT_SET)
+    workorder_calls.render_call(calls[0], tmp_path, seed=1)
+    tracks = bench.read_tracks(tmp_path, bench.load_set(bench.DEFAULT_SET)[0])
+    assert tracks.rate == 8000 and len(tracks.caller) == len(tracks.agent)
+    greeting = slice(int(0.5 * 8000), int(1.5 * 8000))  # the agent greets first, after a gap of at most 1.2 s
+    loud = np.abs(tracks.agent[greeting].astype(np.int32)).max()
+    quiet = np.abs(tracks.caller[greeting].astype(np.int32)).max()
+    assert loud > 1000 and quiet < 200
