@@ -60,6 +60,10 @@ PASSTHROUGH: dict[str, tuple[Callable[[list[str]], int], str]] = {
         _module_main("sizing"),
         "real-time streams per core for each --arch x --chunk-ms pair, INT8: one JSON plus a Markdown table",
     ),
+    "workorder": (
+        _module_main("workorder"),
+        "work-order field accuracy on a labelled call set: from the reference text, or --audio through the service",
+    ),
     "punctuation": (
         _module_main("punctuation_bench"),
         "punctuation F1 of the finals' pause rules on hand-punctuated sentences (synthesized token times)",

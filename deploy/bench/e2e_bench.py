@@ -199,7 +199,13 @@ def cpu_figures(start: Sample, end: Sample) -> dict[str, Any]:
         "cpu_percent": round(100 * cores, 1),
         "cores_used": round(cores, 2),
         "machine_cores_busy": machine,
-        "cores_by_thread": {name: round(value, 2) for name, value in sorted(by_thread.items()) if value >= 0.005},
+        # Threads under 0.005 cores are left out; the finals processes are always named (with
+        # WeNet's rescoring, the default, two short calls' finals take under that).
+        "cores_by_thread": {
+            name: round(value, 3 if name == "finals processes" else 2)
+            for name, value in sorted(by_thread.items())
+            if value >= 0.005 or name == "finals processes"
+        },
     }
 
 

@@ -50,9 +50,9 @@ class _Recorder:
         self.search = search
         self.requests: list[FinalRequest] = []
 
-    def run(self, requests: list[FinalRequest]) -> list[FinalResult]:
+    def run(self, requests: list[FinalRequest], settings: FinalSettings | None = None) -> list[FinalResult]:
         self.requests += [request.portable() for request in requests]
-        return self.search.run(requests)
+        return self.search.run(requests, settings)
 
 
 def record_requests(loaded: LoadedModel, streams: int, seconds: float, backend: str) -> list[FinalRequest]:
