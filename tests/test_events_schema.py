@@ -222,6 +222,25 @@ def test_written_out_records_write_exactly_their_fields() -> None:
         assert list(record.to_json()) == [f.name for f in fields(record)]
 
 
+def test_written_out_transcripts_equal_the_generic_form_key_order_included() -> None:
+    """Partials and finals write their JSON out (the most frequent events); it must stay what the
+    generic field loop of ``Event.to_json`` makes of them, optional fields present or not."""
+    ctx = CallContext("c1", sip_call_id="s1", route="default")
+    caller = Participant("caller", "sip:a@b", label="1", name="张三")
+    tokens = (ev.Token("井", 0, 40), ev.Token("盖", 40, None))
+    common = {"call": ctx, "participant": caller, "utterance_id": 3, "text": "井盖", "begin_offset_ms": 0,
+              "end_offset_ms": 80, "tokens": tokens, "confidence": 0.9, "latency_ms": 12.5}  # fmt: skip
+    events: list[ev.Transcript] = [
+        ev.TranscriptPartial(**common),
+        ev.TranscriptPartial(**common, chunk_ms=320),
+        ev.TranscriptFinal(**common, nbest=(ev.Alternative("井盖", -1.0),)),
+        ev.TranscriptFinal(**common, nbest=(), text_raw="井 盖", chunk_ms=640, reduced_search=True),
+    ]
+    for event in events:
+        generic = ev.Event.to_json(event)
+        assert list(event.to_json().items()) == list(generic.items())
+
+
 # -- adding an event type, step by step (docs/events.md) ----------------------------------
 
 
