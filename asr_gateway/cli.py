@@ -57,6 +57,10 @@ def _tail(argv: list[str]) -> int:
 
 
 def _demo(argv: list[str]) -> int:
+    if "--console" in argv:
+        from asr_gateway.dev.console_demo import main as console_demo_main
+
+        return console_demo_main(argv)
     from asr_gateway.dev.demo import main as demo_main
 
     return demo_main(argv)

@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -27,7 +28,19 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from asr_gateway.config import ServiceConfig
-from asr_gateway.dev.demo import DATA_DIR, DEMO_CALLS, KEY_PREFIX, DemoError, demo_config, place_demo_call
+from asr_gateway.dev.demo import (
+    DATA_DIR,
+    DEMO_CALLS,
+    DEMO_ERRORS,
+    KEY_PREFIX,
+    DemoError,
+    build_parser,
+    demo_config,
+    model_and_redis,
+    place_demo_call,
+)
+from asr_gateway.dev.local_redis import LocalRedis
+from asr_gateway.logs import configure_logging
 from asr_gateway.service import Service
 
 AGENT_ID = "1001"
@@ -233,3 +246,22 @@ async def run_console_demo(model_dir: Path, redis_url: str, workdir: Path, liste
         await service.stop(grace_s=5.0)
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``asr-gateway demo --console``: the demo's options (``demo.build_parser``), then the service,
+    the console and the calls until Ctrl-C or ``--rounds``."""
+    args = build_parser().parse_args(argv)
+    configure_logging("warning", "console")
+    local: LocalRedis | None = None
+    with tempfile.TemporaryDirectory(prefix="asr-demo-") as tmp:
+        try:
+            model_dir, redis_url, local = model_and_redis(args, Path(tmp))
+            asyncio.run(run_console_demo(model_dir, redis_url, Path(tmp), args.listen, args.rounds, sys.stdout))
+        except DEMO_ERRORS as exc:
+            print(f"asr-gateway demo: {exc}", file=sys.stderr)
+            return 2
+        finally:
+            if local is not None:
+                local.stop()
+    return 0

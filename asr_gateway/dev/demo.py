@@ -429,32 +429,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def model_and_redis(args: argparse.Namespace, workdir: Path) -> tuple[Path, str, LocalRedis | None]:
+    """What every demo needs first: sipp, the model (checked) and a Redis that answers (``--redis``,
+    else a local redis-server under ``workdir``, returned so that the caller stops it)."""
+    sipp_path()
+    model_dir: Path = args.model or default_model_dir()
+    check_model_dir(model_dir)
+    redis_url = args.redis
+    if redis_url and redis_reachable(redis_url):
+        return model_dir, redis_url, None
+    if redis_url:
+        print(f"asr-gateway demo: {redis_url.split('@')[-1]} does not answer; starting a local redis-server",
+              file=sys.stderr)  # fmt: skip
+    local = LocalRedis(workdir / "redis")
+    local.start()
+    return model_dir, local.url, local
+
+
+DEMO_ERRORS = (DemoError, LocalRedisError, FileNotFoundError)
+"""The problems a demo reports in one line (exit 2)."""
+
+
 def main(argv: list[str] | None = None) -> int:
+    """``asr-gateway demo``; with ``--console`` the command line runs ``console_demo.main`` instead."""
     args = build_parser().parse_args(argv)
     configure_logging("warning", "console")
     local: LocalRedis | None = None
     with tempfile.TemporaryDirectory(prefix="asr-demo-") as tmp:
-        workdir = Path(tmp)
         try:
-            sipp_path()
-            model_dir = args.model or default_model_dir()
-            check_model_dir(model_dir)
-            redis_url = args.redis
-            if not redis_url or not redis_reachable(redis_url):
-                if redis_url:
-                    print(f"asr-gateway demo: {redis_url.split('@')[-1]} does not answer; starting a local "
-                          "redis-server", file=sys.stderr)  # fmt: skip
-                local = LocalRedis(workdir / "redis")
-                local.start()
-                redis_url = local.url
-            if args.console:
-                from asr_gateway.dev.console_demo import run_console_demo
-
-                asyncio.run(run_console_demo(model_dir, redis_url, workdir, args.listen, args.rounds, sys.stdout))
-                return 0
+            model_dir, redis_url, local = model_and_redis(args, Path(tmp))
             out = None if args.quiet or args.json else sys.stdout
-            report = asyncio.run(run_demo(model_dir, redis_url, workdir, out))
-        except (DemoError, LocalRedisError, FileNotFoundError) as exc:
+            report = asyncio.run(run_demo(model_dir, redis_url, Path(tmp), out))
+        except DEMO_ERRORS as exc:
             print(f"asr-gateway demo: {exc}", file=sys.stderr)
             return 2
         finally:
