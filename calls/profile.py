@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
@@ -80,6 +81,22 @@ class WorkorderSection(BaseModel):
     """The ticket system's URL: the console POSTs each confirmed work order there (``console.webhooks``)."""
     webhook_secret_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     """Environment variable (of the console) holding the webhook's HMAC-SHA256 key; unset: unsigned."""
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _usable_url(cls, url: str | None) -> str | None:
+        """A URL the console's HTTP client can POST to: a host, and a port in 1..65535 (the
+        pattern alone lets ``http://[::1/x`` and ``:99999`` through, and the sender cannot use them)."""
+        if url is None:
+            return None
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError as exc:
+            raise ValueError(f"{url!r} is not a usable URL ({exc}): write it as https://host[:port]/path") from None
+        if not parts.hostname or port == 0:
+            raise ValueError(f"{url!r} names no host, or port 0: write it as https://host[:port]/path")
+        return url
 
 
 class Profile(BaseModel):

@@ -39,10 +39,11 @@ from console.feeds import CallIndex, CallSummary, Hub, call_snapshot, fold_event
 from console.settings import ConsoleSettings
 from console.speak import SpeakTarget, speak_target
 from console.users import Role, User, Users
-from console.webhooks import Outbox, WebhookSender
+from console.webhooks import Backoff, Outbox, WebhookSender
 from console.workorders import ConfirmError, append_after, confirmation, route_profile, webhook_delivery
 from kb_hooks.config import RedisSettings
 from kb_hooks.connection import make_client
+from kb_hooks.events import EventType
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
@@ -74,7 +75,8 @@ class Console:
         self.routes: Path | None = None
         self.hub: Hub | None = None
         self.speak: SpeakTarget | None = None
-        self.webhooks = WebhookSender(Outbox(settings.state_dir / "webhook-outbox.jsonl"))
+        backoff = Backoff(settings.webhook_retry_first_s, settings.webhook_retry_max_s)
+        self.webhooks = WebhookSender(Outbox(settings.state_dir / "webhook-outbox.jsonl"), backoff)
 
     def open(self) -> None:
         from asr_gateway.config import load_config
@@ -339,6 +341,17 @@ def build_app(settings: ConsoleSettings) -> Starlette:
             console.webhooks.wake()
         return JSONResponse({"ok": True, "event": wire, "webhook": "queued" if delivery else None})
 
+    @need("agent")
+    async def api_workorder_deliveries(request: Request) -> Response:
+        """Where each of the call's confirmed work orders stands with the ticket system, by the
+        ``workorder.confirmed`` event id (one the route sends no webhook for, or one finished
+        before this console started, is not there)."""
+        prefix, call_id = await find_call(request)
+        stored = await call_snapshot(hub().client, prefix, call_id, hub().layout)
+        confirmed = [str(e.get("event_id")) for _, e in stored if e.get("event_type") == EventType.WORKORDER_CONFIRMED]
+        states = [console.webhooks.state(event_id) for event_id in confirmed]
+        return JSONResponse({"deliveries": {s.event_id: s.to_json() for s in states if s is not None}})
+
     # -- admin API ----------------------------------------------------------------------
 
     def file_key(data: dict[str, Any]) -> str:
@@ -455,6 +468,7 @@ def build_app(settings: ConsoleSettings) -> Starlette:
         Route("/api/calls/{call_id}", api_call),
         Route("/api/calls/{call_id}/events", api_call_events),
         Route("/api/calls/{call_id}/workorder", api_confirm_workorder, methods=["POST"]),
+        Route("/api/calls/{call_id}/workorder", api_workorder_deliveries, methods=["GET"]),
         Route("/api/admin/files", admin_files),
         Route("/api/admin/files/{key}", admin_file),
         Route("/api/admin/validate", admin_validate, methods=["POST"]),

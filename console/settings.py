@@ -6,7 +6,7 @@ import ipaddress
 import os
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from asr_common.yamlconf import load_yaml_model
 from asr_gateway.state_dir import default_state_dir
@@ -44,6 +44,21 @@ class ConsoleSettings(BaseModel):
         description="the gateway's WebSocket stream URL for the Speak page, as the browser reaches it "
         "(default: the host the console was reached at, the gateway's websocket.port, /v1/stream; console/speak.py)",
     )
+
+    webhook_retry_first_s: float = Field(
+        1.0, gt=0, description="seconds before a work order's webhook is tried again after its first failure"
+    )
+    webhook_retry_max_s: float = Field(
+        300.0, gt=0, description="the most seconds between tries; the wait doubles from webhook_retry_first_s"
+    )
+
+    @field_validator("webhook_retry_max_s")
+    @classmethod
+    def _not_below_first(cls, max_s: float, info: ValidationInfo) -> float:
+        first_s = info.data.get("webhook_retry_first_s")
+        if first_s is not None and max_s < first_s:
+            raise ValueError(f"{max_s} is below webhook_retry_first_s ({first_s}): raise it, or lower that")
+        return max_s
 
     @property
     def host_port(self) -> tuple[str, int]:
