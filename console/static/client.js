@@ -48,6 +48,12 @@
       return this.get("/api/calls/" + encodeURIComponent(callId));
     }
 
+    // Where the call's confirmed work orders stand with the ticket system, by the
+    // workorder.confirmed event id: {deliveries: {event_id: {stage, tries, retry_at, error, ...}}}.
+    deliveries(callId) {
+      return this.get("/api/calls/" + encodeURIComponent(callId) + "/workorder");
+    }
+
     follow(callId, onEvent, onState) {
       const source = new EventSource(this.base + "/api/calls/" + encodeURIComponent(callId) + "/events", { withCredentials: true });
       source.onmessage = (message) => onEvent(JSON.parse(message.data), message.lastEventId);

@@ -253,6 +253,40 @@
       form.hidden = false;
       const changed = (event.changes || []).map((c) => c.field).join(", ");
       formState.textContent = `confirmed by ${event.confirmed_by} ${time(event.ts)}` + (changed ? ` · changed: ${changed}` : " · no changes");
+      watchDelivery(event.event_id);
+    }
+
+    // -- the latest confirmation's way to the ticket system (console/webhooks.py), asked for
+    // again while it is on its way: every second while it is first sent, every 2 s while it
+    // waits for a retry. Nothing is shown where the route sends no webhook.
+    const deliveryState = document.getElementById("workorder-delivery");
+    let watchedDelivery = null;
+
+    function deliveryText(d) {
+      if (d.stage === "sent") return "sent to the ticket system";
+      if (d.stage === "refused") return `the ticket system did not take it: ${d.error}`;
+      if (d.stage === "sending") return "sending to the ticket system…";
+      const tries = `${d.tries} ${d.tries === 1 ? "try" : "tries"} so far`;
+      const at = d.retry_at ? ` at ${new Date(d.retry_at * 1000).toLocaleTimeString()}` : "";
+      return `waiting to send, will retry${at} (${tries}; ${d.error})`;
+    }
+
+    async function watchDelivery(eventId) {
+      watchedDelivery = eventId;
+      while (watchedDelivery === eventId) {
+        let wait = 2000;
+        try {
+          const d = (await api.deliveries(callId)).deliveries[eventId];
+          if (watchedDelivery !== eventId) return;
+          deliveryState.textContent = d ? deliveryText(d) : "";
+          deliveryState.dataset.stage = d ? d.stage : "";
+          if (!d || d.stage === "sent" || d.stage === "refused") return; // no webhook, or done
+          if (d.stage === "sending") wait = 1000;
+        } catch (error) {
+          deliveryState.textContent = `delivery state unknown (${error.message}); asking again`;
+        }
+        await new Promise((resolve) => setTimeout(resolve, wait));
+      }
     }
 
     form.addEventListener("input", (e) => { if (e.target.name) e.target.dataset.edited = "1"; });
