@@ -3,16 +3,19 @@ party's pace folded from its transcripts (slowed while its latest chunk size is 
 smallest it reported), finals searched the quick way counted; the calls API and the supervisors'
 calls page say how many live calls are slowed down; the call page, in headless Chromium while
 the events arrive in a real redis-server, says in words that a party was slowed down to save
-capacity and marks the quick final, with the route's own size taken from the routes file.
+capacity and marks the quick final, with the route's own size taken from the routes file; the
+supervisors' calls page also lists each gateway's own count of slowed streams (its heartbeat).
 Saves console-call-surge.png and console-calls-surge.png (browser_helpers.screenshot_dir)."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from asr_gateway.config import load_config
 from console.feeds import CallSummary, fold_event
@@ -169,13 +172,20 @@ def test_call_page_says_when_a_party_is_slowed_down(tmp_path: Path, redis_server
             publisher.submit(event)
         WebDriverWait(driver, 10).until(lambda d: pace("caller") == "Live text updates every 320 ms")
 
-        # a supervisor's calls page counts the live calls slowed down
+        # a supervisor's calls page counts the live calls slowed down, and each gateway's own
+        # count from its heartbeat (asr_gateway/heartbeat.py)
         for event in call.result(AGENT, 1, "请稍等", 640):
             publisher.submit(event)
+        beat = {"node": "gw-1:5060", "config_version": "abc", "last_reload": {"at": 0, "ok": True, "errors": []},
+                "active_calls": 1, "engine_streams": 2, "degraded_streams": 1, "ts": time.time()}  # fmt: skip
+        redis.Redis.from_url(redis_server.url).hset("asr:nodes", "gw-1:5060", json.dumps(beat))
         driver.delete_all_cookies()
         sign_in_as(driver, base, "sup", PASSWORDS["sup"])
         load = WebDriverWait(driver, 10).until(lambda d: d.find_elements(By.ID, "calls-load"))[0]
         WebDriverWait(driver, 10).until(lambda d: "1 of 1 live call slowed down to save capacity" in load.text)
+        WebDriverWait(driver, 10).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#calls-nodes li"))
+        node = driver.find_element(By.CSS_SELECTOR, "#calls-nodes li").text
+        assert node == "gw-1:5060: 1 call · 1 of 2 streams slowed down to save capacity", node
         row = driver.find_element(By.CSS_SELECTOR, '#calls tr[data-call-id="surge-call"]')
         assert "live · slowed down to save capacity" in row.text
         driver.save_screenshot(str(screenshot_dir() / "console-calls-surge.png"))

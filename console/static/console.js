@@ -104,10 +104,33 @@
       : `${count(live.length, "live call")}, none slowed down`) + (reduced ? ` · ${count(reduced, "line")} recognised quickly while busy` : "");
   }
 
+  // A gateway's own count (its heartbeat): streams at longer chunks than their route's.
+  function slowedStreams(node) {
+    if (typeof node.degraded_streams !== "number") return ""; // a gateway that does not report it
+    return node.degraded_streams ? `${node.degraded_streams} of ${count(node.engine_streams, "stream")}` : "none";
+  }
+
+  function nodeLoadText(node) {
+    if (node.stale) return `${node.node}: no report for a while`;
+    const slowed = slowedStreams(node);
+    const pace = slowed === "" ? "" : slowed === "none" ? " · running at normal speed"
+      : ` · ${slowed} slowed down to save capacity`;
+    return `${node.node}: ${count(node.active_calls, "call")}${pace}`;
+  }
+
   function callsPage(table) {
     const body = table.querySelector("tbody");
     const empty = document.getElementById("calls-empty");
     const load = document.getElementById("calls-load");
+    const nodeList = document.getElementById("calls-nodes");
+    if (nodeList) {
+      const nodes = async () => {
+        const answer = await api.get("/api/admin/nodes");
+        nodeList.replaceChildren(...answer.nodes.map((n) => el("li", { "data-node": n.node }, nodeLoadText(n))));
+      };
+      nodes();
+      setInterval(nodes, 2000);
+    }
     api.watchCalls((calls) => {
       body.replaceChildren();
       empty.hidden = calls.length > 0;
@@ -436,6 +459,7 @@
           el("td", { class: "mono" }, n.node), el("td", { class: "mono node-version" }, n.config_version),
           el("td", {}, reload.at ? new Date(reload.at * 1000).toLocaleTimeString() : ""),
           el("td", {}, String(n.active_calls)),
+          el("td", { class: "node-slowed" + (n.degraded_streams ? " slowed" : "") }, slowedStreams(n)),
           el("td", { class: n.stale || !reload.ok ? "stale" : took ? "ok" : "" }, status + (reload.errors && reload.errors.length ? ": " + reload.errors.join("; ") : "")));
       }));
     }
