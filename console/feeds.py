@@ -199,12 +199,10 @@ def fold_event(
             seq = event.get("seq")
             seq = seq if isinstance(seq, int) else 0
             before = call.pace.get(party)
-            if before is None:
-                call.pace[party] = PartyPace(role, party[1], chunk_ms, chunk_ms, route_sizes(call.route), seq)
-            else:
-                latest = (chunk_ms, seq) if seq >= before.seq else (before.chunk_ms, before.seq)
-                least = min(before.least_chunk_ms, chunk_ms)
-                call.pace[party] = PartyPace(role, party[1], latest[0], least, route_sizes(call.route), latest[1])
+            least = chunk_ms if before is None else min(before.least_chunk_ms, chunk_ms)
+            if before is not None and seq < before.seq:  # a partial (pub/sub) after later results
+                chunk_ms, seq = before.chunk_ms, before.seq
+            call.pace[party] = PartyPace(role, party[1], chunk_ms, least, route_sizes(call.route), seq)
         if kind == EventType.TRANSCRIPT_FINAL and event.get("reduced_search") is True:
             call.reduced_finals += 1
     elif kind == EventType.KB_SUGGESTION and event.get("status") != "withdrawn":

@@ -60,8 +60,11 @@ def test_a_party_is_slowed_while_its_chunk_is_above_the_smallest_it_reported() -
     assert call.slowed and call.to_json()["slowed"] is True
     assert [p.slowed for p in call.pace.values()] == [True, False]
     fold_event(call, transcript("c1", "caller", ev.EventType.TRANSCRIPT_FINAL, 640, reduced_search=True), "X-Agent-Id")
-    fold_event(call, transcript("c1", "caller", ev.EventType.TRANSCRIPT_FINAL, 320), "X-Agent-Id")
+    fold_event(call, transcript("c1", "caller", ev.EventType.TRANSCRIPT_FINAL, 320, seq=9), "X-Agent-Id")
     assert not call.slowed and call.reduced_finals == 1
+    # a partial made before that final but come later (pub/sub and the stream are separate paths)
+    fold_event(call, transcript("c1", "caller", ev.EventType.TRANSCRIPT_PARTIAL, 640, seq=8), "X-Agent-Id")
+    assert not call.slowed and call.pace[("caller", None)].chunk_ms == 320
     # a result without chunk_ms (an older gateway) says nothing about the pace
     fold_event(call, transcript("c1", "agent", ev.EventType.TRANSCRIPT_FINAL, None), "X-Agent-Id")
     assert call.pace[("agent", None)].chunk_ms == 320 and call.to_json()["reduced_finals"] == 1
