@@ -417,12 +417,15 @@ class Service:
         self.router = router
 
     def node_report(self) -> dict[str, object]:
-        """What the heartbeat tells the console: the version in force, the last reload, the load."""
+        """What the heartbeat tells the console: the version in force, the last reload, the load
+        (calls, the engine's streams and those of them slowed down to longer chunks by surge)."""
         last = self.reloader.last_reload
         return {
             "config_version": self.reloader.config_version,
             "last_reload": {"at": last.at_unix, "ok": last.ok, "errors": list(last.errors)},
             "active_calls": self.sip.active_calls,
+            "engine_streams": self.engine.active_streams,
+            "degraded_streams": self.engine.degraded_streams,
         }
 
 

@@ -36,6 +36,7 @@ from starlette.templating import Jinja2Templates
 from asr_common.yamlconf import ConfigError
 from console.configs import ConfigStore, UnknownFile
 from console.feeds import CallIndex, CallSummary, Hub, call_snapshot, fold_event, running_hub
+from console.route_sizes import RouteChunkSizes
 from console.settings import ConsoleSettings
 from console.speak import SpeakTarget, speak_target
 from console.users import Role, User, Users
@@ -75,6 +76,7 @@ class Console:
         self.routes: Path | None = None
         self.hub: Hub | None = None
         self.speak: SpeakTarget | None = None
+        self.route_sizes = RouteChunkSizes(None)
         backoff = Backoff(settings.webhook_retry_first_s, settings.webhook_retry_max_s)
         self.webhooks = WebhookSender(Outbox(settings.state_dir / "webhook-outbox.jsonl"), backoff)
 
@@ -87,7 +89,8 @@ class Console:
         self.speak = speak_target(self.settings.speak_url, service.websocket)
         self.client = make_client(redis.url, redis.connect_timeout_s, 5.0)
         prefixes = self.settings.key_prefixes or [redis.key_prefix]
-        index = CallIndex(self.settings.agent_id_key, self.settings.ended_keep_s)
+        self.route_sizes = RouteChunkSizes(service.routes)
+        index = CallIndex(self.settings.agent_id_key, self.settings.ended_keep_s, self.route_sizes)
         self.hub = Hub(self.client, prefixes, index, self.settings.bootstrap_events, redis.layout)
         self.store = ConfigStore(self.settings.service_config, self.settings.state_dir, self.client)
 
@@ -217,10 +220,11 @@ def build_app(settings: ConsoleSettings) -> Starlette:
     @need("agent", page=True)
     async def call_page(request: Request) -> Response:
         try:
-            _, call_id = await find_call(request)
+            call = await find_call(request)
         except HTTPException:  # another agent's call, or none: 404, as the API answers
             return page("missing.html", request, status_code=404, call_id=request.path_params["call_id"])
-        return page("call.html", request, call_id=call_id, agent_id_key=settings.agent_id_key)
+        return page("call.html", request, call_id=call.call_id, agent_id_key=settings.agent_id_key,
+                    route_chunk_ms=console.route_sizes(call.route))  # fmt: skip
 
     @need("agent", page=True)
     async def speak_page(request: Request) -> Response:
@@ -268,8 +272,8 @@ def build_app(settings: ConsoleSettings) -> Starlette:
 
         return EventSourceResponse(events(), ping=SSE_PING_S)
 
-    async def find_call(request: Request) -> tuple[str, str]:
-        """(prefix, call_id) of a call the user may see; 404 otherwise (also for others' calls)."""
+    async def find_call(request: Request) -> CallSummary:
+        """A call the user may see; 404 otherwise (also for others' calls)."""
         call_id = request.path_params["call_id"]
         user: User = request.state.user
         await hub().ready.wait()
@@ -280,15 +284,16 @@ def build_app(settings: ConsoleSettings) -> Starlette:
                 if stored:
                     summary = CallSummary(call_id, prefix)
                     for _, event in stored:
-                        fold_event(summary, event, hub().index.agent_id_key)
+                        fold_event(summary, event, hub().index.agent_id_key, console.route_sizes)
                     break
         if summary is None or not console.can_see(user, summary):
             raise HTTPException(404, f"no call {call_id}")
-        return summary.prefix, call_id
+        return summary
 
     @need("agent")
     async def api_call(request: Request) -> Response:
-        prefix, call_id = await find_call(request)
+        call = await find_call(request)
+        prefix, call_id = call.prefix, call.call_id
         stored = await call_snapshot(hub().client, prefix, call_id, hub().layout)
         summary = hub().index.calls.get(call_id)
         return JSONResponse({
@@ -298,7 +303,8 @@ def build_app(settings: ConsoleSettings) -> Starlette:
 
     @need("agent")
     async def api_call_events(request: Request) -> Response:
-        prefix, call_id = await find_call(request)
+        call = await find_call(request)
+        prefix, call_id = call.prefix, call.call_id
         last_id = request.headers.get("last-event-id") or request.query_params.get("last_event_id")
         feed = hub().feed(prefix, call_id)
 
@@ -314,7 +320,8 @@ def build_app(settings: ConsoleSettings) -> Starlette:
     @need("agent")
     async def api_confirm_workorder(request: Request) -> Response:
         """The agent confirms the call's work order (``{"fields": {name: value}}``): ``workorder.confirmed``."""
-        prefix, call_id = await find_call(request)
+        call = await find_call(request)
+        prefix, call_id = call.prefix, call.call_id
         data = await body(request)
         fields = data.get("fields") or {}
         if not isinstance(fields, dict):

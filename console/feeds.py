@@ -20,7 +20,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,9 +32,16 @@ from kb_hooks.keys import SINGLE, KeyLayout, live_channel
 
 log = logging.getLogger(__name__)
 
+RouteSizes = Callable[[str | None], int | None]  # a route's own chunk size (ms), None where unknown
+
 BLOCK_MS = 1000
 FEED_IDLE_S = 30.0
 RETRY_S = 1.0
+
+
+def no_route_sizes(route: str | None) -> int | None:
+    """Where the console knows no routes file: every route's chunk size unknown."""
+    return None
 
 
 def stream_id_key(stream_id: str) -> tuple[int, int]:
@@ -57,6 +64,32 @@ def decode_entry(fields: dict[Any, Any]) -> dict[str, Any] | None:
     return event if isinstance(event, dict) else None
 
 
+@dataclass(frozen=True, slots=True)
+class PartyPace:
+    """How often one party's text updates: the engine's chunk size (ms) in force for its latest
+    result (docs/events.md ``chunk_ms``: longer while the node is behind, surge), against the
+    party's own size: its route's in the routes file where the console knows it, else the
+    smallest the party reported (a stream starts at its own size and moves one size at a time)."""
+
+    role: str | None
+    label: str | None
+    chunk_ms: int
+    least_chunk_ms: int  # the smallest the party reported in this call
+    route_chunk_ms: int | None  # its route's profile's, None where unknown
+    seq: int  # of the result that told ``chunk_ms`` (0: none): a partial may come after later results
+
+    @property
+    def own_chunk_ms(self) -> int:
+        return self.route_chunk_ms or self.least_chunk_ms
+
+    @property
+    def slowed(self) -> bool:
+        return self.chunk_ms > self.own_chunk_ms
+
+    def to_json(self) -> dict[str, Any]:
+        return {"role": self.role, "label": self.label, "chunk_ms": self.chunk_ms, "own_chunk_ms": self.own_chunk_ms}
+
+
 @dataclass
 class CallSummary:
     """One call as the calls page shows it."""
@@ -73,7 +106,15 @@ class CallSummary:
     ended_at: str | None = None
     end_reason: str | None = None
     analytics: dict[str, Any] | None = None  # call.analytics, as the supervisors' page sums it up
+    # (participant role, label) -> how often its text updates, from the transcripts' chunk_ms
+    pace: dict[tuple[str | None, str | None], PartyPace] = field(default_factory=dict)
+    reduced_finals: int = 0  # finals searched the cheaper way while the node was behind (surge)
     updated: float = field(default_factory=time.time)
+
+    @property
+    def slowed(self) -> bool:
+        """A party's text comes in longer chunks than its own: the node is saving capacity."""
+        return any(p.slowed for p in self.pace.values())
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -88,6 +129,9 @@ class CallSummary:
             "ended_at": self.ended_at,
             "end_reason": self.end_reason,
             "analytics": self.analytics,
+            "pace": [p.to_json() for p in self.pace.values()],
+            "slowed": self.slowed,
+            "reduced_finals": self.reduced_finals,
             "active": self.ended_at is None,
         }
 
@@ -95,8 +139,9 @@ class CallSummary:
 class CallIndex:
     """Call summaries folded from events; ``changed`` is set (and replaced) on every update."""
 
-    def __init__(self, agent_id_key: str, ended_keep_s: float) -> None:
+    def __init__(self, agent_id_key: str, ended_keep_s: float, route_sizes: RouteSizes = no_route_sizes) -> None:
         self.agent_id_key = agent_id_key
+        self.route_sizes = route_sizes
         self.ended_keep_s = ended_keep_s
         self.calls: dict[str, CallSummary] = {}
         self.version = 0
@@ -114,7 +159,7 @@ class CallIndex:
         call = self.calls.get(call_id)
         if call is None:
             call = self.calls[call_id] = CallSummary(call_id, prefix, route=event.get("route"))
-        fold_event(call, event, self.agent_id_key)
+        fold_event(call, event, self.agent_id_key, self.route_sizes)
         call.updated = time.time()
         self._notify()
         return call
@@ -128,8 +173,11 @@ class CallIndex:
             self._notify()
 
 
-def fold_event(call: CallSummary, event: dict[str, Any], agent_id_key: str) -> None:
-    """Update ``call`` with what ``event`` says about it."""
+def fold_event(
+    call: CallSummary, event: dict[str, Any], agent_id_key: str, route_sizes: RouteSizes = no_route_sizes
+) -> None:
+    """Update ``call`` with what ``event`` says about it (``route_sizes``: each route's own chunk
+    size in ms, console/route_sizes.py, or None where unknown)."""
     kind = event.get("event_type")
     if kind == EventType.CALL_STARTED:
         call.started_at = event.get("ts")
@@ -138,12 +186,25 @@ def fold_event(call: CallSummary, event: dict[str, Any], agent_id_key: str) -> N
         call.metadata = dict(event.get("metadata") or {})
         call.agent_id = call.metadata.get(agent_id_key)
     elif kind in (EventType.TRANSCRIPT_PARTIAL, EventType.TRANSCRIPT_FINAL):
-        role = (event.get("participant") or {}).get("role")
+        participant = event.get("participant") or {}
+        role = participant.get("role")
         call.last_text = {
             "role": role,
             "text": event.get("text", ""),
             "is_partial": kind == EventType.TRANSCRIPT_PARTIAL,
         }
+        chunk_ms = event.get("chunk_ms")
+        if isinstance(chunk_ms, int) and chunk_ms > 0:
+            party = (role, participant.get("label"))
+            seq = event.get("seq")
+            seq = seq if isinstance(seq, int) else 0
+            before = call.pace.get(party)
+            least = chunk_ms if before is None else min(before.least_chunk_ms, chunk_ms)
+            if before is not None and seq < before.seq:  # a partial (pub/sub) after later results
+                chunk_ms, seq = before.chunk_ms, before.seq
+            call.pace[party] = PartyPace(role, party[1], chunk_ms, least, route_sizes(call.route), seq)
+        if kind == EventType.TRANSCRIPT_FINAL and event.get("reduced_search") is True:
+            call.reduced_finals += 1
     elif kind == EventType.KB_SUGGESTION and event.get("status") != "withdrawn":
         title = str(event.get("title", ""))
         if title not in call.suggestions:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -195,6 +196,9 @@ def test_console_in_chromium(tmp_path: Path, redis_server: RedisServer, browser:
         redrawn.until(lambda d: "running the applied version" in d.find_element(By.CSS_SELECTOR, row_sel).text)
         new_version = redrawn.until(lambda d: d.find_element(By.CSS_SELECTOR, f"{row_sel} .node-version").text)
         assert new_version == gateway.service.reloader.config_version != first_version
+        # the heartbeat's surge count: "none", or "N of M streams" slowed down to longer chunks
+        slowed = redrawn.until(lambda d: d.find_element(By.CSS_SELECTOR, f"{row_sel} .node-slowed").text)
+        assert re.fullmatch(r"none|\d+ of \d+ streams?", slowed), slowed
         driver.save_screenshot(str(IMG / "console-admin.png"))
 
         # -- the next call's suggestion carries the new title ---------------------------------

@@ -46,6 +46,10 @@
     return reason ? END_REASONS[reason] || words(reason) : "ended";
   }
 
+  function count(n, noun) {
+    return `${n} ${noun}${n === 1 ? "" : "s"}`;
+  }
+
   function seconds(ms) {
     return `${(ms / 1000).toFixed(1)} s`;
   }
@@ -67,6 +71,17 @@
     return tag.kind === "entity" ? `${ENTITY_LABELS[tag.label] || words(tag.label)}: ${tag.value}` : tag.label;
   }
 
+  // A party's pace: the engine's chunk size in force (chunk_ms), against the size it runs at
+  // while the node keeps up. Longer chunks mean the live text updates less often.
+  function paceText(chunkMs, ownMs) {
+    return chunkMs > ownMs
+      ? `Slowed down to save capacity: live text updates every ${chunkMs} ms (normally every ${ownMs} ms)`
+      : `Live text updates every ${chunkMs} ms`;
+  }
+
+  const REDUCED_WORDS = "quick recognition: the service was busy";
+  const REDUCED_TITLE = "The service was busy, so this line was recognised with a quicker, narrower search. It may be a little less accurate.";
+
   for (const form of document.querySelectorAll("form[data-csrf-form]")) {
     form.addEventListener("submit", async (e) => {
       e.preventDefault();
@@ -76,12 +91,50 @@
   }
 
   // -- calls list --------------------------------------------------------------------
+  // Supervisors: how many live calls the service has slowed down to keep up (their latest
+  // chunk size above their own), and how many of their lines were recognised the quick way.
+  function loadText(calls) {
+    const live = calls.filter((c) => c.active);
+    if (!live.length) return "No live calls.";
+    const slowed = live.filter((c) => c.slowed);
+    const reduced = live.reduce((n, c) => n + (c.reduced_finals || 0), 0);
+    const slowest = Math.max(0, ...slowed.flatMap((c) => c.pace.map((p) => p.chunk_ms)));
+    return (slowed.length
+      ? `${slowed.length} of ${count(live.length, "live call")} slowed down to save capacity (live text every ${slowest} ms at most)`
+      : `${count(live.length, "live call")}, none slowed down`) + (reduced ? ` · ${count(reduced, "line")} recognised quickly while busy` : "");
+  }
+
+  // A gateway's own count (its heartbeat): streams at longer chunks than their route's.
+  function slowedStreams(node) {
+    if (typeof node.degraded_streams !== "number") return ""; // a gateway that does not report it
+    return node.degraded_streams ? `${node.degraded_streams} of ${count(node.engine_streams, "stream")}` : "none";
+  }
+
+  function nodeLoadText(node) {
+    if (node.stale) return `${node.node}: no report for a while`;
+    const slowed = slowedStreams(node);
+    const pace = slowed === "" ? "" : slowed === "none" ? " · running at normal speed"
+      : ` · ${slowed} slowed down to save capacity`;
+    return `${node.node}: ${count(node.active_calls, "call")}${pace}`;
+  }
+
   function callsPage(table) {
     const body = table.querySelector("tbody");
     const empty = document.getElementById("calls-empty");
+    const load = document.getElementById("calls-load");
+    const nodeList = document.getElementById("calls-nodes");
+    if (nodeList) {
+      const nodes = async () => {
+        const answer = await api.get("/api/admin/nodes");
+        nodeList.replaceChildren(...answer.nodes.map((n) => el("li", { "data-node": n.node }, nodeLoadText(n))));
+      };
+      nodes();
+      setInterval(nodes, 2000);
+    }
     api.watchCalls((calls) => {
       body.replaceChildren();
       empty.hidden = calls.length > 0;
+      if (load) load.textContent = loadText(calls);
       for (const call of calls) {
         const who = (call.participants || []).map((p) => `${p.role}: ${p.name || p.aor || "?"}`).join(", ");
         const last = call.last_text ? `${call.last_text.role || ""} ${call.last_text.text}` : "";
@@ -90,7 +143,8 @@
           el("td", {}, call.route || "default profile"), el("td", {}, who), el("td", {}, call.agent_id || ""),
           el("td", { class: call.last_text && call.last_text.is_partial ? "partial" : "" }, last),
           el("td", {}, (call.suggestions || []).join("、")),
-          el("td", {}, call.active ? "live" : `ended: ${endReason(call.end_reason)}`));
+          el("td", { class: call.active && call.slowed ? "slowed" : "" },
+            call.active ? (call.slowed ? "live · slowed down to save capacity" : "live") : `ended: ${endReason(call.end_reason)}`));
         body.append(row);
       }
     });
@@ -159,6 +213,7 @@
         at = s.end;
       }
       parts.push(u.text.slice(at));
+      if (u.reduced) parts.push(el("span", { class: "badge reduced", title: REDUCED_TITLE }, REDUCED_WORDS));
       u.node.replaceChildren(...parts);
       u.node.className = "utt " + (u.final ? "final" : "partial");
     }
@@ -167,11 +222,34 @@
       const key = keyOf(event);
       let u = utterances.get(key);
       if (!u) {
-        u = { node: el("p", { class: "utt partial", "data-key": key }), final: false, text: "", spans: [] };
+        u = { node: el("p", { class: "utt partial", "data-key": key }), final: false, reduced: false, text: "", spans: [] };
         utterances.set(key, u);
         laneOf(event.participant).append(u.node);
       }
       return u;
+    }
+
+    // -- each party's pace, above its lane (docs/events.md chunk_ms)
+    const routeChunkMs = Number(root.dataset.routeChunkMs) || 0; // 0: the route's size is unknown
+    const paces = new Map(); // party key -> {node, least}
+
+    function pace(event) {
+      if (!(event.chunk_ms > 0)) return;
+      const p = event.participant || {};
+      const key = [p.role, p.aor, p.label].join("|");
+      let entry = paces.get(key);
+      if (!entry) {
+        entry = { node: el("p", { class: "pace", "data-party": key, title: p.name || p.aor || "" }), least: event.chunk_ms, seq: 0 };
+        paces.set(key, entry);
+        laneOf(p).parentNode.querySelector(".paces").append(entry.node);
+      }
+      entry.least = Math.min(entry.least, event.chunk_ms);
+      if ((event.seq || 0) < entry.seq) return; // a partial that came after later results
+      entry.seq = event.seq || 0;
+      const own = routeChunkMs || entry.least;
+      entry.node.className = "pace" + (event.chunk_ms > own ? " slowed" : "");
+      entry.node.setAttribute("data-chunk-ms", String(event.chunk_ms));
+      entry.node.textContent = paceText(event.chunk_ms, own);
     }
 
     function transcript(event) {
@@ -179,6 +257,8 @@
       if (u.final) return; // a late partial after its final
       u.text = event.text || "";
       u.final = !event.is_partial;
+      u.reduced = u.final && event.reduced_search === true;
+      pace(event);
       if (u.final) {
         u.node.setAttribute("data-final-at", String(Date.now()));
         u.node.setAttribute("data-event-ts", event.ts || "");
@@ -413,6 +493,7 @@
           el("td", { class: "mono" }, n.node), el("td", { class: "mono node-version" }, n.config_version),
           el("td", {}, reload.at ? new Date(reload.at * 1000).toLocaleTimeString() : ""),
           el("td", {}, String(n.active_calls)),
+          el("td", { class: "node-slowed" + (n.degraded_streams ? " slowed" : "") }, slowedStreams(n)),
           el("td", { class: n.stale || !reload.ok ? "stale" : took ? "ok" : "" }, status + (reload.errors && reload.errors.length ? ": " + reload.errors.join("; ") : "")));
       }));
     }
