@@ -353,8 +353,8 @@ def build_app(settings: ConsoleSettings) -> Starlette:
         """Where each of the call's confirmed work orders stands with the ticket system, by the
         ``workorder.confirmed`` event id (one the route sends no webhook for, or one finished
         before this console started, is not there)."""
-        prefix, call_id = await find_call(request)
-        stored = await call_snapshot(hub().client, prefix, call_id, hub().layout)
+        call = await find_call(request)
+        stored = await call_snapshot(hub().client, call.prefix, call.call_id, hub().layout)
         confirmed = [str(e.get("event_id")) for _, e in stored if e.get("event_type") == EventType.WORKORDER_CONFIRMED]
         states = [console.webhooks.state(event_id) for event_id in confirmed]
         return JSONResponse({"deliveries": {s.event_id: s.to_json() for s in states if s is not None}})
