@@ -314,11 +314,11 @@ def _evaluate(
         return hyps
 
     finals: dict[str, list[str]] = {}
-    texts: dict[str, dict[str, list[str]]] = {}
+    by_mode: dict[str, dict[str, list[str]]] = {}  # mode -> method -> text per utterance
     for mode, spec in runs:
         started = time.monotonic()
         hyps = run(spec, always)
-        texts[mode] = hyps
+        by_mode[mode] = hyps
         result["cer"][mode] = {method: round(corpus_cer(texts, refs), 4) for method, texts in hyps.items()}
         result["cer"][mode]["seconds"] = round(time.monotonic() - started, 1)
         result["examples"][mode] = [{"ref": r, "hyp": h} for r, h in list(zip(refs, hyps["greedy"], strict=True))[:3]]
@@ -335,7 +335,7 @@ def _evaluate(
                 "with": _name_scores(biased, refs, names),
                 "changed": _changed_names(hyps, biased, refs, names),
             }
-    result["paired"] = _paired(runs, texts, refs)
+    result["paired"] = _paired(runs, by_mode, refs)
     return result, finals
 
 
