@@ -26,6 +26,17 @@ last CTC partial of each utterance (what the live partials showed), "rescore" it
 the service publishes by default; "joint" with ``--attention-beam N``). ``auto`` is the service's default
 on a CPU, ``torch-int8``. There is no full-context row in this mode. Running it for ``torch``
 and an INT8 backend on the same test set gives the CER change of INT8 under serving conditions.
+(``deploy.bench.accuracy_streaming`` runs the engine.)
+
+Surge's cost in accuracy (asr_core/surge.py): ``--surge-ladder`` runs each size at the left
+chunks that keep a 160 ms route's attention window (``--left-chunks`` 8: 320 ms x 4, 640 ms x
+2), as surge runs a degraded stream; ``--switch-at S`` adds a run (``160>640ms``) whose streams
+start at 160 ms and are moved to the largest ``--chunk-ms`` at their first chunk boundary S
+seconds into their audio, mid-utterance, by the engine's own ``Stream.set_chunk``
+(``surge.switched``: how many streams' finals say they ended at that size). ``paired`` gives
+each mode's CER difference to the first mode's (a switch's also to its target size's), with a
+95 % interval from a paired bootstrap over the utterances: decoding is deterministic, so the
+noise a difference is held against is which sentences the set holds.
 
 ``--hotwords FILE`` (a phrase file as a route names it) decodes every mode twice, without and
 with the list (on every utterance, as a route's list reaches its calls' finals; greedy/partials
@@ -80,11 +91,21 @@ from asr_core.frontend import DEFAULT_FRONTEND, FrontendConfig, compute_fbank
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_core.tokens import tokens_to_text
 from asr_gateway.config import EngineSettings
-from deploy.bench.accuracy_report import WORST, final_method, finals_warning, parse_compare, worst_utterances
+from deploy.bench.accuracy_report import (
+    WORST,
+    final_method,
+    finals_warning,
+    paired_difference,
+    parse_compare,
+    worst_utterances,
+)
+from deploy.bench.accuracy_streaming import ChunkPlan, PlanError, decode_streaming, surge_left_chunks
 from deploy.bench.datasets import DataSetError, load_dataset
 from rtp.resample import upsample_recording
 
 CHUNK_MODES = {"160ms": 4, "320ms": 8, "640ms": 16, "full": -1}
+CHUNK_SIZES = (160, 320, 640)  # ms, the sizes above
+ROUTE_CHUNK_MS = 160  # the service's route chunk size: where a surge ladder starts
 EXAMPLES = 8  # utterances listed per mode where the hotwords changed the final
 FINAL_METHODS = frozenset({"rescore", "joint"})
 ITN_SET = Path(__file__).resolve().parents[2] / "recipes" / "testsets" / "itn.tsv"
@@ -125,55 +146,6 @@ def read_testset(testset: Path, frontend: FrontendConfig = DEFAULT_FRONTEND) -> 
         (utt_id, text, compute_fbank(audio, frontend))
         for utt_id, text, audio in read_audio(testset, frontend.sample_rate)
     ]
-
-
-def decode_streaming(
-    loaded: LoadedModel, audio: list[np.ndarray], chunk_ms: int, backend: str, left_chunks: int,
-    dtype: str = "float32", attention_beam: int = 0, context: ContextGraph | None = None,
-) -> dict[str, list[str]]:  # fmt: skip
-    """Texts per method through the serving engine: every utterance one stream, all at once.
-    The finals are "rescore", or "joint" with ``attention_beam`` > 0; ``context``: every
-    stream's hotwords (as a route's list reaches its calls' finals)."""
-    from asr_core.endpoint import EndpointRules
-    from asr_core.engine import Engine
-    from asr_core.engine_options import EngineOptions, resolve_dtype
-    from asr_core.events import Event, Final, Partial
-    from asr_core.stream import StreamConfig
-
-    never = 10**9  # one utterance per test item: endpoints only at the end of the input
-    options = EngineOptions(
-        max_streams=len(audio), max_batch=64, backend=backend, max_left_chunks=left_chunks, trim_interval_s=0,
-        behind_ms=float("inf"),  # audio arrives all at once: latency is meaningless here
-        dtype=resolve_dtype(dtype, "cpu"), attention_beam=attention_beam,
-        endpoint=EndpointRules(trailing_silence_ms=never, leading_silence_ms=never, max_utterance_ms=never),
-    )  # fmt: skip
-    engine = Engine(loaded, options)
-    greedy: list[list[str]] = [[] for _ in audio]
-    finals: list[list[str]] = [[] for _ in audio]
-    last_partial: list[str] = ["" for _ in audio]
-
-    def collector(i: int) -> Any:
-        def on_event(event: Event) -> None:
-            if isinstance(event, Partial):
-                last_partial[i] = event.text
-            elif isinstance(event, Final):
-                greedy[i].append(last_partial[i])
-                finals[i].append(event.text)
-                last_partial[i] = ""
-
-        return on_event
-
-    streams = []
-    for i, samples in enumerate(audio):
-        config = StreamConfig(chunk_ms=chunk_ms, left_chunks=left_chunks, stream_id=f"utt{i}", context=context)
-        stream = engine.open_stream(config, collector(i))
-        stream.accept_waveform(np.clip(np.rint(samples), -32768, 32767).astype(np.int16))
-        stream.input_finished()
-        streams.append(stream)
-    while not all(stream.done.is_set() for stream in streams):
-        engine.run_once()
-    final_method = "joint" if attention_beam > 0 else "rescore"
-    return {"greedy": ["".join(g) for g in greedy], final_method: ["".join(f) for f in finals]}
 
 
 def _rescorer() -> Any:
@@ -251,9 +223,17 @@ def _joint_search(loaded: LoadedModel, beam: int, attention_beam: int) -> FinalS
 def evaluate(
     model_dir: Path, testset: Path, beam: int = 10, limit: int | None = None, backend: str | None = None,
     left_chunks: int = 8, dtype: str = "float32", attention_beam: int = 0, chunk_ms: tuple[int, ...] = (),
-    hotwords: Path | None = None, itn: bool = False, worst: int = WORST,
+    hotwords: Path | None = None, itn: bool = False, worst: int = WORST, surge_ladder: bool = False,
+    switch_at_s: float | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """CER per chunk mode and decoding method; ``chunk_ms`` keeps only those chunk sizes (all when empty).
+
+    Through the engine (``backend``), ``surge_ladder`` runs each size at the left chunks that
+    keep the attention window of a 160 ms route's ``left_chunks`` (as surge does), and
+    ``switch_at_s`` adds a run whose streams start at 160 ms and move to the largest size that
+    many seconds into their audio (``160>640ms``; ``result["surge"]`` says how many moved).
+    ``result["paired"]`` holds every mode's CER difference to the first mode (a switch's also
+    to its target size) with a bootstrap interval (``accuracy_report.paired_difference``).
 
     ``result["worst"]`` holds per mode the ``worst`` utterances of the finals (most errors
     first) with their alignment to the reference, ``result["warnings"]`` a line for each mode
@@ -264,14 +244,15 @@ def evaluate(
     and with the list, and ``result["hotwords"]`` holds per mode and method the CER and the name
     recall of both runs (the listed phrases are the names)."""
     return _evaluate(
-        model_dir, testset, beam, limit, backend, left_chunks, dtype, attention_beam, chunk_ms, hotwords, itn, worst
-    )[0]
+        model_dir, testset, beam, limit, backend, left_chunks, dtype, attention_beam, chunk_ms, hotwords, itn, worst,
+        surge_ladder=surge_ladder, switch_at_s=switch_at_s,
+    )[0]  # fmt: skip
 
 
 def _evaluate(
     model_dir: Path, testset: Path, beam: int, limit: int | None, backend: str | None, left_chunks: int,
     dtype: str, attention_beam: int, chunk_ms: tuple[int, ...], hotwords: Path | None, itn: bool, worst: int,
-    phrases: Path | None = None,
+    phrases: Path | None = None, surge_ladder: bool = False, switch_at_s: float | None = None,
 ) -> tuple[dict[str, Any], dict[str, list[str]]]:  # fmt: skip
     """``evaluate``'s result, and the finals' texts per mode (for ``compare``). ``phrases``: a
     list every decode is biased with, as a route's ``hotwords`` (``compare hotwords=off,FILE``)."""
@@ -296,8 +277,20 @@ def _evaluate(
         "worst": {},
         "warnings": [],
     }
-    if backend is not None:
+    wanted = [ms for ms in CHUNK_SIZES if not chunk_ms or ms in chunk_ms]
+    runs: list[tuple[str, int | ChunkPlan]]
+    if backend is None:
+        runs = [(f"{ms}ms", CHUNK_MODES[f"{ms}ms"]) for ms in wanted]
+        if not chunk_ms:
+            runs.append(("full", CHUNK_MODES["full"]))
+    else:
         result.update(backend=backend, left_chunks=left_chunks, dtype=dtype)
+        plans = chunk_plans(loaded, left_chunks, tuple(wanted), surge_ladder, switch_at_s)
+        runs = [(plan.mode, plan) for plan in plans]
+        if surge_ladder or switch_at_s is not None:
+            result["surge"] = {"left_chunks": {plan.mode: plan.left_chunks for plan in plans}, "switched": {}}
+            if switch_at_s is not None:
+                result["surge"]["switch_at_s"] = switch_at_s
     if itn:
         result["itn_on_finals"] = True
     names: list[str] = []
@@ -306,24 +299,26 @@ def _evaluate(
         said = name_hits(refs, refs, names)[1]
         result["hotwords"] = {"file": str(hotwords), "phrases": len(names), "names_in_references": said}
 
-    def run(mode: str, chunk: int, context: ContextGraph | None) -> dict[str, list[str]]:
-        if backend is None:
-            hyps = decode(loaded, feats, chunk, beam, attention_beam=attention_beam, context=context)
+    def run(spec: int | ChunkPlan, context: ContextGraph | None) -> dict[str, list[str]]:
+        if isinstance(spec, int):
+            hyps = decode(loaded, feats, spec, beam, attention_beam=attention_beam, context=context)
         else:
-            ms = int(mode.removesuffix("ms"))
-            hyps = decode_streaming(loaded, audio, ms, backend, left_chunks, dtype, attention_beam, context)
+            assert backend is not None
+            streamed = decode_streaming(loaded, audio, spec, backend, left_chunks, dtype, attention_beam, context)
+            hyps = streamed.texts
+            if spec.switch_to is not None:
+                result["surge"]["switched"][spec.mode] = streamed.switched
         if itn:
             for method in FINAL_METHODS & hyps.keys():
                 hyps[method] = [normalize_numbers(text).text for text in hyps[method]]
         return hyps
 
     finals: dict[str, list[str]] = {}
-    for mode, chunk in CHUNK_MODES.items():
-        no_full_context = backend is not None and chunk < 0
-        if no_full_context or (chunk_ms and mode not in {f"{ms}ms" for ms in chunk_ms}):
-            continue
+    by_mode: dict[str, dict[str, list[str]]] = {}  # mode -> method -> text per utterance
+    for mode, spec in runs:
         started = time.monotonic()
-        hyps = run(mode, chunk, always)
+        hyps = run(spec, always)
+        by_mode[mode] = hyps
         result["cer"][mode] = {method: round(corpus_cer(texts, refs), 4) for method, texts in hyps.items()}
         result["cer"][mode]["seconds"] = round(time.monotonic() - started, 1)
         result["examples"][mode] = [{"ref": r, "hyp": h} for r, h in list(zip(refs, hyps["greedy"], strict=True))[:3]]
@@ -334,19 +329,63 @@ def _evaluate(
         if warning is not None:
             result["warnings"].append(warning)
         if graph is not None:
-            biased = run(mode, chunk, graph)
+            biased = run(spec, graph)
             result["hotwords"][mode] = {
                 "without": _name_scores(hyps, refs, names),
                 "with": _name_scores(biased, refs, names),
                 "changed": _changed_names(hyps, biased, refs, names),
             }
+    result["paired"] = _paired(runs, by_mode, refs)
     return result, finals
+
+
+def chunk_plans(
+    loaded: LoadedModel, left_chunks: int, sizes: tuple[int, ...], surge_ladder: bool, switch_at_s: float | None
+) -> list[ChunkPlan]:
+    """The engine runs of chunk ``sizes`` (ms, ascending): each keeping ``left_chunks``, or with
+    ``surge_ladder`` the left chunks that keep a 160 ms route's window; with ``switch_at_s``
+    then one that starts at 160 ms and moves to the largest size (a switch implies the ladder:
+    its streams can move only on it). ``PlanError`` when the sizes do not allow it."""
+    if switch_at_s is not None and (ROUTE_CHUNK_MS not in sizes or len(sizes) < 2):
+        raise PlanError(f"--switch-at moves streams from {ROUTE_CHUNK_MS} ms to a larger size: give both in --chunk-ms")
+    ladder = surge_ladder or switch_at_s is not None
+    left = surge_left_chunks(loaded, ROUTE_CHUNK_MS, left_chunks, sizes) if ladder else {}
+    plans = [ChunkPlan(ms, left.get(ms, left_chunks)) for ms in sizes]
+    if switch_at_s is not None:
+        plans.append(ChunkPlan(ROUTE_CHUNK_MS, left_chunks, switch_to=sizes[-1], switch_at_s=switch_at_s))
+    return plans
+
+
+def _paired(
+    runs: list[tuple[str, int | ChunkPlan]], texts: dict[str, dict[str, list[str]]], refs: list[str]
+) -> list[dict[str, Any]]:
+    """Each mode's CER difference (per method) to the first mode's, and a switched run's also to
+    its target size's: what the change costs, and whether the set can tell it from chance."""
+    pairs = [(runs[0][0], mode) for mode, _ in runs[1:]]
+    pairs += [
+        (f"{spec.switch_to}ms", mode)
+        for mode, spec in runs
+        if isinstance(spec, ChunkPlan) and spec.switch_to is not None and f"{spec.switch_to}ms" in texts
+    ]
+    return [
+        {
+            "first": first,
+            "second": second,
+            **{
+                method: paired_difference(refs, texts[first][method], texts[second][method])
+                for method in texts[first]
+                if method in texts[second]
+            },
+        }
+        for first, second in pairs
+    ]
 
 
 def compare(
     model_dir: Path, testset: Path, key: str, values: list[str], beam: int = 10, limit: int | None = None,
     backend: str | None = None, left_chunks: int = 8, dtype: str = "float32", attention_beam: int = 0,
-    chunk_ms: tuple[int, ...] = (), itn: bool = False, worst: int = WORST,
+    chunk_ms: tuple[int, ...] = (), itn: bool = False, worst: int = WORST, surge_ladder: bool = False,
+    switch_at_s: float | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """An A/B (or A/B/C...) of one setting on one test set: every value's ``evaluate`` result
     under ``variants``, and ``changed``: utterances whose finals differ between the first and
@@ -354,6 +393,7 @@ def compare(
     base = dict(
         beam=beam, limit=limit, backend=backend, left_chunks=left_chunks, dtype=dtype,
         attention_beam=attention_beam, chunk_ms=chunk_ms, hotwords=None, itn=itn, worst=worst, phrases=None,
+        surge_ladder=surge_ladder, switch_at_s=switch_at_s,
     )  # fmt: skip
     variants: list[dict[str, Any]] = []
     texts: list[list[str]] = []
@@ -456,6 +496,16 @@ def main(argv: list[str] | None = None) -> None:
         "--chunk-ms", type=int, nargs="+", default=(), choices=(160, 320, 640), help="only these chunk sizes"
     )
     parser.add_argument("--left-chunks", type=int, default=8, help="with --backend: the cache window in chunks")
+    parser.add_argument(
+        "--surge-ladder", action="store_true",
+        help="with --backend: run each chunk size at the left chunks that keep the attention window of a 160 ms "
+        "route's --left-chunks, as surge does (160x8 = 320x4 = 640x2)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--switch-at", type=float, metavar="S",
+        help="with --backend: also a run whose streams start at 160 ms and move to the largest --chunk-ms S seconds "
+        "into their audio (Stream.set_chunk, as surge moves them; implies --surge-ladder)",
+    )  # fmt: skip
     parser.add_argument("--dtype", default="float32", help="with --backend: float32, or bfloat16 where supported")
     parser.add_argument(
         "--attention-beam", type=int, default=0,
@@ -482,6 +532,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--attention-beam must be 0 or more")
     if (args.model is None) != (not args.testset) or (args.model is None and not args.itn):
         parser.error("give --model and --testset (or only --itn)")
+    if args.backend is None and (args.surge_ladder or args.switch_at is not None):
+        parser.error("--surge-ladder and --switch-at decode through the engine: give --backend (e.g. auto)")
+    if args.switch_at is not None and args.switch_at < 0:
+        parser.error("--switch-at is seconds into each utterance's audio, 0 or more")
     if args.compare and args.hotwords is not None:
         parser.error("--hotwords already compares without and with the list; leave out --compare")
     result: dict[str, Any] = {}
@@ -498,7 +552,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     common: dict[str, Any] = dict(
         beam=args.beam, limit=args.limit, backend=args.backend, left_chunks=args.left_chunks, dtype=args.dtype,
-        attention_beam=args.attention_beam, chunk_ms=tuple(args.chunk_ms), itn=args.finals_itn, worst=args.worst,
+        attention_beam=args.attention_beam, chunk_ms=tuple(sorted(args.chunk_ms)), itn=args.finals_itn,
+        worst=args.worst, surge_ladder=args.surge_ladder, switch_at_s=args.switch_at,
     )  # fmt: skip
     for testset in args.testset:
         try:
@@ -508,7 +563,7 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 report = evaluate(args.model, testset, hotwords=args.hotwords, **common)
                 warnings = report["warnings"]
-        except (HotwordsError, AudioError, DataSetError) as exc:  # a phrase the model's units cannot spell
+        except (HotwordsError, AudioError, DataSetError, PlanError) as exc:  # e.g. a phrase the units cannot spell
             parser.error(str(exc))
         for warning in warnings:
             print(f"warning: {testset}: {warning}", file=sys.stderr)

@@ -1,16 +1,20 @@
 """What ``asr-bench accuracy`` reports beside the CER: the worst utterances aligned with their
-references, a warning where the finals score worse than the partials, and the ``--compare``
-specification (``KEY=V1,V2``). Pure functions of texts; the decoding is ``accuracy``'s."""
+references, a warning where the finals score worse than the partials, the CER difference of
+two modes with its bootstrap interval, and the ``--compare`` specification (``KEY=V1,V2``).
+Pure functions of texts; the decoding is ``accuracy``'s."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from asr_common.scoring import align, char_errors, marked_diff, scoring_text
 from asr_core.context_graph import load_phrases
 
 WORST = 5  # utterances listed per mode with the most errors
+RESAMPLES = 2000  # bootstrap resamples of the utterances per CER difference
 GAP = "＊"  # an aligned column's empty side (full width: lines up with CJK characters)
 
 
@@ -62,6 +66,30 @@ def worst_utterances(ids: list[str], refs: list[str], hyps: list[str], count: in
             }
         )
     return out
+
+
+def paired_difference(
+    refs: list[str], first: list[str], second: list[str], resamples: int = RESAMPLES, seed: int = 0
+) -> dict[str, Any]:
+    """``second``'s corpus CER minus ``first``'s on the same utterances, and how far chance alone
+    moves it: the 95 % interval of that difference over ``resamples`` draws of the utterances
+    with replacement (a paired bootstrap; seeded, so a rerun reports the same interval).
+
+    Decoding is deterministic, so two runs of one setting differ by nothing; what a difference
+    is measured against is which sentences the set happens to hold. An interval that holds 0
+    is a difference this set cannot tell from none."""
+    first_errors = np.array([char_errors(hyp, ref)[0] for hyp, ref in zip(first, refs, strict=True)])
+    second_errors = np.array([char_errors(hyp, ref)[0] for hyp, ref in zip(second, refs, strict=True)])
+    lengths = np.array([len(scoring_text(ref)) for ref in refs])
+    gained = second_errors - first_errors  # (N,) extra errors per utterance
+    draws = np.random.default_rng(seed).integers(0, len(refs), size=(resamples, len(refs)))  # (R, N)
+    spread = gained[draws].sum(axis=1) / np.maximum(1, lengths[draws].sum(axis=1))  # (R,)
+    low, high = np.percentile(spread, [2.5, 97.5])
+    return {
+        "difference": round(float(gained.sum() / max(1, lengths.sum())), 4),
+        "ci95": [round(float(low), 4), round(float(high), 4)],
+        "utterances_differ": sum(a != b for a, b in zip(first, second, strict=True)),
+    }
 
 
 COMPARE_KEYS = ("chunk_ms", "hotwords", "itn", "attention_beam")
