@@ -10,6 +10,7 @@ shows the pinning held rather than what was asked.
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Collection
 from pathlib import Path
@@ -37,6 +38,14 @@ def parse_cpus(text: str) -> frozenset[int]:
     if not cpus or not cpus <= usable:
         raise AffinityError(f"cores {text!r}: this process may use only {format_cpus(usable)}; pick among those")
     return frozenset(cpus)
+
+
+def cpu_list(text: str) -> frozenset[int]:
+    """``parse_cpus`` as an ``argparse`` type (its message in the usage error)."""
+    try:
+        return parse_cpus(text)
+    except AffinityError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def format_cpus(cpus: Collection[int]) -> str:

@@ -479,13 +479,6 @@ def measure(
     }
 
 
-def _cpus(text: str) -> frozenset[int]:
-    try:
-        return affinity.parse_cpus(text)
-    except affinity.AffinityError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calls", type=int, default=4, help="concurrent calls (default: %(default)s)")
     parser.add_argument("--seconds", type=float, default=20.0, help="audio per call in s (default: %(default)s)")
@@ -535,13 +528,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--service-cpus",
-        type=_cpus,
+        type=affinity.cpu_list,
         metavar="LIST",
         help="run the service (this process, its threads, the finals processes) on these cores only, e.g. 1 or 2-7",
     )
     parser.add_argument(
         "--generator-cpus",
-        type=_cpus,
+        type=affinity.cpu_list,
         metavar="LIST",
         help="run sipp and the local redis-server on these cores only, e.g. 0 (disjoint from --service-cpus)",
     )
