@@ -64,22 +64,26 @@ def pin(pid: int, cpus: Collection[int]) -> None:
             continue
 
 
-def _descendants(root: int) -> list[int]:
-    """The processes started by ``root``, their children and so on (from each one's parent in ``/proc``)."""
-    parents: dict[int, list[int]] = {}
-    for entry in PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
+def _children(pid: int) -> list[int]:
+    """The processes ``pid``'s threads started (``/proc/PID/task/TID/children``, Linux 3.5 on)."""
+    found: list[int] = []
+    for tid in os.listdir(PROC / str(pid) / "task"):
         try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # ended meanwhile
+            found += [int(child) for child in (PROC / str(pid) / "task" / tid / "children").read_text().split()]
+        except OSError:  # the thread ended meanwhile
             continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        parents.setdefault(parent, []).append(int(entry.name))
+    return found
+
+
+def _descendants(root: int) -> list[int]:
+    """The processes started by ``root``, their children and so on."""
     found: list[int] = []
     pending = [root]
     while pending:
-        children = parents.get(pending.pop(), [])
+        try:
+            children = _children(pending.pop())
+        except OSError:  # ended meanwhile
+            continue
         found += children
         pending += children
     return found

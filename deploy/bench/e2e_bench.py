@@ -328,7 +328,9 @@ async def run_bench(
         results = list(await asyncio.gather(*placed))
         after = take_sample(service)
         tags = [tag for tag, _, count in groups if count]
-        ended_ok = await wait_for_ended(collector, tags, calls * placed_per_call, 30.0)
+        refused = [status for r in results for status in r.rejected.values()]
+        # a refused call never started, so it never ends
+        ended_ok = await wait_for_ended(collector, tags, calls * placed_per_call - len(refused), 30.0)
     finally:
         sampler.cancel()
         if steady_sampler is not None:
@@ -350,7 +352,6 @@ async def run_bench(
     window_final_ms = measured.pop("final_ms")
     final_ms = window_final_ms if window is not None else list(stats.final_latency_ms)
     finals_ok = bool(final_ms) and float(np.percentile(final_ms, 95)) <= FINAL_LATENCY_LIMIT_MS
-    refused = [status for r in results for status in r.rejected.values()]
     admitted = calls_admitted(collector.received)
     missing = finals_missing(collector.received, admitted, last_sentence_middle_ms(seconds))
     service_cpus = sorted(os.sched_getaffinity(0))
