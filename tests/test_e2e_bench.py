@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from asr_gateway.dev.demo import Received
-from deploy.bench.e2e_bench import Sample, bracket, calls_admitted, cpu_figures, finals_missing
+from deploy.bench.e2e_cpu import Sample, bracket, cpu_figures
+from deploy.bench.e2e_events import calls_admitted, finals_missing
 from tests.bench_json import run_bench_module
 from tests.tool_marks import needs_redis_server, needs_sipp
 

@@ -61,16 +61,14 @@ import os
 import random
 import resource
 import tempfile
-import threading
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
 
 from asr_common import allocator
-from asr_common.scoring import cer
 from asr_core import memtrim
 from asr_core.audio_io import read_wav
 from asr_core.engine import Engine
@@ -78,7 +76,6 @@ from asr_gateway.dev.demo import (
     DATA_DIR,
     DemoError,
     EventCollector,
-    Received,
     check_model_dir,
     default_model_dir,
     demo_config,
@@ -88,8 +85,10 @@ from asr_gateway.dev.local_redis import LocalRedis, LocalRedisError, redis_reach
 from asr_gateway.dev.sipp_calls import HANGUP_AFTER_AUDIO_S, PCMA, PCMU, CallResult, place_calls
 from asr_gateway.service import Service
 from deploy.bench import affinity
+from deploy.bench.e2e_cpu import bracket, cpu_figures, sample_every, take_sample
+from deploy.bench.e2e_events import calls_admitted, finals_missing, measure, quantiles, steady_window
 from deploy.bench.engine_bench import FINAL_LATENCY_LIMIT_MS
-from kb_hooks.events import Event, EventType
+from kb_hooks.events import Event
 
 GAP_S = 1.0  # between sentences: longer than the 800 ms endpoint rule, so each sentence is an utterance
 GAP_NOISE_RMS = 30.0  # int16 units: about -60 dBFS
@@ -132,114 +131,8 @@ def last_sentence_middle_ms(seconds: float, data_dir: Path = DATA_DIR) -> float:
     return (start + lengths[-1] / 2) / 16.0
 
 
-def quantiles(samples: list[float], qs: tuple[float, ...] = (0.5, 0.95)) -> dict[str, float | None]:
-    values = np.asarray(samples, dtype=np.float64)
-    return {f"p{round(q * 100)}": (round(float(np.quantile(values, q)), 1) if values.size else None) for q in qs}
-
-
 def rss_mb() -> float:
     return memtrim.rss_mb() or round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-
-
-def thread_cpu_seconds() -> dict[str, float]:
-    """CPU seconds of this process by Python thread name (Linux ``/proc``; {} elsewhere);
-    threads Python does not know (torch's, native libraries') are summed as ``other``."""
-    names = {thread.native_id: thread.name for thread in threading.enumerate()}
-    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    seconds: dict[str, float] = {}
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        return seconds
-    for tid in tids:
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:  # the thread ended meanwhile
-            continue
-        name = names.get(int(tid), "other")
-        seconds[name] = seconds.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick  # utime + stime
-    return seconds
-
-
-def machine_busy_seconds() -> float | None:
-    """CPU seconds all cores of the machine have been busy since boot (Linux; None elsewhere)."""
-    try:
-        with open("/proc/stat") as stat:
-            fields = [int(value) for value in stat.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + fields[4]  # idle + iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")  # without guest time (counted in user)
-
-
-class Sample(NamedTuple):
-    """The engine's chunk counts and the CPU used so far, at one moment (``time.monotonic()``)."""
-
-    at: float
-    behind_chunks: int
-    chunks: int
-    cpu_s: float  # this process (user + system) and the finals processes
-    threads: dict[str, float]  # thread_cpu_seconds()
-    finals_cpu_s: float
-    machine_busy_s: float | None
-
-
-def take_sample(service: Service) -> Sample:
-    """The ``Sample`` of now."""
-    times, stats = os.times(), service.engine.stats
-    finals_cpu_s = service.engine.finalizer_cpu_seconds() or 0.0
-    return Sample(
-        at=time.monotonic(),
-        behind_chunks=stats.behind_realtime_chunks,
-        chunks=stats.chunks,
-        cpu_s=times.user + times.system + finals_cpu_s,
-        threads=thread_cpu_seconds(),
-        finals_cpu_s=finals_cpu_s,
-        machine_busy_s=machine_busy_seconds(),
-    )
-
-
-async def sample_every(service: Service, samples: list[Sample], period_s: float = 0.25) -> None:
-    """Append a ``take_sample`` every ``period_s`` until cancelled."""
-    while True:
-        samples.append(take_sample(service))
-        await asyncio.sleep(period_s)
-
-
-def bracket(samples: list[Sample], window: tuple[float, float]) -> tuple[Sample, Sample]:
-    """The last sample at or before the window's start and the first at or after its end
-    (the first and last sample where there is none)."""
-    start = max((s for s in samples if s.at <= window[0]), default=samples[0], key=lambda s: s.at)
-    end = min((s for s in samples if s.at >= window[1]), default=samples[-1], key=lambda s: s.at)
-    return start, end
-
-
-def cpu_figures(start: Sample, end: Sample) -> dict[str, Any]:
-    """CPU per wall second from ``start`` to ``end``: ``cpu_percent``, ``cores_used`` (this
-    process and the finals processes), ``machine_cores_busy`` (None without ``/proc/stat``) and
-    ``cores_by_thread`` (threads that ended meanwhile left out; the finals processes together)."""
-    wall = max(1e-9, end.at - start.at)
-    cores = (end.cpu_s - start.cpu_s) / wall
-    by_thread = {name: (busy - start.threads.get(name, 0.0)) / wall for name, busy in end.threads.items()}
-    by_thread["finals processes"] = (end.finals_cpu_s - start.finals_cpu_s) / wall
-    machine = (
-        round((end.machine_busy_s - start.machine_busy_s) / wall, 2)
-        if end.machine_busy_s is not None and start.machine_busy_s is not None
-        else None
-    )
-    return {
-        "cpu_percent": round(100 * cores, 1),
-        "cores_used": round(cores, 2),
-        "machine_cores_busy": machine,
-        # Threads under 0.005 cores are left out; the finals processes are always named (with
-        # WeNet's rescoring, the default, two short calls' finals take under that).
-        "cores_by_thread": {
-            name: round(value, 3 if name == "finals processes" else 2)
-            for name, value in sorted(by_thread.items())
-            if value >= 0.005 or name == "finals processes"
-        },
-    }
 
 
 def record_audio_ends(service: Service) -> dict[str, float]:
@@ -402,34 +295,6 @@ async def run_bench(
     }
 
 
-def steady_window(received: list[Received]) -> tuple[float, float] | None:
-    """From the first call.ended to the last call.started the subscriber got (None: empty)."""
-    ended = [r.at for r in received if r.event.get("event_type") == EventType.CALL_ENDED]
-    started = [r.at for r in received if r.event.get("event_type") == EventType.CALL_STARTED]
-    if not ended or not started or max(started) <= min(ended):
-        return None
-    return min(ended), max(started)
-
-
-def calls_admitted(received: list[Received]) -> set[str]:
-    """The call ids of the call.started events the subscriber got."""
-    return {str(r.event.get("call_id")) for r in received if r.event.get("event_type") == EventType.CALL_STARTED}
-
-
-def finals_missing(received: list[Received], admitted: set[str], last_final_past_ms: float) -> int:
-    """Admitted calls without all their finals: no call.ended arrived, or none of their finals
-    ends past ``last_final_past_ms`` (ms of the call's audio: inside its last sentence)."""
-    ended: set[str] = set()
-    complete: set[str] = set()
-    for item in received:
-        event, kind = item.event, item.event.get("event_type")
-        if kind == EventType.CALL_ENDED:
-            ended.add(str(event.get("call_id")))
-        elif kind == EventType.TRANSCRIPT_FINAL and float(event.get("end_offset_ms") or 0) > last_final_past_ms:
-            complete.add(str(event.get("call_id")))
-    return len(admitted - (ended & complete))
-
-
 async def wait_for_ended(collector: EventCollector, tags: list[str], calls: int, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -438,46 +303,6 @@ async def wait_for_ended(collector: EventCollector, tags: list[str], calls: int,
             return True
         await asyncio.sleep(0.2)
     return False
-
-
-def measure(
-    received: list[Received], audio_end: dict[str, float], reference: str, window: tuple[float, float] | None = None
-) -> dict[str, Any]:
-    """Latencies and CER from the events as the subscriber got them; with ``window`` the
-    latencies (partials, and ``final_ms``: the finals' engine latency) of events that arrived
-    within it only."""
-    partial_ms: list[float] = []
-    final_ms: list[float] = []
-    started: dict[str, float] = {}
-    first_partial_ms: dict[str, float] = {}
-    finals: dict[str, list[tuple[int, str]]] = {}
-    ended = 0
-    for item in received:
-        event, kind = item.event, item.event.get("event_type")
-        call_id = str(event.get("call_id"))
-        if kind == EventType.CALL_STARTED:
-            started[call_id] = item.at
-        elif kind == EventType.TRANSCRIPT_PARTIAL:
-            end = audio_end.get(str(event.get("event_id")))
-            if end is not None and (window is None or window[0] <= item.at <= window[1]):
-                partial_ms.append((item.at - end) * 1000)
-            if call_id not in first_partial_ms and call_id in started:
-                first_partial_ms[call_id] = (item.at - started[call_id]) * 1000
-        elif kind == EventType.TRANSCRIPT_FINAL:
-            finals.setdefault(call_id, []).append((int(event.get("seq", 0)), str(event.get("text", ""))))
-            if window is not None and window[0] <= item.at <= window[1] and event.get("latency_ms") is not None:
-                final_ms.append(float(event["latency_ms"]))
-        elif kind == EventType.CALL_ENDED:
-            ended += 1
-    scores = [cer("".join(text for _, text in sorted(items)), reference) for items in finals.values()]
-    return {
-        "calls_ended": ended,
-        "first_partial_latency_ms": quantiles(list(first_partial_ms.values())),
-        "partial_latency_ms": quantiles(partial_ms, (0.5, 0.95, 0.99)),
-        "partials": len(partial_ms),
-        "cer": round(float(np.mean(scores)), 4) if scores else None,
-        "final_ms": final_ms,
-    }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
