@@ -4,7 +4,11 @@ without sipp."""
 
 from __future__ import annotations
 
-from deploy.bench.e2e_bench import Sample, bracket, cpu_figures
+from typing import Any
+
+from asr_gateway.dev.demo import Received
+from deploy.bench.e2e_cpu import Sample, bracket, cpu_figures
+from deploy.bench.e2e_events import calls_admitted, finals_missing
 from tests.bench_json import run_bench_module
 from tests.tool_marks import needs_redis_server, needs_sipp
 
@@ -37,6 +41,28 @@ def test_cpu_over_the_steady_window_comes_from_the_samples_around_it() -> None:
     # a window reaching past the samples takes the first and the last; no /proc/stat: no machine figure
     assert bracket(samples, (-1.0, 9.0)) == (samples[0], samples[-1])
     assert cpu_figures(samples[0]._replace(machine_busy_s=None), samples[1])["machine_cores_busy"] is None
+
+
+def event(kind: str, call_id: str, **fields: Any) -> Received:
+    return Received({"event_type": kind, "call_id": call_id, **fields}, 0.0)
+
+
+def test_a_call_misses_its_finals_when_it_never_ended_or_no_final_reached_its_last_sentence() -> None:
+    """Last sentence's middle at 9 s: ``a`` got a final past it and ended; ``b`` ended with its
+    finals short of it; ``c`` got it but never ended; ``d`` was refused (never started)."""
+    received = [
+        *(event("call.started", call_id) for call_id in "abc"),
+        event("transcript.final", "a", end_offset_ms=4000),
+        event("transcript.final", "a", end_offset_ms=11000),
+        event("transcript.final", "b", end_offset_ms=4000),
+        event("transcript.final", "c", end_offset_ms=11000),
+        event("transcript.final", "d", end_offset_ms=11000),
+        event("call.ended", "a"),
+        event("call.ended", "b"),
+    ]
+    admitted = calls_admitted(received)
+    assert admitted == {"a", "b", "c"}
+    assert finals_missing(received, admitted, 9000.0) == 2
 
 
 @needs_sipp

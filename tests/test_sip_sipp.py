@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import shutil
 import socket
 import struct
@@ -410,3 +411,21 @@ def test_srtp_sdes_offer_is_answered_with_our_key_and_its_srtp_decoded(
             assert legs[0].stats.srtp_auth_failed == legs[0].stats.bad_packets == 0
 
     asyncio.run(scenario())
+
+
+def test_calls_refused_by_a_full_node_are_counted_by_call_id(tmp_path: Path) -> None:
+    """A node with no room answers each INVITE 503: ``place_calls`` names every refused call
+    with its status (from sipp's error file), here with sipp pinned to one core (``taskset``)."""
+    core = min(os.sched_getaffinity(0))
+
+    async def scenario() -> sipp_calls.CallResult:
+        async with Harness(tmp_path, capacity=0) as h:
+            pcm = np.zeros(8000, dtype=np.float32)
+            return await sipp_calls.place_calls(
+                tmp_path / "load", h.server.port("udp"), pcm, 16000, 2, total=3, call_tag="full", cpus={core}
+            )
+
+    result = asyncio.run(scenario())
+    assert result.returncode != 0
+    assert sorted(result.rejected.values()) == [503, 503, 503], result.errors[-2000:]
+    assert all(call_id.startswith("full-") for call_id in result.rejected)

@@ -25,8 +25,8 @@ import shutil
 import socket
 import struct
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +48,11 @@ FIRST_LEG_MARK = "FIRST_LEG_PORT"
 BIND_ATTEMPTS = 5
 # sipp's messages when a port it was given is taken before it binds it (it exits before any call)
 _STARTUP_BIND_FAILURE = re.compile(r"Unable to bind main socket|Unable to bind UDP socket|Can't bind media raw socket")
+# sipp's error file, for a call whose INVITE got a final error response (503 from a full node)
+# instead of the scenario's next expected message
+_REJECTED = re.compile(
+    r"Aborting call on unexpected message for Call-Id '([^']+)': [^\n]*?received 'SIP/2\.0 ([3-6]\d\d) "
+)
 
 
 def _ip_checksum(header: bytes) -> int:
@@ -282,6 +287,25 @@ class CallResult:
     errors: str
     answered: bool | None = None
     """``place_call``: whether a 200 answered the INVITE (a call may be answered and still fail later)."""
+    rejected: Mapping[str, int] = field(default_factory=dict)
+    """``place_calls``: Call-ID -> the error status (3xx-6xx, e.g. 503: the node refused it) that
+    answered the call's INVITE instead of a 200 (``rejected_calls``)."""
+
+
+def rejected_calls(errors: str) -> dict[str, int]:
+    """Call-ID -> error status of each call that sipp aborted because an error response (3xx-6xx)
+    came instead of the answer it expected, from sipp's error output (``-trace_err``)."""
+    return {match.group(1): int(match.group(2)) for match in _REJECTED.finditer(errors)}
+
+
+def pinned(cpus: Collection[int] | None) -> list[str]:
+    """The command prefix that runs a program on ``cpus`` only (``taskset -c``; [] for None)."""
+    if cpus is None:
+        return []
+    taskset = shutil.which("taskset")
+    if taskset is None:
+        raise FileNotFoundError("taskset not found: install the Debian package util-linux to pin cores")
+    return [taskset, "-c", ",".join(str(cpu) for cpu in sorted(cpus))]
 
 
 def sipp_path() -> str:
@@ -352,12 +376,14 @@ async def place_call(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate:
 
 async def place_calls(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate: int, count: int, *,
                       rate_per_s: float = 10.0, payload_type: int = PCMU, host: str = "127.0.0.1",
-                      call_tag: str = "load", total: int | None = None) -> CallResult:  # fmt: skip
+                      call_tag: str = "load", total: int | None = None,
+                      cpus: Collection[int] | None = None) -> CallResult:  # fmt: skip
     """``count`` concurrent plain calls from one sipp process (started at ``rate_per_s``), same audio.
 
     ``total`` (default ``count``): calls placed in all, never more than ``count`` at once; each
     that ends makes room for the next. Call-IDs are ``{call_tag}-{n}-...``; returncode 0 only
-    when every call succeeded.
+    when every call succeeded; ``rejected``: the calls an error response refused. ``cpus``: sipp
+    runs on these cores only (``taskset``), apart from the service it loads.
     """
     total = count if total is None else total
     workdir.mkdir(parents=True, exist_ok=True)
@@ -374,8 +400,8 @@ async def place_calls(workdir: Path, sip_port: int, pcm: np.ndarray, sample_rate
             f"{host}:{sip_port}",
         ]  # fmt: skip
 
-    returncode, stderr = await run_sipp(workdir, host, arguments)
-    return CallResult(returncode, stderr[-4000:])
+    returncode, stderr = await run_sipp(workdir, host, arguments, cpus=cpus)
+    return CallResult(returncode, stderr[-4000:], rejected=rejected_calls(stderr))
 
 
 async def run_sipp(
@@ -385,9 +411,11 @@ async def run_sipp(
     companion: Callable[[asyncio.subprocess.Process], asyncio.Task[None] | None] | None = None,
     log_file: Path | None = None,
     tcp: bool = False,
+    cpus: Collection[int] | None = None,
 ) -> tuple[int, str]:
     """Run sipp in ``workdir`` with ``arguments(sip_port, media_base)``: ports free on ``host``
-    (a TCP one for SIP when ``tcp``), ``-error_file errors.log`` expected among the arguments.
+    (a TCP one for SIP when ``tcp``), ``-error_file errors.log`` expected among the arguments;
+    with ``cpus``, under ``taskset`` on those cores only.
     Returns its exit status and its errors (stderr, then its error file).
 
     A port found free can be taken by another process before sipp binds it; sipp then exits at
@@ -402,7 +430,7 @@ async def run_sipp(
             log_file.unlink(missing_ok=True)
         (workdir / "errors.log").unlink(missing_ok=True)
         process = await asyncio.create_subprocess_exec(
-            sipp_path(), *arguments(_free_port(host, tcp), _free_udp_ports(4, host)),
+            *pinned(cpus), sipp_path(), *arguments(_free_port(host, tcp), _free_udp_ports(4, host)),
             cwd=workdir, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         task = companion(process) if companion is not None else None

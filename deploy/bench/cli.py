@@ -37,6 +37,11 @@ PASSTHROUGH: dict[str, tuple[Callable[[list[str]], int], str]] = {
     ),
     "publisher": (_module_main("publisher_bench"), "events/s and publish latency to a local Redis"),
     "sherpa-peer": (_module_main("sherpa_peer"), "sherpa-onnx vs our engine on the same exported model"),
+    "storm": (
+        _module_main("storm"),
+        "e2e at --loads x --base-calls, surge off and on alternated, each trial a fresh service: "
+        "calls refused, partial and final latency, finals missing, CPU",
+    ),
     "soak": (_module_main("soak"), "N calls for M minutes: RSS, FDs and threads over time"),
     "cluster": (
         _module_main("cluster_bench"),

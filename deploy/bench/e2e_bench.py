@@ -34,6 +34,22 @@ process times every event.
 - ``machine_cores_busy``: CPU seconds per wall second of the whole machine (Linux
   ``/proc/stat``), of ``machine_cores``: the load generators (sipp, redis-server) run on the
   same machine, so the service alone cannot reach ``machine_cores``.
+- ``--service-cpus LIST`` / ``--generator-cpus LIST`` (``taskset -c`` lists, e.g. ``1`` and
+  ``0``): the service (this process, its threads and finals processes) and the load generators
+  (sipp, the local redis-server) on disjoint cores. ``service_cpus`` / ``generator_cpus``: the
+  cores given (``service_cpus`` without the option: all this process may use);
+  ``cpus_seen``: the cores each side's threads were found allowed during the run (``/proc``);
+  ``service_core_share``: ``cores_used`` / len(``service_cpus``), the share of its cores the
+  service used (>= 0.9 expected when it falls behind).
+- ``calls_placed``, ``calls_started`` (call.started seen), ``calls_refused``: calls whose INVITE
+  an error response answered (sipp's error file; a full node answers 503, counted by the service
+  in ``overload_refusals``, which counts refused OPTIONS probes too), ``refused_statuses``.
+- ``finals_missing``: admitted calls that ended (or never ended) without their last final (none
+  reaching into the call's last sentence); ``calls_finals_delivered``: the others.
+- ``--surge``: ``engine.surge.enabled: true`` (the demo route's streams may move up to 640 ms
+  chunks); ``degraded_streams_peak`` (streams at a longer chunk than their route's, sampled each
+  second), ``degraded_stream_seconds``, ``chunk_moves`` ([up, down]) and ``reduced_finals``
+  (finals searched the cheaper way) come from the engine's stats, with or without it.
 """
 
 from __future__ import annotations
@@ -45,23 +61,21 @@ import os
 import random
 import resource
 import tempfile
-import threading
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
 
 from asr_common import allocator
-from asr_common.scoring import cer
 from asr_core import memtrim
 from asr_core.audio_io import read_wav
+from asr_core.engine import Engine
 from asr_gateway.dev.demo import (
     DATA_DIR,
     DemoError,
     EventCollector,
-    Received,
     check_model_dir,
     default_model_dir,
     demo_config,
@@ -70,12 +84,29 @@ from asr_gateway.dev.demo import (
 from asr_gateway.dev.local_redis import LocalRedis, LocalRedisError, redis_reachable
 from asr_gateway.dev.sipp_calls import HANGUP_AFTER_AUDIO_S, PCMA, PCMU, CallResult, place_calls
 from asr_gateway.service import Service
+from deploy.bench import affinity
+from deploy.bench.e2e_cpu import bracket, cpu_figures, sample_every, take_sample
+from deploy.bench.e2e_events import calls_admitted, finals_missing, measure, quantiles, steady_window
 from deploy.bench.engine_bench import FINAL_LATENCY_LIMIT_MS
-from kb_hooks.events import Event, EventType
+from kb_hooks.events import Event
 
 GAP_S = 1.0  # between sentences: longer than the 800 ms endpoint rule, so each sentence is an utterance
 GAP_NOISE_RMS = 30.0  # int16 units: about -60 dBFS
 RECORDINGS = ("hotline_seed", "hotline_1", "hotline_2")
+
+
+def call_sentences(seconds: float, data_dir: Path = DATA_DIR) -> list[tuple[np.ndarray, str]]:
+    """The bundled sentences a call of ``seconds`` speaks, in order: (16 kHz samples, reference
+    text) each; each is followed by a pause of ``GAP_S`` (``call_audio``)."""
+    references = load_references(data_dir)
+    sentences: list[tuple[np.ndarray, str]] = []
+    total = 0
+    while total < seconds * 16000:
+        name = RECORDINGS[len(sentences) % len(RECORDINGS)]
+        samples = read_wav(data_dir / f"{name}.wav").samples
+        sentences.append((samples, references[name]))
+        total += samples.shape[0] + int(GAP_S * 16000)
+    return sentences
 
 
 def call_audio(seconds: float, data_dir: Path = DATA_DIR) -> tuple[np.ndarray, str]:
@@ -83,130 +114,25 @@ def call_audio(seconds: float, data_dir: Path = DATA_DIR) -> tuple[np.ndarray, s
 
     The pauses hold a line's idle noise (``GAP_NOISE_RMS``), not digital zeros, which no phone
     line without silence suppression delivers."""
-    references = load_references(data_dir)
     rng = np.random.default_rng(0)
     pieces: list[np.ndarray] = []
     texts: list[str] = []
-    total = 0
-    index = 0
-    while total < seconds * 16000:
-        name = RECORDINGS[index % len(RECORDINGS)]
-        samples = read_wav(data_dir / f"{name}.wav").samples
+    for samples, text in call_sentences(seconds, data_dir):
         pieces += [samples, rng.normal(0.0, GAP_NOISE_RMS, int(GAP_S * 16000)).astype(np.float32)]
-        texts.append(references[name])
-        total += samples.shape[0] + int(GAP_S * 16000)
-        index += 1
+        texts.append(text)
     return np.concatenate(pieces), "".join(texts)
 
 
-def quantiles(samples: list[float], qs: tuple[float, ...] = (0.5, 0.95)) -> dict[str, float | None]:
-    values = np.asarray(samples, dtype=np.float64)
-    return {f"p{round(q * 100)}": (round(float(np.quantile(values, q)), 1) if values.size else None) for q in qs}
+def last_sentence_middle_ms(seconds: float, data_dir: Path = DATA_DIR) -> float:
+    """The middle of a call's last sentence, in ms from the start of its audio: a call's last
+    final reaches past it (``finals_missing``), however much silence its ends are trimmed by."""
+    lengths = [samples.shape[0] for samples, _ in call_sentences(seconds, data_dir)]
+    start = sum(lengths[:-1]) + (len(lengths) - 1) * int(GAP_S * 16000)  # samples
+    return (start + lengths[-1] / 2) / 16.0
 
 
 def rss_mb() -> float:
     return memtrim.rss_mb() or round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-
-
-def thread_cpu_seconds() -> dict[str, float]:
-    """CPU seconds of this process by Python thread name (Linux ``/proc``; {} elsewhere);
-    threads Python does not know (torch's, native libraries') are summed as ``other``."""
-    names = {thread.native_id: thread.name for thread in threading.enumerate()}
-    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    seconds: dict[str, float] = {}
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        return seconds
-    for tid in tids:
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:  # the thread ended meanwhile
-            continue
-        name = names.get(int(tid), "other")
-        seconds[name] = seconds.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick  # utime + stime
-    return seconds
-
-
-def machine_busy_seconds() -> float | None:
-    """CPU seconds all cores of the machine have been busy since boot (Linux; None elsewhere)."""
-    try:
-        with open("/proc/stat") as stat:
-            fields = [int(value) for value in stat.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + fields[4]  # idle + iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")  # without guest time (counted in user)
-
-
-class Sample(NamedTuple):
-    """The engine's chunk counts and the CPU used so far, at one moment (``time.monotonic()``)."""
-
-    at: float
-    behind_chunks: int
-    chunks: int
-    cpu_s: float  # this process (user + system) and the finals processes
-    threads: dict[str, float]  # thread_cpu_seconds()
-    finals_cpu_s: float
-    machine_busy_s: float | None
-
-
-def take_sample(service: Service) -> Sample:
-    """The ``Sample`` of now."""
-    times, stats = os.times(), service.engine.stats
-    finals_cpu_s = service.engine.finalizer_cpu_seconds() or 0.0
-    return Sample(
-        at=time.monotonic(),
-        behind_chunks=stats.behind_realtime_chunks,
-        chunks=stats.chunks,
-        cpu_s=times.user + times.system + finals_cpu_s,
-        threads=thread_cpu_seconds(),
-        finals_cpu_s=finals_cpu_s,
-        machine_busy_s=machine_busy_seconds(),
-    )
-
-
-async def sample_every(service: Service, samples: list[Sample], period_s: float = 0.25) -> None:
-    """Append a ``take_sample`` every ``period_s`` until cancelled."""
-    while True:
-        samples.append(take_sample(service))
-        await asyncio.sleep(period_s)
-
-
-def bracket(samples: list[Sample], window: tuple[float, float]) -> tuple[Sample, Sample]:
-    """The last sample at or before the window's start and the first at or after its end
-    (the first and last sample where there is none)."""
-    start = max((s for s in samples if s.at <= window[0]), default=samples[0], key=lambda s: s.at)
-    end = min((s for s in samples if s.at >= window[1]), default=samples[-1], key=lambda s: s.at)
-    return start, end
-
-
-def cpu_figures(start: Sample, end: Sample) -> dict[str, Any]:
-    """CPU per wall second from ``start`` to ``end``: ``cpu_percent``, ``cores_used`` (this
-    process and the finals processes), ``machine_cores_busy`` (None without ``/proc/stat``) and
-    ``cores_by_thread`` (threads that ended meanwhile left out; the finals processes together)."""
-    wall = max(1e-9, end.at - start.at)
-    cores = (end.cpu_s - start.cpu_s) / wall
-    by_thread = {name: (busy - start.threads.get(name, 0.0)) / wall for name, busy in end.threads.items()}
-    by_thread["finals processes"] = (end.finals_cpu_s - start.finals_cpu_s) / wall
-    machine = (
-        round((end.machine_busy_s - start.machine_busy_s) / wall, 2)
-        if end.machine_busy_s is not None and start.machine_busy_s is not None
-        else None
-    )
-    return {
-        "cpu_percent": round(100 * cores, 1),
-        "cores_used": round(cores, 2),
-        "machine_cores_busy": machine,
-        # Threads under 0.005 cores are left out; the finals processes are always named (with
-        # WeNet's rescoring, the default, two short calls' finals take under that).
-        "cores_by_thread": {
-            name: round(value, 3 if name == "finals processes" else 2)
-            for name, value in sorted(by_thread.items())
-            if value >= 0.005 or name == "finals processes"
-        },
-    }
 
 
 def record_audio_ends(service: Service) -> dict[str, float]:
@@ -223,12 +149,34 @@ def record_audio_ends(service: Service) -> dict[str, float]:
     return audio_end
 
 
+class Peaks:
+    """What the run's once-a-second sampling kept: peak RSS, peak degraded streams and the
+    cores the service's and the generators' processes were allowed (``affinity.cpus_seen``)."""
+
+    def __init__(self) -> None:
+        self.rss_mb = rss_mb()
+        self.degraded_streams = 0
+        self.cpus: dict[str, set[int]] = {"service": set(), "generators": set()}
+
+    def take(self, engine: Engine) -> None:
+        self.rss_mb = max(self.rss_mb, rss_mb())
+        self.degraded_streams = max(self.degraded_streams, engine.degraded_streams)
+        for side, cpus in affinity.cpus_seen().items():
+            self.cpus[side] |= cpus
+
+    async def every_second(self, engine: Engine) -> None:
+        """``take`` each second until cancelled."""
+        while True:
+            await asyncio.sleep(1.0)
+            self.take(engine)
+
+
 async def run_bench(
     model_dir: Path, redis_url: str, workdir: Path, calls: int, seconds: float, rate_per_s: float = 20.0,
-    steady_cycles: int = 0, **engine: Any,
+    steady_cycles: int = 0, generator_cpus: frozenset[int] | None = None, **engine: Any,
 ) -> dict[str, Any]:  # fmt: skip
     """``engine``: settings of the config's engine section other than the service defaults;
-    ``steady_cycles`` > 0: steady arrivals (``--steady``)."""
+    ``steady_cycles`` > 0: steady arrivals (``--steady``); ``generator_cpus``: sipp's cores."""
     pcm, reference = call_audio(seconds)
     if steady_cycles > 0:
         rate_per_s = calls / (pcm.shape[0] / 16000 + HANGUP_AFTER_AUDIO_S)  # one call's length
@@ -247,16 +195,9 @@ async def run_bench(
     groups = [(f"u{run_id}", PCMU, (calls + 1) // 2), (f"a{run_id}", PCMA, calls // 2)]
     placed_per_call = steady_cycles + 1
     before = take_sample(service)
-    rss_peak = rss_mb()
+    peaks = Peaks()
     results: list[CallResult] = []
-
-    async def sample_rss() -> None:
-        nonlocal rss_peak
-        while True:
-            await asyncio.sleep(1.0)
-            rss_peak = max(rss_peak, rss_mb())
-
-    sampler = asyncio.create_task(sample_rss())
+    sampler = asyncio.create_task(peaks.every_second(service.engine))
     steady_sampler: asyncio.Task[None] | None = None
     samples = [before]  # steady: and one every 0.25 s
     try:
@@ -271,6 +212,7 @@ async def run_bench(
                 call_tag=tag,
                 total=n * placed_per_call,
                 rate_per_s=rate_per_s * n / calls if steady_cycles > 0 else rate_per_s,  # steady: shared evenly
+                cpus=generator_cpus,
             )
             for tag, pt, n in groups
             if n
@@ -279,7 +221,9 @@ async def run_bench(
         results = list(await asyncio.gather(*placed))
         after = take_sample(service)
         tags = [tag for tag, _, count in groups if count]
-        ended_ok = await wait_for_ended(collector, tags, calls * placed_per_call, 30.0)
+        refused = [status for r in results for status in r.rejected.values()]
+        # a refused call never started, so it never ends
+        ended_ok = await wait_for_ended(collector, tags, calls * placed_per_call - len(refused), 30.0)
     finally:
         sampler.cancel()
         if steady_sampler is not None:
@@ -301,6 +245,9 @@ async def run_bench(
     window_final_ms = measured.pop("final_ms")
     final_ms = window_final_ms if window is not None else list(stats.final_latency_ms)
     finals_ok = bool(final_ms) and float(np.percentile(final_ms, 95)) <= FINAL_LATENCY_LIMIT_MS
+    admitted = calls_admitted(collector.received)
+    missing = finals_missing(collector.received, admitted, last_sentence_middle_ms(seconds))
+    service_cpus = sorted(os.sched_getaffinity(0))
     return {
         "calls": calls,
         "seconds": round(pcm.shape[0] / 16000, 1),
@@ -313,16 +260,31 @@ async def run_bench(
         "finals_ok": finals_ok,
         "steady_window_s": round(window[1] - window[0], 1) if window is not None else None,
         "calls_failed": [r.errors[-300:] for r in results if r.returncode != 0],
+        "calls_placed": calls * placed_per_call,
+        "calls_started": len(admitted),
+        "calls_refused": len(refused),
+        "refused_statuses": {str(status): refused.count(status) for status in sorted(set(refused))},
         "calls_ended": measured.pop("calls_ended"),
+        "finals_missing": missing,
+        "calls_finals_delivered": len(admitted) - missing,
         "behind_realtime_fraction": round(behind, 4),
         **measured,
         "final_latency_ms": quantiles(final_ms),
         "publish_ack_latency_ms": quantiles([s * 1000 for s in service.publisher.audio_to_ack_s], (0.5, 0.95, 0.99)),
         "mean_batch_size": round(float(np.mean(stats.batch_sizes.values())), 2) if stats.batch_sizes else None,
         "partials_dropped": service.publisher.partials_dropped + service.bridge.partials_dropped,
-        "rss_mb": rss_peak,
+        "surge": service.engine.options.surge is not None,
+        "degraded_streams_peak": peaks.degraded_streams,
+        "degraded_stream_seconds": round(stats.degraded_stream_seconds, 1),
+        "chunk_moves": [stats.chunk_moves_up, stats.chunk_moves_down],
+        "reduced_finals": stats.reduced_finals,
+        "rss_mb": peaks.rss_mb,
         "cpu_window": "steady" if window is not None else "whole run",
         **cpu,
+        "service_cpus": service_cpus,
+        "generator_cpus": sorted(generator_cpus) if generator_cpus is not None else None,
+        "cpus_seen": {side: sorted(cpus) for side, cpus in peaks.cpus.items()},
+        "service_core_share": round(cpu["cores_used"] / len(service_cpus), 3),
         "machine_cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "allocator": allocator.describe(),
@@ -333,15 +295,6 @@ async def run_bench(
     }
 
 
-def steady_window(received: list[Received]) -> tuple[float, float] | None:
-    """From the first call.ended to the last call.started the subscriber got (None: empty)."""
-    ended = [r.at for r in received if r.event.get("event_type") == EventType.CALL_ENDED]
-    started = [r.at for r in received if r.event.get("event_type") == EventType.CALL_STARTED]
-    if not ended or not started or max(started) <= min(ended):
-        return None
-    return min(ended), max(started)
-
-
 async def wait_for_ended(collector: EventCollector, tags: list[str], calls: int, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -350,46 +303,6 @@ async def wait_for_ended(collector: EventCollector, tags: list[str], calls: int,
             return True
         await asyncio.sleep(0.2)
     return False
-
-
-def measure(
-    received: list[Received], audio_end: dict[str, float], reference: str, window: tuple[float, float] | None = None
-) -> dict[str, Any]:
-    """Latencies and CER from the events as the subscriber got them; with ``window`` the
-    latencies (partials, and ``final_ms``: the finals' engine latency) of events that arrived
-    within it only."""
-    partial_ms: list[float] = []
-    final_ms: list[float] = []
-    started: dict[str, float] = {}
-    first_partial_ms: dict[str, float] = {}
-    finals: dict[str, list[tuple[int, str]]] = {}
-    ended = 0
-    for item in received:
-        event, kind = item.event, item.event.get("event_type")
-        call_id = str(event.get("call_id"))
-        if kind == EventType.CALL_STARTED:
-            started[call_id] = item.at
-        elif kind == EventType.TRANSCRIPT_PARTIAL:
-            end = audio_end.get(str(event.get("event_id")))
-            if end is not None and (window is None or window[0] <= item.at <= window[1]):
-                partial_ms.append((item.at - end) * 1000)
-            if call_id not in first_partial_ms and call_id in started:
-                first_partial_ms[call_id] = (item.at - started[call_id]) * 1000
-        elif kind == EventType.TRANSCRIPT_FINAL:
-            finals.setdefault(call_id, []).append((int(event.get("seq", 0)), str(event.get("text", ""))))
-            if window is not None and window[0] <= item.at <= window[1] and event.get("latency_ms") is not None:
-                final_ms.append(float(event["latency_ms"]))
-        elif kind == EventType.CALL_ENDED:
-            ended += 1
-    scores = [cer("".join(text for _, text in sorted(items)), reference) for items in finals.values()]
-    return {
-        "calls_ended": ended,
-        "first_partial_latency_ms": quantiles(list(first_partial_ms.values())),
-        "partial_latency_ms": quantiles(partial_ms, (0.5, 0.95, 0.99)),
-        "partials": len(partial_ms),
-        "cer": round(float(np.mean(scores)), 4) if scores else None,
-        "final_ms": final_ms,
-    }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -433,9 +346,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--finals-niceness", type=int, help="engine.finals_niceness (default: the service's); 0 = the engine's priority"
     )
+    parser.add_argument(
+        "--surge",
+        action="store_true",
+        help="engine.surge.enabled: true (streams move to longer chunks while the engine is behind; admission "
+        "follows the measured cost at the longest chunks)",
+    )
+    parser.add_argument(
+        "--service-cpus",
+        type=affinity.cpu_list,
+        metavar="LIST",
+        help="run the service (this process, its threads, the finals processes) on these cores only, e.g. 1 or 2-7",
+    )
+    parser.add_argument(
+        "--generator-cpus",
+        type=affinity.cpu_list,
+        metavar="LIST",
+        help="run sipp and the local redis-server on these cores only, e.g. 0 (disjoint from --service-cpus)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.service_cpus is not None and args.generator_cpus is not None and args.service_cpus & args.generator_cpus:
+        shared = affinity.format_cpus(args.service_cpus & args.generator_cpus)
+        print(json.dumps({"error": f"--service-cpus and --generator-cpus share cores {shared}: make them disjoint"}))
+        return 2
+    if args.service_cpus is not None:  # before the engine starts its threads and finals processes: they inherit it
+        affinity.pin(0, args.service_cpus)
     if args.threads:
         torch.set_num_threads(args.threads)
     local: LocalRedis | None = None
@@ -448,6 +385,9 @@ def run(args: argparse.Namespace) -> int:
             if not redis_url or not redis_reachable(redis_url):
                 local = LocalRedis(workdir / "redis")
                 local.start()
+                if args.generator_cpus is not None:
+                    assert local.process is not None
+                    affinity.pin(local.process.pid, args.generator_cpus)
                 redis_url = local.url
             engine: dict[str, Any] = {} if args.attention_beam is None else {"attention_beam": args.attention_beam}
             if args.eager_step:
@@ -464,8 +404,19 @@ def run(args: argparse.Namespace) -> int:
                 engine["finals_niceness"] = args.finals_niceness
             if args.threads:
                 engine["threads"] = args.threads  # the service sets it (else its own default with its schedulers)
+            if args.surge:
+                engine["surge"] = {"enabled": True}
             result = asyncio.run(
-                run_bench(model_dir, redis_url, workdir, args.calls, args.seconds, steady_cycles=args.steady, **engine)
+                run_bench(
+                    model_dir,
+                    redis_url,
+                    workdir,
+                    args.calls,
+                    args.seconds,
+                    steady_cycles=args.steady,
+                    generator_cpus=args.generator_cpus,
+                    **engine,
+                )
             )
         except (DemoError, LocalRedisError, FileNotFoundError) as exc:
             print(json.dumps({"error": str(exc)}))
