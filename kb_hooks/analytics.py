@@ -24,8 +24,9 @@ from kb_hooks.normalize import fold_char
 from kb_hooks.types import ParticipantRole
 
 TOKEN_MS = 200
-"""How long (ms) before its CTC peak a token whose begin is unknown is taken to be heard: about
-one Mandarin syllable at a normal rate of four to five syllables a second. Measured with the
+"""How long (ms) before its CTC peak (its only time, published as its ``begin_ms``) a token
+whose end is unknown is taken to be heard: about one Mandarin syllable at a normal rate of four
+to five syllables a second. Measured with the
 bundled model on constructed calls (tests/test_call_analytics_service.py): a turn's first peak
 comes 220-280 ms after its speech starts, its last peak 20-60 ms after its speech ends."""
 
@@ -70,9 +71,14 @@ def _token_intervals(utterance: Utterance) -> list[Interval]:
         return [(utterance.begin_ms, utterance.end_ms)] if utterance.end_ms > utterance.begin_ms else []
     if all(end is not None for _, end in timed):
         return merge((begin, end) for begin, end in timed if end is not None and end > begin)
-    heard = [(begin, end) if end is not None else (max(begin - TOKEN_MS, utterance.begin_ms), begin)
-             for begin, end in timed]  # fmt: skip
+    heard = [(begin, end) if end is not None else _before_peak(begin, utterance.begin_ms) for begin, end in timed]
     return [(begin, end) for begin, end in merge(heard, PAUSE_MS) if end > begin]
+
+
+def _before_peak(peak_ms: int, utterance_begin_ms: int) -> Interval:
+    """When a token known by its CTC peak alone was heard: the ``TOKEN_MS`` up to the peak, not
+    before its utterance began."""
+    return max(peak_ms - TOKEN_MS, utterance_begin_ms), peak_ms
 
 
 def merge(intervals: Iterable[Interval], gap_ms: int = 0) -> list[Interval]:
