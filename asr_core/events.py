@@ -66,7 +66,7 @@ class Ended:
     stream_id: str
     seq: int
     reason: str  # "input_finished" or "closed"
-    audio_ms: int  # audio decoded, ms
+    audio_ms: int  # audio received, ms (what a call analytics' duration is)
 
 
 Event = Partial | Final | Ended

@@ -444,6 +444,5 @@ class Scheduler:
         with self.lock:
             self.streams.pop(stream.stream_id, None)
         self.pool.release(stream.slot)
-        utt = stream.utterance
         reason = "closed" if stream.closing else "input_finished"
-        self.finalizer.submit(EndJob(stream, reason, (utt.start_frame + utt.offset) * self.frame_ms))
+        self.finalizer.submit(EndJob(stream, reason, stream.received_ms))

@@ -158,6 +158,13 @@ class Stream:
             self._arrivals.append((self._samples_in, now))
         self._wake()
 
+    @property
+    def received_ms(self) -> int:
+        """Audio handed to the stream so far, ms (all of it: the encoder frames cover up to one
+        chunk and the fbank window less)."""
+        with self._lock:
+            return self._samples_in * 1000 // self.fbank.config.sample_rate
+
     def input_finished(self) -> None:
         """No more audio: decode what is buffered, emit the last Final, then release the slot."""
         with self._lock:

@@ -186,23 +186,19 @@ class _Connection:
             return
         if not server.handler.has_capacity(1):
             raise PeerError("busy", "no room for another stream; try another node")
-        call = CallInfo(
-            call_id=uuid.uuid4().hex,
+        call_id = uuid.uuid4().hex
+        leg = LegInfo(leg_id=f"{call_id}-0", label=None, role=profile.role, aor=None, codec="slin")
+        call = CallInfo.unaddressed(
+            call_id=call_id,
             source="audiosocket",
             source_call_id=str(stream_id),
-            from_aor="",
-            from_name=None,
-            to_aor="",
-            to_name=None,
             peer=(self.peer.host, self.peer.port, "tcp"),
             route=decision.route,
             profile=profile,
-            siprec=False,
+            legs=(leg,),
             metadata=CallMetadata(headers=(("uuid", str(stream_id)),)),
             join_key=uuid_join_key(profile.join_by, stream_id.hex),
         )
-        leg = LegInfo(leg_id=f"{call.call_id}-0", label=None, role=profile.role, aor=None, codec="slin")
-        call = call.with_legs((leg,))
         try:
             sink = server.handler.open_leg(call, leg)
         except CapacityError as exc:

@@ -62,5 +62,37 @@ class CallInfo:
     """Plain calls only: calls with the same key are one call to the application
     (``Profile.join_by``, ``calls.join``); None: the call stands alone."""
 
+    @classmethod
+    def unaddressed(
+        cls,
+        call_id: str,
+        source: CallSource,
+        source_call_id: str,
+        peer: tuple[str, int, str],
+        route: str | None,
+        profile: Profile,
+        legs: tuple[LegInfo, ...],
+        metadata: CallMetadata,
+        join_key: str | None = None,
+    ) -> CallInfo:
+        """A call from a door whose set-up names no parties (AudioSocket, the WebSocket API):
+        From and To empty, no display names, not SIPREC."""
+        return cls(
+            call_id=call_id,
+            source=source,
+            source_call_id=source_call_id,
+            from_aor="",
+            from_name=None,
+            to_aor="",
+            to_name=None,
+            peer=peer,
+            route=route,
+            profile=profile,
+            siprec=False,
+            legs=legs,
+            metadata=metadata,
+            join_key=join_key,
+        )
+
     def with_legs(self, legs: tuple[LegInfo, ...]) -> CallInfo:
         return replace(self, legs=legs)

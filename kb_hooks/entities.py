@@ -25,15 +25,18 @@ _SERVICE = re.compile(r"[48]00\d{7}")
 _NUM = "[0-9零〇一二三四五六七八九十百千幺两]"
 _HAN = "[\u4e00-\u9fff]"
 _ROAD = re.compile(
-    rf"(?P<name>{_HAN}{{1,6}}?(?:大道|大街|路|街|巷|弄|胡同))(?:{_NUM}+(?:段|巷|弄))?"
+    rf"(?P<name>{_HAN}{{1,6}}?(?P<kind>大道|大街|路|街|巷|弄|胡同))(?:{_NUM}+(?:段|巷|弄))?"
     rf"{_NUM}+号(?:(?:院|楼)?{_NUM}+(?:号楼|栋|幢|单元|室|楼))*"
 )
 _ESTATE = re.compile(
-    rf"(?P<name>{_HAN}{{2,8}}?(?:小区|社区|花园|家园|新村|公寓|大厦|广场|苑))"
+    rf"(?P<name>{_HAN}{{2,8}}?(?P<kind>小区|社区|花园|家园|新村|公寓|大厦|广场|苑))"
     rf"(?:{_NUM}+(?:号楼|栋|幢|期|区)(?:{_NUM}+(?:单元|室|楼|号))*)?"
 )
-# Words that end a sentence fragment before a place name: 我今天发现|新华路, 我家住在|和平路.
+# Words that end a sentence fragment before a place name: 我今天发现|新华路, 我家住在|和平路,
+# 我要投诉|人民大道, 我想反映一下|和平路, 我们|中山东路 (the place starts after the last one).
 _PLACE_BOUNDARIES = ("发现", "看到", "住在", "位于", "就是", "那边", "这边", "附近", "今天", "昨天", "我家",
+                     "投诉", "反映", "举报", "报修", "报告", "咨询", "求助", "一下",
+                     "我们", "咱们", "你们", "他们", "她们",
                      "在", "到", "是", "的", "了", "我", "你", "他", "她", "说", "去", "从", "往")  # fmt: skip
 _DATE = re.compile(
     rf"(?:{_NUM}{{2,4}}年)?{_NUM}{{1,2}}月{_NUM}{{1,3}}(?:日|号)"
@@ -143,7 +146,7 @@ def _place_entities(text: str) -> list[Entity]:
     for pattern in (_ROAD, _ESTATE):
         for m in pattern.finditer(text):
             begin = m.start() + _trim_place(m.group("name"))
-            if m.end("name") - begin < 2:
+            if begin >= m.start("kind"):  # 咱们|小区, 我要投诉|大道: a kind of place, no name
                 continue
             value = text[begin : m.end()]
             out.append(Entity("address", value, _digits_in(value), begin, m.end()))

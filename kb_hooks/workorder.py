@@ -60,7 +60,9 @@ class StreetList:
     def street_of(self, address: str) -> tuple[str, str] | None:
         """(the listed street, the part of ``address`` it stands for) for the street that heads
         ``address``: exact first, then same toneless pinyin, then one character off (streets of
-        three or more characters); None when none does."""
+        three or more characters); failing those, a listed street written exactly further in
+        anchors the address there (麻烦派人来看看|人民大道3号: the words before it are the
+        sentence's, not the street's). None when no street is found."""
         for street in sorted(self.streets, key=len, reverse=True):
             if address.startswith(street):
                 return street, street
@@ -74,10 +76,14 @@ class StreetList:
                 head_text = address[: len(street)]
                 if edit_distance(street, head_text) <= 1 and street[-1] == head_text[-1]:
                     return street, head_text
+        for street in sorted(self.streets, key=len, reverse=True):
+            at = address.find(street)
+            if at > 0:
+                return street, address[: at + len(street)]
         return None
 
     def normalize(self, address: str) -> tuple[str, str | None]:
-        """``address`` with its street written as listed, and that street (None: not listed)."""
+        """``address`` from its street on, the street written as listed, and that street (None: not listed)."""
         found = self.street_of(address)
         if found is None:
             return address, None

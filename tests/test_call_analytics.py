@@ -16,7 +16,7 @@ from asr_gateway.bridge import CallBridge
 from calls.call import CallInfo, LegInfo
 from calls.profile import Profile
 from kb_hooks import events as ev
-from kb_hooks.analytics import TOKEN_MS, Utterance, measure, merge
+from kb_hooks.analytics import PAUSE_MS, TOKEN_MS, Utterance, measure, merge
 from kb_hooks.analytics_rules import load_analytics_rules
 from kb_hooks.processor import TranscriptProcessor
 from kb_hooks.redact import Redactor
@@ -109,13 +109,20 @@ def test_talking_at_once_across_a_short_pause_is_one_overlap() -> None:
     assert m.talk_ms["agent"] == 1_000 + 900 + 600  # the pause is not talk
 
 
-def test_tokens_with_begin_times_only_last_until_the_next_at_most_token_ms() -> None:
-    # CTC peaks only (what the engine gives): 0, 200, 400 ms, then a pause, then 2000 ms.
-    tokens = (("井", 0, None), ("盖", 200, None), ("坏", 400, None), ("了", 2_000, None))
+def test_tokens_with_peak_times_only_are_heard_over_token_ms_before_each_peak() -> None:
+    # CTC peaks only (what the engine gives): 300, 500, 700 ms, then a pause, then 2000 ms.
+    tokens = (("井", 300, None), ("盖", 500, None), ("坏", 700, None), ("了", 2_000, None))
     u = Utterance("caller", 0, "井盖坏了", 4, 0, 2_500, tokens)
-    assert u.talk == [(0, 400 + TOKEN_MS), (2_000, 2_000 + TOKEN_MS)]
+    assert u.talk == [(300 - TOKEN_MS, 700), (2_000 - TOKEN_MS, 2_000)]
     untimed = Utterance("caller", 1, "好", 1, 3_000, 3_600, (("好", None, None),))
     assert untimed.talk == [(3_000, 3_600)]
+
+
+def test_a_pause_under_pause_ms_between_peaks_is_talk_and_nothing_is_heard_before_the_utterance() -> None:
+    gap = TOKEN_MS + PAUSE_MS - 40  # peaks this far apart: a pause of PAUSE_MS - 40 ms between their spans
+    tokens = (("我", 100, None), ("们", 100 + gap, None), ("好", 100 + 2 * gap + 40, None))
+    u = Utterance("caller", 0, "我们好", 3, 50, 2_000, tokens)
+    assert u.talk == [(50, 100 + gap), (100 + 2 * gap + 40 - TOKEN_MS, 100 + 2 * gap + 40)]
 
 
 def test_merge_joins_touching_and_overlapping_intervals() -> None:
@@ -264,7 +271,8 @@ def test_call_analytics_comes_right_before_call_ended_through_the_bridge(rules_f
     assert kinds[-2:] == [ev.CallAnalytics, ev.CallEnded]
     analytics = publisher.events[-2]
     assert isinstance(analytics, ev.CallAnalytics)
-    # the engine gives token begins only: 400-600 (the next begin), 600-900 (TOKEN_MS)
-    assert analytics.talk_ms == {"agent": 200 + TOKEN_MS}
-    assert analytics.duration_ms == 4_000 and analytics.non_talk_ms == 4_000 - 500
+    # the engine gives CTC peaks only (400, 600 ms): heard over TOKEN_MS before each, from the
+    # utterance's begin (300 ms) on: 300-400, 400-600
+    assert analytics.talk_ms == {"agent": 300}
+    assert analytics.duration_ms == 4_000 and analytics.non_talk_ms == 4_000 - 300
     assert bridge.worker_errors == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -51,6 +52,25 @@ def test_addresses_dates_times() -> None:
     assert ("address", "新华路十二号") in labels("我今天发现新华路十二号井盖发生了破损")
     assert ("address", "和平路3号院2号楼") in labels("我家住在和平路3号院2号楼")
     assert ("address", "阳光小区5栋") in labels("阳光小区5栋停水了")
+
+
+@pytest.mark.parametrize(
+    ("text", "address"),
+    [
+        ("你好，我要投诉人民大道一百三十号夜间施工噪音扰民", "人民大道一百三十号"),
+        ("喂，你好，我要反映解放大街一百四十四号的路灯不亮", "解放大街一百四十四号"),
+        ("我想反映一下和平路一百二十四号家里没有水了", "和平路一百二十四号"),
+        ("你好，那个，我们中山东路三十七号家里没有水了", "中山东路三十七号"),
+        ("咱们小区阳光花园5栋停水了", "阳光花园5栋"),
+        ("我来举报北京路76号违章搭建", "北京路76号"),
+    ],
+)
+def test_an_address_starts_after_the_verb_or_pronoun_before_it(text: str, address: str) -> None:
+    assert [v for label, v in labels(text) if label == "address"] == [address]
+
+
+def test_a_kind_of_place_without_a_name_is_no_address() -> None:
+    assert [v for label, v in labels("我要投诉大道3号，咱们小区") if label == "address"] == []
     assert labels("三月十二号下午三点半") == [("date", "三月十二号"), ("time", "下午三点半")]
     assert labels("明天上午10:30来") == [("date", "明天"), ("time", "10:30")]
     assert labels("快一点") == []

@@ -28,6 +28,13 @@ def test_streets_are_normalized_exactly_by_homophone_or_one_character_off() -> N
     assert streets.normalize("人民路3号") == ("人民路3号", None)
 
 
+def test_a_listed_street_further_in_anchors_the_address() -> None:
+    streets = StreetList(["新华路", "中山东路", "和平路"])
+    assert streets.normalize("派人来看看和平路3号") == ("和平路3号", "和平路")
+    assert streets.normalize("新花路12号和平路") == ("新华路12号和平路", "新华路")  # a street at the head wins
+    assert streets.normalize("看看人民路3号") == ("看看人民路3号", None)
+
+
 def test_a_street_list_is_a_phrase_file(tmp_path: Path) -> None:
     path = tmp_path / "streets.txt"
     path.write_text("# streets of the district\n新华路 :2.0\n\n中山东路\n", encoding="utf-8")

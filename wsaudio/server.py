@@ -259,18 +259,13 @@ class _Connection:
             LegInfo(leg_id=f"{call_id}-{i}", label=str(i), role=role, aor=None, codec=f"L16/{start.sample_rate}")
             for i, role in transcribed
         )
-        self.call = CallInfo(
+        self.call = CallInfo.unaddressed(
             call_id=call_id,
             source=source,
             source_call_id=start.attributes.get("uuid") or call_id,
-            from_aor="",
-            from_name=None,
-            to_aor="",
-            to_name=None,
             peer=(self.peer.host, self.peer.port, "ws"),
             route=decision.route,
             profile=profile,
-            siprec=False,
             legs=legs,
             metadata=CallMetadata(headers=headers),
         )
