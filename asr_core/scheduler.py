@@ -123,11 +123,15 @@ class Scheduler:
 
     def full_at_longest_chunks(self, behind_ms: float) -> bool:
         """Under surge: no room for one more stream even if every stream ran at the longest
-        chunk of its ladder. Either it is behind (lag past ``behind_ms``) with every stream
-        there already, or the measured costs (``costs``) of its streams at their longest
-        chunks, and one more like them, would take more than ``FULL_LOAD`` of its time. A
-        longest size not measured yet gives no estimate: the lag rule alone decides."""
-        if self.lag_s * 1000.0 > behind_ms and (self.surge is None or self.surge.saturated):
+        chunk of its ladder. Only a scheduler that is behind (lag past ``behind_ms``, the rule
+        without surge) can be full, so surge never refuses a call the fixed chunks would take;
+        then it is full with every stream at its longest chunk already, or when the measured
+        costs (``costs``) of its streams at their longest chunks, and one more like them, would
+        take more than ``FULL_LOAD`` of its time. A longest size not measured yet gives no
+        estimate: it is not full while streams can still move."""
+        if self.lag_s * 1000.0 <= behind_ms:
+            return False
+        if self.surge is None or self.surge.saturated:
             return True
         with self.lock:
             longest = [stream.ladder[-1][0] for stream in self.streams.values()]

@@ -1,9 +1,10 @@
 """Graceful degradation under load: which streams move to longer chunks, and when (sans-IO).
 
 A longer chunk costs less per second of audio (fewer steps, larger batches), at some accuracy
-and a later partial. When a scheduler falls behind (its lag, ``Scheduler.lag_s``, past
-``degrade_ms``), ``SurgeController`` moves a share of its streams one size up their ladder
-(160 -> 320 -> 640 ms), lowest priority first; when the lag has stayed under ``restore_ms`` for
+and a later partial. When a scheduler falls behind (its lag, ``Scheduler.lag_s``, at or past
+``degrade_ms`` for ``degrade_after_s``: a spike of one late batch is not falling behind),
+``SurgeController`` moves a share of its streams one size up their ladder (160 -> 320 -> 640
+ms), lowest priority first; when the lag has stayed under ``restore_ms`` for
 ``restore_after_s`` it moves them back down, highest priority first. Between the two thresholds
 nothing moves (hysteresis), and two moves are at least ``step_interval_s`` apart, so the effect
 of one shows in the lag before the next is decided.
@@ -61,6 +62,7 @@ class SurgeSettings:
     """When streams move. Times in ms of lag and s of wall clock."""
 
     degrade_ms: float = 300.0  # lag at or past which one more share of streams moves up
+    degrade_after_s: float = 1.0  # behind this long before each move up (a spike moves nothing)
     restore_ms: float = 100.0  # lag at or under which (for ``restore_after_s``) a share moves back
     restore_after_s: float = 10.0  # calm this long before each move back
     step_interval_s: float = 2.0  # at least this long between two moves: a chunk of each stream to show
@@ -79,8 +81,10 @@ class SurgeSettings:
             )
         if not 0 < self.step_share <= 1:
             raise ValueError(f"surge step_share must be in (0, 1], got {self.step_share}")
-        if self.step_interval_s < 0 or self.restore_after_s < 0 or self.sample_interval_s < 0:
-            raise ValueError("surge step_interval_s, restore_after_s and sample_interval_s must not be negative")
+        if min(self.step_interval_s, self.restore_after_s, self.degrade_after_s, self.sample_interval_s) < 0:
+            raise ValueError(
+                "surge step_interval_s, restore_after_s, degrade_after_s and sample_interval_s must not be negative"
+            )
         if self.finals_reduce_ms < 0 or self.finals_beam < 1:
             raise ValueError(
                 f"surge finals_reduce_ms must not be negative ({self.finals_reduce_ms}) "
@@ -126,6 +130,7 @@ class SurgeController:
         self.settings = settings
         self._last_move = -math.inf
         self._low_since: float | None = None  # start of the current run of LOW samples
+        self._high_since: float | None = None  # start of the current run of HIGH samples
         self.saturated = False  # latest sample: behind with every stream at its largest chunk
 
     def band(self, lag_ms: float) -> Band:
@@ -139,6 +144,7 @@ class SurgeController:
         """The moves this lag sample (ms, at monotonic ``now`` s) calls for; often none."""
         band = self.band(lag_ms)
         self._low_since = (self._low_since if self._low_since is not None else now) if band is Band.LOW else None
+        self._high_since = (self._high_since if self._high_since is not None else now) if band is Band.HIGH else None
         level = level_of(streams)
         self.saturated = band is Band.HIGH and not any(s.step < len(s.ladder) - 1 for s in streams)
         direction = TRANSITIONS[(level, band)]
@@ -148,11 +154,17 @@ class SurgeController:
             assert self._low_since is not None  # RESTORE only comes from LOW
             if now - self._low_since < self.settings.restore_after_s:
                 return ()
+        if direction is Direction.DEGRADE:
+            assert self._high_since is not None  # DEGRADE only comes from HIGH
+            if now - self._high_since < self.settings.degrade_after_s:
+                return ()
         moves = self._moves(direction, streams)
         if moves:
             self._last_move = now
             if direction is Direction.RESTORE:
                 self._low_since = now  # each further step back waits for its own calm spell
+            else:
+                self._high_since = now  # and each step up for lag that outlasts the last one
         return moves
 
     def _moves(self, direction: Direction, streams: Sequence[SurgeStream]) -> tuple[ChunkMove, ...]:

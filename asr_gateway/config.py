@@ -112,6 +112,9 @@ class SurgeConfig(_Section):
 
     enabled: bool = Field(False, description="move streams to longer chunks while the engine is behind")
     degrade_ms: float = Field(300.0, gt=0, description="engine lag (ms) at or past which more streams move up")
+    degrade_after_s: float = Field(
+        1.0, ge=0, description="the lag at or past degrade_ms this long (s) before each move up: spikes move nothing"
+    )
     restore_ms: float = Field(100.0, ge=0, description="engine lag (ms) at or under which streams move back")
     restore_after_s: float = Field(10.0, ge=0, description="calm this long (s) before each move back")
     step_interval_s: float = Field(2.0, ge=0, description="at least this long (s) between two moves")
@@ -136,6 +139,7 @@ class SurgeConfig(_Section):
             return None
         return SurgeSettings(
             degrade_ms=self.degrade_ms,
+            degrade_after_s=self.degrade_after_s,
             restore_ms=self.restore_ms,
             restore_after_s=self.restore_after_s,
             step_interval_s=self.step_interval_s,

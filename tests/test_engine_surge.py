@@ -63,7 +63,9 @@ def test_the_table_covers_every_level_and_band() -> None:
 
 
 def test_lowest_priority_moves_first_a_share_at_a_time_and_one_size_per_step() -> None:
-    policy = SurgeController(SurgeSettings(degrade_ms=300, restore_ms=100, step_interval_s=2.0, step_share=0.25))
+    policy = SurgeController(
+        SurgeSettings(degrade_ms=300, degrade_after_s=0.0, restore_ms=100, step_interval_s=2.0, step_share=0.25)
+    )
     streams = [view("vip", 160, priority=5), view("a", 160), view("b", 160), view("c", 160)]
     assert policy.decide(0.0, 299.0, streams) == ()
     assert policy.decide(0.0, 300.0, streams) == (ChunkMove("a", 320),)
@@ -87,8 +89,23 @@ def test_moves_back_only_after_a_calm_spell_highest_priority_first() -> None:
     assert policy.decide(26.0, 50.0, streams) == (ChunkMove("a", 320),), "the most degraded next"
 
 
+def test_a_spike_moves_nothing_lag_that_lasts_moves_a_share() -> None:
+    policy = SurgeController(SurgeSettings(degrade_ms=300, degrade_after_s=1.0, step_interval_s=2.0))
+    streams = [view("a", 160), view("b", 160), view("c", 160), view("d", 160)]
+    assert policy.decide(0.0, 900.0, streams) == (), "one late batch"
+    assert policy.decide(0.5, 120.0, streams) == (), "caught up: the spell ends"
+    assert policy.decide(1.2, 900.0, streams) == ()
+    assert policy.decide(2.1, 900.0, streams) == (), "behind for 0.9 s"
+    assert policy.decide(2.2, 900.0, streams) == (ChunkMove("a", 320),), "behind for 1 s"
+    streams[0] = view("a", 320)
+    assert policy.decide(3.5, 900.0, streams) == (), "too soon after the last move"
+    assert policy.decide(4.0, 50.0, streams) == ()
+    assert policy.decide(4.5, 900.0, streams) == (), "the lag came back 0 s ago"
+    assert policy.decide(5.5, 900.0, streams) == (ChunkMove("b", 320),), "and has lasted 1 s"
+
+
 def test_saturated_when_behind_with_nothing_left_to_move() -> None:
-    policy = SurgeController(SurgeSettings())
+    policy = SurgeController(SurgeSettings(degrade_after_s=0.0))
     never = view("never", 160, ladder=(160,))
     assert policy.decide(0.0, 5000.0, [never]) == () and policy.saturated
     assert policy.decide(0.0, 5000.0, [never, view("a", 320)]) == (ChunkMove("a", 640),)
@@ -200,7 +217,9 @@ def test_a_scheduler_behind_moves_its_streams_up_and_counts_it() -> None:
     torch.set_num_threads(1)
     loaded = load_wenet_model(FIXTURE / "model")
     samples = read_wav(FIXTURE / "wav" / "utt1.wav").samples
-    settings = SurgeSettings(degrade_ms=200, restore_ms=50, step_interval_s=0.0, sample_interval_s=0.0)
+    settings = SurgeSettings(
+        degrade_ms=200, degrade_after_s=0.0, restore_ms=50, step_interval_s=0.0, sample_interval_s=0.0
+    )
     engine = Engine(loaded, EngineOptions(max_streams=3, endpoint=NO_ENDPOINTS, surge=settings))
     events: list[Event] = []
     never = engine.open_stream(StreamConfig(chunk_ms=160, max_chunk_ms=160, stream_id="never"), events.append)
@@ -282,7 +301,9 @@ def test_under_surge_a_late_chunk_is_full_only_when_nothing_is_left_to_move() ->
     torch.set_num_threads(1)
     loaded = load_wenet_model(FIXTURE / "model")
     samples = read_wav(FIXTURE / "wav" / "utt1.wav").samples
-    settings = SurgeSettings(degrade_ms=100, restore_ms=50, step_interval_s=10.0, sample_interval_s=0.0)
+    settings = SurgeSettings(
+        degrade_ms=100, degrade_after_s=0.0, restore_ms=50, step_interval_s=10.0, sample_interval_s=0.0
+    )
     options = EngineOptions(max_streams=2, behind_ms=200, endpoint=NO_ENDPOINTS, surge=settings)
 
     movable = Engine(loaded, options)
