@@ -77,6 +77,11 @@ class PeerTrial:
     left_chunks: int
     threads: int
     workers: int = 1
+    max_batch: int | None = None
+    """Streams per ``decode_streams`` call: None takes every ready stream no other worker holds;
+    3 is what sherpa-onnx's own server (``--max-batch-size``) and ../shared/peers/sherpa_bench.py
+    take. sherpa-onnx's WeNet CTC model decodes the streams of one call one after another, so
+    every stream of a large call waits for the whole call."""
 
 
 def _chunk_ready_sample(chunk_index: int, chunk: int, subsampling: int, right_context: int) -> int:
@@ -109,6 +114,7 @@ def run_peer_trial(
         while True:
             with lock:
                 ready = [i for i, s in enumerate(streams) if i not in held and recognizer.is_ready(s)]
+                ready = sorted(ready, key=lambda i: (decoded[i], i))[: trial.max_batch]  # oldest chunk first
                 held.update(ready)
             if not ready:
                 if feeding_done.is_set() and not held:
@@ -192,6 +198,25 @@ def find_peer_max(
         return bool(result["realtime_ok"])
 
     return largest_passing(attempt, start), trials
+
+
+def make_recognizer_factory(
+    export_dir: Path, model_file: str, chunk: int, left_chunks: int, threads: int
+) -> Callable[[], Any]:
+    """A maker of sherpa-onnx recognizers for an ``asr-export sherpa-onnx`` directory (a fresh one
+    per trial: no state carries from one load level to the next)."""
+    import sherpa_onnx
+
+    def make() -> Any:
+        return sherpa_onnx.OnlineRecognizer.from_wenet_ctc(
+            tokens=str(export_dir / TOKENS_FILE),
+            model=str(export_dir / model_file),
+            chunk_size=chunk,
+            num_left_chunks=left_chunks,
+            num_threads=threads,
+        )
+
+    return make
 
 
 def _load(args: argparse.Namespace, workdir: Path, audio: np.ndarray) -> LoadedModel:
@@ -329,15 +354,7 @@ def main(argv: list[str] | None = None) -> int:
             quantize_int8(workdir / MODEL_FILE, workdir / MODEL_INT8_FILE, int8_mode_for(cpu_isa.detect()))
             model_file = MODEL_INT8_FILE
 
-        def make_recognizer() -> Any:
-            return sherpa_onnx.OnlineRecognizer.from_wenet_ctc(
-                tokens=str(workdir / TOKENS_FILE),
-                model=str(workdir / model_file),
-                chunk_size=chunk,
-                num_left_chunks=args.left_chunks,
-                num_threads=args.threads,
-            )
-
+        make_recognizer = make_recognizer_factory(workdir, model_file, chunk, args.left_chunks, args.threads)
         header = {
             "arch": None if args.model else args.arch,
             "model": str(args.model) if args.model else None,
