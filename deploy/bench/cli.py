@@ -37,6 +37,10 @@ PASSTHROUGH: dict[str, tuple[Callable[[list[str]], int], str]] = {
     ),
     "publisher": (_module_main("publisher_bench"), "events/s and publish latency to a local Redis"),
     "sherpa-peer": (_module_main("sherpa_peer"), "sherpa-onnx vs our engine on the same exported model"),
+    "peer-ratio": (
+        _module_main("peer_ratio"),
+        "ours vs sherpa-onnx by the shared peer harness (--shared-harness) and by sherpa-peer, alternated in one run",
+    ),
     "soak": (_module_main("soak"), "N calls for M minutes: RSS, FDs and threads over time"),
     "cluster": (
         _module_main("cluster_bench"),
