@@ -85,3 +85,16 @@ def test_cores_at_reads_the_trial_at_the_maximum() -> None:
     ]
     assert sherpa_peer.cores_at(trials, 24) == 1.6
     assert sherpa_peer.cores_at(trials, 0) is None  # nothing passed: no trial of 0 streams
+
+
+def test_max_batch_caps_the_streams_per_decode_call(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("sherpa_onnx", reason="sherpa-onnx is not installed (pip install sherpa-onnx)")
+    argv = ["--arch", "small", "--streams", "3", "--seconds", "1", "--no-ours", "--max-batch", "1"]
+    assert sherpa_peer.main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["sherpa_onnx_max_batch"] == 1
+    peer = report["sherpa_onnx"]
+    assert peer["chunks"] == 3 * 5 and peer["decode_calls"] == peer["chunks"]  # one stream per call
+    with pytest.raises(SystemExit):
+        sherpa_peer.parse_args(["--max-batch", "0"])
+    assert sherpa_peer.parse_args([]).max_batch is None  # every ready stream, as before

@@ -42,6 +42,10 @@ PASSTHROUGH: dict[str, tuple[Callable[[list[str]], int], str]] = {
         "e2e at --loads x --base-calls, surge off and on alternated, each trial a fresh service: "
         "calls refused, partial and final latency, finals missing, CPU",
     ),
+    "peer-ratio": (
+        _module_main("peer_ratio"),
+        "ours vs sherpa-onnx by the shared peer harness (--shared-harness) and by sherpa-peer, alternated in one run",
+    ),
     "soak": (_module_main("soak"), "N calls for M minutes: RSS, FDs and threads over time"),
     "cluster": (
         _module_main("cluster_bench"),

@@ -103,6 +103,7 @@ class Trial:
     context: ContextGraph | None = None  # hotwords on every stream (--hotwords-ab, --hotwords)
     surge: SurgeSettings | None = None  # --surge: streams may move up to ``max_chunk_ms`` while behind
     max_chunk_ms: int = 640
+    finals_workers: int = 1  # finals lanes, each a thread and a child process (EngineOptions.finals_workers)
 
 
 def synthetic_speech(seconds: float, seed: int, rate: int = SAMPLE_RATE) -> np.ndarray:
@@ -147,6 +148,7 @@ def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray)
         schedulers=trial.schedulers,
         endpoint=EndpointRules(max_utterance_ms=trial.max_utterance_ms),
         surge=trial.surge,
+        finals_workers=trial.finals_workers,
     )
     engine = Engine(loaded, options)
     config = StreamConfig(
@@ -516,6 +518,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="scheduler threads over disjoint sets of streams (EngineOptions.schedulers; the service: one per core)",
     )
+    parser.add_argument(
+        "--finals-workers",
+        type=int,
+        default=1,
+        help="finals lanes, each a thread and a child process (EngineOptions.finals_workers; the service's "
+        "engine.finals_workers, default 1)",
+    )
     parser.add_argument("--fast", action="store_true", help="feed as fast as possible (throughput)")
     parser.add_argument(
         "--hotwords-ab", type=int, default=0, metavar="N",
@@ -594,6 +603,7 @@ def base_trial(args: argparse.Namespace) -> Trial:
         args.step_threads,
         args.schedulers,
         max_chunk_ms=args.max_chunk_ms,
+        finals_workers=args.finals_workers,
     )
 
 
@@ -626,6 +636,7 @@ def run(args: argparse.Namespace) -> int:
         "traced_step": base.traced_step,
         "step_threads": base.step_threads,
         "schedulers": base.schedulers,
+        "finals_workers": base.finals_workers,
         "torch_threads": torch.get_num_threads(),
         "allocator": allocator.describe(),
     }
