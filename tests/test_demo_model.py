@@ -62,13 +62,14 @@ def test_streaming_engine_evaluation_equals_chunk_masked_decoding() -> None:
     longer than every utterance it must give the texts of the chunk-masked whole-utterance
     decoding (which equals chunk-by-chunk streaming with an unlimited cache)."""
     from deploy.bench import accuracy as evaluate
+    from deploy.bench.accuracy_streaming import ChunkPlan, decode_streaming
 
     loaded = load_wenet_model(DEMO_MODEL)
     items = evaluate.read_audio(BUNDLE)
     audio = [np.clip(np.rint(a), -32768, 32767) for _, _, a in items]  # the engine takes int16 PCM
     assert max(len(a) for a in audio) / 16000 < 64 * 0.16  # every utterance fits the window below
     masked = evaluate.decode(loaded, [evaluate.compute_fbank(a) for a in audio], chunk=4, beam=10)
-    streamed = evaluate.decode_streaming(loaded, audio, chunk_ms=160, backend="torch", left_chunks=64)
+    streamed = decode_streaming(loaded, audio, ChunkPlan(chunk_ms=160, left_chunks=64), "torch", 64).texts
     assert streamed["greedy"] == masked["greedy"]
     assert streamed["rescore"] == masked["rescore"]
 

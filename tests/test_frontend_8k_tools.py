@@ -15,6 +15,7 @@ from asr_core.frontend import num_fbank_frames
 from asr_core.model.loader import LoadedModel
 from asr_core.tokens import tokens_to_text
 from deploy.bench import accuracy
+from deploy.bench.accuracy_streaming import ChunkPlan, decode_streaming
 from tests.bench_json import run_bench_module
 from tests.test_frontend_8k import MEL_BINS, RATE, greedy_reference, loaded, model_dir, telephony_yaml
 
@@ -53,7 +54,7 @@ def test_accuracy_reads_8k_audio_as_is_and_matches_the_engine(
 
     result = accuracy.evaluate(model_dir, testset, backend="torch", attention_beam=0, chunk_ms=(320,), left_chunks=4)
     assert set(result["cer"]) == {"320ms"}
-    hyps = accuracy.decode_streaming(loaded, [a for _, _, a in items], 320, "torch", 4)
+    hyps = decode_streaming(loaded, [a for _, _, a in items], ChunkPlan(chunk_ms=320, left_chunks=4), "torch", 4).texts
     expected = [tokens_to_text(greedy_reference(loaded, a, 320, 4), loaded.units) for _, _, a in items]
     assert any(expected), "the random model emits no tokens here: the comparison would prove nothing"
     assert hyps["greedy"] == expected
