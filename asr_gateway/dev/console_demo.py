@@ -20,7 +20,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -39,7 +38,6 @@ from asr_gateway.dev.demo import (
     model_and_redis,
     place_demo_call,
 )
-from asr_gateway.dev.local_redis import LocalRedis
 from asr_gateway.logs import configure_logging
 from asr_gateway.service import Service
 
@@ -253,15 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     the console and the calls until Ctrl-C or ``--rounds``."""
     args = build_parser().parse_args(argv)
     configure_logging("warning", "console")
-    local: LocalRedis | None = None
-    with tempfile.TemporaryDirectory(prefix="asr-demo-") as tmp:
-        try:
-            model_dir, redis_url, local = model_and_redis(args, Path(tmp))
-            asyncio.run(run_console_demo(model_dir, redis_url, Path(tmp), args.listen, args.rounds, sys.stdout))
-        except DEMO_ERRORS as exc:
-            print(f"asr-gateway demo: {exc}", file=sys.stderr)
-            return 2
-        finally:
-            if local is not None:
-                local.stop()
+    try:
+        with model_and_redis(args) as (model_dir, redis_url, workdir):
+            asyncio.run(run_console_demo(model_dir, redis_url, workdir, args.listen, args.rounds, sys.stdout))
+    except DEMO_ERRORS as exc:
+        print(f"asr-gateway demo: {exc}", file=sys.stderr)
+        return 2
     return 0

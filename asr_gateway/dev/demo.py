@@ -29,7 +29,7 @@ import random
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -429,21 +429,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def model_and_redis(args: argparse.Namespace, workdir: Path) -> tuple[Path, str, LocalRedis | None]:
-    """What every demo needs first: sipp, the model (checked) and a Redis that answers (``--redis``,
-    else a local redis-server under ``workdir``, returned so that the caller stops it)."""
+@contextlib.contextmanager
+def model_and_redis(args: argparse.Namespace) -> Iterator[tuple[Path, str, Path]]:
+    """What every demo needs first: sipp, the model (checked), a Redis that answers (``--redis``,
+    else a local redis-server, stopped on the way out) and a working directory; yields (model
+    directory, Redis URL, working directory)."""
     sipp_path()
     model_dir: Path = args.model or default_model_dir()
     check_model_dir(model_dir)
-    redis_url = args.redis
-    if redis_url and redis_reachable(redis_url):
-        return model_dir, redis_url, None
-    if redis_url:
-        print(f"asr-gateway demo: {redis_url.split('@')[-1]} does not answer; starting a local redis-server",
-              file=sys.stderr)  # fmt: skip
-    local = LocalRedis(workdir / "redis")
-    local.start()
-    return model_dir, local.url, local
+    with tempfile.TemporaryDirectory(prefix="asr-demo-") as tmp:
+        workdir = Path(tmp)
+        redis_url = args.redis
+        if redis_url and redis_reachable(redis_url):
+            yield model_dir, redis_url, workdir
+            return
+        if redis_url:
+            print(f"asr-gateway demo: {redis_url.split('@')[-1]} does not answer; starting a local redis-server",
+                  file=sys.stderr)  # fmt: skip
+        local = LocalRedis(workdir / "redis")
+        local.start()
+        try:
+            yield model_dir, local.url, workdir
+        finally:
+            local.stop()
 
 
 DEMO_ERRORS = (DemoError, LocalRedisError, FileNotFoundError)
@@ -454,18 +462,13 @@ def main(argv: list[str] | None = None) -> int:
     """``asr-gateway demo``; with ``--console`` the command line runs ``console_demo.main`` instead."""
     args = build_parser().parse_args(argv)
     configure_logging("warning", "console")
-    local: LocalRedis | None = None
-    with tempfile.TemporaryDirectory(prefix="asr-demo-") as tmp:
-        try:
-            model_dir, redis_url, local = model_and_redis(args, Path(tmp))
+    try:
+        with model_and_redis(args) as (model_dir, redis_url, workdir):
             out = None if args.quiet or args.json else sys.stdout
-            report = asyncio.run(run_demo(model_dir, redis_url, Path(tmp), out))
-        except DEMO_ERRORS as exc:
-            print(f"asr-gateway demo: {exc}", file=sys.stderr)
-            return 2
-        finally:
-            if local is not None:
-                local.stop()
+            report = asyncio.run(run_demo(model_dir, redis_url, workdir, out))
+    except DEMO_ERRORS as exc:
+        print(f"asr-gateway demo: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(report.to_json(), ensure_ascii=False))
     else:
