@@ -66,7 +66,12 @@ class ConvolutionModule(nn.Module):
         self._zero_glu_key: tuple[object, ...] = ()
 
     def forward(
-        self, x: Tensor, mask_pad: Tensor | None, cache: Tensor | None, glu_start: Tensor | None = None
+        self,
+        x: Tensor,
+        mask_pad: Tensor | None,
+        cache: Tensor | None,
+        glu_start: Tensor | None = None,
+        valid_frames: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """x: (B, T, D); mask_pad: (B, 1, T) bool or None; cache: (B, D, kernel-1) or None (zeros).
 
@@ -79,6 +84,9 @@ class ConvolutionModule(nn.Module):
         layout makes every chunk run the first pointwise conv over the kernel-1 cached frames
         again (14 old frames for 4 new ones at 160 ms); the GLU layout runs it on the new frames
         only. Frames before the start are zero inputs in either layout (WeNet pads with zeros).
+        ``valid_frames`` ((B,) int64, causal only): each row's frames that are real, the rest
+        padding (a short last chunk run at its full shape); the new cache ends at the last real
+        frame, as if the row had only those; the real frames' outputs never see the padding (causal).
         Returns (y (B, T, D), new_cache (B, D, kernel-1) in the same layout; (B, D, 0) when not
         causal).
         """
@@ -94,7 +102,7 @@ class ConvolutionModule(nn.Module):
             # faster still on a CPU, but would wait for the device in every layer on a GPU.)
             start = glu_start.unsqueeze(2).to(x.dtype)  # (B, kernel-1, 1), 1.0 before the start
             x[:, : self.lorder].mul_(1.0 - start).addcmul_(start, zero_input)
-            new_cache = x[:, -self.lorder :].transpose(1, 2)
+            new_cache = self._last_frames(x, valid_frames)
             return self._depthwise_on(x), new_cache
         if mask_pad is not None:
             x = x.masked_fill(~mask_pad.transpose(1, 2), 0.0)  # padding frames -> 0
@@ -103,7 +111,7 @@ class ConvolutionModule(nn.Module):
                 x = nn.functional.pad(x, (0, 0, self.lorder, 0), "constant", 0.0)
             else:
                 x = torch.cat((cache.transpose(1, 2), x), dim=1)  # (B, kernel-1 + T, D)
-            new_cache = x[:, -self.lorder :].transpose(1, 2)
+            new_cache = self._last_frames(x, valid_frames)
         else:
             new_cache = x[:, :0].transpose(1, 2)
         x = pointwise(self.pointwise_conv1, x)  # (B, T', 2D)
@@ -112,6 +120,14 @@ class ConvolutionModule(nn.Module):
         if mask_pad is not None:
             x = x.masked_fill(~mask_pad.transpose(1, 2), 0.0)
         return x, new_cache
+
+    def _last_frames(self, x: Tensor, valid_frames: Tensor | None) -> Tensor:
+        """x: (B, kernel-1 + T, D) cache + new frames -> the next cache (B, D, kernel-1): the
+        kernel-1 frames up to the last one, or up to each row's last real one (``valid_frames``)."""
+        if valid_frames is None:
+            return x[:, -self.lorder :].transpose(1, 2)
+        index = valid_frames.unsqueeze(1) + torch.arange(self.lorder, device=x.device)  # (B, kernel-1)
+        return x.gather(1, index.unsqueeze(2).expand(-1, -1, x.size(2))).transpose(1, 2)
 
     def _zero_frame_glu(self, like: Tensor) -> Tensor:
         """The GLU output of a zero input frame, (1, 1, D): what the GLU cache layout holds for

@@ -152,9 +152,11 @@ class U2Encoder(nn.Module):
         cnn_cache: Tensor | None,
         glu_start: Tensor | None = None,
         cache_rows: Tensor | None = None,
+        valid_frames: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """All blocks + after_norm. att_cache: (L, B, H, W, 2*d_k); cnn_cache: (L, B, D, K-1);
-        with ``cache_rows`` (B,), rows of larger caches (L, S, ...) taken layer by layer.
+        with ``cache_rows`` (B,), rows of larger caches (L, S, ...) taken layer by layer;
+        ``valid_frames`` (B,): real frames per row (``forward_chunk_batch``), None: all.
 
         Returns (ys (B, T, D), new_kv (L, B, H, T, 2*d_k), new_cnn (L, B, D, K-1)).
         """
@@ -165,7 +167,9 @@ class U2Encoder(nn.Module):
             if cache_rows is not None:
                 kv_cache = kv_cache.index_select(0, cache_rows)
                 conv_cache = None if conv_cache is None else conv_cache.index_select(0, cache_rows)
-            xs, kv, cnn = layer(xs, mask, key_positions, table_rows, mask_pad, kv_cache, conv_cache, glu_start)
+            xs, kv, cnn = layer(
+                xs, mask, key_positions, table_rows, mask_pad, kv_cache, conv_cache, glu_start, valid_frames
+            )
             new_kv.append(kv)
             new_cnn.append(cnn)
         if self.normalize_before:
@@ -222,6 +226,7 @@ class U2Encoder(nn.Module):
         position_rows: int | None = None,
         glu_cache: bool = False,
         cache_rows: Tensor | None = None,
+        valid_frames: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """One chunk of B independent streams in one pass.
 
@@ -250,6 +255,13 @@ class U2Encoder(nn.Module):
             layer where they lie (``kv_ring.KvPool.att``/``cnn``) instead of copied out of the
             pool for the whole step first: each layer's rows are copied just before it runs, so
             its attention reads them from the CPU's caches (docs/BENCHMARKS.md).
+        valid_frames: (B,) int64, 1..C: each row's output frames that come from its real audio,
+            for a short last chunk whose fbank was padded to the full shape (so that it runs
+            in the full chunk's graph). The padded frames are masked out as attention keys and
+            kept out of the conv cache, and the conv is causal and the subsampling reads no
+            padded fbank frame for a real output frame: the real frames' outputs are those of
+            the short chunk run at its own shape. The padded frames' outputs (ys, new_kv past
+            ``valid_frames``) are meaningless: the caller drops them. None: all C are real.
         Returns (ys (B, C, D), new_kv (L, B, H, C, 2*d_k) keys|values of this chunk's frames
         only, new_cnn (L, B, D, K-1)).
         """
@@ -262,7 +274,10 @@ class U2Encoder(nn.Module):
         chunk_pos = offsets.unsqueeze(1) + torch.arange(chunk, device=xs.device)  # (B, C)
         xs = self.pos_enc(xs, chunk_pos)
         key_positions = torch.cat((cache_pos, chunk_pos), dim=1)  # (B, W+C)
-        new_valid = torch.ones_like(chunk_pos, dtype=torch.bool)
+        if valid_frames is None:
+            new_valid = torch.ones_like(chunk_pos, dtype=torch.bool)
+        else:
+            new_valid = torch.arange(chunk, device=xs.device).unsqueeze(0) < valid_frames.unsqueeze(1)  # (B, C)
         key_mask = torch.cat((cache_mask, new_valid), dim=1).unsqueeze(1)  # (B, 1, W+C)
         if not cache_is_finite:
             if cache_rows is not None:
@@ -292,6 +307,7 @@ class U2Encoder(nn.Module):
             cnn_cache if self.cnn_cache_frames > 0 else None,
             glu_start,
             cache_rows,
+            valid_frames,
         )
 
     def forward_chunk(

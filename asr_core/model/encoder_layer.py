@@ -67,6 +67,7 @@ class ConformerEncoderLayer(nn.Module):
         kv_cache: Tensor,
         cnn_cache: Tensor | None,
         glu_start: Tensor | None = None,
+        valid_frames: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """One block over new frames with cached left context.
 
@@ -74,7 +75,8 @@ class ConformerEncoderLayer(nn.Module):
         key_positions: (B|1, W+T) int64; mask_pad: (B, 1, T) bool or None (padding in the
         full-utterance forward); kv_cache: (B, H, W, 2*d_k) keys|values; cnn_cache: (B, D, K-1)
         or None (zeros); glu_start: (B, K-1) bool, the conv cache in the GLU layout (see
-        ``ConvolutionModule.forward``) or None (WeNet's).
+        ``ConvolutionModule.forward``) or None (WeNet's); valid_frames: (B,) int64 real frames
+        of each row (the rest padding, already masked out of ``mask``) or None (all).
         Returns (y (B, T, D), kv_new (B, H, T, 2*d_k), new_cnn (B, D, K-1)).
         """
         norm_mha: nn.Module = getattr(self, self._norm_names[0])
@@ -91,7 +93,7 @@ class ConformerEncoderLayer(nn.Module):
         if self.conv_module is not None:
             residual = x
             h = self.norm_conv(x) if self.normalize_before else x
-            conv, new_cnn = self.conv_module(h, mask_pad, cnn_cache, glu_start)
+            conv, new_cnn = self.conv_module(h, mask_pad, cnn_cache, glu_start, valid_frames)
             x = residual + self.dropout(conv)
             if not self.normalize_before:
                 x = self.norm_conv(x)
