@@ -33,6 +33,7 @@ class CudaGraphChunkRunner:
     """ChunkRunner for a model already on a CUDA device (the engine moves it there, fp16)."""
 
     reads_pool = False  # takes the batch's caches gathered (``ChunkRunner.reads_pool``)
+    pads_short_chunks = False  # its graphs take no padding mask: a short chunk runs at its own shape
 
     def __init__(self, loaded: LoadedModel, buckets: tuple[int, ...] = DEFAULT_BUCKETS) -> None:
         parameter = next(loaded.model.parameters())

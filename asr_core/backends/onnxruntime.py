@@ -54,6 +54,7 @@ class OrtChunkRunner:
     """
 
     reads_pool = False  # takes the batch's caches gathered (``ChunkRunner.reads_pool``)
+    pads_short_chunks = False  # its graphs take no padding mask: a short chunk runs at its own shape
 
     def __init__(self, path: str | Path, threads: int = 1, providers: list[str] | None = None) -> None:
         self.path = Path(path)

@@ -21,6 +21,10 @@ class ChunkStepInputs(NamedTuple):
 
     The caches are either exactly the batch's (``rows`` None: dim 1 is B) or a whole pool's of S
     slots (dim 1 is S) with ``rows`` the batch's rows of it (``cache_rows``).
+
+    ``valid_frames`` (only for a runner that ``pads_short_chunks``): each row's encoder frames of
+    real audio, the rest of its fbank padding (a stream's short last chunk run at its full
+    chunk's shape); the step's outputs past them are meaningless (``forward_chunk_batch``).
     """
 
     xs: torch.Tensor  # (B, T_in, n_mels) raw fbank
@@ -30,6 +34,7 @@ class ChunkStepInputs(NamedTuple):
     cache_mask: torch.Tensor  # (B, W) bool, True where the cached frame is valid
     cnn_cache: torch.Tensor  # (L, B or S, D, K-1)
     rows: torch.Tensor | None = None  # (B,) int64 the batch's rows of a pool's caches
+    valid_frames: torch.Tensor | None = None  # (B,) int64 real output frames per row, 1..C; None: all C
 
     def gathered(self) -> ChunkStepInputs:
         """The same step with the batch's caches only (copies of the pool's ``rows``) and no
@@ -44,7 +49,11 @@ class ChunkStepInputs(NamedTuple):
 
     def graph_inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The six tensors an exported graph takes (``onnx_graph.CHUNK_INPUTS``, in its order),
-        with the batch's caches gathered."""
+        with the batch's caches gathered. The graphs take no padding mask (``valid_frames``)."""
+        if self.valid_frames is not None:
+            raise ValueError(
+                "exported chunk graphs take no valid_frames (padded short chunks); run the chunk at its own shape"
+            )
         batch = self.gathered()
         return batch.xs, batch.offsets, batch.att_cache, batch.cache_pos, batch.cache_mask, batch.cnn_cache
 
@@ -67,9 +76,14 @@ class ChunkRunner(Protocol):
     (it reads each layer's rows where they lie: the torch backends); otherwise the caller
     gathers the batch's caches first (into a reused buffer). Every backend accepts both
     (``ChunkStepInputs``).
+
+    ``pads_short_chunks``: whether ``step`` takes a short last chunk padded to a full chunk's
+    shape (``ChunkStepInputs.valid_frames``), so that it runs the full shape's prepared step (the
+    torch backends' traced graph); otherwise the caller runs it at its own shape.
     """
 
     reads_pool: bool
+    pads_short_chunks: bool
 
     def expect(self, input_frames: int, window: int) -> None:
         """Declare a chunk shape the caller will run often: ``input_frames`` fbank frames per

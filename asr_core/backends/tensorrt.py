@@ -193,6 +193,7 @@ class TensorRTChunkRunner:
     """ChunkRunner on a TensorRT engine; inputs and outputs are CUDA tensors."""
 
     reads_pool = False  # takes the batch's caches gathered (``ChunkRunner.reads_pool``)
+    pads_short_chunks = False  # its graphs take no padding mask: a short chunk runs at its own shape
 
     def __init__(self, engine_bytes: bytes, meta: dict[str, int]) -> None:
         if not torch.cuda.is_available():

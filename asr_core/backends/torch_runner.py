@@ -4,6 +4,7 @@ optionally as frozen TorchScript graphs (``traced``) split over several threads.
 from __future__ import annotations
 
 import itertools
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -35,6 +36,11 @@ class TorchChunkRunner:
     It reads the pool where it lies (``reads_pool``): ``step`` takes the whole pool's caches and
     the batch's ``rows`` of them, and each layer copies its rows just before it runs.
 
+    With traced graphs it takes short last chunks padded to their full chunk's shape
+    (``pads_short_chunks``), so that they run in that shape's graph rather than eagerly; without
+    them a short chunk runs eagerly at its own, smaller shape. ``eager_steps`` counts the steps
+    that ran eagerly (all of them without graphs; with graphs, those no graph took).
+
     ``step_threads`` > 1 (traced graphs only): a batch of at least ``SPLIT_MIN_STREAMS`` streams
     per part is cut into that many parts along the batch, run at once in this thread and helper
     threads. A frozen graph runs without the GIL, so the parts use that many cores; with one
@@ -61,6 +67,9 @@ class TorchChunkRunner:
         if traced and on_cpu:
             self.traced = TracedSteps(self.encoder, self.ctc)
         self.step_threads = step_threads if self.traced is not None else 1
+        self.pads_short_chunks = self.traced is not None
+        self.eager_steps = 0
+        self._count_lock = threading.Lock()  # several engine threads may share the runner
         self._helpers: ThreadPoolExecutor | None = None
 
     def expect(self, input_frames: int, window: int) -> None:
@@ -70,14 +79,20 @@ class TorchChunkRunner:
 
     @torch.inference_mode()
     def step(self, inputs: ChunkStepInputs) -> ChunkStep:
+        xs = inputs.xs
         if inputs.rows is None:
-            inputs = inputs._replace(rows=torch.arange(inputs.xs.size(0), device=inputs.xs.device))
+            inputs = inputs._replace(rows=torch.arange(xs.size(0), device=xs.device))
+        if inputs.valid_frames is None:
+            chunk = self.encoder.embed.output_length(xs.size(1))
+            inputs = inputs._replace(valid_frames=torch.full((xs.size(0),), chunk, dtype=torch.int64, device=xs.device))
         out = None
         if self.traced is not None:
             out = self._split_step(inputs) if self.step_threads > 1 else None
             if out is None:
                 out = self.traced(inputs)
         if out is None:
+            with self._count_lock:
+                self.eager_steps += 1
             out = self.eager(*inputs)
         return ChunkStep(*out)
 
@@ -115,13 +130,14 @@ a second core gains."""
 
 def _batch_slice(inputs: ChunkStepInputs, start: int, end: int) -> ChunkStepInputs:
     """Streams start..end of a step's inputs (the pool's caches whole, their rows sliced)."""
-    assert inputs.rows is not None  # the torch runner steps read the pool
+    assert inputs.rows is not None and inputs.valid_frames is not None  # set by TorchChunkRunner.step
     return inputs._replace(
         xs=inputs.xs[start:end],
         offsets=inputs.offsets[start:end],
         cache_pos=inputs.cache_pos[start:end],
         cache_mask=inputs.cache_mask[start:end],
         rows=inputs.rows[start:end],
+        valid_frames=inputs.valid_frames[start:end],
     )
 
 

@@ -13,7 +13,10 @@ tables, prepacked int8 weights) into the graph.
 A graph is traced from the eager step on the first batch of its shape (input frames T_in,
 cache window W and dtype; the batch size stays free) and only for the shapes the owner
 declared (``expect``: the engine's full chunks), because tracing takes a second or more and
-the rare shapes (a call's short last chunk) are not worth a stall. Positions are looked up in
+rare shapes are not worth a stall. A call's short last chunk, once such a rare shape and the
+service's most common eager step (one per ended call), runs in its full chunk's graph with its
+fbank padded and the padded frames masked out (``ChunkStepInputs.valid_frames``, the engine's
+scheduler). Positions are looked up in
 a table of ``position_limit`` rows frozen into the graph; a batch with a later position (an
 utterance longer than the limit) runs eagerly.
 """
@@ -49,7 +52,9 @@ class TorchStep(nn.Module):
 
     The conv caches are in the GLU layout (``forward_chunk_batch(glu_cache=True)``) and the
     attention cache is a zero-initialised pool of model outputs (``cache_is_finite``). The caches
-    are the whole pool's and ``rows`` (B,) the batch's rows of them (``cache_rows``)."""
+    are the whole pool's and ``rows`` (B,) the batch's rows of them (``cache_rows``);
+    ``valid_frames`` (B,) each row's real output frames (all C but for a padded short last chunk),
+    an input of every graph, so that one graph per full shape serves both."""
 
     def __init__(self, encoder: U2Encoder, ctc: CTC, position_rows: int | None = None) -> None:
         super().__init__()
@@ -66,10 +71,12 @@ class TorchStep(nn.Module):
         cache_mask: Tensor,
         cnn_cache: Tensor,
         rows: Tensor,
+        valid_frames: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         ys, new_kv, new_cnn = self.encoder.forward_chunk_batch(
             xs, offsets, att_cache, cache_pos, cache_mask, cnn_cache,
             cache_is_finite=True, position_rows=self.position_rows, glu_cache=True, cache_rows=rows,
+            valid_frames=valid_frames,
         )  # fmt: skip
         return ys, self.ctc.log_softmax(ys).float(), new_kv, new_cnn
 
@@ -107,8 +114,8 @@ class TracedSteps:
 
     def __call__(self, inputs: ChunkStepInputs) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
         """The step's (ys, log_probs, new_kv, new_cnn), or None: not a declared shape, a
-        position beyond the graphs' table, or tracing failed for this shape. ``inputs.rows`` is
-        set: the graphs read the pool's rows (``TorchStep``)."""
+        position beyond the graphs' table, or tracing failed for this shape. ``inputs.rows`` and
+        ``inputs.valid_frames`` are set: the graphs read the pool's rows (``TorchStep``)."""
         xs, offsets = inputs.xs, inputs.offsets
         t_in, window = xs.size(1), inputs.att_cache.size(3)
         max_offset = int(offsets.max()) if offsets.numel() else 0
