@@ -42,21 +42,26 @@ NOISE_FLOOR_RISE_DB = 0.1
 _NATS_PER_DB = math.log(10.0) / 10.0  # fbank energies are natural logs of power
 
 
-def loud_frames(frame_energy: np.ndarray, floors: np.ndarray, margin_db: float) -> np.ndarray:
+def loud_frames(
+    frame_energy: np.ndarray, floors: np.ndarray, margin_db: float, frames: np.ndarray | None = None
+) -> np.ndarray:
     """Which frames are louder than the noise floor by ``margin_db`` or more.
 
     frame_energy: (B, C) log power of each new encoder frame's audio (natural log, as fbank).
     floors: (B,) each stream's noise floor, updated IN PLACE (``inf`` for a new stream): it
     drops at once to a quieter frame and rises by ``NOISE_FLOOR_RISE_DB`` per frame, so it
     follows the quiet stretches between words and ignores speech.
+    frames: (B,) int64 real frames of each row, the rest padding (a short last chunk run at its
+    full shape) that neither moves the floor nor is loud; None: all C.
     Returns (B, C) bool.
     """
     loud = np.zeros(frame_energy.shape, dtype=bool)
     rise = NOISE_FLOOR_RISE_DB * _NATS_PER_DB
     margin = margin_db * _NATS_PER_DB
     for j in range(frame_energy.shape[1]):
-        np.minimum(frame_energy[:, j], floors + rise, out=floors)
-        loud[:, j] = frame_energy[:, j] >= floors + margin
+        real = slice(None) if frames is None else frames > j  # (B,) rows whose frame j is real
+        floors[real] = np.minimum(frame_energy[real, j], floors[real] + rise)
+        loud[real, j] = frame_energy[real, j] >= floors[real] + margin
     return loud
 
 
@@ -81,6 +86,7 @@ def update_endpoints(
     utterance_frames: np.ndarray,
     decoded_any: np.ndarray,
     loud: np.ndarray | None = None,
+    frames: np.ndarray | None = None,
 ) -> np.ndarray:
     """Advance the per-stream counters by one chunk and say which streams hit an endpoint.
 
@@ -89,16 +95,21 @@ def update_endpoints(
     decoded_any: (B,) bool, True once the utterance has a non-blank token (after this chunk).
     loud: (B, C) bool, frames whose audio is loud (:func:`loud_frames`); they never count as
     silence. None: WeNet's rule alone.
+    frames: (B,) int64 real frames of each row, the rest padding that counts for nothing (a
+    short last chunk run at its full shape); None: all C.
     Returns (B,) int8 endpoint codes (NO_ENDPOINT, LEADING_SILENCE, TRAILING_SILENCE, MAX_LENGTH).
     """
     silent = blank_prob > rules.blank_threshold  # (B, C)
     if loud is not None:
         silent &= ~loud
-    frames = silent.shape[1]
-    run = trailing_silence_run(silent)
-    all_silent = run == frames
-    trailing_frames[:] = np.where(all_silent, trailing_frames + frames, run)
-    utterance_frames += frames
+    chunk = silent.shape[1]
+    real = np.full(silent.shape[0], chunk, dtype=np.int64) if frames is None else frames  # (B,)
+    padding = chunk - real  # (B,) trailing frames of each row that are padding
+    silent |= np.arange(chunk)[None, :] >= real[:, None]  # padding ends every row's silent run...
+    run = trailing_silence_run(silent) - padding  # ...and is taken off it again
+    all_silent = run == real
+    trailing_frames[:] = np.where(all_silent, trailing_frames + real, run)
+    utterance_frames += real
     trailing_ms = trailing_frames * frame_ms
     codes = np.full(trailing_frames.shape, NO_ENDPOINT, dtype=np.int8)
     codes[(~decoded_any) & (trailing_ms >= rules.leading_silence_ms)] = LEADING_SILENCE
