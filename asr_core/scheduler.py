@@ -14,7 +14,9 @@ Each tick it
 1. moves every stream's queued audio into its fbank extractor,
 2. collects the streams whose next chunk is complete,
 3. groups them by chunk shape (chunk size, input frames) -- one bucket per shape, so streams
-   with different chunk sizes are all served, each by its own batched forward,
+   with different chunk sizes are all served, each by its own batched forward; a stream's
+   short last chunk joins its full chunk's bucket where the runner takes it padded
+   (``ChunkRunner.pads_short_chunks``, see ``_pad_short_chunks``),
 4. forms batches of up to ``max_batch`` (a group smaller than that waits at most
    ``max_wait_ms`` for more streams, unless every stream of that chunk size is already in it),
 5. runs ONE ``ChunkRunner.step`` per batch (on the pool's caches where they lie, or on a
@@ -45,8 +47,8 @@ from asr_core.engine_options import EngineOptions
 from asr_core.engine_stats import EngineStats
 from asr_core.events import Partial
 from asr_core.finalizer import EndJob, Finalizer, FinalJob, UtteranceSnapshot, deliver
-from asr_core.frontend import DEFAULT_FRONTEND, FrontendConfig, encoder_frame_ms, fbank_windows
-from asr_core.stream import Stream
+from asr_core.frontend import DEFAULT_FRONTEND, FrontendConfig, encoder_frame_ms, fbank_windows, window_samples
+from asr_core.stream import Stream, chunk_output_frames
 from asr_core.surge import SurgeController, SurgeStream
 from kv_ring import KvPool
 
@@ -262,7 +264,7 @@ class Scheduler:
     def _form_batches(self, ready: list[tuple[Stream, int]], now: float) -> Iterable[list[tuple[Stream, int]]]:
         groups: dict[tuple[int, int], list[tuple[Stream, int]]] = {}
         for stream, frames in ready:
-            groups.setdefault((stream.chunk_frames, frames), []).append((stream, frames))
+            groups.setdefault((stream.chunk_frames, self._input_frames(stream, frames)), []).append((stream, frames))
         active_per_chunk: dict[int, int] = {}
         with self.lock:
             for stream in self.streams.values():
@@ -279,15 +281,30 @@ class Scheduler:
             for start in range(0, len(members), max_batch):
                 yield members[start : start + max_batch]
 
+    def _input_frames(self, stream: Stream, frames: int) -> int:
+        """Fbank frames the step runs for a chunk of ``frames``: a short last chunk is padded to
+        the full chunk's ``stream.window`` where the runner takes it so."""
+        return stream.window if self.runner.pads_short_chunks else frames
+
     @torch.inference_mode()
     def _process_batch(self, batch: list[tuple[Stream, int]], ending: list[tuple[Stream, str]]) -> None:
         batch_started = time.perf_counter()
         streams = [stream for stream, _ in batch]
-        frames = batch[0][1]
+        frames = self._input_frames(streams[0], batch[0][1])  # T_in of the step, the same for all
         size = len(streams)
-        full_chunks = frames == streams[0].window  # not a short last chunk: a fair cost sample
-        audio = np.stack([stream.take_chunk_samples(frames) for stream in streams])  # (B, samples)
+        full_chunks = frames == streams[0].window  # the full chunk's shape: a fair cost sample
+        length = window_samples(frames, self.frontend)
+        audio = np.zeros((size, length), dtype=np.float32)  # (B, samples); zeros past a short chunk
+        for row, (stream, count) in enumerate(batch):
+            samples = stream.take_chunk_samples(count)
+            audio[row, : samples.shape[0]] = samples
         feats = fbank_windows(torch.from_numpy(audio).to(self.device), frames, self.frontend)  # (B, T_in, n_mels)
+        real_in = [count for _, count in batch]  # (B,) fbank frames of real audio
+        valid: np.ndarray | None = None  # (B,) encoder frames of real audio; None: all of each chunk
+        if min(real_in) < frames:
+            feats = _pad_short_chunks(feats, real_in)
+            real_out = [chunk_output_frames(count, self.subsampling, self.right_context) for count in real_in]
+            valid = np.array(real_out, dtype=np.int64)
         xs = feats.to(dtype=self.options.dtype)
         slots = torch.tensor([stream.slot for stream in streams], dtype=torch.int64)
         offsets = torch.tensor([stream.utterance.offset for stream in streams], dtype=torch.int64)
@@ -301,33 +318,38 @@ class Scheduler:
         else:
             cache = self.pool.gather(slots, reuse_buffer=True, window=window)
             inputs = ChunkStepInputs(xs, offsets.to(self.device), cache.att, cache.pos, cache.mask, cache.cnn)
+        lengths = None if valid is None else torch.from_numpy(valid)
+        if lengths is not None:
+            inputs = inputs._replace(valid_frames=lengths.to(self.device))
         ys, log_probs, new_kv, new_cnn = self.runner.step(inputs)  # ys (B, C, D), log_probs (B, C, V)
         chunk = ys.shape[1]
         positions = offsets.unsqueeze(1) + torch.arange(chunk, dtype=torch.int64).unsqueeze(0)  # (B, C)
-        self.pool.write(slots, new_kv, positions, new_cnn)
+        self.pool.write(slots, new_kv, positions, new_cnn, lengths)  # a padded row's real frames only
         top_values, top_ids = log_probs.topk(self.options.beam, dim=-1)  # (B, C, k)
         blank_prob = log_probs[..., self._blank].exp().cpu().numpy()  # (B, C)
         top_values_np = top_values.cpu().numpy()
         top_ids_np = top_ids.cpu().numpy()
         forward_ms = (time.perf_counter() - started) * 1000.0
 
-        decoded_any = self._update_greedy(streams, top_ids_np[:, :, 0], chunk)
+        real = np.full(size, chunk, dtype=np.int64) if valid is None else valid  # (B,) frames kept per row
+        decoded_any = self._update_greedy(streams, top_ids_np[:, :, 0], real)
         trailing = np.array([s.utterance.trailing_frames for s in streams], dtype=np.int64)
         utt_frames = np.array([s.utterance.offset for s in streams], dtype=np.int64)
-        loud = self._loud_frames(streams, feats, chunk) if self.options.endpoint.energy_gate_db > 0 else None
+        loud = self._loud_frames(streams, feats, chunk, valid) if self.options.endpoint.energy_gate_db > 0 else None
         codes = update_endpoints(
-            self.options.endpoint, self.frame_ms, blank_prob, trailing, utt_frames, decoded_any, loud
+            self.options.endpoint, self.frame_ms, blank_prob, trailing, utt_frames, decoded_any, loud, valid
         )
 
         now = time.monotonic()
         latencies: list[float] = []
         for i, stream in enumerate(streams):
             utt = stream.utterance
-            utt.offset += chunk
+            kept = int(real[i])
+            utt.offset += kept
             utt.trailing_frames = int(trailing[i])
-            utt.topk_values.append(top_values_np[i])
-            utt.topk_ids.append(top_ids_np[i])
-            utt.encoder_out.append(ys[i].clone())
+            utt.topk_values.append(top_values_np[i, :kept])
+            utt.topk_ids.append(top_ids_np[i, :kept])
+            utt.encoder_out.append(ys[i, :kept].clone())
             latency_ms = (now - stream.ready_since) * 1000.0
             latencies.append(latency_ms)
             if utt.changed or stream.config.emit_unchanged_partials:
@@ -353,25 +375,30 @@ class Scheduler:
         if full_chunks:
             self.costs.observe(streams[0].chunk_ms, size, time.perf_counter() - batch_started)
 
-    def _loud_frames(self, streams: list[Stream], feats: torch.Tensor, chunk: int) -> np.ndarray:
+    def _loud_frames(
+        self, streams: list[Stream], feats: torch.Tensor, chunk: int, valid: np.ndarray | None
+    ) -> np.ndarray:
         """(B, C) bool: new encoder frames whose audio stands out from each stream's noise floor.
 
         A frame's energy is the loudest of the fbank frames it is computed from (its subsampling
-        window), each fbank frame's energy the log of its total mel power."""
+        window), each fbank frame's energy the log of its total mel power. ``valid`` (B,): real
+        frames per row (padding neither loud nor moving the floor); None: all."""
         window = self.right_context + 1
         energy = torch.logsumexp(feats.float(), dim=-1)  # (B, T_in)
         per_frame = energy.unfold(1, window, self.subsampling)[:, :chunk].amax(dim=-1).cpu().numpy()  # (B, C)
         floors = np.array([s.noise_floor for s in streams], dtype=np.float64)
-        loud = loud_frames(per_frame.astype(np.float64), floors, self.options.endpoint.energy_gate_db)
+        loud = loud_frames(per_frame.astype(np.float64), floors, self.options.endpoint.energy_gate_db, valid)
         for stream, floor in zip(streams, floors.tolist(), strict=True):
             stream.noise_floor = floor
         return loud
 
-    def _update_greedy(self, streams: list[Stream], best: np.ndarray, chunk: int) -> np.ndarray:
-        """CTC greedy over the new frames of every stream; returns (B,) 'utterance has text'."""
+    def _update_greedy(self, streams: list[Stream], best: np.ndarray, real: np.ndarray) -> np.ndarray:
+        """CTC greedy over the new frames of every stream, the first ``real`` (B,) of each row
+        (the rest padding); returns (B,) 'utterance has text'."""
         previous = np.array([s.utterance.last_token for s in streams], dtype=np.int64)  # (B,)
         shifted = np.concatenate([previous[:, None], best[:, :-1]], axis=1)  # (B, C)
-        emit = (best != self._blank) & (best != shifted)  # (B, C)
+        kept = np.arange(best.shape[1])[None, :] < real[:, None]  # (B, C)
+        emit = (best != self._blank) & (best != shifted) & kept  # (B, C)
         rows, cols = np.nonzero(emit)
         for row, col in zip(rows.tolist(), cols.tolist(), strict=True):
             utt = streams[row].utterance
@@ -379,7 +406,7 @@ class Scheduler:
             utt.token_frames.append(utt.offset + col)
             utt.changed = True
         for i, stream in enumerate(streams):
-            stream.utterance.last_token = int(best[i, -1])
+            stream.utterance.last_token = int(best[i, real[i] - 1])
         return np.array([bool(s.utterance.tokens) for s in streams])
 
     def _note_behind(self, latency_ms: float) -> None:
@@ -450,3 +477,25 @@ class Scheduler:
         self.pool.release(stream.slot)
         reason = "closed" if stream.closing else "input_finished"
         self.finalizer.submit(EndJob(stream, reason, stream.received_ms))
+
+
+def _pad_short_chunks(feats: torch.Tensor, real_frames: list[int]) -> torch.Tensor:
+    """feats: (B, T_in, n_mels) fbank of chunks of which row b has ``real_frames[b]`` frames of
+    real audio (a short last chunk) -> the same with each row's later frames a copy of its last
+    real frame.
+
+    A short last chunk runs in its full chunk's traced graph instead of eagerly at its own shape.
+    WeNet's runtime decodes the shorter chunk (its frames attend to real frames only); sherpa-onnx
+    pads the tail with silence, which the real frames of the chunk then attend to. We keep WeNet's
+    result in sherpa's shape: the padded frames are masked out as attention keys and kept out of
+    the conv cache (``ChunkStepInputs.valid_frames``), and the subsampling reads no padded frame for
+    a real output frame, so in float the real frames come out as the short chunk's. What the
+    padding holds then matters only to int8's activation scales, taken per call over the whole
+    batch: a copy of the last real frame stays within the range of the real ones, where digital
+    zeros (dither 0) give log(float32 eps) = -15.9 in every bin, far below any frame the model
+    was trained on.
+    """
+    frames = feats.size(1)
+    last = torch.tensor(real_frames, dtype=torch.int64, device=feats.device).unsqueeze(1) - 1  # (B, 1)
+    index = torch.minimum(torch.arange(frames, device=feats.device).unsqueeze(0), last)  # (B, T_in)
+    return feats.gather(1, index.unsqueeze(2).expand(-1, -1, feats.size(2)))

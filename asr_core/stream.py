@@ -53,6 +53,13 @@ def chunk_input_frames(chunk_frames: int, subsampling: int, right_context: int) 
     return (chunk_frames - 1) * subsampling + right_context + 1
 
 
+def chunk_output_frames(input_frames: int, subsampling: int, right_context: int) -> int:
+    """Encoder frames that a chunk of ``input_frames`` fbank frames gives (at least
+    ``right_context + 1``; a short last chunk gives fewer than a full one): the inverse of
+    ``chunk_input_frames``."""
+    return (input_frames - right_context - 1) // subsampling + 1
+
+
 @dataclass(slots=True)
 class Utterance:
     """Decoding state of the utterance in progress (reset at every endpoint)."""
