@@ -218,3 +218,13 @@ def test_engine_warm_up_traces_every_allowed_chunk_size(loaded: LoadedModel) -> 
     assert engine.runner.traced.graphs == 2
     eager = Engine(loaded, EngineOptions(max_streams=2, traced_step=False))
     assert isinstance(eager.runner, TorchChunkRunner) and eager.runner.traced is None
+
+
+def test_only_runners_with_graphs_take_padded_short_chunks(loaded: LoadedModel) -> None:
+    """The torch runner takes a short last chunk padded to its full shape where it has graphs;
+    the exported graphs' inputs have no place for the padding mask, so they refuse it."""
+    assert make_runner("torch", loaded, traced=True).pads_short_chunks
+    assert not make_runner("torch", loaded).pads_short_chunks
+    padded = step_inputs(loaded, 2, seed=5)._replace(valid_frames=torch.tensor([2, CHUNK]))
+    with pytest.raises(ValueError, match="valid_frames"):
+        padded.graph_inputs()

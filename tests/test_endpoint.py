@@ -100,3 +100,34 @@ def test_loud_frames_never_count_as_silence() -> None:
     codes = update_endpoints(rules, FRAME_MS, blank, trailing, utt_frames, np.ones(2, dtype=bool), loud)
     assert codes.tolist() == [NO_ENDPOINT, TRAILING_SILENCE]
     assert trailing.tolist() == [4, 25]
+
+
+@pytest.mark.parametrize("padding", [True, False], ids=["padding-blank", "padding-speech"])
+def test_padded_frames_count_for_nothing(padding: bool) -> None:
+    """A short last chunk run at its full shape (``frames``): whatever its padding holds, the
+    counters, codes and noise floors are those of the short chunk alone."""
+    rng = np.random.default_rng(3)
+    short = [2, 4, 1, 8]  # real frames per row, of 8
+    blank = rng.uniform(0.0, 1.0, (4, 8))
+    blank[0] = [0.9, 0.95, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1]  # silent real frames, then speech padding
+    blank[:, 5:] = 0.99 if padding else 0.1
+    energy = rng.uniform(0.0, 20.0, (4, 8))
+    start_trailing = np.array([10, 0, 3, 5], dtype=np.int64)
+    start_frames = np.array([30, 12, 7, 50], dtype=np.int64)
+    floors = np.array([5.0, math.inf, 8.0, 2.0])
+    frames = np.array(short, dtype=np.int64)
+
+    trailing, utterance, padded_floors = start_trailing.copy(), start_frames.copy(), floors.copy()
+    loud = loud_frames(energy, padded_floors, 10.0, frames)
+    codes = update_endpoints(RULES, FRAME_MS, blank, trailing, utterance, np.array([True] * 4), loud, frames)
+    for row, n in enumerate(short):
+        alone_trailing = start_trailing[row : row + 1].copy()
+        alone_frames = start_frames[row : row + 1].copy()
+        alone_floor = floors[row : row + 1].copy()
+        alone_loud = loud_frames(energy[row : row + 1, :n], alone_floor, 10.0)
+        alone_codes = update_endpoints(
+            RULES, FRAME_MS, blank[row : row + 1, :n], alone_trailing, alone_frames, np.array([True]), alone_loud
+        )
+        assert (trailing[row], utterance[row], codes[row]) == (alone_trailing[0], alone_frames[0], alone_codes[0])
+        assert padded_floors[row] == alone_floor[0]
+        assert not loud[row, n:].any()
