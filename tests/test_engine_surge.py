@@ -426,6 +426,31 @@ def test_a_saturated_scheduler_makes_finals_reduced_one_with_streams_left_to_mov
 
 
 @needs_demo_model
+def test_one_saturated_scheduler_makes_every_final_reduced_the_finals_cpu_is_shared() -> None:
+    torch.set_num_threads(1)
+    loaded = load_wenet_model(DEMO_MODEL)
+    behind = SurgeSettings(
+        degrade_ms=1.0, restore_ms=0.5, degrade_after_s=0.0, step_interval_s=10**9, sample_interval_s=0.0,
+        finals_reduce_ms=10**9,
+    )  # fmt: skip
+    engine = Engine(loaded, EngineOptions(max_streams=2, schedulers=2, endpoint=NO_ENDPOINTS, surge=behind))
+    events: list[Event] = []
+    fixed = engine.open_stream(StreamConfig(chunk_ms=160, max_chunk_ms=160, stream_id="fixed"), events.append)
+    movable = engine.open_stream(StreamConfig(chunk_ms=160, max_chunk_ms=640, stream_id="movable"), events.append)
+    assert [list(s.streams) for s in engine.schedulers] == [["fixed"], ["movable"]]
+    samples = read_wav(DEMO_DATA / "hotline_seed.wav").samples
+    for stream in (fixed, movable):
+        stream.accept_waveform(samples)
+        stream.input_finished()
+    while not movable.done.is_set():  # at 320 ms it ends first, while "fixed" is still behind
+        engine.run_once()
+    assert not engine.schedulers[1].saturated and engine.schedulers[0].saturated
+    (final,) = [e for e in events if isinstance(e, Final)]
+    assert final.stream_id == "movable" and final.chunk_ms == 320
+    assert final.reduced_search is FinalsReduction.ENGINE_SATURATED
+
+
+@needs_demo_model
 def test_finals_go_back_to_the_full_search_when_saturation_ends() -> None:
     from asr_core.finalizer import FinalJob, UtteranceSnapshot
 
