@@ -17,7 +17,8 @@ Finals give way too (``finals_reduction``, a table as well, ``FINALS_REDUCTIONS`
 ended utterances is searched the cheaper way (``FinalSettings.reduced``: a narrower beam, no
 decoder proposals) when its oldest has waited ``finals_reduce_ms`` for its Final, or while the
 engine is saturated (a controller ``saturated``: behind with every stream at its longest chunk
-already). Finals then leave the schedulers the CPU that partials have nothing else to get from.
+already). A saturated engine has no cheaper chunk left to give its partials; the finals' CPU is
+what is left to give.
 """
 
 from __future__ import annotations
