@@ -90,6 +90,7 @@ class Engine:
             self.stats,
             workers=self.options.finals_workers,
             surge=self.options.surge,
+            saturated=lambda: self.saturated,
         )
         self.schedulers = [
             Scheduler(
@@ -235,6 +236,12 @@ class Engine:
     def degraded_streams(self) -> int:
         """Streams running at a longer chunk than their own because the engine fell behind."""
         return sum(scheduler.degraded_streams for scheduler in self.schedulers)
+
+    @property
+    def saturated(self) -> bool:
+        """Under surge: a scheduler is behind with none of its streams left to move to a longer
+        chunk (``Scheduler.saturated``); finals are then searched the cheaper way."""
+        return any(scheduler.saturated for scheduler in self.schedulers)
 
     @property
     def overloaded(self) -> bool:

@@ -7,6 +7,7 @@ import threading
 from dataclasses import dataclass, field
 
 from asr_common.latency import BATCH_BUCKETS, LATENCY_BUCKETS_S, STEP_BUCKETS_S, Histogram, MeasurementRing
+from asr_core.surge import FinalsReduction
 
 
 @dataclass(slots=True)
@@ -24,7 +25,10 @@ class EngineStats:
     chunk_moves_up: int = 0
     chunk_moves_down: int = 0
     degraded_stream_seconds: float = 0.0
-    reduced_finals: int = 0  # finals searched with the cheaper settings while finals queued (surge)
+    # Finals searched with the cheaper settings (surge), by why: finals queued, engine saturated.
+    reduced_finals_by_reason: dict[FinalsReduction, int] = field(
+        default_factory=lambda: dict.fromkeys(FinalsReduction, 0)
+    )
     batch_sizes: MeasurementRing = field(default_factory=lambda: MeasurementRing(100_000))
     forward_ms: MeasurementRing = field(default_factory=lambda: MeasurementRing(100_000))
     partial_latency_ms: MeasurementRing = field(default_factory=lambda: MeasurementRing(500_000))
@@ -35,3 +39,8 @@ class EngineStats:
     partial_latency_seconds: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))
     final_latency_seconds: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    @property
+    def reduced_finals(self) -> int:
+        """Finals searched with the cheaper settings, whatever the reason."""
+        return sum(self.reduced_finals_by_reason.values())

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from asr_core.surge import FinalsReduction
+
 
 @dataclass(frozen=True, slots=True)
 class NBestEntry:
@@ -56,7 +58,9 @@ class Final:
     latency_ms: float = 0.0  # endpoint detection -> final produced
     audio_end_monotonic: float = 0.0
     chunk_ms: int = 0  # chunk size in force at the utterance's last chunk (asr_core/surge.py)
-    reduced_search: bool = False  # searched with a narrower beam, no proposals: finals were queueing (surge)
+    # Why it was searched with a narrower beam and no decoder proposals (surge: finals were
+    # queueing, or the engine was saturated); None: with the full settings.
+    reduced_search: FinalsReduction | None = None
 
 
 @dataclass(frozen=True, slots=True)

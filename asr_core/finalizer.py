@@ -10,10 +10,11 @@ order. A stream's jobs all go to one lane, so its events stay in order. Without 
 (``run_once`` drivers: tests, offline tools) ``finalize_pending`` does the same work in the
 caller's thread.
 
-Under surge (``EngineOptions.surge``) a batch whose oldest utterance has waited that long is
-searched with ``FinalSettings.reduced`` settings (a narrower beam, no decoder proposals), so the
-finals catch up before they queue long enough to make the node refuse calls; those finals say
-so (``Final.reduced_search``).
+Under surge (``EngineOptions.surge``) a batch whose oldest utterance has waited that long, or
+any batch while the engine is saturated (asr_core/surge.py ``finals_reduction``), is searched
+with ``FinalSettings.reduced`` settings (a narrower beam, no decoder proposals): the finals
+catch up before they queue long enough to make the node refuse calls, and leave a saturated
+engine's schedulers the CPU. Those finals say so, and why (``Final.reduced_search``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from asr_core.engine_stats import EngineStats
 from asr_core.events import Ended, Event, Final, NBestEntry
 from asr_core.finals import WORKER_NICENESS, FinalRequest, FinalSearch, FinalSettings, ProcessFinalSearch
 from asr_core.stream import Stream, Utterance
-from asr_core.surge import SurgeSettings
+from asr_core.surge import FinalsReduction, SurgeSettings, finals_reduction
 from rescoring.attention import RescoreResult
 
 log = logging.getLogger(__name__)
@@ -141,12 +142,16 @@ class Finalizer:
         stats: EngineStats,
         workers: int = 1,
         surge: SurgeSettings | None = None,
+        saturated: Callable[[], bool] = lambda: False,
     ) -> None:
-        """With ``surge``, finals that waited its ``finals_reduce_ms`` are searched with the
-        cheaper settings (a beam of at most its ``finals_beam``, no proposals)."""
+        """With ``surge``, finals that waited its ``finals_reduce_ms``, and all finals while
+        ``saturated()`` says the engine is (with its ``finals_reduce_when_saturated``), are
+        searched with the cheaper settings (a beam of at most its ``finals_beam``, no proposals).
+        ``saturated`` is asked once per batch, from the finalizer's threads."""
         if workers < 1:
             raise ValueError(f"finals workers must be at least 1, got {workers}")
-        self.reduce_after_ms = surge.finals_reduce_ms if surge is not None else None
+        self.surge = surge
+        self.saturated = saturated
         self.reduced_settings: FinalSettings = search.settings.reduced(
             surge.finals_beam if surge else search.settings.beam
         )
@@ -273,12 +278,14 @@ class Finalizer:
             )
             for job in finals
         ]
-        waited_ms = (time.monotonic() - min(job.detected for job in finals)) * 1000.0 if finals else 0.0
-        reduced = self.reduce_after_ms is not None and waited_ms >= self.reduce_after_ms
-        results = search.run(requests, self.reduced_settings if reduced else None) if requests else []
-        if reduced:
+        reduced: FinalsReduction | None = None
+        if self.surge is not None and finals:
+            waited_ms = (time.monotonic() - min(job.detected for job in finals)) * 1000.0
+            reduced = finals_reduction(self.surge, saturated=self.saturated(), waited_ms=waited_ms)
+        results = search.run(requests, self.reduced_settings if reduced is not None else None) if requests else []
+        if reduced is not None:
             with self.stats.lock:
-                self.stats.reduced_finals += len(finals)
+                self.stats.reduced_finals_by_reason[reduced] += len(finals)
         nbests = [result.nbest for result in results]
         rescored = {i: result.rescored for i, result in enumerate(results) if result.rescored is not None}
         index = {id(job): i for i, job in enumerate(finals)}
@@ -289,7 +296,9 @@ class Finalizer:
             i = index[id(job)]
             self._emit_final(job, nbests[i], rescored.get(i), reduced)
 
-    def _emit_final(self, job: FinalJob, nbest: list[Hypothesis], result: RescoreResult | None, reduced: bool) -> None:
+    def _emit_final(
+        self, job: FinalJob, nbest: list[Hypothesis], result: RescoreResult | None, reduced: FinalsReduction | None
+    ) -> None:
         utt, stream = job.utterance, job.stream
         if result is not None:
             entries = tuple(

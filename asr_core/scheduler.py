@@ -123,6 +123,12 @@ class Scheduler:
                 raise ValueError(f"stream id {stream.stream_id!r} is already open")
             self.streams[stream.stream_id] = stream
 
+    @property
+    def saturated(self) -> bool:
+        """Under surge, at its controller's latest sample: behind with no stream left to move to
+        a longer chunk. Always false without surge."""
+        return self.surge is not None and self.surge.saturated
+
     def full_at_longest_chunks(self, behind_ms: float) -> bool:
         """Under surge: no room for one more stream even if every stream ran at the longest
         chunk of its ladder. Only a scheduler that is behind (lag past ``behind_ms``, the rule

@@ -12,6 +12,13 @@ of one shows in the lag before the next is decided.
 The controller keeps no streams and reads no clock: it is fed the lag, ``now`` and a view of
 each stream (``SurgeStream``) and hands back ``ChunkMove``s; the scheduler applies them between
 chunks (``Stream.set_chunk``). Which way it moves is a table, ``TRANSITIONS``.
+
+Finals give way too (``finals_reduction``, a table as well, ``FINALS_REDUCTIONS``): a batch of
+ended utterances is searched the cheaper way (``FinalSettings.reduced``: a narrower beam, no
+decoder proposals) when its oldest has waited ``finals_reduce_ms`` for its Final, or while the
+engine is saturated (a controller ``saturated``: behind with every stream at its longest chunk
+already). A saturated engine has no cheaper chunk left to give its partials; the finals' CPU is
+what is left to give.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import Enum, StrEnum
 
 
 class Band(Enum):
@@ -36,6 +43,14 @@ class Level(Enum):
     NONE = "none"  # every stream at its own chunk size
     SOME = "some"  # some moved up, some could still move
     ALL = "all"  # some moved up, none can move further: saturated
+
+
+class FinalsReduction(StrEnum):
+    """Why a final was searched the cheaper way (``Final.reduced_search``; the event's
+    ``reduced_reason``, the metric's ``reason`` label)."""
+
+    FINALS_QUEUED = "finals_queued"  # its batch's oldest utterance waited ``finals_reduce_ms``
+    ENGINE_SATURATED = "engine_saturated"  # a scheduler was saturated when its batch was searched
 
 
 class Direction(Enum):
@@ -73,6 +88,9 @@ class SurgeSettings:
     # so finals catch up before they queue past ``EngineOptions.finals_behind_ms``.
     finals_reduce_ms: float = 1500.0
     finals_beam: int = 4
+    # ... and, however short their wait, while any scheduler is saturated: no stream left to move
+    # to a longer chunk and still behind, so the finals' CPU is the only CPU left to give.
+    finals_reduce_when_saturated: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.restore_ms < self.degrade_ms:
@@ -176,6 +194,25 @@ class SurgeController:
             return tuple(ChunkMove(s.stream_id, s.ladder[s.step + 1]) for s in up[:share])
         down = sorted((s for s in streams if s.step > 0), key=lambda s: (-s.priority, -s.step))
         return tuple(ChunkMove(s.stream_id, s.ladder[s.step - 1]) for s in down[:share])
+
+
+# (engine saturated, the batch's oldest final waited ``finals_reduce_ms`` or more) -> why its finals
+# are searched the cheaper way; None: the full settings. Where both hold the older rule's reason
+# is given, so ENGINE_SATURATED counts exactly the finals that saturation made cheaper.
+FINALS_REDUCTIONS: dict[tuple[bool, bool], FinalsReduction | None] = {
+    (False, False): None,
+    (False, True): FinalsReduction.FINALS_QUEUED,
+    (True, False): FinalsReduction.ENGINE_SATURATED,
+    (True, True): FinalsReduction.FINALS_QUEUED,
+}
+
+
+def finals_reduction(settings: SurgeSettings, *, saturated: bool, waited_ms: float) -> FinalsReduction | None:
+    """Why a batch of finals whose oldest utterance has waited ``waited_ms`` (ms since its
+    endpoint) is searched the cheaper way, with the engine ``saturated`` or not; None: it is not.
+    ``settings.finals_reduce_when_saturated`` false: saturation alone reduces nothing."""
+    saturated = saturated and settings.finals_reduce_when_saturated
+    return FINALS_REDUCTIONS[(saturated, waited_ms >= settings.finals_reduce_ms)]
 
 
 def chunk_ladder(

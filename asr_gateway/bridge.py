@@ -36,6 +36,7 @@ from asr_core.context_graph import ContextGraph
 from asr_core.engine import Engine
 from asr_core.events import Ended, Event, Final, Partial
 from asr_core.stream import Stream, StreamConfig
+from asr_core.surge import FinalsReduction
 from asr_gateway.hotwords import HotwordLists
 from calls.call import CallInfo, CallSource, LegInfo
 from calls.join import Joiner
@@ -43,7 +44,7 @@ from calls.profile import Profile, WorkorderSection
 from kb_hooks import events as ev
 from kb_hooks.processor import TranscriptProcessor
 from kb_hooks.publisher import Publisher
-from kb_hooks.types import CallContext, Participant, RedactionMode, TranscriptUpdate, WorkorderOptions
+from kb_hooks.types import CallContext, Participant, RedactionMode, ReducedReason, TranscriptUpdate, WorkorderOptions
 from rtp.dtmf import KeyPress
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,14 @@ class _Stop:
 
 
 _STOP = _Stop()
+
+# Why a final was searched the cheaper way, as the event says it (kb_hooks restates the engine's
+# reasons: it does not import the engine).
+REDUCED_REASONS: dict[FinalsReduction, ReducedReason] = {
+    FinalsReduction.FINALS_QUEUED: "finals_queued",
+    FinalsReduction.ENGINE_SATURATED: "engine_saturated",
+}
+
 _Message = CallStarted | JoinTimedOut | KeyPressed | CallEnded | Partial | Final | Ended
 
 EventListener = Callable[[dict[str, Any]], None]
@@ -459,6 +468,7 @@ def _participant(leg: LegInfo) -> Participant:
 def _update(ctx: CallContext, participant: Participant, event: Partial | Final, units: list[str]) -> TranscriptUpdate:
     tokens = tuple((units[t], ms, None) for t, ms in zip(event.tokens, event.token_times_ms, strict=False))
     final = event if isinstance(event, Final) else None
+    reduced = final.reduced_search if final is not None else None
     return TranscriptUpdate(
         call=ctx,
         participant=participant,
@@ -473,5 +483,6 @@ def _update(ctx: CallContext, participant: Participant, event: Partial | Final, 
         latency_ms=event.latency_ms,
         audio_end_monotonic=event.audio_end_monotonic,
         chunk_ms=event.chunk_ms,
-        reduced_search=True if final is not None and final.reduced_search else None,
+        reduced_search=True if reduced is not None else None,
+        reduced_reason=REDUCED_REASONS[reduced] if reduced is not None else None,
     )

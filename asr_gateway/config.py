@@ -125,7 +125,13 @@ class SurgeConfig(_Section):
         description="a final waiting this long (ms) is searched the cheaper way (finals_beam, no decoder "
         "proposals), so finals catch up before finals_behind_ms refuses calls",
     )
-    finals_beam: int = Field(4, ge=1, description="the finals' CTC beam while they catch up")
+    finals_beam: int = Field(4, ge=1, description="the finals' CTC beam while they catch up or the engine is saturated")
+    finals_reduce_when_saturated: bool = Field(
+        True,
+        description="while the engine is saturated (behind with every call at its longest chunk) search every final "
+        "the cheaper way too, however short its wait, so the partials get the finals' CPU back; false: only finals "
+        "that waited finals_reduce_ms",
+    )
 
     @model_validator(mode="after")
     def _thresholds(self) -> SurgeConfig:
@@ -146,6 +152,7 @@ class SurgeConfig(_Section):
             step_share=self.step_share,
             finals_reduce_ms=self.finals_reduce_ms,
             finals_beam=self.finals_beam,
+            finals_reduce_when_saturated=self.finals_reduce_when_saturated,
         )
 
 

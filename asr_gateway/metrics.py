@@ -59,7 +59,7 @@ class EngineFigures:
     overload_refusals: int  # calls and OPTIONS refused while the engine was behind
     degraded_streams: int  # streams at a longer chunk than their route's because the engine was behind
     degraded_stream_seconds: float  # stream-seconds spent so, summed over streams
-    reduced_finals: int  # finals searched the cheaper way while finals queued (surge)
+    reduced_finals: Mapping[str, int]  # finals searched the cheaper way (surge), by reason (asr_core FinalsReduction)
     batch_size: Histogram  # streams per batched chunk step
     step_seconds: Histogram
     partial_latency: Histogram
@@ -171,11 +171,15 @@ class NodeCollector(Collector):
             "stream-seconds spent at a longer chunk than the route's (surge), summed over streams",
             value=engine.degraded_stream_seconds,
         )
-        yield CounterMetricFamily(
+        reduced = CounterMetricFamily(
             "asr_engine_reduced_finals",
-            "finals searched with a narrower beam and no decoder proposals while finals queued (surge)",
-            value=engine.reduced_finals,
+            "finals searched with a narrower beam and no decoder proposals (surge), by reason: finals_queued "
+            "(their batch waited finals_reduce_ms), engine_saturated (behind with every stream at its longest chunk)",
+            labels=["reason"],
         )
+        for reason, count in sorted(engine.reduced_finals.items()):
+            reduced.add_metric([reason], count)
+        yield reduced
         yield histogram("asr_engine_batch_size", "streams per batched chunk step", engine.batch_size)
         yield histogram("asr_engine_step_seconds", "time of one batched chunk step (forward)", engine.step_seconds)
         yield histogram(

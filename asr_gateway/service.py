@@ -379,7 +379,7 @@ class Service:
                 overload_refusals=self.bridge.overload_refusals,
                 degraded_streams=engine.degraded_streams,
                 degraded_stream_seconds=stats.degraded_stream_seconds,
-                reduced_finals=stats.reduced_finals,
+                reduced_finals={reason.value: count for reason, count in stats.reduced_finals_by_reason.items()},
                 batch_size=stats.batch_size_histogram,
                 step_seconds=stats.step_seconds,
                 partial_latency=stats.partial_latency_seconds,

@@ -25,7 +25,7 @@ from functools import cache
 from importlib import resources
 from typing import Any, ClassVar, Literal, NamedTuple
 
-from kb_hooks.types import CallContext, Participant, ParticipantRole, RedactionMode
+from kb_hooks.types import CallContext, Participant, ParticipantRole, RedactionMode, ReducedReason
 
 SCHEMA_VERSION = "1"
 
@@ -335,14 +335,22 @@ class TranscriptFinal(Transcript):
     is_partial: Literal[False] = field(default=False, init=False)
     nbest: tuple[Alternative, ...]
     # True where the engine searched it with a narrower beam and without the decoder's proposals
-    # because finals were queueing under surge (a little less accurate); left out otherwise.
+    # under surge (a little less accurate), and why; both left out otherwise.
     reduced_search: bool | None = field(default=None, metadata=OMITTED_WHEN_NONE)
+    reduced_reason: ReducedReason | None = field(default=None, metadata=OMITTED_WHEN_NONE)
+
+    def __post_init__(self, call: CallContext) -> None:
+        Transcript.__post_init__(self, call)
+        if self.reduced_reason is not None and self.reduced_search is not True:
+            raise ValueError(f"reduced_reason {self.reduced_reason!r} given for a final not searched the reduced way")
 
     def to_json(self) -> dict[str, Any]:
         out = Transcript.to_json(self)
         out["nbest"] = [alternative.to_json() for alternative in self.nbest]
         if self.reduced_search is not None:
             out["reduced_search"] = self.reduced_search
+        if self.reduced_reason is not None:
+            out["reduced_reason"] = self.reduced_reason
         return out
 
 

@@ -221,7 +221,9 @@ class TranscriptProcessor:
         make: type[TranscriptPartial] | partial[TranscriptFinal] = TranscriptPartial
         if not update.is_partial:
             nbest = tuple(Alternative(self._redact_text(text, update.call), score) for text, score in update.nbest)
-            make = partial(TranscriptFinal, nbest=nbest, reduced_search=update.reduced_search)
+            make = partial(
+                TranscriptFinal, nbest=nbest, reduced_search=update.reduced_search, reduced_reason=update.reduced_reason
+            )
         return make(
             call=update.call,
             participant=update.participant,

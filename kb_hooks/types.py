@@ -13,6 +13,10 @@ from typing import Literal, NamedTuple
 from asr_common.punctuation import PunctuationName
 
 ParticipantRole = Literal["caller", "agent", "mixed"]
+# Why a final was searched the cheaper way under surge (asr_core.surge.FinalsReduction, restated:
+# kb_hooks does not use the engine): its batch had queued finals_reduce_ms, or the engine was
+# saturated (behind with every stream at its longest chunk).
+ReducedReason = Literal["finals_queued", "engine_saturated"]
 
 
 class RedactionMode(StrEnum):
@@ -98,3 +102,4 @@ class TranscriptUpdate:
     text_raw: str | None = None  # the engine's text where the route rewrites it (ITN, punctuation)
     chunk_ms: int | None = None  # the engine's chunk size in force for this result (longer under surge)
     reduced_search: bool | None = None  # finals: True where searched the cheaper way under surge
+    reduced_reason: ReducedReason | None = None  # ... and why

@@ -143,6 +143,18 @@ def test_finals_workers_niceness_and_lag_limit(tmp_path: Path) -> None:
     assert len(problems) == 2 and any("engine.finals_niceness" in p for p in problems)
 
 
+def test_finals_give_way_while_the_engine_is_saturated_unless_told_not_to(tmp_path: Path) -> None:
+    from asr_core.surge import SurgeSettings
+
+    assert load_config(None, {}).engine.surge.finals_reduce_when_saturated is True
+    path = write(tmp_path, "engine:\n  surge:\n    enabled: true\n    finals_reduce_when_saturated: false\n")
+    assert load_config(path, {}).engine.surge.settings() == SurgeSettings(finals_reduce_when_saturated=False)
+    path = write(tmp_path, "engine:\n  surge:\n    finals_reduce_when_saturated: sometimes\n")
+    (line,) = errors_of(path)
+    assert line.startswith(f"{path}:3 engine.surge.finals_reduce_when_saturated: 'sometimes' is invalid")
+    assert "boolean" in line
+
+
 def test_several_errors_are_all_reported(tmp_path: Path) -> None:
     path = write(tmp_path, "rtp:\n  port_min: 30000\n  port_max: 20000\nredis:\n  stream_maxlen: 5\n")
     lines = errors_of(path)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -27,15 +28,18 @@ from asr_core.frontend import compute_fbank
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_core.stream import StreamConfig
 from asr_core.surge import (
+    FINALS_REDUCTIONS,
     TRANSITIONS,
     Band,
     ChunkMove,
     Direction,
+    FinalsReduction,
     Level,
     SurgeController,
     SurgeSettings,
     SurgeStream,
     chunk_ladder,
+    finals_reduction,
 )
 from rescoring.attention import attention_rescore
 
@@ -47,6 +51,9 @@ NO_ENDPOINTS = EndpointRules(trailing_silence_ms=10**9, leading_silence_ms=10**9
 NEVER = SurgeSettings(degrade_ms=10**9, restore_ms=0)  # ladders without the controller moving anyone
 
 needs_fixture = pytest.mark.skipif(not FIXTURE.is_dir(), reason=f"WeNet fixture not found at {FIXTURE}")
+needs_demo_model = pytest.mark.skipif(
+    not (DEMO_MODEL / "final.pt").is_file(), reason="bundled demo model not installed"
+)
 
 
 # -- the policy ----------------------------------------------------------------------------
@@ -240,7 +247,7 @@ def test_a_scheduler_behind_moves_its_streams_up_and_counts_it() -> None:
     assert 320 in {e.chunk_ms for e in events if isinstance(e, Partial) and e.stream_id == "low"}
 
 
-@pytest.mark.skipif(not (DEMO_MODEL / "final.pt").is_file(), reason="bundled demo model not installed")
+@needs_demo_model
 def test_the_demo_model_still_gets_a_recording_right_when_switched_mid_utterance() -> None:
     """U2++ chunk attention depends on chunk size, so the text of an utterance decoded partly at
     160 and partly at 320 ms is not bitwise any fixed size's; the bundled recording's reference
@@ -350,6 +357,170 @@ def test_finals_that_waited_are_searched_the_cheaper_way_and_say_so() -> None:
     engine.finalizer.submit(FinalJob(stream, "silence", snapshot, time.monotonic() - 0.6))
     engine.finalize_pending()
     fresh, waited = [e for e in events if isinstance(e, Final)]
-    assert not fresh.reduced_search and len(fresh.nbest) > 2
-    assert waited.reduced_search and len(waited.nbest) <= 2
+    assert fresh.reduced_search is None and len(fresh.nbest) > 2
+    assert waited.reduced_search is FinalsReduction.FINALS_QUEUED and len(waited.nbest) <= 2
     assert engine.stats.reduced_finals == 1
+
+
+def test_finals_give_way_while_saturated_or_once_they_waited_and_say_why() -> None:
+    """(saturated, waited past finals_reduce_ms): where both hold the waiting is the reason, so
+    ``engine_saturated`` counts only the finals that saturation made cheaper."""
+    assert set(FINALS_REDUCTIONS) == {(saturated, waited) for saturated in (False, True) for waited in (False, True)}
+    on = SurgeSettings(finals_reduce_ms=1500.0)
+    off = SurgeSettings(finals_reduce_ms=1500.0, finals_reduce_when_saturated=False)
+    queued, saturated = FinalsReduction.FINALS_QUEUED, FinalsReduction.ENGINE_SATURATED
+    table = [  # saturated, waited ms -> why with the rule on, with it off
+        (False, 0.0, None, None),
+        (False, 1499.9, None, None),
+        (False, 1500.0, queued, queued),
+        (True, 0.0, saturated, None),
+        (True, 1499.9, saturated, None),
+        (True, 1500.0, queued, queued),
+    ]
+    for is_saturated, waited_ms, with_rule, without_rule in table:
+        assert finals_reduction(on, saturated=is_saturated, waited_ms=waited_ms) is with_rule
+        assert finals_reduction(off, saturated=is_saturated, waited_ms=waited_ms) is without_rule
+    assert SurgeSettings().finals_reduce_when_saturated, "on by default"
+
+
+def decode_behind(loaded: LoadedModel, max_chunk_ms: int, settings: SurgeSettings) -> tuple[Engine, Final]:
+    """One 160 ms stream given all of a recording at once, so its scheduler is behind from the
+    first step on (no sleep needed: each chunk has waited for every step before it), decoded to
+    its one Final. ``max_chunk_ms`` 160: nothing left to move, the scheduler is saturated."""
+    engine = Engine(loaded, EngineOptions(max_streams=1, endpoint=NO_ENDPOINTS, surge=settings))
+    events: list[Event] = []
+    stream = engine.open_stream(StreamConfig(chunk_ms=160, max_chunk_ms=max_chunk_ms, stream_id="s"), events.append)
+    stream.accept_waveform(read_wav(DEMO_DATA / "hotline_seed.wav").samples)
+    stream.input_finished()
+    while not stream.done.is_set():
+        engine.run_once()
+    (final,) = [e for e in events if isinstance(e, Final)]
+    return engine, final
+
+
+@needs_demo_model
+def test_a_saturated_scheduler_makes_finals_reduced_one_with_streams_left_to_move_does_not() -> None:
+    torch.set_num_threads(1)
+    loaded = load_wenet_model(DEMO_MODEL)
+    behind = SurgeSettings(  # behind after 1 ms; finals never wait long enough to be reduced for it
+        degrade_ms=1.0, restore_ms=0.5, degrade_after_s=0.0, step_interval_s=10**9, sample_interval_s=0.0,
+        finals_reduce_ms=10**9, finals_beam=2,
+    )  # fmt: skip
+
+    saturated, final = decode_behind(loaded, max_chunk_ms=160, settings=behind)
+    assert final.reduced_search is FinalsReduction.ENGINE_SATURATED and len(final.nbest) <= 2
+    assert saturated.stats.reduced_finals_by_reason == {
+        FinalsReduction.FINALS_QUEUED: 0,
+        FinalsReduction.ENGINE_SATURATED: 1,
+    }
+    assert final.chunk_ms == 160 and saturated.stats.chunk_moves_up == 0
+
+    movable, final = decode_behind(loaded, max_chunk_ms=640, settings=behind)
+    assert movable.stats.chunk_moves_up == 1 and final.chunk_ms == 320, "moved once; 640 ms still left"
+    assert final.reduced_search is None and len(final.nbest) > 2 and movable.stats.reduced_finals == 0
+
+    told_not_to, final = decode_behind(
+        loaded, max_chunk_ms=160, settings=replace(behind, finals_reduce_when_saturated=False)
+    )
+    assert final.reduced_search is None and told_not_to.stats.reduced_finals == 0
+
+
+@needs_demo_model
+def test_one_saturated_scheduler_makes_every_final_reduced_the_finals_cpu_is_shared() -> None:
+    torch.set_num_threads(1)
+    loaded = load_wenet_model(DEMO_MODEL)
+    behind = SurgeSettings(
+        degrade_ms=1.0, restore_ms=0.5, degrade_after_s=0.0, step_interval_s=10**9, sample_interval_s=0.0,
+        finals_reduce_ms=10**9,
+    )  # fmt: skip
+    engine = Engine(loaded, EngineOptions(max_streams=2, schedulers=2, endpoint=NO_ENDPOINTS, surge=behind))
+    events: list[Event] = []
+    fixed = engine.open_stream(StreamConfig(chunk_ms=160, max_chunk_ms=160, stream_id="fixed"), events.append)
+    movable = engine.open_stream(StreamConfig(chunk_ms=160, max_chunk_ms=640, stream_id="movable"), events.append)
+    assert [list(s.streams) for s in engine.schedulers] == [["fixed"], ["movable"]]
+    samples = read_wav(DEMO_DATA / "hotline_seed.wav").samples
+    for stream in (fixed, movable):
+        stream.accept_waveform(samples)
+        stream.input_finished()
+    while not movable.done.is_set():  # at 320 ms it ends first, while "fixed" is still behind
+        engine.run_once()
+    assert not engine.schedulers[1].saturated and engine.schedulers[0].saturated
+    (final,) = [e for e in events if isinstance(e, Final)]
+    assert final.stream_id == "movable" and final.chunk_ms == 320
+    assert final.reduced_search is FinalsReduction.ENGINE_SATURATED
+
+
+@needs_demo_model
+def test_finals_go_back_to_the_full_search_when_saturation_ends() -> None:
+    from asr_core.finalizer import FinalJob, UtteranceSnapshot
+
+    torch.set_num_threads(1)
+    loaded = load_wenet_model(DEMO_MODEL)
+    behind = SurgeSettings(
+        degrade_ms=1.0,
+        restore_ms=0.5,
+        degrade_after_s=0.0,
+        sample_interval_s=0.0,
+        finals_reduce_ms=10**9,
+        finals_beam=2,
+    )
+    engine = Engine(loaded, EngineOptions(max_streams=1, endpoint=NO_ENDPOINTS, surge=behind))
+    events: list[Event] = []
+    stream = engine.open_stream(StreamConfig(chunk_ms=160, max_chunk_ms=160, stream_id="s"), events.append)
+    stream.accept_waveform(read_wav(DEMO_DATA / "hotline_seed.wav").samples)
+    while engine.run_once() == 0.0:  # every full chunk decoded; the latest sample saw the last one late
+        pass
+    snapshot = UtteranceSnapshot.of(stream.utterance, stream.chunk_ms)
+    assert engine.saturated
+    engine.finalizer.submit(FinalJob(stream, "silence", snapshot, time.monotonic()))
+    engine.finalize_pending()
+    engine.run_once()  # nothing ready: caught up
+    assert not engine.saturated
+    engine.finalizer.submit(FinalJob(stream, "silence", snapshot, time.monotonic()))
+    engine.finalize_pending()
+    during, after = [e for e in events if isinstance(e, Final)]
+    assert during.reduced_search is FinalsReduction.ENGINE_SATURATED and len(during.nbest) <= 2
+    assert after.reduced_search is None and len(after.nbest) > 2
+
+
+# -- what a reduced final says on the wire (docs/events.md reduced_search, reduced_reason) -------
+
+
+def test_a_reduced_final_says_why_in_the_event_and_the_schema_allows_only_those_reasons() -> None:
+    import dataclasses
+    from typing import get_args
+
+    import jsonschema
+
+    from asr_gateway.bridge import REDUCED_REASONS, _update
+    from kb_hooks import events as ev
+    from kb_hooks.config import KbHooksSettings
+    from kb_hooks.processor import TranscriptProcessor
+    from kb_hooks.types import CallContext, Participant, ReducedReason
+
+    assert {reason: reason.value for reason in FinalsReduction} == REDUCED_REASONS
+    assert set(get_args(ReducedReason)) == {reason.value for reason in FinalsReduction}
+    processor = TranscriptProcessor.from_settings(KbHooksSettings())
+    call, caller, units = CallContext("c1"), Participant("caller"), ["<blank>", "井", "盖"]
+    final = Final("s", 0, 1, "井盖", (1, 2), (0, 40), 0, 80, "silence", nbest=(), chunk_ms=160)
+    for reduced, search, reason in [
+        (None, None, None),
+        (FinalsReduction.FINALS_QUEUED, True, "finals_queued"),
+        (FinalsReduction.ENGINE_SATURATED, True, "engine_saturated"),
+    ]:
+        update = _update(call, caller, dataclasses.replace(final, reduced_search=reduced), units)
+        assert (update.reduced_search, update.reduced_reason) == (search, reason)
+        (event, *_) = processor.process(update)
+        wire = {**event.to_json(), "seq": 1}
+        jsonschema.validate(wire, ev.schema())
+        assert (wire.get("reduced_search"), wire.get("reduced_reason")) == (search, reason)
+    unknown = {**wire, "reduced_reason": "tired"}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(unknown, ev.schema())
+    without_search = {key: value for key, value in wire.items() if key != "reduced_search"}
+    with pytest.raises(jsonschema.ValidationError, match="reduced_search"):
+        jsonschema.validate(without_search, ev.schema())
+    with pytest.raises(ValueError, match="not searched the reduced way"):
+        ev.TranscriptFinal(call=call, participant=caller, utterance_id=0, text="井盖", begin_offset_ms=0,
+                           end_offset_ms=80, tokens=(), confidence=None, latency_ms=None, nbest=(),
+                           reduced_reason="engine_saturated")  # fmt: skip

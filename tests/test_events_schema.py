@@ -235,6 +235,7 @@ def test_written_out_transcripts_equal_the_generic_form_key_order_included() -> 
         ev.TranscriptPartial(**common, chunk_ms=320),
         ev.TranscriptFinal(**common, nbest=(ev.Alternative("井盖", -1.0),)),
         ev.TranscriptFinal(**common, nbest=(), text_raw="井 盖", chunk_ms=640, reduced_search=True),
+        ev.TranscriptFinal(**common, nbest=(), reduced_search=True, reduced_reason="engine_saturated"),
     ]
     for event in events:
         generic = ev.Event.to_json(event)

@@ -15,7 +15,7 @@ def test_finals_micro_times_each_configuration_on_real_utterances(capsys: pytest
     report = json.loads(capsys.readouterr().out)
     assert report["utterances"] >= 2  # two streams, at least one utterance each
     assert report["encoder_frames"] > 0
-    names = {"rescore", "proposals", "proposals_same_decoder"}
+    names = {"rescore", "reduced", "proposals", "proposals_same_decoder"}
     assert set(report["cpu_ms_min"]) == set(report["per_utterance_ms"]) == names
     assert all(value > 0 for value in report["cpu_ms_min"].values())
     assert report["same_transcripts"]["proposals"] == 1.0

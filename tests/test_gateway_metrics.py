@@ -152,7 +152,8 @@ def test_metrics_move_and_health_mirrors_options(tmp_path: Path, redis_server: R
     assert (
         value(after, "asr_engine_degraded_streams") == 0
         and value(after, "asr_engine_degraded_stream_seconds_total") == 0
-        and value(after, "asr_engine_reduced_finals_total") == 0
+        and value(after, "asr_engine_reduced_finals_total", reason="finals_queued") == 0
+        and value(after, "asr_engine_reduced_finals_total", reason="engine_saturated") == 0
     )
     assert seen["chunk_ms"] == {320}, "transcripts carry the route's chunk size (no surge)"
     for name in ("asr_partial_latency_seconds", "asr_final_latency_seconds", "asr_publish_latency_seconds",

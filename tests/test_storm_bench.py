@@ -30,6 +30,7 @@ def report(calls: int, surge: bool, refused: int = 0, partial_p95: float = 400.0
         "degraded_streams_peak": calls if surge else 0,
         "degraded_stream_seconds": 50.0 if surge else 0.0,
         "reduced_finals": 0,
+        "reduced_finals_saturated": 0,
         "realtime_ok": surge,
         "cpus_seen": {"service": [1], "generators": [0]},
         "cer": 0.0,

@@ -48,8 +48,10 @@ process times every event.
   reaching into the call's last sentence); ``calls_finals_delivered``: the others.
 - ``--surge``: ``engine.surge.enabled: true`` (the demo route's streams may move up to 640 ms
   chunks); ``degraded_streams_peak`` (streams at a longer chunk than their route's, sampled each
-  second), ``degraded_stream_seconds``, ``chunk_moves`` ([up, down]) and ``reduced_finals``
-  (finals searched the cheaper way) come from the engine's stats, with or without it.
+  second), ``degraded_stream_seconds``, ``chunk_moves`` ([up, down]), ``reduced_finals``
+  (finals searched the cheaper way) and ``reduced_finals_saturated`` (those of them reduced
+  because the engine was saturated, not because they queued) come from the engine's stats, with
+  or without it.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ from asr_common import allocator
 from asr_core import memtrim
 from asr_core.audio_io import read_wav
 from asr_core.engine import Engine
+from asr_core.surge import FinalsReduction
 from asr_gateway.dev.demo import (
     DATA_DIR,
     DemoError,
@@ -278,6 +281,7 @@ async def run_bench(
         "degraded_stream_seconds": round(stats.degraded_stream_seconds, 1),
         "chunk_moves": [stats.chunk_moves_up, stats.chunk_moves_down],
         "reduced_finals": stats.reduced_finals,
+        "reduced_finals_saturated": stats.reduced_finals_by_reason[FinalsReduction.ENGINE_SATURATED],
         "rss_mb": peaks.rss_mb,
         "cpu_window": "steady" if window is not None else "whole run",
         **cpu,

@@ -39,7 +39,7 @@ from asr_core.engine_options import DTYPES, EngineOptions, resolve_dtype
 from asr_core.events import Event, Final
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_core.stream import StreamConfig
-from asr_core.surge import SurgeSettings
+from asr_core.surge import FinalsReduction, SurgeSettings
 from deploy.bench.make_random_model import ARCHS, make_random_model
 from rescoring.packing import PrefixTree
 from rtp.leg import DEFAULT_RESAMPLE_BATCH_MS
@@ -63,6 +63,7 @@ SURGE_AB_KEYS = (
     "degraded_stream_seconds",
     "chunk_moves",
     "reduced_finals",
+    "reduced_finals_saturated",
     "drain_s",
 )
 """``--surge``: the measurements shown side by side, [off, on]."""
@@ -266,6 +267,8 @@ def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray)
         "degraded_stream_seconds": round(stats.degraded_stream_seconds, 1),
         "chunk_moves": [stats.chunk_moves_up, stats.chunk_moves_down],
         "reduced_finals": stats.reduced_finals,
+        # ... of which the engine was saturated rather than the finals queued (asr_core/surge.py)
+        "reduced_finals_saturated": stats.reduced_finals_by_reason[FinalsReduction.ENGINE_SATURATED],
         "drain_s": round(drain_s, 3),
         # Seconds the feeding took beyond the audio's length: the load generator (one Python
         # thread) fell behind real time, so the trial offered less than its stream count.

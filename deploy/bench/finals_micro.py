@@ -10,8 +10,11 @@ output) is kept as the finalizer receives it. Then each configuration searches a
 (one torch thread: the work runs in this thread), the minimum of ``--repeat`` rounds with the
 configurations alternated within each round:
 
-- ``rescore``: WeNet's attention rescoring of the CTC n-best (``attention_beam`` 0);
-- ``proposals``: the service default, ``--attention-beam`` decoder proposals added first, the
+- ``rescore``: WeNet's attention rescoring of the CTC n-best (``attention_beam`` 0; the
+  service's default);
+- ``reduced``: the cheaper search finals get under surge while they queue or the engine is
+  saturated (``FinalSettings.reduced``: a CTC beam of ``engine.surge.finals_beam``, no proposals);
+- ``proposals``: a joint route's, ``--attention-beam`` decoder proposals added first, the
   float decoder proposing and the backend's decoder (int8 for ``*-int8``) rescoring;
 - ``proposals_same_decoder``: the same with the backend's decoder proposing too (what the int8
   backends did before the float proposer).
@@ -39,6 +42,7 @@ from asr_core.engine_options import EngineOptions
 from asr_core.finals import FinalRequest, FinalResult, FinalSearch, FinalSettings
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_core.stream import StreamConfig
+from asr_core.surge import SurgeSettings
 from asr_gateway.dev.demo import default_model_dir
 from deploy.bench.e2e_bench import call_audio
 
@@ -100,6 +104,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )  # fmt: skip
     searches = {
         "rescore": FinalSearch(decoder, replace(with_proposals, attention_beam=0)),
+        "reduced": FinalSearch(decoder, with_proposals.reduced(SurgeSettings().finals_beam)),
         "proposals": FinalSearch(decoder, with_proposals, proposer=float_decoder),
         "proposals_same_decoder": FinalSearch(decoder, with_proposals),
     }

@@ -47,6 +47,7 @@ FIGURES = (
     "degraded_streams_peak",
     "degraded_stream_seconds",
     "reduced_finals",
+    "reduced_finals_saturated",
     "realtime_ok",
     "cpus_seen",
 )
