@@ -16,7 +16,6 @@ published many times a second per call); the types and that test keep the JSON r
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Mapping
 from dataclasses import InitVar, dataclass, field, fields
 from datetime import UTC, datetime
@@ -25,6 +24,7 @@ from functools import cache
 from importlib import resources
 from typing import Any, ClassVar, Literal, NamedTuple
 
+from kb_hooks.event_ids import new_event_id
 from kb_hooks.types import CallContext, Participant, ParticipantRole, RedactionMode
 
 SCHEMA_VERSION = "1"
@@ -58,11 +58,6 @@ def utc_timestamp(moment: datetime | None = None) -> str:
     """ISO-8601 UTC with milliseconds, e.g. ``2024-05-01T08:30:00.123Z``."""
     moment = moment or datetime.now(UTC)
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
-
-
-def new_event_id() -> str:
-    """A fresh ``event_id`` (UUID4 hex), the consumers' de-duplication key."""
-    return uuid.uuid4().hex
 
 
 class JsonRecord:
