@@ -110,7 +110,10 @@ def _is_phone(digits: str, before: str) -> bool:
     return len(digits) in (7, 8) and any(cue in before for cue in _PHONE_CUES)
 
 
-def _number_entities(text: str, min_digit_run: int) -> list[Entity]:
+def number_entities(text: str, min_digit_run: int = 0) -> list[Entity]:
+    """The phone and ID numbers of ``text`` (and, with ``min_digit_run``, other digit runs as
+    ``number``) by position: every entity redaction hides, without the place, date and time
+    patterns that cost most of ``extract_entities`` (partials and n-best entries need no more)."""
     out: list[Entity] = []
     for digits, where in digit_runs(text):
         begin, end = where[0], where[-1] + 1
@@ -176,7 +179,7 @@ def extract_entities(text: str, min_digit_run: int = 0) -> list[Entity]:
     ``min_digit_run`` > 0 also reports any other digit run at least that long as ``number``
     (so redaction can hide half-spoken phone numbers in partials).
     """
-    numbers = _number_entities(text, min_digit_run)
+    numbers = number_entities(text, min_digit_run)
     taken = [(e.begin, e.end) for e in numbers]
     others = [
         e

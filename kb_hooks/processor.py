@@ -20,7 +20,7 @@ from asr_common.punctuation import PUNCTUATORS
 from kb_hooks.analytics import Utterance, measure, spoken_chars
 from kb_hooks.analytics_rules import AnalyticsRules, RecentAddresses, load_analytics_rules
 from kb_hooks.config import KbHooksSettings
-from kb_hooks.entities import Entity, extract_entities
+from kb_hooks.entities import Entity, extract_entities, number_entities
 from kb_hooks.events import (
     Alternative,
     CallAnalytics,
@@ -147,7 +147,9 @@ class TranscriptProcessor:
         if update.is_partial and last is not None and last[0] == update.text:
             # The engine repeats a partial while nothing new is decoded: same matches, skip them.
             return [self._transcript(update, last[1])]
-        entities = extract_entities(update.text, self.mask_digit_runs)
+        # A partial's entities serve its redaction (numbers) and, only with tags_on_partials, its tags.
+        find = number_entities if update.is_partial and not self.tags_on_partials else extract_entities
+        entities = find(update.text, self.mask_digit_runs)
         redacted = self.redactor.redact(update.text, entities, ctx.redaction)
         if update.is_partial:
             state.last_partial[utterance] = (update.text, redacted)
@@ -220,7 +222,10 @@ class TranscriptProcessor:
         text_raw = self._redact_text(update.text_raw, update.call) if update.text_raw is not None else None
         make: type[TranscriptPartial] | partial[TranscriptFinal] = TranscriptPartial
         if not update.is_partial:
-            nbest = tuple(Alternative(self._redact_text(text, update.call), score) for text, score in update.nbest)
+            nbest = tuple(
+                Alternative(redacted.text if text == update.text else self._redact_text(text, update.call), score)
+                for text, score in update.nbest
+            )
             make = partial(TranscriptFinal, nbest=nbest, reduced_search=update.reduced_search)
         return make(
             call=update.call,
@@ -237,7 +242,8 @@ class TranscriptProcessor:
         )
 
     def _redact_text(self, text: str, ctx: CallContext) -> str:
-        return self.redactor.redact(text, extract_entities(text, self.mask_digit_runs), ctx.redaction).text
+        """``text`` as published (redaction hides numbers only: no need for places, dates, times)."""
+        return self.redactor.redact(text, number_entities(text, self.mask_digit_runs), ctx.redaction).text
 
     def _span(self, redacted: Redacted, begin: int, end: int) -> Span:
         return Span(redacted.map_offset(begin), redacted.map_offset(end))
