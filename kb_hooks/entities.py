@@ -69,36 +69,46 @@ def id_checksum_ok(number: str) -> bool:
     return _ID_CHECK[total % 11] == number[17].upper()
 
 
-def _digit(ch: str) -> str | None:
-    if "0" <= ch <= "9":
-        return ch
-    if "０" <= ch <= "９":
-        return chr(ord(ch) - ord("０") + ord("0"))
-    if ch in DIGIT_CHARS:
-        return str(DIGIT_CHARS[ch])
-    return None
+# Every character that is a digit (written, full-width, spoken) and the digit it stands for.
+_DIGIT_OF: dict[str, str] = {
+    **{d: d for d in "0123456789"},
+    **{chr(ord("０") + n): str(n) for n in range(10)},
+    **{ch: str(n) for ch, n in DIGIT_CHARS.items()},
+}
+_CHECK_X = frozenset("Xx叉")  # an ID number's check character 'X', read after its 17 digits
+# Stretches of the characters a digit run can hold; any other character ends a run.
+_RUN_STRETCH = re.compile(f"[{re.escape(''.join(_DIGIT_OF) + ''.join(_CHECK_X) + ''.join(_SEPARATORS))}]+")
 
 
 def digit_runs(text: str) -> list[tuple[str, list[int]]]:
-    """Runs of spoken or written digits (single separators allowed inside), with each digit's index."""
+    """Runs of spoken or written digits (single separators allowed inside), with each digit's index.
+
+    Only the stretches of digits, separators and 'X' (found by one regex) are read a character at
+    a time: every partial goes through here, and most of its characters cannot be in a run."""
     runs: list[tuple[str, list[int]]] = []
+    for stretch in _RUN_STRETCH.finditer(text):
+        _stretch_runs(stretch.group(), stretch.start(), runs)
+    return runs
+
+
+def _stretch_runs(stretch: str, offset: int, runs: list[tuple[str, list[int]]]) -> None:
+    """Append the digit runs of ``stretch`` (at ``offset`` in its text) to ``runs``."""
     digits: list[str] = []
     where: list[int] = []
-    i = 0
-    while i <= len(text):
-        ch = text[i] if i < len(text) else ""
-        d = _digit(ch) if ch else None
-        if d is None and ch in ("X", "x", "叉") and len(digits) == 17:
+    last = len(stretch) - 1
+    for i, ch in enumerate(stretch):
+        d = _DIGIT_OF.get(ch)
+        if d is None and ch in _CHECK_X and len(digits) == 17:
             d = "X"
         if d is not None:
             digits.append(d)
-            where.append(i)
-        elif not (ch in _SEPARATORS and digits and i + 1 < len(text) and _digit(text[i + 1]) is not None):
+            where.append(offset + i)
+        elif not (ch in _SEPARATORS and digits and i < last and stretch[i + 1] in _DIGIT_OF):
             if digits:
                 runs.append(("".join(digits), where))
             digits, where = [], []
-        i += 1
-    return runs
+    if digits:
+        runs.append(("".join(digits), where))
 
 
 def _is_phone(digits: str, before: str) -> bool:

@@ -9,7 +9,8 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kb_hooks.entities import extract_entities, id_checksum_ok, number_entities
+from kb_hooks.entities import digit_runs, extract_entities, id_checksum_ok, number_entities
+from kb_hooks.normalize import DIGIT_CHARS
 from kb_hooks.redact import SENSITIVE_LABELS, Redactor
 from kb_hooks.types import RedactionMode
 
@@ -139,3 +140,41 @@ def test_number_entities_are_what_redaction_takes_of_all_entities(min_digit_run:
             assert number_entities(prefix, min_digit_run) == sensitive, prefix
             found += bool(sensitive)
     assert found > 100
+
+
+def _reference_digit_runs(text: str) -> list[tuple[str, list[int]]]:
+    """``digit_runs`` as first written, every character read one by one: the oracle."""
+
+    def digit(ch: str) -> str | None:
+        if "0" <= ch <= "9":
+            return ch
+        if "０" <= ch <= "９":
+            return chr(ord(ch) - ord("０") + ord("0"))
+        return str(DIGIT_CHARS[ch]) if ch in DIGIT_CHARS else None
+
+    runs: list[tuple[str, list[int]]] = []
+    digits: list[str] = []
+    where: list[int] = []
+    for i in range(len(text) + 1):
+        ch = text[i] if i < len(text) else ""
+        d = digit(ch) if ch else None
+        if d is None and ch in ("X", "x", "叉") and len(digits) == 17:
+            d = "X"
+        if d is not None:
+            digits.append(d)
+            where.append(i)
+        elif not (ch in " -—_" and digits and i + 1 < len(text) and digit(text[i + 1]) is not None):
+            if digits:
+                runs.append(("".join(digits), where))
+            digits, where = [], []
+    return runs
+
+
+@given(st.text(alphabet="0123456789０５９一二三四五六七八九零〇幺两Xx叉 -—_电话号是的十a", max_size=60))
+def test_digit_runs_read_only_the_stretches_that_can_hold_digits(text: str) -> None:
+    assert digit_runs(text) == _reference_digit_runs(text)
+
+
+def test_digit_runs_on_hotline_text() -> None:
+    for text in hotline_texts():
+        assert digit_runs(text) == _reference_digit_runs(text), text
