@@ -217,8 +217,10 @@ class TranscriptProcessor:
         )
 
     def _transcript(self, update: TranscriptUpdate, redacted: Redacted) -> TranscriptPartial | TranscriptFinal:
-        token_texts = self.redactor.redact_tokens(update.text, [t[0] for t in update.tokens], redacted)
-        tokens = tuple(Token(text, tok[1], tok[2]) for text, tok in zip(token_texts, update.tokens, strict=True))
+        tokens = tuple(map(Token._make, update.tokens))  # (text, begin_ms, end_ms) each
+        if redacted.replacements:
+            texts = self.redactor.redact_tokens(update.text, [t.text for t in tokens], redacted)
+            tokens = tuple(t._replace(text=text) for t, text in zip(tokens, texts, strict=True))
         text_raw = self._redact_text(update.text_raw, update.call) if update.text_raw is not None else None
         make: type[TranscriptPartial] | partial[TranscriptFinal] = TranscriptPartial
         if not update.is_partial:
