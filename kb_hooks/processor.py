@@ -217,10 +217,11 @@ class TranscriptProcessor:
         )
 
     def _transcript(self, update: TranscriptUpdate, redacted: Redacted) -> TranscriptPartial | TranscriptFinal:
-        tokens = tuple(map(Token._make, update.tokens))  # (text, begin_ms, end_ms) each
         if redacted.replacements:
-            texts = self.redactor.redact_tokens(update.text, [t.text for t in tokens], redacted)
-            tokens = tuple(t._replace(text=text) for t, text in zip(tokens, texts, strict=True))
+            texts = self.redactor.redact_tokens(update.text, [t[0] for t in update.tokens], redacted)
+            tokens = tuple(Token(text, t[1], t[2]) for text, t in zip(texts, update.tokens, strict=True))
+        else:
+            tokens = tuple(map(Token._make, update.tokens))  # (text, begin_ms, end_ms) each, as they came
         text_raw = self._redact_text(update.text_raw, update.call) if update.text_raw is not None else None
         make: type[TranscriptPartial] | partial[TranscriptFinal] = TranscriptPartial
         if not update.is_partial:
