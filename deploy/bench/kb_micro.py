@@ -1,5 +1,5 @@
 """Micro-benchmark of the kb-hooks thread's work per engine event: ``TranscriptProcessor.process``
-and the encoding of its events as the publisher does it (``to_json``, ``seq``, one ``json.dumps``).
+and the encoding of its events as the publisher does it (``to_json``, ``seq``, the JSON text).
 
     python -m deploy.bench.kb_micro --baseline main
 

@@ -3,7 +3,8 @@
 Started by ``kb_micro`` as ``python -c`` with the tree to measure first on ``sys.path``, so this
 file imports that tree's ``kb_hooks`` (an older revision's, for the baseline); it therefore uses
 only what every revision offers: ``KbHooksSettings``, ``TranscriptProcessor.process``,
-``end_call``, ``CallContext``, ``TranscriptUpdate`` and ``Event.to_json``.
+``end_call``, ``CallContext``, ``TranscriptUpdate`` and ``Event.to_json``; the publisher's JSON
+text is ``journal_records.event_payload``, or ``json.dumps`` in revisions without it.
 
 Protocol on stdin/stdout, one line each: once the workload is loaded it prints ``ready`` and the
 directory its ``kb_hooks`` came from; then ``round N`` runs every call of the workload once and
@@ -14,6 +15,7 @@ can be compared; end of input stops it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -28,6 +30,11 @@ from kb_hooks.processor import TranscriptProcessor
 from kb_hooks.types import CallContext, Participant, RedactionMode, TranscriptUpdate, WorkorderOptions
 
 _EVENT_ID = re.compile(r"[0-9a-f]{32}")  # the form of an event_id (docs/events.md)
+
+try:
+    from kb_hooks.journal_records import event_payload
+except ImportError:  # a baseline revision from before event_payload: its publisher called json.dumps
+    event_payload = functools.partial(json.dumps, ensure_ascii=False)
 
 Workload = dict[str, Any]
 """``kb_micro.workload``'s JSON: ``settings`` (the kb_hooks file sets), ``context`` (a route's
@@ -90,7 +97,7 @@ def updates_of(call: list[dict[str, Any]], ctx: CallContext) -> list[TranscriptU
 
 def run_round(workload: Workload, processor: TranscriptProcessor, number: int) -> dict[str, int]:
     """Every call once; per kind the ns spent in ``process`` and in encoding its events as the
-    publisher does (``to_json``, ``seq`` added, one ``json.dumps``), and the counts."""
+    tree's publisher does (``to_json``, ``seq`` added, its JSON text), and the counts."""
     ns = {"partial": 0, "final": 0}
     count = {"partial": 0, "final": 0}
     published = 0
@@ -104,7 +111,7 @@ def run_round(workload: Workload, processor: TranscriptProcessor, number: int) -
                 wire = event.to_json()
                 seq += 1
                 wire["seq"] = seq
-                json.dumps(wire, ensure_ascii=False)
+                event_payload(wire)
                 published += 1
             kind = "partial" if update.is_partial else "final"
             ns[kind] += clock() - start
