@@ -15,11 +15,12 @@ is off), so neither does the workload.
 ``--baseline REV`` measures a git revision's ``kb_hooks`` and ``asr_common`` (``git archive``
 into a temporary directory) against this tree's in the same run: each tree in a child process
 of its own (``deploy.bench.kb_micro_rounds``), the rounds alternated (this, baseline, baseline,
-this, ...), every call once per round, after one round of warm-up. Per event the wall time
-(``perf_counter_ns``) of the work is summed by kind; the figures are the median and the minimum
-over ``--rounds`` of µs per partial and per final. ``same_events`` says whether both trees
+this, ...), every call once per round, after one round of warm-up. Per event the thread's CPU
+time (``thread_time_ns``) of the work is summed by kind; the figures are the median and the
+minimum over ``--rounds`` of µs per partial and per final. ``same_events`` says whether both trees
 published the same JSON for one pass of the workload (``event_id`` and ``ts`` aside). Run it
-under ``nice -n 19`` on a shared machine; the minimum is the figure least moved by other jobs.
+under ``nice -n 19`` on a shared machine; ``speedup`` compares the minimums, the figures least
+moved by other jobs.
 Prints one JSON object.
 """
 
@@ -219,7 +220,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "nbest": args.nbest,
         },
         "rounds": args.rounds,
-        "timer": "wall clock per event (perf_counter_ns), summed per kind; median and minimum over the rounds",
+        "timer": "thread CPU time per event (thread_time_ns), summed per kind; median and minimum over the rounds",
         "this": figures(results["this"]),
         "allocator": allocator.describe(),
     }
