@@ -17,6 +17,7 @@ EntityLabel = Literal["phone", "id_number", "address", "date", "time", "number"]
 _ID_WEIGHTS = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
 _ID_CHECK = "10X98765432"
 _SEPARATORS = frozenset(" -—_")
+_SHORTEST_NUMBER = 7  # digits of the shortest number _is_phone takes (a local one after a cue word)
 _PHONE_CUES = ("电话", "号码", "手机", "座机", "联系", "打")
 _MOBILE = re.compile(r"1[3-9]\d{9}")
 _LANDLINE = re.compile(r"0\d{9,11}")
@@ -81,19 +82,23 @@ _CHECK_X = frozenset("Xx叉")  # an ID number's check character 'X', read after 
 _RUN_STRETCH = re.compile(f"[{re.escape(''.join(_DIGIT_OF) + ''.join(_CHECK_X) + ''.join(_SEPARATORS))}]+")
 
 
-def digit_runs(text: str) -> list[tuple[str, list[int]]]:
-    """Runs of spoken or written digits (single separators allowed inside), with each digit's index.
+def digit_runs(text: str, min_digits: int = 1) -> list[tuple[str, list[int]]]:
+    """Runs of spoken or written digits (single separators allowed inside), with each digit's
+    index; only runs of at least ``min_digits`` digits.
 
-    Only the stretches of digits, separators and 'X' (found by one regex) are read a character at
-    a time: every partial goes through here, and most of its characters cannot be in a run."""
+    Only the stretches of digits, separators and 'X' (found by one regex) long enough to hold
+    such a run are read a character at a time: every partial and n-best entry goes through here,
+    and most of their characters cannot be in a run (一 of 一下 is a stretch of one)."""
     runs: list[tuple[str, list[int]]] = []
     for stretch in _RUN_STRETCH.finditer(text):
-        _stretch_runs(stretch.group(), stretch.start(), runs)
+        if stretch.end() - stretch.start() >= min_digits:
+            _stretch_runs(stretch.group(), stretch.start(), min_digits, runs)
     return runs
 
 
-def _stretch_runs(stretch: str, offset: int, runs: list[tuple[str, list[int]]]) -> None:
-    """Append the digit runs of ``stretch`` (at ``offset`` in its text) to ``runs``."""
+def _stretch_runs(stretch: str, offset: int, min_digits: int, runs: list[tuple[str, list[int]]]) -> None:
+    """Append the digit runs of ``stretch`` (at ``offset`` in its text) that have at least
+    ``min_digits`` digits to ``runs``."""
     digits: list[str] = []
     where: list[int] = []
     last = len(stretch) - 1
@@ -105,10 +110,10 @@ def _stretch_runs(stretch: str, offset: int, runs: list[tuple[str, list[int]]]) 
             digits.append(d)
             where.append(offset + i)
         elif not (ch in _SEPARATORS and digits and i < last and stretch[i + 1] in _DIGIT_OF):
-            if digits:
+            if len(digits) >= min_digits:
                 runs.append(("".join(digits), where))
             digits, where = [], []
-    if digits:
+    if len(digits) >= min_digits:
         runs.append(("".join(digits), where))
 
 
@@ -126,7 +131,8 @@ def number_entities(text: str, min_digit_run: int = 0) -> list[Entity]:
     ``number``) by position: every entity redaction hides, without the place, date and time
     patterns that cost most of ``extract_entities`` (partials and n-best entries need no more)."""
     out: list[Entity] = []
-    for digits, where in digit_runs(text):
+    shortest = min(_SHORTEST_NUMBER, min_digit_run) if min_digit_run else _SHORTEST_NUMBER
+    for digits, where in digit_runs(text, shortest):
         begin, end = where[0], where[-1] + 1
         value = text[begin:end]
         label: EntityLabel | None = None

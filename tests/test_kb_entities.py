@@ -127,7 +127,7 @@ def hotline_texts() -> list[str]:
     return texts + [f"身份证号{SPOKEN}", "电话13800138000", "我的电话是一三八零零一三八零", "号码 138 0013 8000"]
 
 
-@pytest.mark.parametrize("min_digit_run", [0, 7])
+@pytest.mark.parametrize("min_digit_run", [0, 3, 7, 12])
 def test_number_entities_are_what_redaction_takes_of_all_entities(min_digit_run: int) -> None:
     """Partials and n-best entries are redacted from ``number_entities`` alone: the same entities,
     so the same published text, as from ``extract_entities``."""
@@ -170,9 +170,13 @@ def _reference_digit_runs(text: str) -> list[tuple[str, list[int]]]:
     return runs
 
 
-@given(st.text(alphabet="0123456789０５９一二三四五六七八九零〇幺两Xx叉 -—_电话号是的十a", max_size=60))
-def test_digit_runs_read_only_the_stretches_that_can_hold_digits(text: str) -> None:
+RUN_ALPHABET = "0123456789０５９一二三四五六七八九零〇幺两Xx叉 -—_电话号是的十a"  # digits, X, separators, others
+
+
+@given(st.text(alphabet=RUN_ALPHABET, max_size=60), st.integers(1, 20))
+def test_digit_runs_read_only_the_stretches_that_can_hold_digits(text: str, min_digits: int) -> None:
     assert digit_runs(text) == _reference_digit_runs(text)
+    assert digit_runs(text, min_digits) == [run for run in _reference_digit_runs(text) if len(run[0]) >= min_digits]
 
 
 def test_digit_runs_on_hotline_text() -> None:
