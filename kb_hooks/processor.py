@@ -140,8 +140,10 @@ class TranscriptProcessor:
         ctx = update.call
         if not update.is_partial and update.text_raw is None:
             update = _rewritten(update)
-        with self._lock:
-            state = self._calls.setdefault(ctx.call_id, _CallState())
+        with self._lock:  # the call's state is made once, not built and dropped for every event
+            state = self._calls.get(ctx.call_id)
+            if state is None:
+                state = self._calls[ctx.call_id] = _CallState()
         utterance = (*update.participant.key(), update.utterance_id)
         last = state.last_partial.get(utterance)
         if update.is_partial and last is not None and last[0] == update.text:
