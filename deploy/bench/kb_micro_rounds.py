@@ -138,7 +138,7 @@ def digest(workload: Workload, processor: TranscriptProcessor) -> str:
                 wire = event.to_json()
                 ids[wire["event_id"]] = f"<event {len(ids)}>"
                 wire["ts"] = "<ts>"
-                lines.append(json.dumps(wire, ensure_ascii=False, sort_keys=True))
+                lines.append(json.dumps(wire, ensure_ascii=False))  # key order compared too
         processor.end_call(ctx.call_id)
     text = _EVENT_ID.sub(lambda m: ids.get(m.group(), m.group()), "\n".join(lines))
     return hashlib.sha256(text.encode()).hexdigest()
