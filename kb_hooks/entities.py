@@ -17,12 +17,14 @@ EntityLabel = Literal["phone", "id_number", "address", "date", "time", "number"]
 _ID_WEIGHTS = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
 _ID_CHECK = "10X98765432"
 _SEPARATORS = frozenset(" -—_")
+_SHORTEST_NUMBER = 7  # digits of the shortest number _is_phone takes (a local one after a cue word)
 _PHONE_CUES = ("电话", "号码", "手机", "座机", "联系", "打")
 _MOBILE = re.compile(r"1[3-9]\d{9}")
 _LANDLINE = re.compile(r"0\d{9,11}")
 _SERVICE = re.compile(r"[48]00\d{7}")
 
 _NUM = "[0-9零〇一二三四五六七八九十百千幺两]"
+_NUM_RUN = re.compile(f"{_NUM}+")  # compiled once: every address, date and time of a final goes through it
 _HAN = "[\u4e00-\u9fff]"
 _ROAD = re.compile(
     rf"(?P<name>{_HAN}{{1,6}}?(?P<kind>大道|大街|路|街|巷|弄|胡同))(?:{_NUM}+(?:段|巷|弄))?"
@@ -69,36 +71,50 @@ def id_checksum_ok(number: str) -> bool:
     return _ID_CHECK[total % 11] == number[17].upper()
 
 
-def _digit(ch: str) -> str | None:
-    if "0" <= ch <= "9":
-        return ch
-    if "０" <= ch <= "９":
-        return chr(ord(ch) - ord("０") + ord("0"))
-    if ch in DIGIT_CHARS:
-        return str(DIGIT_CHARS[ch])
-    return None
+# Every character that is a digit (written, full-width, spoken) and the digit it stands for.
+_DIGIT_OF: dict[str, str] = {
+    **{d: d for d in "0123456789"},
+    **{chr(ord("０") + n): str(n) for n in range(10)},
+    **{ch: str(n) for ch, n in DIGIT_CHARS.items()},
+}
+_CHECK_X = frozenset("Xx叉")  # an ID number's check character 'X', read after its 17 digits
+# Stretches of the characters a digit run can hold; any other character ends a run.
+_RUN_STRETCH = re.compile(f"[{re.escape(''.join(_DIGIT_OF) + ''.join(_CHECK_X) + ''.join(_SEPARATORS))}]+")
 
 
-def digit_runs(text: str) -> list[tuple[str, list[int]]]:
-    """Runs of spoken or written digits (single separators allowed inside), with each digit's index."""
+def digit_runs(text: str, min_digits: int = 1) -> list[tuple[str, list[int]]]:
+    """Runs of spoken or written digits (single separators allowed inside), with each digit's
+    index; only runs of at least ``min_digits`` digits.
+
+    Only the stretches of digits, separators and 'X' (found by one regex) long enough to hold
+    such a run are read a character at a time: every partial and n-best entry goes through here,
+    and most of their characters cannot be in a run (一 of 一下 is a stretch of one)."""
     runs: list[tuple[str, list[int]]] = []
+    for stretch in _RUN_STRETCH.finditer(text):
+        if stretch.end() - stretch.start() >= min_digits:
+            _stretch_runs(stretch.group(), stretch.start(), min_digits, runs)
+    return runs
+
+
+def _stretch_runs(stretch: str, offset: int, min_digits: int, runs: list[tuple[str, list[int]]]) -> None:
+    """Append the digit runs of ``stretch`` (at ``offset`` in its text) that have at least
+    ``min_digits`` digits to ``runs``."""
     digits: list[str] = []
     where: list[int] = []
-    i = 0
-    while i <= len(text):
-        ch = text[i] if i < len(text) else ""
-        d = _digit(ch) if ch else None
-        if d is None and ch in ("X", "x", "叉") and len(digits) == 17:
+    last = len(stretch) - 1
+    for i, ch in enumerate(stretch):
+        d = _DIGIT_OF.get(ch)
+        if d is None and ch in _CHECK_X and len(digits) == 17:
             d = "X"
         if d is not None:
             digits.append(d)
-            where.append(i)
-        elif not (ch in _SEPARATORS and digits and i + 1 < len(text) and _digit(text[i + 1]) is not None):
-            if digits:
+            where.append(offset + i)
+        elif not (ch in _SEPARATORS and digits and i < last and stretch[i + 1] in _DIGIT_OF):
+            if len(digits) >= min_digits:
                 runs.append(("".join(digits), where))
             digits, where = [], []
-        i += 1
-    return runs
+    if len(digits) >= min_digits:
+        runs.append(("".join(digits), where))
 
 
 def _is_phone(digits: str, before: str) -> bool:
@@ -110,9 +126,13 @@ def _is_phone(digits: str, before: str) -> bool:
     return len(digits) in (7, 8) and any(cue in before for cue in _PHONE_CUES)
 
 
-def _number_entities(text: str, min_digit_run: int) -> list[Entity]:
+def number_entities(text: str, min_digit_run: int = 0) -> list[Entity]:
+    """The phone and ID numbers of ``text`` (and, with ``min_digit_run``, other digit runs as
+    ``number``) by position: every entity redaction hides, without the place, date and time
+    patterns that cost most of ``extract_entities`` (partials and n-best entries need no more)."""
     out: list[Entity] = []
-    for digits, where in digit_runs(text):
+    shortest = min(_SHORTEST_NUMBER, min_digit_run) if min_digit_run else _SHORTEST_NUMBER
+    for digits, where in digit_runs(text, shortest):
         begin, end = where[0], where[-1] + 1
         value = text[begin:end]
         label: EntityLabel | None = None
@@ -138,7 +158,7 @@ def _trim_place(name: str) -> int:
 
 
 def _digits_in(value: str) -> str:
-    return re.sub(f"{_NUM}+", lambda m: numeral_to_digits(m.group()), value)
+    return _NUM_RUN.sub(lambda m: numeral_to_digits(m.group()), value)
 
 
 def _place_entities(text: str) -> list[Entity]:
@@ -176,7 +196,7 @@ def extract_entities(text: str, min_digit_run: int = 0) -> list[Entity]:
     ``min_digit_run`` > 0 also reports any other digit run at least that long as ``number``
     (so redaction can hide half-spoken phone numbers in partials).
     """
-    numbers = _number_entities(text, min_digit_run)
+    numbers = number_entities(text, min_digit_run)
     taken = [(e.begin, e.end) for e in numbers]
     others = [
         e

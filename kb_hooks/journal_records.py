@@ -9,6 +9,7 @@ JSON spliced in as it was serialized once for the Redis script too. A checkpoint
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,17 @@ class EventRecord:
     stream_id: str
     prefix: str
     event: dict[str, Any]
+
+
+# One encoder for every event: ``json.dumps`` with options builds a new one per call, and events
+# are trees made by ``to_json`` (no cycles to look for). The text is ``json.dumps(event,
+# ensure_ascii=False)``'s.
+_EVENT_ENCODER = json.JSONEncoder(ensure_ascii=False, check_circular=False)
+
+
+def event_payload(event: Mapping[str, Any]) -> str:
+    """An event's JSON text as the journal and the Redis script carry it (encoded once per event)."""
+    return _EVENT_ENCODER.encode(event)
 
 
 def event_line(stream_id: str, prefix: str, payload: str) -> str:

@@ -20,7 +20,7 @@ from asr_common.punctuation import PUNCTUATORS
 from kb_hooks.analytics import Utterance, measure, spoken_chars
 from kb_hooks.analytics_rules import AnalyticsRules, RecentAddresses, load_analytics_rules
 from kb_hooks.config import KbHooksSettings
-from kb_hooks.entities import Entity, extract_entities
+from kb_hooks.entities import Entity, extract_entities, number_entities
 from kb_hooks.events import (
     Alternative,
     CallAnalytics,
@@ -140,14 +140,18 @@ class TranscriptProcessor:
         ctx = update.call
         if not update.is_partial and update.text_raw is None:
             update = _rewritten(update)
-        with self._lock:
-            state = self._calls.setdefault(ctx.call_id, _CallState())
+        with self._lock:  # the call's state is made once, not built and dropped for every event
+            state = self._calls.get(ctx.call_id)
+            if state is None:
+                state = self._calls[ctx.call_id] = _CallState()
         utterance = (*update.participant.key(), update.utterance_id)
         last = state.last_partial.get(utterance)
         if update.is_partial and last is not None and last[0] == update.text:
             # The engine repeats a partial while nothing new is decoded: same matches, skip them.
             return [self._transcript(update, last[1])]
-        entities = extract_entities(update.text, self.mask_digit_runs)
+        # A partial's entities serve its redaction (numbers) and, only with tags_on_partials, its tags.
+        find = number_entities if update.is_partial and not self.tags_on_partials else extract_entities
+        entities = find(update.text, self.mask_digit_runs)
         redacted = self.redactor.redact(update.text, entities, ctx.redaction)
         if update.is_partial:
             state.last_partial[utterance] = (update.text, redacted)
@@ -215,12 +219,18 @@ class TranscriptProcessor:
         )
 
     def _transcript(self, update: TranscriptUpdate, redacted: Redacted) -> TranscriptPartial | TranscriptFinal:
-        token_texts = self.redactor.redact_tokens(update.text, [t[0] for t in update.tokens], redacted)
-        tokens = tuple(Token(text, tok[1], tok[2]) for text, tok in zip(token_texts, update.tokens, strict=True))
+        if redacted.replacements:
+            texts = self.redactor.redact_tokens(update.text, [t[0] for t in update.tokens], redacted)
+            tokens = tuple(Token(text, t[1], t[2]) for text, t in zip(texts, update.tokens, strict=True))
+        else:
+            tokens = tuple(map(Token._make, update.tokens))  # (text, begin_ms, end_ms) each, as they came
         text_raw = self._redact_text(update.text_raw, update.call) if update.text_raw is not None else None
         make: type[TranscriptPartial] | partial[TranscriptFinal] = TranscriptPartial
         if not update.is_partial:
-            nbest = tuple(Alternative(self._redact_text(text, update.call), score) for text, score in update.nbest)
+            nbest = tuple(
+                Alternative(redacted.text if text == update.text else self._redact_text(text, update.call), score)
+                for text, score in update.nbest
+            )
             make = partial(
                 TranscriptFinal, nbest=nbest, reduced_search=update.reduced_search, reduced_reason=update.reduced_reason
             )
@@ -239,7 +249,8 @@ class TranscriptProcessor:
         )
 
     def _redact_text(self, text: str, ctx: CallContext) -> str:
-        return self.redactor.redact(text, extract_entities(text, self.mask_digit_runs), ctx.redaction).text
+        """``text`` as published (redaction hides numbers only: no need for places, dates, times)."""
+        return self.redactor.redact(text, number_entities(text, self.mask_digit_runs), ctx.redaction).text
 
     def _span(self, redacted: Redacted, begin: int, end: int) -> Span:
         return Span(redacted.map_offset(begin), redacted.map_offset(end))

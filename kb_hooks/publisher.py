@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import threading
 import time
@@ -53,7 +52,7 @@ from redis.exceptions import ResponseError
 from kb_hooks import events as ev
 from kb_hooks.config import RedisSettings
 from kb_hooks.connection import RETRYABLE, make_client, refused_without_replicas, shown
-from kb_hooks.journal_records import EventRecord, event_line, parse_line
+from kb_hooks.journal_records import EventRecord, event_line, event_payload, parse_line
 from kb_hooks.ledger import NODE_RESTART, CallLedger
 from kb_hooks.publish_script import ADDED, ALREADY_THERE, PUBLISH_LUA, ScriptCall, pack
 from kb_hooks.publish_stats import PublisherStats
@@ -100,7 +99,7 @@ class _Item:
     def payload(self) -> str:
         """The event's JSON, serialized once for the journal and the Redis script both."""
         if self._payload is None:
-            self._payload = json.dumps(self.event, ensure_ascii=False)
+            self._payload = event_payload(self.event)
         return self._payload
 
     def record(self) -> str:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import random
+import re
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -148,3 +151,26 @@ def test_dtmf_key_is_published_only_where_redaction_is_keep() -> None:
     validated([shown, hidden])
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**json_of([shown])[0], "digit": "77"}, ev.schema())
+
+
+def _old_utc_timestamp(moment: datetime) -> str:
+    """How ``ts`` was written before the per-second cache: strftime of the moment, ms truncated."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def test_timestamps_are_written_as_before_across_seconds_days_and_years() -> None:
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    starts = [int((datetime(2026, 12, 31, 23, 59, 58, tzinfo=UTC) - epoch).total_seconds() * 1000), 1_700_000_000_999]
+    rng = random.Random(3)
+    starts += [rng.randrange(0, 4_000_000_000_000) for _ in range(50)]
+    for start in starts:
+        for unix_ms in range(start, start + 2_500, 7):  # crosses a second or two: the cached text must follow
+            assert ev.utc_timestamp_ms(unix_ms) == _old_utc_timestamp(epoch + timedelta(milliseconds=unix_ms))
+
+
+def test_now_is_a_schema_timestamp_between_its_neighbours() -> None:
+    before = _old_utc_timestamp(datetime.now(UTC))
+    now = ev.utc_timestamp()
+    after = _old_utc_timestamp(datetime.now(UTC))
+    assert before <= now <= after
+    assert re.fullmatch(ev.schema()["properties"]["ts"]["pattern"], now)

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kb_hooks.entities import extract_entities, id_checksum_ok
-from kb_hooks.redact import Redactor
+from kb_hooks.entities import digit_runs, extract_entities, id_checksum_ok, number_entities
+from kb_hooks.normalize import DIGIT_CHARS
+from kb_hooks.redact import SENSITIVE_LABELS, Redactor
 from kb_hooks.types import RedactionMode
 
+TESTSETS = Path(__file__).resolve().parents[1] / "recipes" / "testsets"
 VALID_ID = "11010519491231002X"  # the standard's worked example
 SPOKEN = "幺幺零幺零五幺九四九幺二三幺零零二叉"  # the same number read aloud
 
@@ -111,3 +116,69 @@ def test_token_redaction_follows_text() -> None:
     redacted = Redactor().redact(text, extract_entities(text), RedactionMode.HASH)
     tokens = ["号", "码", "138", "0013", "8000", "谢", "谢"]
     assert Redactor.redact_tokens(text, tokens, redacted) == ["号", "码", "***", "****", "****", "谢", "谢"]
+
+
+def hotline_texts() -> list[str]:
+    """Hand-written hotline sentences and the work-order calls' turns (phones, IDs, addresses, times)."""
+    texts = [line for name in ("free_hotline.txt", "punctuated_hotline.txt", "names.txt")
+             for line in (TESTSETS / name).read_text(encoding="utf-8").splitlines() if line]  # fmt: skip
+    calls = yaml.safe_load((TESTSETS / "workorder_calls.yaml").read_text(encoding="utf-8"))["calls"]
+    texts += [text for call in calls for turn in call["turns"] for text in turn.values()]
+    return texts + [f"身份证号{SPOKEN}", "电话13800138000", "我的电话是一三八零零一三八零", "号码 138 0013 8000"]
+
+
+@pytest.mark.parametrize("min_digit_run", [0, 3, 7, 12])
+def test_number_entities_are_what_redaction_takes_of_all_entities(min_digit_run: int) -> None:
+    """Partials and n-best entries are redacted from ``number_entities`` alone: the same entities,
+    so the same published text, as from ``extract_entities``."""
+    texts = hotline_texts()
+    assert len(texts) > 1000
+    found = 0
+    for text in texts:
+        for prefix in (text, text[: len(text) // 2]):  # finals and partials
+            sensitive = [e for e in extract_entities(prefix, min_digit_run) if e.label in SENSITIVE_LABELS]
+            assert number_entities(prefix, min_digit_run) == sensitive, prefix
+            found += bool(sensitive)
+    assert found > 100
+
+
+def _reference_digit_runs(text: str) -> list[tuple[str, list[int]]]:
+    """``digit_runs`` as first written, every character read one by one: the oracle."""
+
+    def digit(ch: str) -> str | None:
+        if "0" <= ch <= "9":
+            return ch
+        if "０" <= ch <= "９":
+            return chr(ord(ch) - ord("０") + ord("0"))
+        return str(DIGIT_CHARS[ch]) if ch in DIGIT_CHARS else None
+
+    runs: list[tuple[str, list[int]]] = []
+    digits: list[str] = []
+    where: list[int] = []
+    for i in range(len(text) + 1):
+        ch = text[i] if i < len(text) else ""
+        d = digit(ch) if ch else None
+        if d is None and ch in ("X", "x", "叉") and len(digits) == 17:
+            d = "X"
+        if d is not None:
+            digits.append(d)
+            where.append(i)
+        elif not (ch in " -—_" and digits and i + 1 < len(text) and digit(text[i + 1]) is not None):
+            if digits:
+                runs.append(("".join(digits), where))
+            digits, where = [], []
+    return runs
+
+
+RUN_ALPHABET = "0123456789０５９一二三四五六七八九零〇幺两Xx叉 -—_电话号是的十a"  # digits, X, separators, others
+
+
+@given(st.text(alphabet=RUN_ALPHABET, max_size=60), st.integers(1, 20))
+def test_digit_runs_read_only_the_stretches_that_can_hold_digits(text: str, min_digits: int) -> None:
+    assert digit_runs(text) == _reference_digit_runs(text)
+    assert digit_runs(text, min_digits) == [run for run in _reference_digit_runs(text) if len(run[0]) >= min_digits]
+
+
+def test_digit_runs_on_hotline_text() -> None:
+    for text in hotline_texts():
+        assert digit_runs(text) == _reference_digit_runs(text), text

@@ -9,10 +9,12 @@ from typing import Any
 
 import pytest
 
+from kb_hooks import events as ev
 from kb_hooks.config import RedisSettings
-from kb_hooks.journal_records import EventRecord, event_line, parse_line
+from kb_hooks.journal_records import EventRecord, event_line, event_payload, parse_line
 from kb_hooks.keys import KeyLayout
 from kb_hooks.publish_script import ScriptCall, pack
+from kb_hooks.types import CallContext, Participant
 
 FIELDS = 12  # per event, after the 3 leading arguments
 
@@ -78,3 +80,19 @@ def test_journal_lines_round_trip_and_checkpoints_are_told_apart() -> None:
     for corrupt in ('{"id": "1-1"', '{"id": "1-1", "prefix": "asr"}', "[1, 2]", '"text"'):
         with pytest.raises(ValueError):
             parse_line(corrupt)
+
+
+def test_event_payload_is_json_dumps_text() -> None:
+    """The publisher's one encoder writes what ``json.dumps(event, ensure_ascii=False)`` wrote."""
+    call = CallContext("call-1", "sip-1", "hotline")
+    caller = Participant("caller", "sip:caller@pbx.local", None, "张三")
+    events: list[ev.Event] = [
+        ev.TranscriptFinal(call=call, participant=caller, utterance_id=3, text="井盖坏了", begin_offset_ms=0,
+                           end_offset_ms=900, tokens=(ev.Token("井", 0, None), ev.Token("盖", 250, 300)),
+                           confidence=0.875, latency_ms=1e-05, nbest=(ev.Alternative("井盖坏了", -1.5),),
+                           text_raw="井盖 坏了\n\"引号\"", reduced_search=True),
+        ev.CallEnded(call=call, reason="bye", stats={"audio_ms": 61_000, "nested": {"a": [1, 2.5, None, True]}}),
+    ]  # fmt: skip
+    for event in events:
+        wire = {**event.to_json(), "seq": 7}
+        assert event_payload(wire) == json.dumps(wire, ensure_ascii=False)
