@@ -195,6 +195,19 @@ def test_masks_the_fused_kernel_cannot_take_run_eagerly(demo: LoadedModel, reque
     assert traced.graphs == 0
 
 
+def test_calls_with_autograd_run_eagerly(demo: LoadedModel, requests: list[FinalRequest]) -> None:
+    batch = demo_batch(demo, requests, [0, 1])
+    traced = rescoring_decoder("torch", demo.model.decoder)
+    assert isinstance(traced, TracedTreeDecoder)
+    with torch.no_grad():
+        expected = demo.model.decoder.forward_tree(*batch)
+    with torch.enable_grad():
+        got = traced.forward_tree(*batch)
+    assert traced.graphs == 0
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=0.0, atol=1e-5)
+
+
 def test_the_engine_option_turns_the_graphs_off(demo: LoadedModel) -> None:
     for traced in (True, False):
         engine = Engine(demo, EngineOptions(max_streams=1, traced_rescoring=traced))

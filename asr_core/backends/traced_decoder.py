@@ -15,8 +15,8 @@ T' (tests/test_traced_decoder.py checks one trace against the eager forward on o
 What a graph does fix is the kind of its inputs: the masks' dtypes (the fused kernel's additive
 biases, or bool where ``MultiHeadedAttention.kernel_mask`` keeps them), the memory's dtype and
 whether positions are per utterance (S, N) or shared (N,). Graphs are keyed by those; a call
-with bool masks (an attention query with no key, which a tree never builds) runs eagerly, as
-does every call of a model the tracer cannot follow.
+with bool masks (an attention query with no key, which a tree never builds), with autograd on
+or in training mode runs eagerly, as does every call of a model the tracer cannot follow.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class TracedTrees:
 
     def __init__(self, decoder: TransformerDecoder) -> None:
         self.decoder = decoder
-        self.module = PreparedTree(decoder).eval()
+        self.module = PreparedTree(decoder)
         self._graphs: dict[GraphKey, Callable[..., Tensor]] = {}
         self._failed: set[GraphKey] = set()
         self._trace_lock = threading.Lock()  # the engine's finalizer lanes may share one decoder
@@ -72,6 +72,8 @@ class TracedTrees:
     ) -> Tensor:
         """memory (S, T', D), memory_mask (S, 1, T') bool, tokens (S, N), positions (S, N) or (N,),
         tree_mask (S, N, N) bool -> log-probs (S, N, V), as ``forward_prefix_tree``."""
+        if self.decoder.training or torch.is_grad_enabled():  # the graphs are inference-only
+            return self.decoder.forward_prefix_tree(memory, memory_mask, tokens, positions, tree_mask)
         tree_mask, memory_mask = self.decoder.tree_attention_masks(tree_mask, memory_mask)
         inputs = (memory, memory_mask, tokens, positions, tree_mask)
         graph = self._graph((memory.dtype, memory_mask.dtype, tree_mask.dtype, positions.dim()), inputs)
