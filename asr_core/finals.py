@@ -369,6 +369,7 @@ def serve(fd: int) -> None:
     """The child's main: build the decoder from the first message, then answer batches until
     told to stop (``None``) or the parent goes away."""
     from asr_core.backends import rescoring_decoder
+    from asr_core.backends.traced_decoder import TracedTreeDecoder
 
     conn = Connection(fd)
     _die_with_parent()
@@ -382,7 +383,10 @@ def serve(fd: int) -> None:
         with contextlib.suppress(OSError):
             os.nice(niceness)
     decoder = torch.load(io.BytesIO(decoder_bytes), weights_only=False).eval()
-    search = FinalSearch(rescoring_decoder(backend, decoder, traced), settings, proposer=decoder)
+    rescorer = rescoring_decoder(backend, decoder, traced)
+    if isinstance(rescorer, TracedTreeDecoder):
+        rescorer.warm_up()  # before "ready": the first final does not wait for the tracer
+    search = FinalSearch(rescorer, settings, proposer=decoder)
     conn.send("ready")
     trim = memtrim.Periodic()  # jemalloc keeps freed pages in this process too (asr_common.allocator)
     while True:

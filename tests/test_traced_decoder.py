@@ -16,7 +16,7 @@ from asr_core.backends.traced_decoder import TracedTreeDecoder
 from asr_core.ctc_search import ctc_prefix_beam_search_topk, ctc_topk
 from asr_core.engine import Engine
 from asr_core.engine_options import EngineOptions
-from asr_core.finals import FinalRequest, FinalResult, FinalSearch, FinalSettings
+from asr_core.finals import FinalRequest, FinalResult, FinalSearch, FinalSettings, ProcessFinalSearch
 from asr_core.frontend import compute_fbank
 from asr_core.model.config import DecoderConfig
 from asr_core.model.decoder import BiTransformerDecoder, TransformerDecoder, Tree
@@ -140,9 +140,23 @@ def test_a_small_random_decoder_traced_once_matches_eager(
     assert traced.graphs == (2 if bidirectional else 1)
 
 
-def search(decoder: torch.nn.Module, demo: LoadedModel, requests: list[FinalRequest]) -> list[FinalResult]:
+def final_search(decoder: torch.nn.Module, demo: LoadedModel) -> FinalSearch:
     settings = FinalSettings.for_model(demo, beam=BEAM, ctc_weight=0.5, reverse_weight=0.3)
-    return FinalSearch(decoder, settings, proposer=demo.model.decoder).run(requests)
+    return FinalSearch(decoder, settings, proposer=demo.model.decoder)
+
+
+def search(decoder: torch.nn.Module, demo: LoadedModel, requests: list[FinalRequest]) -> list[FinalResult]:
+    return final_search(decoder, demo).run(requests)
+
+
+def assert_same_finals(got: list[FinalResult], want: list[FinalResult]) -> None:
+    for a, b in zip(got, want, strict=True):
+        assert a.rescored is not None and b.rescored is not None
+        assert a.rescored.tokens == b.rescored.tokens
+        assert [h.nbest_index for h in a.rescored.hypotheses] == [h.nbest_index for h in b.rescored.hypotheses]
+        for x, y in zip(a.rescored.hypotheses, b.rescored.hypotheses, strict=True):
+            assert x.score == pytest.approx(y.score, abs=1e-4)
+            assert x.r2l_score == pytest.approx(y.r2l_score, abs=1e-4)
 
 
 @pytest.mark.parametrize("backend", ["torch", "torch-int8"])
@@ -153,16 +167,20 @@ def test_the_finals_pick_the_eager_winners_with_the_eager_scores(
     traced = rescoring_decoder(backend, demo.model.decoder)
     assert isinstance(traced, TracedTreeDecoder)
     for batch in (requests, requests[1:3], requests[::-1]):
-        got = search(traced, demo, batch)
         want = expected if batch is requests else search(traced.decoder, demo, batch)
-        for a, b in zip(got, want, strict=True):
-            assert a.rescored is not None and b.rescored is not None
-            assert a.rescored.tokens == b.rescored.tokens
-            assert [h.nbest_index for h in a.rescored.hypotheses] == [h.nbest_index for h in b.rescored.hypotheses]
-            for x, y in zip(a.rescored.hypotheses, b.rescored.hypotheses, strict=True):
-                assert x.score == pytest.approx(y.score, abs=1e-4)
-                assert x.r2l_score == pytest.approx(y.r2l_score, abs=1e-4)
+        assert_same_finals(search(traced, demo, batch), want)
     assert traced.graphs == 2
+
+
+@pytest.mark.parametrize("traced", [True, False])
+def test_the_finals_process_rescores_as_told(demo: LoadedModel, requests: list[FinalRequest], traced: bool) -> None:
+    local = final_search(rescoring_decoder("torch-int8", demo.model.decoder, traced=not traced), demo)
+    remote = ProcessFinalSearch(demo.model.decoder, "torch-int8", local, traced=traced)
+    try:
+        assert_same_finals(remote.run(requests), local.run(requests))
+        assert remote.restarts == 0
+    finally:
+        remote.close()
 
 
 def test_a_decoder_the_tracer_cannot_follow_rescores_eagerly(
@@ -206,6 +224,19 @@ def test_calls_with_autograd_run_eagerly(demo: LoadedModel, requests: list[Final
     assert traced.graphs == 0
     for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(a, b, rtol=0.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["torch", "torch-int8"])
+def test_graphs_warmed_up_on_small_trees_serve_the_real_ones(
+    demo: LoadedModel, requests: list[FinalRequest], backend: str
+) -> None:
+    traced = rescoring_decoder(backend, demo.model.decoder)
+    assert isinstance(traced, TracedTreeDecoder)
+    traced.warm_up()
+    assert traced.graphs == 2
+    for group in GROUPS:
+        assert_same_log_probs(traced, traced.decoder, demo_batch(demo, requests, group))
+    assert traced.graphs == 2
 
 
 def test_the_engine_option_turns_the_graphs_off(demo: LoadedModel) -> None:
