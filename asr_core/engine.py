@@ -63,7 +63,7 @@ class Engine:
             reverse_weight=self.options.reverse_weight,
             attention_beam=self.options.attention_beam,
         )
-        decoder = rescoring_decoder(self.options.backend, self.model.decoder)
+        decoder = rescoring_decoder(self.options.backend, self.model.decoder, traced=self.options.traced_rescoring)
         self.subsampling = loaded.subsampling
         self.frontend = loaded.frontend
         self.sample_rate = loaded.frontend.sample_rate  # Hz of the audio streams must be fed
@@ -125,6 +125,7 @@ class Engine:
             process_decoder=self.model.decoder if in_process else None,
             backend=self.options.backend,
             niceness=self.options.finals_niceness,
+            traced=self.options.traced_rescoring,
         )
         for scheduler in self.schedulers:
             scheduler.start()

@@ -47,6 +47,9 @@ class EngineOptions:
     # The torch backends on a CPU run each full chunk shape as a frozen TorchScript graph, which
     # does not wait for the GIL between operations (asr_core/backends/traced.py); False: eager.
     traced_step: bool = True
+    # On a CPU the finals' rescoring runs the decoder's prefix-tree forward as frozen TorchScript
+    # graphs, without Python between its operations (asr_core/backends/traced_decoder.py); False: eager.
+    traced_rescoring: bool = True
     # Traced steps of large batches are cut into this many parts run at once in as many threads
     # (one core each; asr_core/backends TorchChunkRunner); 1 = one thread runs every step.
     step_threads: int = 1

@@ -191,16 +191,18 @@ class Finalizer:
 
     def start(
         self, *, process_decoder: torch.nn.Module | None = None, backend: str = "torch",
-        niceness: int = WORKER_NICENESS,
+        niceness: int = WORKER_NICENESS, traced: bool = True,
     ) -> None:  # fmt: skip
         """Start the threads. With ``process_decoder`` (the float decoder; the child applies
-        ``backend``'s rescoring variant) each lane searches in a child process at
-        ``niceness``, or in its thread when the child does not start."""
+        ``backend``'s rescoring variant, traced or not: ``backends.rescoring_decoder``) each lane
+        searches in a child process at ``niceness``, or in its thread when the child does not start."""
         self._stop.clear()
         for lane in self._lanes:
             if process_decoder is not None and lane.search is self.local_search:
                 try:
-                    lane.search = ProcessFinalSearch(process_decoder, backend, self.local_search, niceness)
+                    lane.search = ProcessFinalSearch(
+                        process_decoder, backend, self.local_search, niceness, traced=traced
+                    )
                 except RuntimeError:
                     log.exception("finals process failed to start; finals run in a thread of this process")
             name = "asr-finalizer" if len(self._lanes) == 1 else f"asr-finalizer-{lane.index}"

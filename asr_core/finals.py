@@ -250,11 +250,13 @@ class ProcessFinalSearch:
     """
 
     def __init__(
-        self, decoder: torch.nn.Module, backend: str, fallback: FinalSearch, niceness: int = WORKER_NICENESS
-    ) -> None:
+        self, decoder: torch.nn.Module, backend: str, fallback: FinalSearch, niceness: int = WORKER_NICENESS,
+        *, traced: bool = True,
+    ) -> None:  # fmt: skip
         """``decoder``: the float decoder (the child applies ``backend``'s rescoring variant to
-        it); ``fallback``: the same search in this process, for a batch the child cannot answer;
-        ``niceness``: added to the child's nice value (0-19: how much it yields to the engine)."""
+        it, with its traced graphs where ``traced``: ``backends.rescoring_decoder``); ``fallback``:
+        the same search in this process, for a batch the child cannot answer; ``niceness``: added
+        to the child's nice value (0-19: how much it yields to the engine)."""
         if not 0 <= niceness <= 19:
             raise ValueError(f"finals niceness must be 0-19, got {niceness}")
         self.niceness = niceness
@@ -262,6 +264,7 @@ class ProcessFinalSearch:
         torch.save(decoder, buffer)
         self._decoder_bytes = buffer.getvalue()
         self._backend = backend
+        self._traced = traced
         self.settings = fallback.settings
         self._fallback = fallback
         self._lock = threading.Lock()
@@ -291,7 +294,7 @@ class ProcessFinalSearch:
         # Wait until the child has its decoder, so it never competes with the first calls'
         # partials for the CPU while it imports torch, and a broken one fails here, loudly.
         try:
-            conn.send((self._decoder_bytes, self._backend, self.settings, self.niceness))
+            conn.send((self._decoder_bytes, self._backend, self._traced, self.settings, self.niceness))
             ready = conn.poll(START_TIMEOUT_S) and conn.recv() == "ready"
         except (EOFError, OSError):
             ready = False
@@ -366,20 +369,24 @@ def serve(fd: int) -> None:
     """The child's main: build the decoder from the first message, then answer batches until
     told to stop (``None``) or the parent goes away."""
     from asr_core.backends import rescoring_decoder
+    from asr_core.backends.traced_decoder import TracedTreeDecoder
 
     conn = Connection(fd)
     _die_with_parent()
     torch.set_num_threads(1)
     torch.set_grad_enabled(False)
     try:
-        decoder_bytes, backend, settings, niceness = conn.recv()
+        decoder_bytes, backend, traced, settings, niceness = conn.recv()
     except (EOFError, OSError):
         return
     if niceness:
         with contextlib.suppress(OSError):
             os.nice(niceness)
     decoder = torch.load(io.BytesIO(decoder_bytes), weights_only=False).eval()
-    search = FinalSearch(rescoring_decoder(backend, decoder), settings, proposer=decoder)
+    rescorer = rescoring_decoder(backend, decoder, traced)
+    if isinstance(rescorer, TracedTreeDecoder):
+        rescorer.warm_up()  # before "ready": the first final does not wait for the tracer
+    search = FinalSearch(rescorer, settings, proposer=decoder)
     conn.send("ready")
     trim = memtrim.Periodic()  # jemalloc keeps freed pages in this process too (asr_common.allocator)
     while True:

@@ -181,6 +181,11 @@ class EngineSettings(_Section):
         description="torch backends on a CPU: run full chunks as frozen TorchScript graphs, which do not wait "
         "for the GIL between operations (false: eager)",
     )
+    traced_rescoring: bool = Field(
+        True,
+        description="on a CPU: run the finals' rescoring decoder as frozen TorchScript graphs, without Python "
+        "between its operations (false: eager)",
+    )
     step_threads: int = Field(
         1,
         ge=1,

@@ -97,6 +97,7 @@ def engine_options(config: ServiceConfig) -> EngineOptions:
         backend=engine.resolved_backend,
         finalizer=engine.finalizer,
         traced_step=engine.traced_step,
+        traced_rescoring=engine.traced_rescoring,
         step_threads=engine.step_threads,
         schedulers=engine.resolved_schedulers,
         finals_niceness=engine.finals_niceness,

@@ -47,12 +47,12 @@ def run_bench(*args: str) -> dict[str, Any]:
     ("finalizer", "piece_ms", "traced", "lanes"), [("process", 80, True, 2), ("thread", 20, False, 1)]
 )
 def test_one_trial_reports_fields_and_cpu_split(finalizer: str, piece_ms: int, traced: bool, lanes: int) -> None:
-    step = [] if traced else ["--eager-step"]
+    step = [] if traced else ["--eager-step", "--eager-rescoring"]
     options = ["--finalizer", finalizer, "--piece-ms", str(piece_ms), "--finals-workers", str(lanes), *step]
     report = run_bench("--streams", "3", "--seconds", "2", *options)
     assert set(report) >= FIELDS
     assert report["streams"] == 3 and report["finalizer"] == finalizer and report["piece_ms"] == piece_ms
-    assert report["traced_step"] is traced and report["finals_workers"] == lanes
+    assert report["traced_step"] is report["traced_rescoring"] is traced and report["finals_workers"] == lanes
     # Each stream's input ends mid-utterance (a final each); the calibrated random model also
     # endpoints in the synthetic speech's pauses, as a trained model does.
     assert report["finals"] >= 3 and report["final_tokens_per_s"] > 0 and report["rescore_tree_nodes_per_s"] > 0

@@ -1,5 +1,6 @@
 """Reduced-precision copies of model parts for the CPU: dynamic int8 Linears (the int8 chunk
-runner and the finals' rescoring decoder) and bfloat16 convs where the CPU computes bf16 natively."""
+runner and the finals' rescoring decoder) and bfloat16 convs where the CPU computes bf16 natively;
+``rescoring_decoder`` also hands the finals' decoder to its traced graphs (``traced_decoder``)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from torch import nn
 from torch.ao.nn.intrinsic import LinearReLU
 
 from asr_core import cpu_isa
+from asr_core.backends.traced_decoder import TracedTreeDecoder
 from asr_core.model.attention import MultiHeadedAttention
 from asr_core.model.convolution import ConvolutionModule, pointwise_as_linear
+from asr_core.model.decoder import BiTransformerDecoder, TransformerDecoder
 from asr_core.model.feed_forward import PositionwiseFeedForward
 from asr_core.model.subsampling import Conv2dSubsampling
 
@@ -61,12 +64,18 @@ def quantize_linears(module: ModuleT, which: Iterable[str] | Iterable[type[nn.Mo
     return quantized
 
 
-def rescoring_decoder(backend: str, decoder: ModuleT) -> ModuleT:
-    """The attention decoder the finals are rescored with: int8 Linears (a copy) with an
-    int8 backend on the CPU, where rescoring is the other large cost besides the encoder."""
-    if not backend.endswith("int8") or next(decoder.parameters()).device.type != "cpu":
+def rescoring_decoder(backend: str, decoder: nn.Module, traced: bool = True) -> nn.Module:
+    """The attention decoder the finals are rescored with, on the CPU: int8 Linears (a copy)
+    with an int8 backend, where rescoring is the other large cost besides the encoder; and with
+    ``traced`` (``EngineOptions.traced_rescoring``) its prefix-tree forward run as frozen
+    TorchScript graphs (``traced_decoder.TracedTreeDecoder``). Elsewhere ``decoder`` itself."""
+    if next(decoder.parameters()).device.type != "cpu":
         return decoder
-    return quantize_linears(fuse_linear_relus(copy.deepcopy(decoder)), {nn.Linear, LinearReLU})
+    if backend.endswith("int8"):
+        decoder = quantize_linears(fuse_linear_relus(copy.deepcopy(decoder)), {nn.Linear, LinearReLU})
+    if traced and isinstance(decoder, TransformerDecoder | BiTransformerDecoder):
+        return TracedTreeDecoder(decoder)
+    return decoder
 
 
 def fuse_linear_relus(module: ModuleT) -> ModuleT:

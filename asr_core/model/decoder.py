@@ -157,18 +157,43 @@ class TransformerDecoder(nn.Module):
         hypothesis under the causal mask, so each shared prefix is decoded once. (``forward``
         is the special case of padded chains: a causal mask and positions 0..L-1.)
         """
+        tree_mask, memory_mask = self.tree_attention_masks(tree_mask, memory_mask)
+        return self.forward_prepared_tree(memory, memory_mask, tokens, positions, tree_mask, memory_rows)
+
+    def tree_attention_masks(self, tree_mask: Tensor, memory_mask: Tensor) -> tuple[Tensor, Tensor]:
+        """``tree_mask`` (S, N, N) and ``memory_mask`` (S, 1, T') bool as every layer's attention
+        takes them, prepared once per call (``MultiHeadedAttention.kernel_mask``): additive float
+        biases where the fused kernel runs and every query keeps a key, else unchanged."""
+        if not len(self.decoders):
+            return tree_mask, memory_mask
+        embedding = self.embed[0]
+        assert isinstance(embedding, nn.Embedding)
+        dtype = embedding.weight.dtype  # the layers' inputs'
+        layer = self._layer(0)
+        return layer.self_attn.kernel_mask(tree_mask, dtype), layer.src_attn.kernel_mask(memory_mask, dtype)
+
+    def forward_prepared_tree(
+        self,
+        memory: Tensor,
+        memory_mask: Tensor,
+        tokens: Tensor,
+        positions: Tensor,
+        tree_mask: Tensor,
+        memory_rows: Tensor | None = None,
+    ) -> Tensor:
+        """``forward_prefix_tree`` with the masks already prepared (:meth:`tree_attention_masks`).
+
+        Python reads no tensor's value here, and every size comes from the inputs' shapes, so a
+        trace of it holds for any (S, N, T') (``asr_core.backends.traced_decoder``)."""
         embedding: nn.Module = self.embed[0]
         pos_enc = self.embed[1]
         assert isinstance(pos_enc, PositionalEncoding)
-        x = pos_enc(embedding(tokens), positions)
-        if len(self.decoders):  # every layer attends with the same masks: prepared once
-            tree_mask = self._layer(0).self_attn.kernel_mask(tree_mask, x.dtype)
-            memory_mask = self._layer(0).src_attn.kernel_mask(memory_mask, x.dtype)
+        x = pos_enc(embedding(tokens), positions)  # (S, N, D)
         for layer in self.decoders:
             x = layer(x, tree_mask, memory, memory_mask, memory_rows)
         if self.normalize_before:
             x = self.after_norm(x)
-        return log_softmax_over_logits(self.output_layer(x))
+        return log_softmax_over_logits(self.output_layer(x))  # (S, N, V)
 
     def memory_keys_values(self, memory: Tensor) -> MemoryKeysValues:
         """Every layer's source-attention keys and values of ``memory`` (S, T', D), for :meth:`step`."""

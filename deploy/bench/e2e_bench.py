@@ -327,6 +327,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="engine.traced_step: false (the chunk step in eager PyTorch, for A/B against the default)",
     )
+    parser.add_argument(
+        "--eager-rescoring",
+        action="store_true",
+        help="engine.traced_rescoring: false (the finals' rescoring decoder in eager PyTorch, for A/B)",
+    )
     parser.add_argument("--step-threads", type=int, help="engine.step_threads (default: the service's)")
     parser.add_argument(
         "--max-wait-ms",
@@ -396,6 +401,8 @@ def run(args: argparse.Namespace) -> int:
             engine: dict[str, Any] = {} if args.attention_beam is None else {"attention_beam": args.attention_beam}
             if args.eager_step:
                 engine["traced_step"] = False
+            if args.eager_rescoring:
+                engine["traced_rescoring"] = False
             if args.step_threads is not None:
                 engine["step_threads"] = args.step_threads
             if args.schedulers is not None:

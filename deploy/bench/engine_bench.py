@@ -105,6 +105,7 @@ class Trial:
     surge: SurgeSettings | None = None  # --surge: streams may move up to ``max_chunk_ms`` while behind
     max_chunk_ms: int = 640
     finals_workers: int = 1  # finals lanes, each a thread and a child process (EngineOptions.finals_workers)
+    traced_rescoring: bool = True  # the finals' rescoring decoder as traced graphs (EngineOptions.traced_rescoring)
 
 
 def synthetic_speech(seconds: float, seed: int, rate: int = SAMPLE_RATE) -> np.ndarray:
@@ -145,6 +146,7 @@ def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray)
         finalizer=trial.finalizer,
         backend=trial.backend,
         traced_step=trial.traced_step,
+        traced_rescoring=trial.traced_rescoring,
         step_threads=trial.step_threads,
         schedulers=trial.schedulers,
         endpoint=EndpointRules(max_utterance_ms=trial.max_utterance_ms),
@@ -510,6 +512,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="torch backends: run the chunk step eagerly instead of as traced graphs (EngineOptions.traced_step)",
     )
     parser.add_argument(
+        "--eager-rescoring",
+        dest="traced_rescoring",
+        action="store_false",
+        help="rescore the finals with the decoder in eager PyTorch instead of traced graphs "
+        "(EngineOptions.traced_rescoring)",
+    )
+    parser.add_argument(
         "--step-threads",
         type=int,
         default=1,
@@ -607,6 +616,7 @@ def base_trial(args: argparse.Namespace) -> Trial:
         args.schedulers,
         max_chunk_ms=args.max_chunk_ms,
         finals_workers=args.finals_workers,
+        traced_rescoring=args.traced_rescoring,
     )
 
 
@@ -637,6 +647,7 @@ def run(args: argparse.Namespace) -> int:
         "piece_ms": base.piece_ms,
         "rescore": base.rescore,
         "traced_step": base.traced_step,
+        "traced_rescoring": base.traced_rescoring,
         "step_threads": base.step_threads,
         "schedulers": base.schedulers,
         "finals_workers": base.finals_workers,
