@@ -193,11 +193,11 @@ class EngineSettings(_Section):
         "lowers partial latency where cores are free, but on a saturated node it takes CPU from the finals",
     )
     schedulers: int = Field(
-        1,
+        0,
         ge=0,
         description="engine scheduler threads, each batching its own share of the streams, so that chunk steps "
-        "run on several cores at once; 0 = one per CPU core this process may use (1 on a GPU). Default 1: "
-        "one per core kept more calls in real time on a 2-core node but made finals several seconds later",
+        "run on several cores at once; 0 (default) = one per CPU core this process may use (1 on a GPU); "
+        "1 = a single engine thread, which on a 2-core node fell behind with a core idle",
     )
     finals_niceness: int = Field(
         15,

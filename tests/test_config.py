@@ -117,7 +117,8 @@ def test_backend_auto_picks_int8_on_cpu_and_torch_on_gpu(tmp_path: Path) -> None
 def test_schedulers_auto_is_one_per_usable_core_sharing_the_cores_as_torch_threads(tmp_path: Path) -> None:
     cores = len(os.sched_getaffinity(0))
     default = load_config(None, {}).engine
-    assert (default.schedulers, default.resolved_schedulers, default.resolved_threads) == (1, 1, 0)
+    assert (default.schedulers, default.resolved_schedulers) == (0, cores)
+    assert default.resolved_threads == (0 if cores == 1 else 1)
     engine = load_config(write(tmp_path, "engine:\n  schedulers: 0\n"), {}).engine
     assert engine.schedulers == 0 and engine.resolved_schedulers == cores
     assert engine.resolved_threads == (0 if cores == 1 else 1)  # cores // schedulers each; 0: torch's own

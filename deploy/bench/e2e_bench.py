@@ -339,7 +339,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="engine.max_wait_ms, how long a batch waits for more streams (default: the service's)",
     )
     parser.add_argument(
-        "--schedulers", type=int, help="engine.schedulers (default: the service's, 1; 0 = one per usable core)"
+        "--schedulers", type=int, help="engine.schedulers (default: the service's, 0 = one per usable core)"
     )
     parser.add_argument(
         "--steady",
