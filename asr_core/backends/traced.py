@@ -28,6 +28,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -143,20 +144,14 @@ class TracedSteps:
     ) -> Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]] | None:
         started = time.perf_counter()
         try:
-            with torch.inference_mode(), serving_trace(), warnings.catch_warnings():
-                # The tracer warns about Python values it records as constants: the shape
-                # (one graph per shape) and the table size (checked in __call__).
-                warnings.simplefilter("ignore", torch.jit.TracerWarning)
-                # torch 2.13 marks torch.jit deprecated (torch.compile was slower here and
-                # took minutes to compile, docs/BENCHMARKS.md); where it is gone, the step
-                # runs eagerly, through the except below.
-                warnings.filterwarnings("ignore", category=DeprecationWarning, message=r"`torch\.jit\.")
+            with torch.inference_mode():
                 # One eager step first fills the modules' weight-derived caches, so that the trace
                 # records their values as constants rather than the ops that build them (some,
                 # such as int8 matmuls on constants, are not folded by freezing).
                 self.module(*example)
-                traced = torch.jit.trace(self.module, tuple(example), check_trace=False)
-                graph = torch.jit.freeze(traced.eval())
+            # The tracer warns about Python values it records as constants: the shape (one
+            # graph per shape) and the table size (checked in __call__): expected here.
+            graph = frozen_trace(self.module, tuple(example), baked_values="ignore")
         except Exception:  # a model the tracer cannot follow still runs, eagerly
             log.exception("tracing the chunk step for input shape %s failed; it runs eagerly", key[:2])
             self._failed.add(key)
@@ -167,3 +162,23 @@ class TracedSteps:
             key[0], key[1], time.perf_counter() - started,
         )  # fmt: skip
         return graph
+
+
+def frozen_trace(
+    module: nn.Module, example: tuple[Tensor | None, ...], *, baked_values: Literal["ignore", "error"]
+) -> torch.jit.ScriptModule:
+    """``module`` traced on ``example`` in serving mode and frozen (its weights and prepacked int8
+    matmuls folded in as constants), for inference. ``baked_values``: what to do with the
+    tracer's warnings that a Python value was recorded as a constant: "ignore" where the caller
+    keys its graphs by those values (``TracedSteps``: one per shape), "error" where a graph must
+    serve every size (``traced_decoder``): the caller then runs eagerly. Raises whatever the
+    tracer raises; a caller keeps the eager module for that case.
+
+    torch 2.13 marks ``torch.jit`` deprecated (``torch.compile`` was slower here and took minutes
+    to compile, docs/BENCHMARKS.md); that warning is silenced, and where ``torch.jit`` is gone the
+    call raises and the callers run eagerly."""
+    with torch.inference_mode(), serving_trace(), warnings.catch_warnings():
+        warnings.simplefilter(baked_values, torch.jit.TracerWarning)
+        warnings.filterwarnings("ignore", category=DeprecationWarning, message=r"`torch\.jit\.")
+        traced = torch.jit.trace(module, example, check_trace=False)
+        return torch.jit.freeze(traced.eval())

@@ -25,14 +25,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import warnings
 from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
+from asr_core.backends.traced import frozen_trace
 from asr_core.model.decoder import BiTransformerDecoder, MemoryKeysValues, TransformerDecoder, Tree
-from asr_core.model.inference import serving_trace
 
 log = logging.getLogger(__name__)
 
@@ -98,12 +97,7 @@ class TracedTrees:
     def _trace(self, key: GraphKey, example: tuple[Tensor, ...]) -> Callable[..., Tensor] | None:
         started = time.perf_counter()
         try:
-            with torch.inference_mode(), serving_trace(), warnings.catch_warnings():
-                warnings.simplefilter("error", torch.jit.TracerWarning)  # a value baked in: stay eager
-                # torch 2.13 marks torch.jit deprecated; where it is gone, the except below keeps eager.
-                warnings.filterwarnings("ignore", category=DeprecationWarning, message=r"`torch\.jit\.")
-                traced = torch.jit.trace(self.module, example, check_trace=False)
-                graph = torch.jit.freeze(traced.eval())
+            graph = frozen_trace(self.module, example, baked_values="error")  # a value baked in: stay eager
         except Exception:  # a model the tracer cannot follow still rescores, eagerly
             log.exception("tracing the rescoring decoder for %s failed; it runs eagerly", key)
             self._failed.add(key)
