@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from asr_gateway.dev.demo import Received
-from deploy.bench.e2e_cpu import Sample, bracket, cpu_figures
+from deploy.bench.e2e_cpu import Sample, bracket, cpu_figures, sip_calls, steady_window
 from deploy.bench.e2e_events import calls_admitted, finals_missing
 from tests.bench_json import run_bench_module
 from tests.tool_marks import needs_redis_server, needs_sipp
@@ -41,6 +41,29 @@ def test_cpu_over_the_steady_window_comes_from_the_samples_around_it() -> None:
     # a window reaching past the samples takes the first and the last; no /proc/stat: no machine figure
     assert bracket(samples, (-1.0, 9.0)) == (samples[0], samples[-1])
     assert cpu_figures(samples[0]._replace(machine_busy_s=None), samples[1])["machine_cores_busy"] is None
+    # the service's cores: busy 1.9 of 2 core-seconds over the window; a core without figures: None
+    start, end = start._replace(cores_busy_s={0: 5.0, 1: 5.0}), end._replace(cores_busy_s={0: 7.0, 1: 6.8})
+    assert cpu_figures(start, end, [0, 1])["service_cores_busy"] == 0.95
+    assert cpu_figures(start, end, [0, 1, 2])["service_cores_busy"] is None
+    assert "service_cores_busy" not in cpu_figures(start, end)
+
+
+def test_the_steady_window_runs_from_the_first_hang_up_to_the_last_answer_the_sip_layer_counted() -> None:
+    """Calls answered 0-2 s, the first BYE counted at 1.5 s, the last call answered at 2.5 s:
+    the window is 1.5-2.5 s whatever the subscriber's events say (their ``call.ended`` waits for
+    the finals); no hang-up before the last answer, or none at all: no steady stretch."""
+
+    def at(t: float, answered: int, hung_up: int) -> Sample:
+        return sample(t, 0.0, {}, 0.0, None)._replace(calls_answered=answered, calls_hung_up=hung_up)
+
+    samples = [at(0.0, 0, 0), at(0.5, 4, 0), at(1.0, 8, 0), at(1.5, 10, 1), at(2.0, 12, 3), at(2.5, 14, 5),
+               at(3.0, 14, 9), at(3.5, 14, 14)]  # fmt: skip
+    assert steady_window(samples) == (1.5, 2.5)
+    assert steady_window([at(0.0, 0, 0), at(1.0, 8, 0), at(2.0, 8, 3)]) is None  # all answered before a hang-up
+    assert steady_window([at(0.0, 0, 0), at(1.0, 8, 0)]) is None
+    # the SIP layer's counters: refusals and our own hang-ups are not the caller's BYE
+    counters = {"invites.accepted": 7, "calls.ended.bye": 2, "calls.ended.error": 4, "responses.503": 9}
+    assert sip_calls(counters) == (7, 2)
 
 
 def event(kind: str, call_id: str, **fields: Any) -> Received:
@@ -79,6 +102,7 @@ def test_two_schedulers_share_the_calls_and_the_cpu_is_reported_by_thread() -> N
     assert sum(by_thread.values()) <= report["cores_used"] + 0.05, (by_thread, report["cores_used"])
     assert report["cores_used"] <= report["machine_cores_busy"] + 0.05 <= report["machine_cores"] + 0.1, report
     assert report["cpu_window"] == "whole run" and "whole_run" not in report, report
+    assert 0 < report["service_cores_busy"] <= 1.0, report
 
 
 @needs_sipp
@@ -95,5 +119,6 @@ def test_steady_arrivals_replace_each_ended_call_and_judge_the_steady_stretch() 
     assert report["partial_latency_ms"]["p95"] is not None and report["final_latency_ms"]["p50"] is not None
     # the CPU over the same steady stretch, the whole run's beside it
     assert report["cpu_window"] == "steady" and report["cores_used"] > 0, report
-    assert set(report["whole_run"]) == {"cores_used", "machine_cores_busy"} and report["whole_run"]["cores_used"] > 0
+    assert set(report["whole_run"]) == {"cores_used", "machine_cores_busy", "service_cores_busy"}, report
+    assert report["whole_run"]["cores_used"] > 0
     assert report["cores_by_thread"].get("finals processes", 0) > 0, report

@@ -24,8 +24,9 @@ process times every event.
   each other: calls start evenly over one call's length, each that ends is replaced,
   ``calls * (K + 1)`` in all, so from the first hang-up on ``calls`` are up at once with their
   sentence ends and hang-ups spread out. The latencies and ``behind_realtime_fraction`` then
-  cover only that steady stretch, from the first hang-up to the last call's start
-  (``steady_window_s``), and so do the CPU figures (``cpu_percent``, ``cores_used``,
+  cover only that steady stretch, from the first hang-up to the last call's start as the SIP
+  layer counted them (``steady_window_s``; not from the events, whose ``call.ended`` waits for
+  the call's last final), and so do the CPU figures (``cpu_percent``, ``cores_used``,
   ``machine_cores_busy``, ``cores_by_thread``): the ramp up and down, with fewer calls up,
   would make the cores per call look fewer. ``whole_run`` then has ``cores_used`` and
   ``machine_cores_busy`` over the whole run, ramp included.
@@ -40,7 +41,8 @@ process times every event.
   cores given (``service_cpus`` without the option: all this process may use);
   ``cpus_seen``: the cores each side's threads were found allowed during the run (``/proc``);
   ``service_core_share``: ``cores_used`` / len(``service_cpus``), the share of its cores the
-  service used (>= 0.9 expected when it falls behind).
+  service used (>= 0.9 expected when it falls behind); ``service_cores_busy``: how busy those
+  cores were, whoever used them (the kernel's work on them included; ``/proc/stat``).
 - ``calls_placed``, ``calls_started`` (call.started seen), ``calls_refused``: calls whose INVITE
   an error response answered (sipp's error file; a full node answers 503, counted by the service
   in ``overload_refusals``, which counts refused OPTIONS probes too), ``refused_statuses``.
@@ -88,8 +90,8 @@ from asr_gateway.dev.local_redis import LocalRedis, LocalRedisError, redis_reach
 from asr_gateway.dev.sipp_calls import HANGUP_AFTER_AUDIO_S, PCMA, PCMU, CallResult, place_calls
 from asr_gateway.service import Service
 from deploy.bench import affinity
-from deploy.bench.e2e_cpu import bracket, cpu_figures, sample_every, take_sample
-from deploy.bench.e2e_events import calls_admitted, finals_missing, measure, quantiles, steady_window
+from deploy.bench.e2e_cpu import bracket, cpu_figures, sample_every, steady_window, take_sample
+from deploy.bench.e2e_events import calls_admitted, finals_missing, measure, quantiles
 from deploy.bench.engine_bench import FINAL_LATENCY_LIMIT_MS
 from kb_hooks.events import Event
 
@@ -235,14 +237,16 @@ async def run_bench(
         await collector.stop()
     stats = service.engine.stats
     behind_chunks, chunks = stats.behind_realtime_chunks, stats.chunks
-    cpu = whole_run = cpu_figures(before, after)
-    window = steady_window(collector.received) if steady_cycles > 0 else None
+    service_cpus = sorted(os.sched_getaffinity(0))
+    cpu = whole_run = cpu_figures(before, after, service_cpus)
+    window = steady_window(samples) if steady_cycles > 0 else None
     if window is not None:  # the steady stretch only
         start, end = bracket(samples, window)
         behind_chunks, chunks = end.behind_chunks - start.behind_chunks, end.chunks - start.chunks
-        cpu = cpu_figures(start, end)
+        cpu = cpu_figures(start, end, service_cpus)
     if steady_cycles > 0:
-        cpu = {**cpu, "whole_run": {key: whole_run[key] for key in ("cores_used", "machine_cores_busy")}}
+        kept = ("cores_used", "machine_cores_busy", "service_cores_busy")
+        cpu = {**cpu, "whole_run": {key: whole_run[key] for key in kept}}
     behind = behind_chunks / max(1, chunks)
     measured = measure(collector.received, audio_end, reference, window)
     window_final_ms = measured.pop("final_ms")
@@ -250,7 +254,6 @@ async def run_bench(
     finals_ok = bool(final_ms) and float(np.percentile(final_ms, 95)) <= FINAL_LATENCY_LIMIT_MS
     admitted = calls_admitted(collector.received)
     missing = finals_missing(collector.received, admitted, last_sentence_middle_ms(seconds))
-    service_cpus = sorted(os.sched_getaffinity(0))
     return {
         "calls": calls,
         "seconds": round(pcm.shape[0] / 16000, 1),

@@ -1,6 +1,7 @@
-"""The CPU figures of ``asr-bench e2e``: samples of the engine's chunk counts and the CPU used
-(this process by thread, the finals processes, the whole machine), and CPU per wall second
-between two of them (``deploy/bench/e2e_bench.py`` has the run)."""
+"""The CPU figures of ``asr-bench e2e``: samples of the engine's chunk counts, the SIP calls
+answered and ended, and the CPU used (this process by thread, the finals processes, the whole
+machine); the steady stretch they show, and CPU per wall second between two of them
+(``deploy/bench/e2e_bench.py`` has the run)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import os
 import threading
 import time
+from collections.abc import Collection, Mapping
 from typing import Any, NamedTuple
 
 from asr_gateway.service import Service
@@ -34,19 +36,30 @@ def thread_cpu_seconds() -> dict[str, float]:
     return seconds
 
 
-def machine_busy_seconds() -> float | None:
-    """CPU seconds all cores of the machine have been busy since boot (Linux; None elsewhere)."""
+def busy_seconds() -> dict[int | None, float]:
+    """CPU seconds each core (by number) and the whole machine (``None``) have been busy since
+    boot, the kernel's work on them included (Linux ``/proc/stat``; {} elsewhere)."""
+    busy: dict[int | None, float] = {}
     try:
         with open("/proc/stat") as stat:
-            fields = [int(value) for value in stat.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + fields[4]  # idle + iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")  # without guest time (counted in user)
+            lines = [line.split() for line in stat if line.startswith("cpu")]
+    except OSError:
+        return busy
+    tick = os.sysconf("SC_CLK_TCK")
+    for name, *values in lines:
+        try:
+            fields = [int(value) for value in values]
+            cpu = None if name == "cpu" else int(name[3:])
+        except ValueError:
+            continue
+        idle = fields[3] + fields[4]  # idle + iowait
+        busy[cpu] = (sum(fields[:8]) - idle) / tick  # without guest time (counted in user)
+    return busy
 
 
 class Sample(NamedTuple):
-    """The engine's chunk counts and the CPU used so far, at one moment (``time.monotonic()``)."""
+    """The engine's chunk counts, the SIP calls so far and the CPU used so far, at one moment
+    (``time.monotonic()``)."""
 
     at: float
     behind_chunks: int
@@ -55,12 +68,37 @@ class Sample(NamedTuple):
     threads: dict[str, float]  # thread_cpu_seconds()
     finals_cpu_s: float
     machine_busy_s: float | None
+    calls_answered: int = 0  # INVITEs the SIP layer accepted (admission passed)
+    calls_hung_up: int = 0  # calls the caller ended with a BYE
+    cores_busy_s: Mapping[int, float] = {}  # busy_seconds() by core
+
+
+def sip_calls(counters: Mapping[str, int]) -> tuple[int, int]:
+    """(calls answered, calls hung up by the caller) from the SIP layer's counters."""
+    return counters.get("invites.accepted", 0), counters.get("calls.ended.bye", 0)
+
+
+def steady_window(samples: list[Sample]) -> tuple[float, float] | None:
+    """The steady stretch as the SIP layer saw it: from the first sample that counts a caller's
+    hang-up to the first that counts the last call answered (None: no hang-up before it).
+
+    Taken from the SIP counters, not from the events the subscriber got: a call's
+    ``call.ended`` follows its last final, which lags by seconds once the finals fall behind,
+    and a window drawn from those events slides into the drain after the load."""
+    first_end = next((s.at for s in samples if s.calls_hung_up > 0), None)
+    answered = max((s.calls_answered for s in samples), default=0)
+    last_start = next((s.at for s in samples if s.calls_answered == answered), None)
+    if first_end is None or last_start is None or last_start <= first_end:
+        return None
+    return first_end, last_start
 
 
 def take_sample(service: Service) -> Sample:
     """The ``Sample`` of now."""
     times, stats = os.times(), service.engine.stats
     finals_cpu_s = service.engine.finalizer_cpu_seconds() or 0.0
+    answered, hung_up = sip_calls(service.sip.counters)
+    busy = busy_seconds()
     return Sample(
         at=time.monotonic(),
         behind_chunks=stats.behind_realtime_chunks,
@@ -68,7 +106,10 @@ def take_sample(service: Service) -> Sample:
         cpu_s=times.user + times.system + finals_cpu_s,
         threads=thread_cpu_seconds(),
         finals_cpu_s=finals_cpu_s,
-        machine_busy_s=machine_busy_seconds(),
+        machine_busy_s=busy.get(None),
+        calls_answered=answered,
+        calls_hung_up=hung_up,
+        cores_busy_s={cpu: seconds for cpu, seconds in busy.items() if cpu is not None},
     )
 
 
@@ -87,12 +128,14 @@ def bracket(samples: list[Sample], window: tuple[float, float]) -> tuple[Sample,
     return start, end
 
 
-def cpu_figures(start: Sample, end: Sample) -> dict[str, Any]:
+def cpu_figures(start: Sample, end: Sample, service_cores: Collection[int] = ()) -> dict[str, Any]:
     """CPU per wall second from ``start`` to ``end``: ``cpu_percent``, ``cores_used`` (this
-    process and the finals processes), ``machine_cores_busy`` (None without ``/proc/stat``) and
-    ``cores_by_thread`` (threads that ended meanwhile left out; the finals processes together)."""
+    process and the finals processes), ``machine_cores_busy`` (None without ``/proc/stat``),
+    ``cores_by_thread`` (threads that ended meanwhile left out; the finals processes together)
+    and, with ``service_cores``, ``service_cores_busy``: how busy those cores were, whoever used
+    them (the kernel included), as a share of their time (None without ``/proc/stat``)."""
     wall = max(1e-9, end.at - start.at)
-    cores = (end.cpu_s - start.cpu_s) / wall
+    used = (end.cpu_s - start.cpu_s) / wall
     by_thread = {name: (busy - start.threads.get(name, 0.0)) / wall for name, busy in end.threads.items()}
     by_thread["finals processes"] = (end.finals_cpu_s - start.finals_cpu_s) / wall
     machine = (
@@ -100,9 +143,9 @@ def cpu_figures(start: Sample, end: Sample) -> dict[str, Any]:
         if end.machine_busy_s is not None and start.machine_busy_s is not None
         else None
     )
-    return {
-        "cpu_percent": round(100 * cores, 1),
-        "cores_used": round(cores, 2),
+    figures: dict[str, Any] = {
+        "cpu_percent": round(100 * used, 1),
+        "cores_used": round(used, 2),
         "machine_cores_busy": machine,
         # Threads under 0.005 cores are left out; the finals processes are always named (with
         # WeNet's rescoring, the default, two short calls' finals take under that).
@@ -112,3 +155,9 @@ def cpu_figures(start: Sample, end: Sample) -> dict[str, Any]:
             if value >= 0.005 or name == "finals processes"
         },
     }
+    if service_cores:
+        known = [cpu for cpu in service_cores if cpu in start.cores_busy_s and cpu in end.cores_busy_s]
+        busy = sum(end.cores_busy_s[cpu] - start.cores_busy_s[cpu] for cpu in known)
+        complete = len(known) == len(service_cores)
+        figures["service_cores_busy"] = round(busy / (wall * len(known)), 3) if complete else None
+    return figures

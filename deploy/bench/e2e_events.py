@@ -1,4 +1,4 @@
-"""What the subscriber's events show in ``asr-bench e2e``: latencies, CER, the steady window,
+"""What the subscriber's events show in ``asr-bench e2e``: latencies, CER,
 admitted calls and calls without all their finals (``deploy/bench/e2e_bench.py`` has the run)."""
 
 from __future__ import annotations
@@ -15,15 +15,6 @@ from kb_hooks.events import EventType
 def quantiles(samples: list[float], qs: tuple[float, ...] = (0.5, 0.95)) -> dict[str, float | None]:
     values = np.asarray(samples, dtype=np.float64)
     return {f"p{round(q * 100)}": (round(float(np.quantile(values, q)), 1) if values.size else None) for q in qs}
-
-
-def steady_window(received: list[Received]) -> tuple[float, float] | None:
-    """From the first call.ended to the last call.started the subscriber got (None: empty)."""
-    ended = [r.at for r in received if r.event.get("event_type") == EventType.CALL_ENDED]
-    started = [r.at for r in received if r.event.get("event_type") == EventType.CALL_STARTED]
-    if not ended or not started or max(started) <= min(ended):
-        return None
-    return min(ended), max(started)
 
 
 def calls_admitted(received: list[Received]) -> set[str]:
