@@ -17,7 +17,7 @@ Finals give way too (``finals_reduction``, a table as well, ``FINALS_REDUCTIONS`
 ended utterances is searched the cheaper way (``FinalSettings.reduced``: a narrower beam, no
 decoder proposals) when its oldest has waited ``finals_reduce_ms`` for its Final, or while the
 engine is saturated (a controller ``saturated``: behind with every stream at its longest chunk
-already). A saturated engine has no cheaper chunk left to give its partials; the finals' CPU is
+already, and until the lag falls under ``restore_ms``). A saturated engine has no cheaper chunk left to give its partials; the finals' CPU is
 what is left to give.
 """
 
@@ -149,7 +149,7 @@ class SurgeController:
         self._last_move = -math.inf
         self._low_since: float | None = None  # start of the current run of LOW samples
         self._high_since: float | None = None  # start of the current run of HIGH samples
-        self.saturated = False  # latest sample: behind with every stream at its largest chunk
+        self.saturated = False  # behind with every stream at its largest chunk (until the lag is LOW)
 
     def band(self, lag_ms: float) -> Band:
         if lag_ms >= self.settings.degrade_ms:
@@ -164,7 +164,10 @@ class SurgeController:
         self._low_since = (self._low_since if self._low_since is not None else now) if band is Band.LOW else None
         self._high_since = (self._high_since if self._high_since is not None else now) if band is Band.HIGH else None
         level = level_of(streams)
-        self.saturated = band is Band.HIGH and not any(s.step < len(s.ladder) - 1 for s in streams)
+        # Saturated from a HIGH sample with nothing left to move until the lag is LOW again (or a
+        # stream can move): a MID sample between two late batches does not flip the finals back.
+        stuck = not any(s.step < len(s.ladder) - 1 for s in streams)
+        self.saturated = stuck and (band is Band.HIGH or (self.saturated and band is Band.MID))
         direction = TRANSITIONS[(level, band)]
         if direction is Direction.HOLD or now - self._last_move < self.settings.step_interval_s:
             return ()

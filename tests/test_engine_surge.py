@@ -120,6 +120,20 @@ def test_saturated_when_behind_with_nothing_left_to_move() -> None:
     assert policy.decide(0.0, 50.0, [never]) == () and not policy.saturated
 
 
+def test_saturation_lasts_until_the_lag_is_low_again() -> None:
+    """Entered at a HIGH sample, kept through MID ones (300 > lag > 100 ms), left at a LOW one;
+    a MID sample alone does not enter it, and a stream that can move again ends it."""
+    policy = SurgeController(SurgeSettings(degrade_after_s=0.0))
+    never = view("never", 160, ladder=(160,))
+    samples = [(150.0, False), (400.0, True), (150.0, True), (250.0, True), (80.0, False), (250.0, False)]
+    for lag_ms, saturated in samples:
+        policy.decide(0.0, lag_ms, [never])
+        assert policy.saturated is saturated, lag_ms
+    policy.decide(0.0, 400.0, [never])
+    policy.decide(0.0, 150.0, [never, view("a", 160)])
+    assert not policy.saturated
+
+
 def test_settings_say_what_is_wrong() -> None:
     with pytest.raises(ValueError, match="restore_ms"):
         SurgeSettings(degrade_ms=100, restore_ms=100)
