@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from asr_gateway.dev.demo import Received
-from deploy.bench.e2e_cpu import Sample, bracket, cpu_figures, sip_calls, steady_window
+from deploy.bench.e2e_cpu import Sample, bracket, cores_busy_when_full, cpu_figures, sip_calls, steady_window
 from deploy.bench.e2e_events import calls_admitted, finals_missing
 from tests.bench_json import run_bench_module
 from tests.tool_marks import needs_redis_server, needs_sipp
@@ -66,6 +66,19 @@ def test_the_steady_window_runs_from_the_first_hang_up_to_the_last_answer_the_si
     assert sip_calls(counters) == (7, 2)
 
 
+def test_cores_busy_when_full_counts_only_the_stretches_that_began_full() -> None:
+    """Core 1 busy 0.5 of the first second (room left), 1.0 of the next two (full), 0.6 of the
+    last (full): 1.6 of 2 s full -> 0.8; never full, or a core without figures: None."""
+
+    def at(t: float, busy: float, full: bool) -> Sample:
+        return sample(t, 0.0, {}, 0.0, None)._replace(cores_busy_s={0: 0.0, 1: busy}, full=full)
+
+    samples = [at(0.0, 0.0, False), at(1.0, 0.5, True), at(2.0, 1.5, False), at(3.0, 1.5, True), at(4.0, 2.1, True)]
+    assert cores_busy_when_full(samples, [1]) == (0.8, 2.0)
+    assert cores_busy_when_full([s._replace(full=False) for s in samples], [1]) == (None, 0.0)
+    assert cores_busy_when_full(samples, [1, 2]) == (None, 0.0)
+
+
 def event(kind: str, call_id: str, **fields: Any) -> Received:
     return Received({"event_type": kind, "call_id": call_id, **fields}, 0.0)
 
@@ -116,6 +129,7 @@ def test_steady_arrivals_replace_each_ended_call_and_judge_the_steady_stretch() 
     assert report["calls_ended"] == 8 and report["cer"] == 0.0 and not report["calls_failed"], report
     assert report["finals_workers"] == 2 and report["realtime_ok"] and report["finals_ok"], report
     assert 0 < report["steady_window_s"] < 2 * report["seconds"], report
+    assert report["service_cores_busy_when_full"] is None and report["full_s"] == 0.0, report  # 4 calls: room
     assert report["partial_latency_ms"]["p95"] is not None and report["final_latency_ms"]["p50"] is not None
     # the CPU over the same steady stretch, the whole run's beside it
     assert report["cpu_window"] == "steady" and report["cores_used"] > 0, report

@@ -42,7 +42,11 @@ process times every event.
   ``cpus_seen``: the cores each side's threads were found allowed during the run (``/proc``);
   ``service_core_share``: ``cores_used`` / len(``service_cpus``), the share of its cores the
   service used (>= 0.9 expected when it falls behind); ``service_cores_busy``: how busy those
-  cores were, whoever used them (the kernel's work on them included; ``/proc/stat``).
+  cores were, whoever used them (the kernel's work on them included; ``/proc/stat``);
+  ``service_cores_busy_when_full``: the same over the ``full_s`` seconds the engine had no room
+  for another call (behind on its chunks or its finals, ``Engine.overloaded``; ``--steady``
+  only): the cores a node that falls behind leaves unused. Over the steady stretch a node that
+  refused calls while its finals caught up may then run under capacity for a while.
 - ``calls_placed``, ``calls_started`` (call.started seen), ``calls_refused``: calls whose INVITE
   an error response answered (sipp's error file; a full node answers 503, counted by the service
   in ``overload_refusals``, which counts refused OPTIONS probes too), ``refused_statuses``.
@@ -90,7 +94,7 @@ from asr_gateway.dev.local_redis import LocalRedis, LocalRedisError, redis_reach
 from asr_gateway.dev.sipp_calls import HANGUP_AFTER_AUDIO_S, PCMA, PCMU, CallResult, place_calls
 from asr_gateway.service import Service
 from deploy.bench import affinity
-from deploy.bench.e2e_cpu import bracket, cpu_figures, sample_every, steady_window, take_sample
+from deploy.bench.e2e_cpu import bracket, cores_busy_when_full, cpu_figures, sample_every, steady_window, take_sample
 from deploy.bench.e2e_events import calls_admitted, finals_missing, measure, quantiles
 from deploy.bench.engine_bench import FINAL_LATENCY_LIMIT_MS
 from kb_hooks.events import Event
@@ -248,6 +252,7 @@ async def run_bench(
         kept = ("cores_used", "machine_cores_busy", "service_cores_busy")
         cpu = {**cpu, "whole_run": {key: whole_run[key] for key in kept}}
     behind = behind_chunks / max(1, chunks)
+    busy_when_full, full_s = cores_busy_when_full(samples, service_cpus)
     measured = measure(collector.received, audio_end, reference, window)
     window_final_ms = measured.pop("final_ms")
     final_ms = window_final_ms if window is not None else list(stats.final_latency_ms)
@@ -292,6 +297,8 @@ async def run_bench(
         "generator_cpus": sorted(generator_cpus) if generator_cpus is not None else None,
         "cpus_seen": {side: sorted(cpus) for side, cpus in peaks.cpus.items()},
         "service_core_share": round(cpu["cores_used"] / len(service_cpus), 3),
+        "service_cores_busy_when_full": busy_when_full,
+        "full_s": full_s,
         "machine_cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "allocator": allocator.describe(),

@@ -6,6 +6,7 @@ machine); the steady stretch they show, and CPU per wall second between two of t
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import threading
 import time
@@ -71,6 +72,7 @@ class Sample(NamedTuple):
     calls_answered: int = 0  # INVITEs the SIP layer accepted (admission passed)
     calls_hung_up: int = 0  # calls the caller ended with a BYE
     cores_busy_s: Mapping[int, float] = {}  # busy_seconds() by core
+    full: bool = False  # the engine had no room for another call (``Engine.overloaded``): behind
 
 
 def sip_calls(counters: Mapping[str, int]) -> tuple[int, int]:
@@ -110,6 +112,7 @@ def take_sample(service: Service) -> Sample:
         calls_answered=answered,
         calls_hung_up=hung_up,
         cores_busy_s={cpu: seconds for cpu, seconds in busy.items() if cpu is not None},
+        full=service.engine.overloaded,
     )
 
 
@@ -126,6 +129,23 @@ def bracket(samples: list[Sample], window: tuple[float, float]) -> tuple[Sample,
     start = max((s for s in samples if s.at <= window[0]), default=samples[0], key=lambda s: s.at)
     end = min((s for s in samples if s.at >= window[1]), default=samples[-1], key=lambda s: s.at)
     return start, end
+
+
+def cores_busy_when_full(samples: list[Sample], service_cores: Collection[int]) -> tuple[float | None, float]:
+    """(how busy ``service_cores`` were, as a share of their time, over the intervals between
+    samples that began with the engine full, i.e. behind on its chunks or its finals; the
+    seconds those intervals add up to). None when it never was, or a core has no figures."""
+    busy = wall = 0.0
+    for start, end in itertools.pairwise(samples):
+        if not start.full:
+            continue
+        if any(cpu not in start.cores_busy_s or cpu not in end.cores_busy_s for cpu in service_cores):
+            return None, 0.0
+        busy += sum(end.cores_busy_s[cpu] - start.cores_busy_s[cpu] for cpu in service_cores)
+        wall += end.at - start.at
+    if wall <= 0 or not service_cores:
+        return None, 0.0
+    return round(busy / (wall * len(service_cores)), 3), round(wall, 1)
 
 
 def cpu_figures(start: Sample, end: Sample, service_cores: Collection[int] = ()) -> dict[str, Any]:
