@@ -22,7 +22,7 @@ from console.feeds import CallSummary, fold_event
 from console.route_sizes import RouteChunkSizes
 from kb_hooks import events as ev
 from kb_hooks.processor import TranscriptProcessor
-from kb_hooks.types import CallContext, Participant, RedactionMode, TranscriptUpdate
+from kb_hooks.types import CallContext, Participant, RedactionMode, ReducedReason, TranscriptUpdate
 from tests.browser_helpers import (
     LAPTOP_WIDTH,
     TABLET_WIDTH,
@@ -95,9 +95,10 @@ class SurgeCall:
         return ev.CallStarted(call=self.ctx, participants=(CALLER, AGENT), metadata={"X-Agent-Id": "1001"})
 
     def result(self, who: Participant, utterance: int, text: str, chunk_ms: int, *, final: bool = False,
-               reduced: bool | None = None) -> list[ev.Event]:  # fmt: skip
+               reduced: bool | None = None, reason: ReducedReason | None = None) -> list[ev.Event]:  # fmt: skip
         update = TranscriptUpdate(self.ctx, who, utterance, not final, text, chunk_ms=chunk_ms,
-                                  reduced_search=reduced if final else None)  # fmt: skip
+                                  reduced_search=reduced if final else None,
+                                  reduced_reason=reason if final and reduced else None)  # fmt: skip
         return self.processor.process(update)
 
 
@@ -155,8 +156,8 @@ def test_call_page_says_when_a_party_is_slowed_down(tmp_path: Path, redis_server
         assert "slowed" not in pace("caller").lower()
 
         # the node falls behind: the caller's stream moves to 640 ms chunks, its final is searched the quick way
-        surge = [*call.result(CALLER, 1, "我今天发现", 640),
-                 *call.result(CALLER, 1, MANHOLE, 640, final=True, reduced=True)]  # fmt: skip
+        quick_final = call.result(CALLER, 1, MANHOLE, 640, final=True, reduced=True, reason="engine_saturated")
+        surge = [*call.result(CALLER, 1, "我今天发现", 640), *quick_final]
         for event in surge:
             publisher.submit(event)
         WebDriverWait(driver, 10).until(lambda d: "Slowed down to save capacity" in pace("caller"))
@@ -165,6 +166,8 @@ def test_call_page_says_when_a_party_is_slowed_down(tmp_path: Path, redis_server
         final = WebDriverWait(driver, 10).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#lane-caller .utt.final"))
         quick = final[-1].find_elements(By.CSS_SELECTOR, ".badge.reduced")
         assert quick and "the service was busy" in quick[0].text and "less accurate" in quick[0].get_attribute("title")
+        # and why, for whoever sizes the nodes (docs/events.md reduced_reason)
+        assert "already at its slowest pace" in quick[0].get_attribute("title"), quick[0].get_attribute("title")
         for width in (TABLET_WIDTH, LAPTOP_WIDTH):
             driver.set_window_size(width, WINDOW_HEIGHT)
             assert_fits_width(driver, f"slowed call page at {width} px")

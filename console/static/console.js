@@ -81,6 +81,11 @@
 
   const REDUCED_WORDS = "quick recognition: the service was busy";
   const REDUCED_TITLE = "The service was busy, so this line was recognised with a quicker, narrower search. It may be a little less accurate.";
+  // docs/events.md reduced_reason: why the service was busy, for whoever sizes the nodes
+  const REDUCED_WHY = {
+    finals_queued: "Recognised lines were queuing for their final search.",
+    engine_saturated: "Every call on the service was already at its slowest pace.",
+  };
 
   for (const form of document.querySelectorAll("form[data-csrf-form]")) {
     form.addEventListener("submit", async (e) => {
@@ -213,7 +218,10 @@
         at = s.end;
       }
       parts.push(u.text.slice(at));
-      if (u.reduced) parts.push(el("span", { class: "badge reduced", title: REDUCED_TITLE }, REDUCED_WORDS));
+      if (u.reduced) {
+        const title = REDUCED_WHY[u.reducedReason] ? `${REDUCED_TITLE} ${REDUCED_WHY[u.reducedReason]}` : REDUCED_TITLE;
+        parts.push(el("span", { class: "badge reduced", title, "data-reason": u.reducedReason || "" }, REDUCED_WORDS));
+      }
       u.node.replaceChildren(...parts);
       u.node.className = "utt " + (u.final ? "final" : "partial");
     }
@@ -222,7 +230,7 @@
       const key = keyOf(event);
       let u = utterances.get(key);
       if (!u) {
-        u = { node: el("p", { class: "utt partial", "data-key": key }), final: false, reduced: false, text: "", spans: [] };
+        u = { node: el("p", { class: "utt partial", "data-key": key }), final: false, reduced: false, reducedReason: "", text: "", spans: [] };
         utterances.set(key, u);
         laneOf(event.participant).append(u.node);
       }
@@ -258,6 +266,7 @@
       u.text = event.text || "";
       u.final = !event.is_partial;
       u.reduced = u.final && event.reduced_search === true;
+      u.reducedReason = u.reduced ? event.reduced_reason || "" : "";
       pace(event);
       if (u.final) {
         u.node.setAttribute("data-final-at", String(Date.now()));
