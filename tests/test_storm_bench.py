@@ -27,6 +27,8 @@ def report(calls: int, surge: bool, refused: int = 0, partial_p95: float = 400.0
         "finals_missing": missing,
         "cores_used": 1.9,
         "service_core_share": 0.95,
+        "service_cores_busy_when_full": 1.0 if refused else None,
+        "full_s": 12.5 if refused else 0.0,
         "degraded_streams_peak": calls if surge else 0,
         "degraded_stream_seconds": 50.0 if surge else 0.0,
         "reduced_finals": 0,

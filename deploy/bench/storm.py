@@ -9,7 +9,8 @@ machine (heat, neighbours) falls on both settings alike.
 
 Printed: per load (``"1x"``, ``"1.5x"``, ``"2x"``), per setting (``off``, ``on``), each trial's
 key figures (``FIGURES``: calls refused, share of chunks behind real time, partial p95/p99,
-final p95, finals missing, cores used and the share of the service's cores) and their median;
+final p95, finals missing, cores used and the share of the service's cores, how busy those
+cores were while the engine was full and for how long) and their median;
 ``target``: whether every surge-on trial at the highest load met the storm target
 (``TARGET``); the machine (CPU model, cores) and the model. Exit status 0 when every trial
 reported (whatever the figures), 1 when one did not (its ``error`` says why).
@@ -44,6 +45,8 @@ FIGURES = (
     "finals_missing",
     "cores_used",
     "service_core_share",
+    "service_cores_busy_when_full",
+    "full_s",
     "degraded_streams_peak",
     "degraded_stream_seconds",
     "reduced_finals",
