@@ -8,7 +8,8 @@ cores at once.
 
 Each tick it
 0. under surge (``EngineOptions.surge``; asr_core/surge.py), every ``sample_interval_s``, feeds
-   its lag to its ``SurgeController`` and moves the streams it names to a longer or shorter
+   its lag (or the finals' past ``finals_reduce_ms``, ``surge_lag_ms``) to its
+   ``SurgeController`` and moves the streams it names to a longer or shorter
    chunk, between their chunks, and keeps each chunk size's measured cost (``costs``) for the
    engine's admission check,
 1. moves every stream's queued audio into its fbank extractor,
@@ -49,7 +50,7 @@ from asr_core.events import Partial
 from asr_core.finalizer import EndJob, Finalizer, FinalJob, UtteranceSnapshot, deliver
 from asr_core.frontend import DEFAULT_FRONTEND, FrontendConfig, encoder_frame_ms, fbank_windows, window_samples
 from asr_core.stream import Stream, chunk_output_frames
-from asr_core.surge import SurgeController, SurgeStream
+from asr_core.surge import SurgeController, SurgeStream, surge_lag_ms
 from kv_ring import KvPool
 
 log = logging.getLogger(__name__)
@@ -238,7 +239,7 @@ class Scheduler:
         return wait if ready else 0.05
 
     def _apply_surge(self, streams: list[Stream], now: float) -> None:
-        """Feed the surge controller this tick's lag and move the streams it names, between
+        """Feed the surge controller this tick's lag (``surge_lag_ms``) and move the streams it names, between
         their chunks (none of them is in a batch now); count the time spent degraded."""
         assert self.surge is not None
         elapsed = now - self._surge_sampled if self._surge_sampled else 0.0
@@ -248,7 +249,8 @@ class Scheduler:
             for s in streams
             if len(s.ladder) > 1
         ]
-        moves = self.surge.decide(now, self.lag_s * 1000.0, views)
+        lag_ms = surge_lag_ms(self.surge.settings, self.lag_s * 1000.0, self.finalizer.lag_s(now) * 1000.0)
+        moves = self.surge.decide(now, lag_ms, views)
         by_id = {stream.stream_id: stream for stream in streams}
         up = 0
         for move in moves:

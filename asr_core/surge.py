@@ -1,13 +1,19 @@
 """Graceful degradation under load: which streams move to longer chunks, and when (sans-IO).
 
 A longer chunk costs less per second of audio (fewer steps, larger batches), at some accuracy
-and a later partial. When a scheduler falls behind (its lag, ``Scheduler.lag_s``, at or past
-``degrade_ms`` for ``degrade_after_s``: a spike of one late batch is not falling behind),
+and a later partial. When a scheduler falls behind (its lag at or past ``degrade_ms`` for
+``degrade_after_s``: a spike of one late batch is not falling behind),
 ``SurgeController`` moves a share of its streams one size up their ladder (160 -> 320 -> 640
 ms), lowest priority first; when the lag has stayed under ``restore_ms`` for
 ``restore_after_s`` it moves them back down, highest priority first. Between the two thresholds
 nothing moves (hysteresis), and two moves are at least ``step_interval_s`` apart, so the effect
 of one shows in the lag before the next is decided.
+
+The lag it is fed (``surge_lag_ms``) is the larger of two: how long the scheduler's oldest ready
+chunk has waited (``Scheduler.lag_s``), and how far the finals' wait runs past
+``finals_reduce_ms``. Finals that still queue after being searched the cheaper way are short of
+CPU that the engine threads hold (the finals process yields to them): a longer chunk frees it, so
+the node slows its partials down rather than refuse calls because its finals lag.
 
 The controller keeps no streams and reads no clock: it is fed the lag, ``now`` and a view of
 each stream (``SurgeStream``) and hands back ``ChunkMove``s; the scheduler applies them between
@@ -17,8 +23,8 @@ Finals give way too (``finals_reduction``, a table as well, ``FINALS_REDUCTIONS`
 ended utterances is searched the cheaper way (``FinalSettings.reduced``: a narrower beam, no
 decoder proposals) when its oldest has waited ``finals_reduce_ms`` for its Final, or while the
 engine is saturated (a controller ``saturated``: behind with every stream at its longest chunk
-already, and until the lag falls under ``restore_ms``). A saturated engine has no cheaper chunk left to give its partials; the finals' CPU is
-what is left to give.
+already, and until the lag falls under ``restore_ms``). A saturated engine has no cheaper chunk
+left to give its partials; the finals' CPU is what is left to give.
 """
 
 from __future__ import annotations
@@ -197,6 +203,12 @@ class SurgeController:
             return tuple(ChunkMove(s.stream_id, s.ladder[s.step + 1]) for s in up[:share])
         down = sorted((s for s in streams if s.step > 0), key=lambda s: (-s.priority, -s.step))
         return tuple(ChunkMove(s.stream_id, s.ladder[s.step - 1]) for s in down[:share])
+
+
+def surge_lag_ms(settings: SurgeSettings, chunk_lag_ms: float, finals_lag_ms: float) -> float:
+    """The lag the controller acts on: the chunks' (how long the oldest ready chunk has waited),
+    or the finals' wait past ``finals_reduce_ms`` where that is longer (see the module docstring)."""
+    return max(chunk_lag_ms, finals_lag_ms - settings.finals_reduce_ms)
 
 
 # (engine saturated, the batch's oldest final waited ``finals_reduce_ms`` or more) -> why its finals

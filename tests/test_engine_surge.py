@@ -40,6 +40,7 @@ from asr_core.surge import (
     SurgeStream,
     chunk_ladder,
     finals_reduction,
+    surge_lag_ms,
 )
 from rescoring.attention import attention_rescore
 
@@ -259,6 +260,36 @@ def test_a_scheduler_behind_moves_its_streams_up_and_counts_it() -> None:
     assert engine.stats.degraded_stream_seconds > 0.0
     assert {e.chunk_ms for e in events if isinstance(e, Partial) and e.stream_id == "never"} == {160}
     assert 320 in {e.chunk_ms for e in events if isinstance(e, Partial) and e.stream_id == "low"}
+
+
+def test_finals_that_still_queue_past_their_reduce_time_count_as_lag() -> None:
+    """The controller acts on the chunks' lag, or on the finals' wait past finals_reduce_ms
+    (1500 ms) where that is longer: finals searched the cheap way that still queue need the CPU
+    a longer chunk frees."""
+    settings = SurgeSettings(finals_reduce_ms=1500.0)
+    assert surge_lag_ms(settings, 120.0, 900.0) == 120.0  # finals within their time: the chunks' lag
+    assert surge_lag_ms(settings, 120.0, 1800.0) == 300.0  # 300 ms past it: HIGH (degrade_ms 300)
+    assert surge_lag_ms(settings, 450.0, 1800.0) == 450.0
+
+
+@needs_fixture
+def test_a_scheduler_whose_finals_lag_moves_its_streams_up_though_its_chunks_are_on_time() -> None:
+    torch.set_num_threads(1)
+    loaded = load_wenet_model(FIXTURE / "model")
+    samples = read_wav(FIXTURE / "wav" / "utt1.wav").samples
+    settings = SurgeSettings(degrade_after_s=0.0, restore_after_s=0.0, step_interval_s=0.0, sample_interval_s=0.0)
+    engine = Engine(loaded, EngineOptions(max_streams=2, endpoint=NO_ENDPOINTS, surge=settings))
+    low = engine.open_stream(StreamConfig(chunk_ms=160, max_chunk_ms=640, stream_id="low"), lambda _: None)
+    low.accept_waveform(samples[:2560])  # one chunk, on time
+    engine.run_once()
+    assert low.chunk_ms == 160 and engine.degraded_streams == 0
+    finals_wait_s = [2.0]  # the oldest ended utterance's wait for its final: 500 ms past finals_reduce_ms
+    engine.finalizer.lag_s = lambda now=None: finals_wait_s[0]  # type: ignore[method-assign]
+    engine.run_once()
+    assert low.chunk_ms == 320 and engine.degraded_streams == 1 and engine.lag_ms < settings.degrade_ms
+    finals_wait_s[0] = 0.0  # caught up: the lag is LOW, the stream moves back
+    engine.run_once()
+    assert low.chunk_ms == 160 and engine.degraded_streams == 0 and engine.stats.chunk_moves_down == 1
 
 
 @needs_demo_model
