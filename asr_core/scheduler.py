@@ -239,8 +239,8 @@ class Scheduler:
         return wait if ready else 0.05
 
     def _apply_surge(self, streams: list[Stream], now: float) -> None:
-        """Feed the surge controller this tick's lag (``surge_lag_ms``) and move the streams it names, between
-        their chunks (none of them is in a batch now); count the time spent degraded."""
+        """Feed the surge controller this tick's lag (``surge_lag_ms``) and move the streams it
+        names, between their chunks (none of them is in a batch now); count the time spent degraded."""
         assert self.surge is not None
         elapsed = now - self._surge_sampled if self._surge_sampled else 0.0
         self._surge_sampled = now

@@ -139,12 +139,15 @@ class ChunkMove:
     chunk_ms: int
 
 
+def movable(streams: Sequence[SurgeStream]) -> bool:
+    """Whether any of ``streams`` can still move to a longer chunk."""
+    return any(s.step < len(s.ladder) - 1 for s in streams)
+
+
 def level_of(streams: Sequence[SurgeStream]) -> Level:
-    degraded = any(s.step > 0 for s in streams)
-    movable = any(s.step < len(s.ladder) - 1 for s in streams)
-    if not degraded:
+    if not any(s.step > 0 for s in streams):
         return Level.NONE
-    return Level.SOME if movable else Level.ALL
+    return Level.SOME if movable(streams) else Level.ALL
 
 
 class SurgeController:
@@ -172,8 +175,7 @@ class SurgeController:
         level = level_of(streams)
         # Saturated from a HIGH sample with nothing left to move until the lag is LOW again (or a
         # stream can move): a MID sample between two late batches does not flip the finals back.
-        stuck = not any(s.step < len(s.ladder) - 1 for s in streams)
-        self.saturated = stuck and (band is Band.HIGH or (self.saturated and band is Band.MID))
+        self.saturated = not movable(streams) and (band is Band.HIGH or (self.saturated and band is Band.MID))
         direction = TRANSITIONS[(level, band)]
         if direction is Direction.HOLD or now - self._last_move < self.settings.step_interval_s:
             return ()
