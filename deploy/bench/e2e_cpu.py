@@ -131,6 +131,14 @@ def bracket(samples: list[Sample], window: tuple[float, float]) -> tuple[Sample,
     return start, end
 
 
+def cores_busy_between(start: Sample, end: Sample, cores: Collection[int]) -> float | None:
+    """CPU seconds ``cores`` were busy together from ``start`` to ``end`` (None: a core without
+    figures in either sample)."""
+    if any(cpu not in start.cores_busy_s or cpu not in end.cores_busy_s for cpu in cores):
+        return None
+    return sum(end.cores_busy_s[cpu] - start.cores_busy_s[cpu] for cpu in cores)
+
+
 def cores_busy_when_full(samples: list[Sample], service_cores: Collection[int]) -> tuple[float | None, float]:
     """(how busy ``service_cores`` were, as a share of their time, over the intervals between
     samples that began with the engine full, i.e. behind on its chunks or its finals; the
@@ -139,9 +147,10 @@ def cores_busy_when_full(samples: list[Sample], service_cores: Collection[int]) 
     for start, end in itertools.pairwise(samples):
         if not start.full:
             continue
-        if any(cpu not in start.cores_busy_s or cpu not in end.cores_busy_s for cpu in service_cores):
+        interval = cores_busy_between(start, end, service_cores)
+        if interval is None:
             return None, 0.0
-        busy += sum(end.cores_busy_s[cpu] - start.cores_busy_s[cpu] for cpu in service_cores)
+        busy += interval
         wall += end.at - start.at
     if wall <= 0 or not service_cores:
         return None, 0.0
@@ -176,8 +185,6 @@ def cpu_figures(start: Sample, end: Sample, service_cores: Collection[int] = ())
         },
     }
     if service_cores:
-        known = [cpu for cpu in service_cores if cpu in start.cores_busy_s and cpu in end.cores_busy_s]
-        busy = sum(end.cores_busy_s[cpu] - start.cores_busy_s[cpu] for cpu in known)
-        complete = len(known) == len(service_cores)
-        figures["service_cores_busy"] = round(busy / (wall * len(known)), 3) if complete else None
+        busy = cores_busy_between(start, end, service_cores)
+        figures["service_cores_busy"] = None if busy is None else round(busy / (wall * len(service_cores)), 3)
     return figures
