@@ -41,12 +41,12 @@ process times every event.
   cores given (``service_cpus`` without the option: all this process may use);
   ``cpus_seen``: the cores each side's threads were found allowed during the run (``/proc``);
   ``service_core_share``: ``cores_used`` / len(``service_cpus``), the share of its cores the
-  service used (>= 0.9 expected when it falls behind); ``service_cores_busy``: how busy those
-  cores were, whoever used them (the kernel's work on them included; ``/proc/stat``);
-  ``service_cores_busy_when_full``: the same over the ``full_s`` seconds the engine had no room
-  for another call (behind on its chunks or its finals, ``Engine.overloaded``; ``--steady``
-  only): the cores a node that falls behind leaves unused. Over the steady stretch a node that
-  refused calls while its finals caught up may then run under capacity for a while.
+  service used; ``service_cores_busy``: how busy those cores were, whoever used them (the
+  kernel's work on them included; ``/proc/stat``); ``service_cores_busy_when_full``: the same
+  over the ``full_s`` seconds the engine had no room for another call (behind on its chunks or
+  its finals, ``Engine.overloaded``; ``--steady`` only; >= 0.9 expected). The steady stretch
+  may hold less: a node that refused calls while its finals caught up then runs under capacity
+  for a while.
 - ``calls_placed``, ``calls_started`` (call.started seen), ``calls_refused``: calls whose INVITE
   an error response answered (sipp's error file; a full node answers 503, counted by the service
   in ``overload_refusals``, which counts refused OPTIONS probes too), ``refused_statuses``.
