@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from asr_core.backends import Bf16Convs, ChunkStepInputs, make_runner, native_bf16_cpu
-from asr_core.model import LoadedModel, load_wenet_model
+from asr_core.model import LoadedModel, attention, load_wenet_model
 from asr_core.model.attention import MultiHeadedAttention, RelPositionMultiHeadedAttention, dot_products
 from asr_core.model.convolution import ConvolutionModule, pointwise_as_linear
 from asr_core.model.decoder import log_softmax_over_logits
@@ -197,10 +197,33 @@ def test_kernel_mask_is_an_additive_bias_only_where_every_query_keeps_a_key() ->
     assert att.kernel_mask(source_mask, torch.float32) is source_mask
 
 
-def test_chunk_query_dot_products_equal_the_plain_product() -> None:
+@pytest.mark.parametrize("keys_first", [False, True])
+def test_chunk_query_dot_products_equal_the_plain_product(monkeypatch: pytest.MonkeyPatch, keys_first: bool) -> None:
     q, k = torch.randn(2, 4, 3, 16), torch.randn(2, 4, 9, 16)
+    monkeypatch.setitem(attention._keys_first, (3, 9, 16, torch.float32), keys_first)
     assert torch.allclose(dot_products(q, k), q @ k.transpose(-2, -1), atol=1e-5)
     assert torch.allclose(dot_products(k, q), k @ q.transpose(-2, -1), atol=1e-5)
+
+
+def test_the_product_order_is_timed_once_per_shape_and_not_while_tracing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(attention, "_keys_first", {})
+    timed: list[tuple[object, ...]] = []
+    real = attention._time_keys_first
+
+    def timing(*shape: object) -> bool:
+        timed.append(shape)
+        return real(*shape)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(attention, "_time_keys_first", timing)
+    q, k = torch.randn(2, 4, 5, 8), torch.randn(2, 4, 11, 8)
+    traced = torch.jit.trace(dot_products, (q, k), check_trace=False)
+    assert timed == [] and attention._keys_first == {}  # an untimed shape traces the plain order
+    assert torch.allclose(traced(q, k), q @ k.transpose(-2, -1), atol=1e-5)
+    first = dot_products(q, k)
+    dot_products(torch.randn(7, 4, 5, 8), torch.randn(7, 4, 11, 8))  # another batch, same shape
+    assert timed == [(5, 11, 8, torch.float32)]
+    assert isinstance(attention._keys_first[(5, 11, 8, torch.float32)], bool)
+    assert torch.allclose(first, q @ k.transpose(-2, -1), atol=1e-5)
 
 
 @pytest.fixture(scope="module")

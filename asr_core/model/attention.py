@@ -13,6 +13,7 @@ the projected table ``linear_pos(pe[0:N])`` is computed once per layer and rows 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -64,14 +65,61 @@ def dot_products(q: Tensor, k: Tensor) -> Tensor:
     """(..., T1, d) x (..., T2, d) -> (..., T1, T2): every query's dot product with every key.
 
     A streaming chunk has few queries (4-16 frames) and more keys (the cache window plus the
-    chunk). CPU batched GEMMs of that shape ran twice as fast as ``q @ k^T`` when computed as
-    ``(k @ q^T)^T`` with ``q^T`` contiguous (AISHELL size, 28 streams: 499 -> 250 us per
-    layer, docs/BENCHMARKS.md); with as many queries as keys, and in exported graphs, the plain
-    product is kept.
+    chunk). Which way round the CPU's batched GEMM computes that fastest depends on the CPU's
+    BLAS path: on an AMX Xeon ``(k @ q^T)^T`` with ``q^T`` contiguous ran twice as fast as
+    ``q @ k^T`` (AISHELL size, 28 streams: 499 -> 250 us per layer), on an AMD EPYC, where MKL
+    takes its generic path, four times slower (48 streams: 478 against 112 us per product;
+    docs/BENCHMARKS.md). So the order is measured once per shape on this CPU
+    (:func:`keys_first`); with as many queries as keys, off the CPU, and in exported graphs,
+    the plain product is kept.
     """
-    if exporting() or q.size(-2) >= k.size(-2):
+    if exporting() or q.size(-2) >= k.size(-2) or not keys_first(q, k):
         return torch.matmul(q, k.transpose(-2, -1))
     return torch.matmul(k, q.transpose(-2, -1).contiguous()).transpose(-2, -1)
+
+
+ORIENTATION_ROWS = 128
+"""Query/key matrices per timed product when :func:`keys_first` measures a shape (about 32
+streams' worth of heads: the batches where the choice matters)."""
+
+_keys_first: dict[tuple[int, int, int, torch.dtype], bool] = {}
+
+
+def keys_first(q: Tensor, k: Tensor) -> bool:
+    """Whether :func:`dot_products` of queries like ``q`` (..., T1, d) and keys like ``k``
+    (..., T2, d) runs faster as ``(k @ q^T)^T`` on this CPU: timed once per (T1, T2, d, dtype)
+    in this process on random operands of ``ORIENTATION_ROWS`` matrices (a few ms), then
+    remembered. False off the CPU, and while tracing a shape not timed yet (the traced chunk
+    step runs each shape eagerly first, so its graph gets the measured order)."""
+    if q.device.type != "cpu":
+        return False
+    shape = (q.size(-2), k.size(-2), q.size(-1), q.dtype)
+    known = _keys_first.get(shape)
+    if known is None:
+        if torch.jit.is_tracing():
+            return False
+        known = _keys_first[shape] = _time_keys_first(*shape)
+    return known
+
+
+def _time_keys_first(queries: int, keys: int, d: int, dtype: torch.dtype, rounds: int = 5, calls: int = 8) -> bool:
+    """Time both orders of the product on random operands, alternated; the faster one's best
+    round wins."""
+    with torch.inference_mode():
+        q = torch.randn(ORIENTATION_ROWS, queries, d).to(dtype)
+        k = torch.randn(ORIENTATION_ROWS, keys, d).to(dtype)
+        orders = (
+            lambda: torch.matmul(q, k.transpose(-2, -1)),
+            lambda: torch.matmul(k, q.transpose(-2, -1).contiguous()).transpose(-2, -1),
+        )
+        best = [float("inf"), float("inf")]
+        for _ in range(rounds):
+            for i, product in enumerate(orders):
+                started = time.perf_counter()
+                for _ in range(calls):
+                    product()
+                best[i] = min(best[i], time.perf_counter() - started)
+    return best[1] < best[0]
 
 
 class MultiHeadedAttention(nn.Module):
