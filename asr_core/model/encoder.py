@@ -11,6 +11,8 @@ points share one implementation:
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
@@ -279,6 +281,10 @@ class U2Encoder(nn.Module):
         else:
             new_valid = torch.arange(chunk, device=xs.device).unsqueeze(0) < valid_frames.unsqueeze(1)  # (B, C)
         key_mask = torch.cat((cache_mask, new_valid), dim=1).unsqueeze(1)  # (B, 1, W+C)
+        # Every row keeps its first new frame, so no query loses all its keys, and the mask can
+        # be the additive bias the attention's softmax takes (MultiHeadedAttention.attend),
+        # built once here instead of filled into the scores and the weights in every block.
+        key_bias = torch.zeros(key_mask.shape, dtype=xs.dtype, device=xs.device).masked_fill(~key_mask, -math.inf)
         if not cache_is_finite:
             if cache_rows is not None:
                 att_cache, cnn_cache = att_cache.index_select(1, cache_rows), cnn_cache.index_select(1, cache_rows)
@@ -299,7 +305,7 @@ class U2Encoder(nn.Module):
             glu_start = (offsets.unsqueeze(1) + history) < 0  # (B, K-1)
         return self._run_layers(
             xs,
-            key_mask,
+            key_bias,
             key_positions,
             table_rows,
             None,
