@@ -126,8 +126,13 @@ class ConvolutionModule(nn.Module):
         kernel-1 frames up to the last one, or up to each row's last real one (``valid_frames``)."""
         if valid_frames is None:
             return x[:, -self.lorder :].transpose(1, 2)
-        index = valid_frames.unsqueeze(1) + torch.arange(self.lorder, device=x.device)  # (B, kernel-1)
-        return x.gather(1, index.unsqueeze(2).expand(-1, -1, x.size(2))).transpose(1, 2)
+        # Whole frames picked as rows of the flattened (B * (kernel-1 + T), D) frames: one
+        # memory copy per frame, where a gather along dim 1 read an index per value (AISHELL
+        # size, 48 streams: 290 -> 40-60 us per layer).
+        b, frames, d = x.shape
+        first = valid_frames + frames * torch.arange(b, device=x.device)  # (B,) row of each cache's first frame
+        rows = first.unsqueeze(1) + torch.arange(self.lorder, device=x.device)  # (B, kernel-1)
+        return x.reshape(b * frames, d).index_select(0, rows.reshape(-1)).view(b, self.lorder, d).transpose(1, 2)
 
     def _zero_frame_glu(self, like: Tensor) -> Tensor:
         """The GLU output of a zero input frame, (1, 1, D): what the GLU cache layout holds for
