@@ -66,8 +66,8 @@ def dot_products(q: Tensor, k: Tensor) -> Tensor:
 
     A streaming chunk has few queries (4-16 frames) and more keys (the cache window plus the
     chunk). Which way round the CPU's batched GEMM computes that fastest depends on the CPU's
-    BLAS path: on an AMX Xeon ``(k @ q^T)^T`` with ``q^T`` contiguous ran twice as fast as
-    ``q @ k^T`` (AISHELL size, 28 streams: 499 -> 250 us per layer), on an AMD EPYC, where MKL
+    BLAS path: on a Xeon (AVX512-VNNI) ``(k @ q^T)^T`` with ``q^T`` contiguous ran twice as fast
+    as ``q @ k^T`` (AISHELL size, 28 streams: 499 -> 250 us per layer), on an AMD EPYC, where MKL
     takes its generic path, four times slower (48 streams: 478 against 112 us per product;
     docs/BENCHMARKS.md). So the order is measured once per shape on this CPU
     (:func:`keys_first`); with as many queries as keys, off the CPU, and in exported graphs,
