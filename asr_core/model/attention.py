@@ -344,8 +344,8 @@ class MultiHeadedAttention(nn.Module):
         """Self-attention of new frames over cached + new keys.
 
         x: (B, T, D) new frames; kv_cache: (B, H, W, 2*d_k) cached keys|values (W may be 0);
-        mask: (B, 1|T, W+T) bool; key_positions: (B|1, W+T) int64 absolute frame index of
-        every key (cache first, then the new frames).
+        mask: (B, 1|T, W+T) bool, or the additive float bias ``attend`` takes; key_positions:
+        (B|1, W+T) int64 absolute frame index of every key (cache first, then the new frames).
         Returns (y (B, T, D), kv_new (B, H, T, 2*d_k) keys|values of the new frames).
         """
         b, t, d = x.shape

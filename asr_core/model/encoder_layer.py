@@ -71,7 +71,8 @@ class ConformerEncoderLayer(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor]:
         """One block over new frames with cached left context.
 
-        x: (B, T, D); mask: (B, 1|T, W+T) bool attention mask over cache+new keys;
+        x: (B, T, D); mask: (B, 1|T, W+T) attention mask over cache+new keys, bool or an additive
+        float bias (``MultiHeadedAttention.attend``);
         key_positions: (B|1, W+T) int64; mask_pad: (B, 1, T) bool or None (padding in the
         full-utterance forward); kv_cache: (B, H, W, 2*d_k) keys|values; cnn_cache: (B, D, K-1)
         or None (zeros); glu_start: (B, K-1) bool, the conv cache in the GLU layout (see
