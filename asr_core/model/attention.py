@@ -74,7 +74,17 @@ def dot_products(q: Tensor, k: Tensor) -> Tensor:
     the plain product is kept.
     """
     if exporting() or q.size(-2) >= k.size(-2) or not keys_first(q, k):
-        return torch.matmul(q, k.transpose(-2, -1))
+        return _queries_by_keys(q, k)
+    return _keys_by_queries(q, k)
+
+
+def _queries_by_keys(q: Tensor, k: Tensor) -> Tensor:
+    """``q @ k^T``: the plain order of :func:`dot_products`."""
+    return torch.matmul(q, k.transpose(-2, -1))
+
+
+def _keys_by_queries(q: Tensor, k: Tensor) -> Tensor:
+    """``(k @ q^T)^T`` with ``q^T`` contiguous: the other order of :func:`dot_products`."""
     return torch.matmul(k, q.transpose(-2, -1).contiguous()).transpose(-2, -1)
 
 
@@ -108,16 +118,12 @@ def _time_keys_first(queries: int, keys: int, d: int, dtype: torch.dtype, rounds
     with torch.inference_mode():
         q = torch.randn(ORIENTATION_ROWS, queries, d).to(dtype)
         k = torch.randn(ORIENTATION_ROWS, keys, d).to(dtype)
-        orders = (
-            lambda: torch.matmul(q, k.transpose(-2, -1)),
-            lambda: torch.matmul(k, q.transpose(-2, -1).contiguous()).transpose(-2, -1),
-        )
         best = [float("inf"), float("inf")]
         for _ in range(rounds):
-            for i, product in enumerate(orders):
+            for i, product in enumerate((_queries_by_keys, _keys_by_queries)):
                 started = time.perf_counter()
                 for _ in range(calls):
-                    product()
+                    product(q, k)
                 best[i] = min(best[i], time.perf_counter() - started)
     return best[1] < best[0]
 
