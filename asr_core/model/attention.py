@@ -88,6 +88,13 @@ def _keys_by_queries(q: Tensor, k: Tensor) -> Tensor:
     return torch.matmul(k, q.transpose(-2, -1).contiguous()).transpose(-2, -1)
 
 
+def additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """A bool attention mask (True = keep) as the additive bias ``MultiHeadedAttention.attend``
+    and torch's fused kernel take: 0 where kept, -inf where masked. Only for masks that keep at
+    least one key for every query (a query with none would get NaN, not WeNet's zeros)."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, -math.inf)
+
+
 ORIENTATION_ROWS = 128
 """Query/key matrices per timed product when :func:`keys_first` measures a shape (about 32
 streams' worth of heads: the batches where the choice matters)."""
@@ -247,7 +254,7 @@ class MultiHeadedAttention(nn.Module):
         prefix trees' node-by-node masks: a quarter of their self-attention); else unchanged."""
         if self.training or not self.plain_scores or exporting() or not bool(mask.any(dim=-1).all()):
             return mask
-        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, -math.inf)
+        return additive_mask(mask, dtype)
 
     @staticmethod
     def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:

@@ -11,12 +11,10 @@ points share one implementation:
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor, nn
 
-from asr_core.model.attention import MultiHeadedAttention, RelPositionMultiHeadedAttention
+from asr_core.model.attention import MultiHeadedAttention, RelPositionMultiHeadedAttention, additive_mask
 from asr_core.model.cmvn import GlobalCMVN
 from asr_core.model.config import EncoderConfig
 from asr_core.model.convolution import ConvolutionModule
@@ -284,7 +282,7 @@ class U2Encoder(nn.Module):
         # Every row keeps its first new frame, so no query loses all its keys, and the mask can
         # be the additive bias the attention's softmax takes (MultiHeadedAttention.attend),
         # built once here instead of filled into the scores and the weights in every block.
-        key_bias = torch.zeros(key_mask.shape, dtype=xs.dtype, device=xs.device).masked_fill(~key_mask, -math.inf)
+        key_bias = additive_mask(key_mask, xs.dtype)
         if not cache_is_finite:
             if cache_rows is not None:
                 att_cache, cnn_cache = att_cache.index_select(1, cache_rows), cnn_cache.index_select(1, cache_rows)
