@@ -1,4 +1,5 @@
-"""The engine's options (``EngineOptions``) and its dtype names (``resolve_dtype``).
+"""The engine's options (``EngineOptions``), its dtype names (``resolve_dtype``) and what a count
+of 0 means for its per-core settings (``per_core``).
 
 Their own module so that imports point one way: the engine and the scheduler it runs both read
 these options, and both import them from here (engine -> scheduler -> finalizer -> options and
@@ -7,6 +8,7 @@ stats; the ``engine`` contract in setup.cfg).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -65,11 +67,29 @@ class EngineOptions:
     # finalize: it then counts as overloaded (new calls get 503) until the finals catch up.
     finals_behind_ms: float = 4000.0
     # Finalizer lanes searching at once, each with its own thread (and child process with
-    # ``finalizer="process"``); a stream's utterances always go to the same one.
+    # ``finalizer="process"``); a stream's utterances always go to the same one. 1 = the
+    # library's default; the service's is one per core (``per_core``): a single niced child
+    # process waits on one core's run queue while the other cores idle.
     finals_workers: int = 1
     # Graceful degradation: while a scheduler falls behind, its streams that allow it
     # (``StreamConfig.max_chunk_ms``) move to longer chunks and back (asr_core/surge.py). None: off.
     surge: SurgeSettings | None = None
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, e.g. a container's cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def per_core(count: int, device: str) -> int:
+    """``count`` of a per-core setting (schedulers, finals lanes), or what its 0 stands for: one
+    per usable core on a CPU, one on a GPU (where the work is the device's, not the cores')."""
+    if count:
+        return count
+    return 1 if device.startswith("cuda") else usable_cores()
 
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from asr_common.yamlconf import ConfigError, read_yaml, validate_data
+from asr_core.engine_options import per_core, usable_cores
 from asr_core.surge import SurgeSettings
 from asr_gateway.state_dir import default_state_dir
 from audiosocket.config import AudioSocketSettings
@@ -95,14 +96,6 @@ class EndpointSettings(_Section):
         description="a frame counts as silence only if its audio is also within this many dB of the call's noise "
         "floor (0 = WeNet's rule alone: P(blank) only)",
     )
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask, e.g. a container's cpuset)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        return os.cpu_count() or 1
 
 
 class SurgeConfig(_Section):
@@ -213,10 +206,10 @@ class EngineSettings(_Section):
         "until the finals catch up",
     )
     finals_workers: int = Field(
-        1,
+        0,
         ge=0,
         description="finals searched at once, each by its own thread and (finalizer: process) child process; "
-        "0 = one per CPU core this process may use (1 on a GPU)",
+        "0 (the default) = one per CPU core this process may use (1 on a GPU)",
     )
     max_streams: int = Field(256, ge=1, description="cache pool slots: the node's admission limit")
     max_batch: int = Field(64, ge=1)
@@ -263,16 +256,12 @@ class EngineSettings(_Section):
     @property
     def resolved_schedulers(self) -> int:
         """The scheduler threads ``0`` stands for: one per usable core on a CPU, one on a GPU."""
-        if self.schedulers:
-            return self.schedulers
-        return 1 if self.device.startswith("cuda") else usable_cores()
+        return per_core(self.schedulers, self.device)
 
     @property
     def resolved_finals_workers(self) -> int:
         """The finals workers ``0`` stands for: one per usable core on a CPU, one on a GPU."""
-        if self.finals_workers:
-            return self.finals_workers
-        return 1 if self.device.startswith("cuda") else usable_cores()
+        return per_core(self.finals_workers, self.device)
 
     @property
     def resolved_threads(self) -> int:

@@ -134,10 +134,10 @@ def test_schedulers_auto_is_one_per_usable_core_sharing_the_cores_as_torch_threa
 def test_finals_workers_niceness_and_lag_limit(tmp_path: Path) -> None:
     cores = len(os.sched_getaffinity(0))
     default = load_config(None, {}).engine
-    assert (default.finals_workers, default.resolved_finals_workers) == (1, 1)
+    assert (default.finals_workers, default.resolved_finals_workers) == (0, cores)
     assert (default.finals_niceness, default.finals_behind_ms) == (15, 4000.0)
-    engine = load_config(write(tmp_path, "engine:\n  finals_workers: 0\n  finals_niceness: 0\n"), {}).engine
-    assert engine.resolved_finals_workers == cores and engine.finals_niceness == 0
+    engine = load_config(write(tmp_path, "engine:\n  finals_workers: 1\n  finals_niceness: 0\n"), {}).engine
+    assert engine.resolved_finals_workers == 1 and engine.finals_niceness == 0
     gpu = load_config(write(tmp_path, "engine:\n  device: cuda:0\n  dtype: float16\n  finals_workers: 0\n"), {})
     assert gpu.engine.resolved_finals_workers == 1
     problems = errors_of(write(tmp_path, "engine:\n  finals_niceness: 20\n  finals_workers: -1\n"))

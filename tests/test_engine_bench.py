@@ -3,6 +3,8 @@ the engine's process and the finals process; plus the stream-count search on its
 
 from __future__ import annotations
 
+import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,15 @@ import torch
 from asr_core.frontend import compute_fbank
 from asr_core.model.loader import load_wenet_model
 from asr_core.offline import encode_streaming
-from deploy.bench.engine_bench import _passes, calibrate_ctc, largest_passing, meets_latency_rule, synthetic_speech
+from deploy.bench.engine_bench import (
+    _passes,
+    add_arguments,
+    base_trial,
+    calibrate_ctc,
+    largest_passing,
+    meets_latency_rule,
+    synthetic_speech,
+)
 from deploy.bench.make_random_model import make_random_model
 from tests.bench_json import run_bench_module
 
@@ -64,6 +74,16 @@ def test_one_trial_reports_fields_and_cpu_split(finalizer: str, piece_ms: int, t
         assert 0 < report["finals_rtf"] < report["rtf"]
     else:
         assert report["finals_rtf"] is None  # finals ran in this process, inside rtf
+
+
+def test_finals_lanes_default_to_the_services_one_per_core() -> None:
+    """Without ``--finals-workers`` the bench runs the service's default (``engine.finals_workers``
+    0): a lane per usable core on a CPU, one on a GPU; a count given is kept."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert base_trial(parser.parse_args([])).finals_workers == len(os.sched_getaffinity(0))
+    assert base_trial(parser.parse_args(["--device", "cuda:0"])).finals_workers == 1
+    assert base_trial(parser.parse_args(["--finals-workers", "3"])).finals_workers == 3
 
 
 def test_largest_passing_finds_the_boundary() -> None:

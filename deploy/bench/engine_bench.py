@@ -35,8 +35,9 @@ from asr_core.context_graph import DEFAULT_BONUS, ContextGraph, HotwordsError, l
 from asr_core.ctc_search import ctc_greedy_batch
 from asr_core.endpoint import EndpointRules
 from asr_core.engine import Engine
-from asr_core.engine_options import DTYPES, EngineOptions, resolve_dtype
+from asr_core.engine_options import DTYPES, EngineOptions, per_core, resolve_dtype
 from asr_core.events import Event, Final
+from asr_core.finals import WORKER_NICENESS
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_core.stream import StreamConfig
 from asr_core.surge import FinalsReduction, SurgeSettings
@@ -106,6 +107,7 @@ class Trial:
     max_chunk_ms: int = 640
     finals_workers: int = 1  # finals lanes, each a thread and a child process (EngineOptions.finals_workers)
     traced_rescoring: bool = True  # the finals' rescoring decoder as traced graphs (EngineOptions.traced_rescoring)
+    finals_niceness: int = WORKER_NICENESS  # the finals' child processes (EngineOptions.finals_niceness)
 
 
 def synthetic_speech(seconds: float, seed: int, rate: int = SAMPLE_RATE) -> np.ndarray:
@@ -152,6 +154,7 @@ def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray)
         endpoint=EndpointRules(max_utterance_ms=trial.max_utterance_ms),
         surge=trial.surge,
         finals_workers=trial.finals_workers,
+        finals_niceness=trial.finals_niceness,
     )
     engine = Engine(loaded, options)
     config = StreamConfig(
@@ -533,9 +536,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--finals-workers",
         type=int,
-        default=1,
-        help="finals lanes, each a thread and a child process (EngineOptions.finals_workers; the service's "
-        "engine.finals_workers, default 1)",
+        default=0,
+        help="finals lanes, each a thread and a child process (EngineOptions.finals_workers); 0 (default): "
+        "the service's default, one per usable core on a CPU, one on a GPU",
+    )
+    parser.add_argument(
+        "--finals-niceness",
+        type=int,
+        default=WORKER_NICENESS,
+        help="niceness of the finals' child processes, 0-19 (EngineOptions.finals_niceness; default: the service's)",
     )
     parser.add_argument("--fast", action="store_true", help="feed as fast as possible (throughput)")
     parser.add_argument(
@@ -615,8 +624,9 @@ def base_trial(args: argparse.Namespace) -> Trial:
         args.step_threads,
         args.schedulers,
         max_chunk_ms=args.max_chunk_ms,
-        finals_workers=args.finals_workers,
+        finals_workers=per_core(args.finals_workers, args.device),
         traced_rescoring=args.traced_rescoring,
+        finals_niceness=args.finals_niceness,
     )
 
 
@@ -651,6 +661,7 @@ def run(args: argparse.Namespace) -> int:
         "step_threads": base.step_threads,
         "schedulers": base.schedulers,
         "finals_workers": base.finals_workers,
+        "finals_niceness": base.finals_niceness,
         "torch_threads": torch.get_num_threads(),
         "allocator": allocator.describe(),
     }
