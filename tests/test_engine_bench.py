@@ -14,15 +14,8 @@ import torch
 from asr_core.frontend import compute_fbank
 from asr_core.model.loader import load_wenet_model
 from asr_core.offline import encode_streaming
-from deploy.bench.engine_bench import (
-    _passes,
-    add_arguments,
-    base_trial,
-    calibrate_ctc,
-    largest_passing,
-    meets_latency_rule,
-    synthetic_speech,
-)
+from deploy.bench.bench_input import calibrate_ctc, synthetic_speech
+from deploy.bench.engine_bench import _passes, add_arguments, base_trial, largest_passing, meets_latency_rule
 from deploy.bench.make_random_model import make_random_model
 from tests.bench_json import run_bench_module
 

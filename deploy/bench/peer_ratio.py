@@ -40,7 +40,7 @@ import torch
 
 from asr_common import allocator
 from asr_core.model.loader import LoadedModel
-from deploy.bench import engine_bench
+from deploy.bench import bench_input, engine_bench
 from deploy.bench.sherpa_peer import PeerTrial, cores_at, find_peer_max, make_recognizer_factory
 from deploy.export.sherpa import MODEL_INT8_FILE, export_for_sherpa
 
@@ -229,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        loaded, audio, calibration = engine_bench.load_model(engine, workdir)
+        loaded, audio, calibration = bench_input.load_model(engine, workdir)
         chunk = args.chunk_ms // (10 * loaded.subsampling)
         export_dir = workdir / "sherpa"
         export_for_sherpa(workdir / f"random_{args.arch}", export_dir, chunk, args.left_chunks, int8=True)

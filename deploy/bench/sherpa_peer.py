@@ -48,16 +48,8 @@ from asr_core import cpu_isa
 from asr_core.backends import BACKENDS
 from asr_core.backends.onnx_graph import int8_mode_for, quantize_int8
 from asr_core.model.loader import LoadedModel, load_wenet_model
-from deploy.bench.engine_bench import (
-    BLANK_RATE,
-    Trial,
-    calibrate_ctc,
-    find_max,
-    largest_passing,
-    meets_latency_rule,
-    run_trial,
-    synthetic_speech,
-)
+from deploy.bench.bench_input import BLANK_RATE, calibrate_ctc, synthetic_speech
+from deploy.bench.engine_bench import Trial, find_max, largest_passing, meets_latency_rule, run_trial
 from deploy.export.sherpa import MODEL_FILE, MODEL_INT8_FILE, TOKENS_FILE, export_sherpa_model, write_tokens
 
 PIECE_SAMPLES = 320  # both recognisers get 20 ms pieces at 16 kHz: one RTP packet each

@@ -6,7 +6,7 @@ For each (arch, chunk) pair, the engine bench's stream-count search (``asr-bench
 --find-max``, batched only: the same trials, the same real-time rule) on the torch-int8 backend.
 ``demo`` is the bundled trained model (``asr_core/demo_model``); the other names are random
 weights of ``make_random_model.ARCHS`` with the CTC head calibrated to decode like a trained
-model (``engine_bench.calibrate_ctc``). Streams per core is the largest real-time stream count
+model (``bench_input.calibrate_ctc``). Streams per core is the largest real-time stream count
 divided by the CPU cores the engine and its finals process used at that count.
 
 Options other than those below go to the engine bench unchanged (``--seconds``, ``--threads``,
@@ -36,7 +36,7 @@ import torch
 from asr_common import allocator
 from asr_core import cpu_isa
 from asr_core.cli_transcribe import DEMO_MODEL_DIR
-from deploy.bench import engine_bench
+from deploy.bench import bench_input, engine_bench
 from deploy.bench.make_random_model import ARCHS
 
 DEMO = "demo"
@@ -154,7 +154,7 @@ def size_pair(
     args = engine_args(arch, chunk_ms, extra, start)
     if args.threads:
         torch.set_num_threads(args.threads)
-    loaded, audio, _ = engine_bench.load_model(args, workdir)
+    loaded, audio, _ = bench_input.load_model(args, workdir)
     base = engine_bench.base_trial(args)
     found, trials = engine_bench.find_max(loaded, base, args.device, audio, args.start, deadline=deadline)
     cut_short = time.monotonic() > deadline
