@@ -74,6 +74,9 @@ def test_process_search_equals_thread_search(loaded: LoadedModel, requests: list
         assert max(len(r.nbest) for r in narrow) <= 2 < max(len(r.nbest) for r in expected)
         assert_same(remote.run(requests, reduced), narrow)
         assert (remote.cpu_seconds() or 0.0) > 0.0
+        if os.path.exists("/proc/self/schedstat"):  # per-thread run times in ns, not 10 ms clock ticks
+            seconds = remote.cpu_seconds() or 0.0
+            assert seconds * 100 != int(seconds * 100)
     finally:
         remote.close()
     assert remote.pid is None
