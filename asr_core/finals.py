@@ -42,6 +42,7 @@ from typing import cast
 import numpy as np
 import torch
 
+from asr_common.proc_cpu import process_cpu_seconds
 from asr_core import memtrim
 from asr_core.context_graph import ContextGraph
 from asr_core.ctc_search import Hypothesis, ctc_prefix_beam_search_topk, ctc_scores_topk, ctc_token_frames_topk
@@ -303,25 +304,10 @@ class ProcessFinalSearch:
             raise RuntimeError(f"the finals process did not start (exit code {process.poll()})")
 
     def cpu_seconds(self) -> float | None:
-        """CPU time the child has used so far; None when unknown (not Linux).
-
-        Read from each of its threads' ``schedstat`` (nanoseconds on a CPU), else from its
-        ``stat`` (user + system in clock ticks, 10 ms each: a few short finals round to none)."""
-        try:
-            total_ns = 0
-            for task in os.listdir(f"/proc/{self.pid}/task"):
-                with open(f"/proc/{self.pid}/task/{task}/schedstat") as f:
-                    total_ns += int(f.read().split()[0])
-            if total_ns:  # 0: the kernel keeps no run times (schedstat off)
-                return total_ns / 1e9
-        except (OSError, IndexError, ValueError):
-            pass
-        try:
-            with open(f"/proc/{self.pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            return None
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """CPU time the child has used so far (``asr_common.proc_cpu``); None when unknown
+        (no child, or not Linux)."""
+        pid = self.pid
+        return None if pid is None else process_cpu_seconds(pid)
 
     def _stop_child(self, timeout: float) -> None:
         process, conn = self._process, self._conn

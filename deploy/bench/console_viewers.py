@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from asr_common.proc_cpu import process_cpu_seconds
 from asr_gateway.dev.local_redis import LocalRedis, free_tcp_port
 from kb_hooks import events as ev
 from kb_hooks.config import RedisSettings
@@ -40,8 +40,10 @@ TITLE = "井盖破损应急处置流程"
 
 
 def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    seconds = process_cpu_seconds(pid)
+    if seconds is None:
+        raise RuntimeError(f"cannot read the CPU time of process {pid} (it is gone, or this is not Linux)")
+    return seconds
 
 
 def _rss_mb(pid: int) -> float:
