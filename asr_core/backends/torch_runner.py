@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from asr_core.backends.quantize import Bf16Convs, int8_linears, native_bf16_cpu
+from asr_core.backends.quantize import int8_linears, subsampling_convs
 from asr_core.backends.runner import ChunkStep, ChunkStepInputs
 from asr_core.backends.traced import TorchStep, TracedSteps
 from asr_core.model.ctc import CTC
@@ -25,8 +25,9 @@ class TorchChunkRunner:
     are dynamically quantized (int8 weights, activations quantized per call; see
     ``quantize.int8_linears``), packed for oneDNN on AMX CPUs and for fbgemm elsewhere
     (``quantize.int8_engine``); the loaded float model (and its decoder, for rescoring) stays as it is.
-    On CPUs with native bf16 (AVX512-BF16/AMX) the copy's conv2d subsampling, which int8 does
-    not cover, runs in bfloat16 (``Bf16Convs``).
+    The copy's conv2d subsampling, which the int8 Linears do not cover, runs its later convs in
+    int8 on CPUs with VNNI or AMX (``Int8Convs``), else in bfloat16 on CPUs with native bf16
+    (``Bf16Convs``), else in float32 (``quantize.subsampling_convs``).
 
     The step is ``traced.TorchStep``: its conv caches hold the conv modules' GLU outputs, not
     WeNet's conv inputs, so a pool filled by this runner is not for another backend's runner.
@@ -59,8 +60,8 @@ class TorchChunkRunner:
         if int8:
             self.encoder = int8_linears(self.encoder)
             self.ctc = int8_linears(self.ctc)
-            if native_bf16_cpu() and isinstance(self.encoder.embed, Conv2dSubsampling):
-                self.encoder.embed.conv = Bf16Convs(self.encoder.embed.conv)  # type: ignore[assignment]
+            if isinstance(self.encoder.embed, Conv2dSubsampling):
+                self.encoder.embed.conv = subsampling_convs(self.encoder.embed.conv)  # type: ignore[assignment]
         self.eager = TorchStep(self.encoder, self.ctc).eval()
         self.traced: TracedSteps | None = None
         on_cpu = next(self.encoder.parameters()).device.type == "cpu"
