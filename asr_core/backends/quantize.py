@@ -1,5 +1,6 @@
 """Reduced-precision copies of model parts for the CPU: dynamic int8 Linears (the int8 chunk
-runner and the finals' rescoring decoder) and bfloat16 convs where the CPU computes bf16 natively;
+runner and the finals' rescoring decoder), and the int8 runner's subsampling convs in int8 where
+the CPU has int8 dot products, else in bfloat16 where it computes bf16 natively;
 ``rescoring_decoder`` also hands the finals' decoder to its traced graphs (``traced_decoder``)."""
 
 from __future__ import annotations
