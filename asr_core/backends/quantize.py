@@ -142,8 +142,7 @@ class Bf16Convs(nn.Module):
         convs = [layer for layer in self.convs.children() if isinstance(layer, nn.Conv2d)]
         for conv, relu in zip(convs, self._relu_after, strict=True):
             if relu:
-                padding, stride, dilation = (list(v) for v in (conv.padding, conv.stride, conv.dilation))
-                x = conv_relu()(x, conv.weight, conv.bias, padding, stride, dilation, conv.groups)
+                x = fused_conv_relu(conv, x)
             else:
                 x = conv(x)
         return x.float()
@@ -172,6 +171,12 @@ def conv_relu() -> Callable[..., torch.Tensor]:
     return fn
 
 
+def fused_conv_relu(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """``relu(conv(x))`` as one oneDNN op (``conv_relu``), with ``conv``'s own weights and geometry."""
+    padding, stride, dilation = (list(v) for v in (conv.padding, conv.stride, conv.dilation))
+    return conv_relu()(x, conv.weight, conv.bias, padding, stride, dilation, conv.groups)
+
+
 class Int8Convs(nn.Module):
     """A conv2d subsampling's stack (``nn.Conv2d`` + ``nn.ReLU`` pairs) with every conv after
     the first as an int8 matrix product: float in, float out.
@@ -183,11 +188,12 @@ class Int8Convs(nn.Module):
     int8 values, a quarter of a float copy) and its weights quantized per output channel (127
     levels a side); its input, the non-negative output of a ReLU, is quantized per call to 127
     levels with one scale for the batch, ``max / 127``, as the dynamic int8 Linears quantize
-    theirs. AISHELL size, traced, one thread: 19 against 26 ms for ``Bf16Convs`` at 56 streams'
-    160 ms chunks, 5.6 against 7.8 at 16, and faster at every width tried (144 to 512
-    channels); relative error of the output 1.3-1.6 % against float32 (bf16 alone: 0.4 %).
-    oneDNN's own int8 conv (``onednn::qconv_pointwise``) was as fast at 256 channels and 56
-    streams but 5-20x slower at some widths and batches (144, 384 channels).
+    theirs. AISHELL size, traced, one thread, jemalloc: 18.4-19.1 against 25.6-25.8 ms for
+    ``Bf16Convs`` at 56 streams' 160 ms chunks, 5.0-5.4 against 7.4 at 16, and faster at every
+    width tried from 144 to 512 channels; relative error of the output 1.3-1.6 % against float32
+    (bf16 alone: 0.4 %; docs/BENCHMARKS.md). oneDNN's own int8 conv (``onednn::qconv_pointwise``)
+    was as fast at 256 channels and 56 streams but about 5x slower than bf16 at 144 and 384
+    channels and 16 streams.
 
     For CPUs with int8 dot products (VNNI or AMX; see ``subsampling_convs``).
     """
@@ -202,8 +208,7 @@ class Int8Convs(nn.Module):
             or len(stack) != (len(layers) + 1) // 2
             or len(relus) != len(stack)
             or any(
-                isinstance(c.padding, str) or c.padding != (0, 0) or c.dilation != (1, 1) or c.groups != 1
-                or c.bias is None
+                c.padding != (0, 0) or c.dilation != (1, 1) or c.groups != 1 or c.bias is None
                 for c in stack
             )
         ):  # fmt: skip
@@ -215,9 +220,7 @@ class Int8Convs(nn.Module):
         self.quantized = nn.ModuleList(_Int8Conv(conv) for conv in stack[1:])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        first = self.first
-        padding, stride, dilation = (list(v) for v in (first.padding, first.stride, first.dilation))
-        h = conv_relu()(x.to(self.dtype), first.weight, first.bias, padding, stride, dilation, 1)
+        h = fused_conv_relu(self.first, x.to(self.dtype))
         h = h.permute(0, 2, 3, 1)  # (B, T, F, C): channels-last in memory, so a view
         for conv in self.quantized:
             h = conv(h)
