@@ -7,6 +7,15 @@ A frame is silence when P(blank) > ``blank_threshold``. An utterance ends when
 3. the utterance reaches ``max_utterance_ms``.
 Counting is in encoder frames (40 ms each with 4x subsampling of 10 ms fbank frames).
 
+WeNet's runtime checks rule 2 at chunk ends only, so a pause that reaches ``trailing_silence_ms``
+inside a chunk and gives way to speech before the chunk's end goes unnoticed: at 640 ms chunks
+most 1 s pauses do, and sentences run together into one utterance. With
+``check_every_frame`` (the service's default, ``engine.endpoint.check_every_frame``; the
+library's stays WeNet's) the rule holds at every frame instead:
+:func:`silence_ends_inside` finds where such a pause reached the rule, the utterance ends there,
+and the engine reads the rest of the chunk again as the start of the next utterance
+(``Stream.rewind``), so where utterances end no longer depends on the chunk size.
+
 ``energy_gate_db`` > 0 adds a condition (not in WeNet): a frame only counts as silence when
 its audio is also quiet, less than that many dB above the stream's noise floor (see
 :func:`loud_frames`). A CTC head that stops emitting in the middle of speech (a weak model, or
@@ -35,6 +44,7 @@ class EndpointRules:
     leading_silence_ms: int = 5000
     max_utterance_ms: int = 20000
     energy_gate_db: float = 0.0  # > 0: silence must also be this close to the noise floor
+    check_every_frame: bool = False  # True: rule 2 at every frame, not at chunk ends only (WeNet)
 
 
 NOISE_FLOOR_RISE_DB = 0.1
@@ -116,3 +126,45 @@ def update_endpoints(
     codes[decoded_any & (trailing_ms >= rules.trailing_silence_ms)] = TRAILING_SILENCE
     codes[(codes == NO_ENDPOINT) & (utterance_frames * frame_ms >= rules.max_utterance_ms)] = MAX_LENGTH
     return codes
+
+
+def silence_ends_inside(
+    rules: EndpointRules,
+    frame_ms: int,
+    blank_prob: np.ndarray,
+    trailing_frames: np.ndarray,
+    had_tokens: np.ndarray,
+    nonblank: np.ndarray,
+    loud: np.ndarray | None = None,
+    frames: np.ndarray | None = None,
+) -> np.ndarray:
+    """Where the trailing-silence rule was met inside each row's chunk although speech follows
+    before the chunk's end (so :func:`update_endpoints`, at the chunk's end, does not see it).
+
+    blank_prob: (B, C) probability of blank per new frame; trailing_frames: (B,) silent frames
+    before the chunk (not changed); had_tokens: (B,) bool, the utterance had text before the
+    chunk; nonblank: (B, C) bool, frames whose best label is not blank (text from there on);
+    loud, frames: as for :func:`update_endpoints`.
+    Returns (B,) int64: the frames of the chunk that belong to the ending utterance, up to and
+    including the one where the silence reached the rule; 0 where the rule was not met inside.
+    Feeding :func:`update_endpoints` these as the rows' ``frames`` then ends those utterances.
+    """
+    silent = blank_prob > rules.blank_threshold  # (B, C)
+    if loud is not None:
+        silent &= ~loud
+    chunk = silent.shape[1]
+    real = np.full(silent.shape[0], chunk, dtype=np.int64) if frames is None else frames  # (B,)
+    need = max(1, math.ceil(rules.trailing_silence_ms / frame_ms))  # silent frames that end an utterance
+    run = trailing_frames.astype(np.int64)
+    decoded = had_tokens.astype(bool)
+    split = np.zeros(silent.shape[0], dtype=np.int64)
+    for j in range(chunk):
+        kept = real > j  # (B,) rows whose frame j is real
+        decoded = decoded | (nonblank[:, j] & kept)
+        run = np.where(kept, np.where(silent[:, j], run + 1, 0), run)
+        split[(split == 0) & kept & decoded & (run >= need)] = j + 1
+    # Nothing but silence after it: the rule at the chunk's end ends it there, as in WeNet.
+    index = np.arange(chunk)[None, :]
+    last_speech = np.where(~silent & (index < real[:, None]), index, -1).max(axis=1)  # (B,)
+    split[last_speech < split] = 0
+    return split

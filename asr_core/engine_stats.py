@@ -19,6 +19,9 @@ class EngineStats:
     batches: int = 0
     finals: int = 0
     behind_realtime_chunks: int = 0
+    # Utterances whose trailing silence reached the endpoint rule inside a chunk with speech after
+    # it (asr_core.endpoint.silence_ends_inside): the rest of that chunk was read again.
+    endpoints_inside_chunks: int = 0
     errors: int = 0
     # Graceful degradation (asr_core/surge.py): moves of a stream one chunk size up or down its
     # ladder, and stream-seconds spent above its own chunk size (summed over streams).

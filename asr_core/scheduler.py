@@ -43,7 +43,14 @@ import torch
 from asr_core import memtrim
 from asr_core.backends import ChunkRunner, ChunkStepInputs
 from asr_core.capacity import ChunkCosts
-from asr_core.endpoint import LEADING_SILENCE, NO_ENDPOINT, REASONS, loud_frames, update_endpoints
+from asr_core.endpoint import (
+    LEADING_SILENCE,
+    NO_ENDPOINT,
+    REASONS,
+    loud_frames,
+    silence_ends_inside,
+    update_endpoints,
+)
 from asr_core.engine_options import EngineOptions
 from asr_core.engine_stats import EngineStats
 from asr_core.events import Partial
@@ -340,13 +347,25 @@ class Scheduler:
         forward_ms = (time.perf_counter() - started) * 1000.0
 
         real = np.full(size, chunk, dtype=np.int64) if valid is None else valid  # (B,) frames kept per row
-        decoded_any = self._update_greedy(streams, top_ids_np[:, :, 0], real)
+        rules = self.options.endpoint
         trailing = np.array([s.utterance.trailing_frames for s in streams], dtype=np.int64)
         utt_frames = np.array([s.utterance.offset for s in streams], dtype=np.int64)
-        loud = self._loud_frames(streams, feats, chunk, valid) if self.options.endpoint.energy_gate_db > 0 else None
+        loud = self._loud_frames(streams, feats, chunk, valid) if rules.energy_gate_db > 0 else None
+        best = top_ids_np[:, :, 0]  # (B, C)
+        ends_inside: np.ndarray | None = None  # (B,) bool: utterances that ended inside the chunk
+        if rules.check_every_frame:
+            had_tokens = np.array([bool(s.utterance.tokens) for s in streams])
+            split = silence_ends_inside(
+                rules, self.frame_ms, blank_prob, trailing, had_tokens, best != self._blank, loud, valid
+            )
+            if split.any():  # those rows keep the frames up to the endpoint: the rest is read again
+                ends_inside = split > 0
+                real = np.where(ends_inside, split, real)
+        decoded_any = self._update_greedy(streams, best, real)
         codes = update_endpoints(
-            self.options.endpoint, self.frame_ms, blank_prob, trailing, utt_frames, decoded_any, loud, valid
-        )
+            rules, self.frame_ms, blank_prob, trailing, utt_frames, decoded_any, loud,
+            valid if ends_inside is None else real,
+        )  # fmt: skip
 
         now = time.monotonic()
         latencies: list[float] = []
@@ -366,6 +385,8 @@ class Scheduler:
             stream.ready_since = 0.0
             if codes[i] != NO_ENDPOINT:
                 ending.append((stream, REASONS[int(codes[i])]))
+            if ends_inside is not None and ends_inside[i]:
+                stream.rewind(kept)
         behind = [ms for ms in latencies if ms > self.options.behind_ms]
         with self.stats.lock:
             for latency_ms in latencies:
@@ -378,6 +399,8 @@ class Scheduler:
             self.stats.forward_ms.append(forward_ms)
             self.stats.step_seconds.observe(forward_ms / 1000.0)
             self.stats.behind_realtime_chunks += len(behind)
+            if ends_inside is not None:
+                self.stats.endpoints_inside_chunks += int(ends_inside.sum())
         if behind:
             self._note_behind(max(behind))
         if full_chunks:

@@ -131,6 +131,7 @@ class Stream:
         # Scheduler-thread state.
         self.fbank = FbankStream(frontend)
         self.frames_consumed = 0  # fbank frames (stream time) already behind the next chunk's start
+        self.chunk_start = 0  # fbank frame (stream time) where the chunk taken last began
         self._subsampling = subsampling
         self._right_context = right_context
         self.stride = subsampling * chunk_frames  # fbank frames per chunk
@@ -231,9 +232,23 @@ class Stream:
         """The audio of the next chunk's fbank frames, (window_samples(num_frames),) float32,
         for the engine to compute many streams' features at once; advances by one stride."""
         samples = self.fbank.window(self.frames_consumed, num_frames)
+        self.chunk_start = self.frames_consumed
         self.frames_consumed += min(self.stride, num_frames)
-        self.fbank.drop_frames(self.frames_consumed - self.fbank.first_available)
+        # The chunk's own frames stay held until the next one is taken, for ``rewind``.
+        self.fbank.drop_frames(self.chunk_start - self.fbank.first_available)
         return samples
+
+    def rewind(self, encoder_frames: int) -> None:
+        """Read the chunk just taken again from its ``encoder_frames``-th encoder frame on: an
+        utterance ended inside it (``asr_core.endpoint.silence_ends_inside``), and its later
+        frames start the next utterance, decoded again on that utterance's fresh cache."""
+        if not 0 < encoder_frames * self._subsampling <= self.frames_consumed - self.chunk_start:
+            raise ValueError(
+                f"stream {self.stream_id}: cannot rewind to encoder frame {encoder_frames} of a chunk of "
+                f"{self.frames_consumed - self.chunk_start} fbank frames"
+            )
+        self.frames_consumed = self.chunk_start + encoder_frames * self._subsampling
+        self.ready_since = 0.0
 
     def set_chunk(self, chunk_ms: int, chunk_frames: int, now: float) -> None:
         """Run the next chunks at ``chunk_ms`` (``chunk_frames`` encoder frames), one of ``ladder``.

@@ -96,6 +96,12 @@ class EndpointSettings(_Section):
         description="a frame counts as silence only if its audio is also within this many dB of the call's noise "
         "floor (0 = WeNet's rule alone: P(blank) only)",
     )
+    check_every_frame: bool = Field(
+        True,
+        description="trailing_silence_ms ends an utterance wherever it is reached, also inside a chunk with "
+        "speech after it (the rest of the chunk is decoded again); false: at chunk ends only, as WeNet's "
+        "runtime, where a pause up to one chunk longer can pass unnoticed",
+    )
 
 
 class SurgeConfig(_Section):

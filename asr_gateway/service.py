@@ -91,6 +91,7 @@ def engine_options(config: ServiceConfig) -> EngineOptions:
             rules.leading_silence_ms,
             rules.max_utterance_ms,
             rules.energy_gate_db,
+            rules.check_every_frame,
         ),
         device=engine.device,
         dtype=resolve_dtype(engine.dtype, engine.device) if on_gpu or engine.dtype == "bfloat16" else torch.float32,

@@ -106,6 +106,7 @@ class Trial:
     finals_workers: int = 1  # finals lanes, each a thread and a child process (EngineOptions.finals_workers)
     traced_rescoring: bool = True  # the finals' rescoring decoder as traced graphs (EngineOptions.traced_rescoring)
     finals_niceness: int = WORKER_NICENESS  # the finals' child processes (EngineOptions.finals_niceness)
+    endpoint_every_frame: bool = True  # EndpointRules.check_every_frame (--endpoint-at-chunk-ends: False)
 
 
 def _percentiles(values: list[float], qs: tuple[int, ...]) -> dict[str, float]:
@@ -134,7 +135,7 @@ def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray)
         traced_rescoring=trial.traced_rescoring,
         step_threads=trial.step_threads,
         schedulers=trial.schedulers,
-        endpoint=EndpointRules(max_utterance_ms=trial.max_utterance_ms),
+        endpoint=EndpointRules(max_utterance_ms=trial.max_utterance_ms, check_every_frame=trial.endpoint_every_frame),
         surge=trial.surge,
         finals_workers=trial.finals_workers,
         finals_niceness=trial.finals_niceness,
@@ -248,6 +249,7 @@ def run_trial(loaded: LoadedModel, trial: Trial, device: str, audio: np.ndarray)
         # right-to-left prefix trees of each n-best (rescoring.packing.PrefixTree).
         "rescore_tree_nodes_per_s": round(sum(_tree_nodes(f) for f in finals) / audio_s, 2),
         "behind_realtime_chunks": stats.behind_realtime_chunks,
+        "endpoints_inside_chunks": stats.endpoints_inside_chunks,
         # Chunks later than behind_ms (1 s) of all chunks: how far the run fell behind real time.
         "late_chunk_fraction": round(stats.behind_realtime_chunks / stats.chunks, 4) if stats.chunks else 0.0,
         "surge": trial.surge is not None,
@@ -449,6 +451,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "emit 800 ms of blanks, so finals spread over the run as real speech's do; else 20000)",
     )
     parser.add_argument(
+        "--endpoint-at-chunk-ends",
+        action="store_true",
+        help="check the trailing-silence rule at chunk ends only, as WeNet's runtime (default: at every frame, "
+        "as the service: engine.endpoint.check_every_frame)",
+    )
+    parser.add_argument(
         "--blank-rate",
         type=float,
         default=BLANK_RATE,
@@ -495,6 +503,7 @@ def base_trial(args: argparse.Namespace) -> Trial:
         finals_workers=per_core(args.finals_workers, args.device),
         traced_rescoring=args.traced_rescoring,
         finals_niceness=args.finals_niceness,
+        endpoint_every_frame=not args.endpoint_at_chunk_ends,
     )
 
 
@@ -516,6 +525,7 @@ def run(args: argparse.Namespace) -> int:
     header = {
         "arch": None if args.model else args.arch,
         "max_utterance_ms": base.max_utterance_ms,
+        "endpoint_every_frame": base.endpoint_every_frame,
         "ctc_calibration": calibration,
         "model": str(args.model) if args.model else None,
         "device": args.device,
