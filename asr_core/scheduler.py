@@ -47,6 +47,7 @@ from asr_core.endpoint import (
     LEADING_SILENCE,
     NO_ENDPOINT,
     REASONS,
+    TRAILING_SILENCE,
     loud_frames,
     silence_ends_inside,
     update_endpoints,
@@ -386,6 +387,9 @@ class Scheduler:
             if codes[i] != NO_ENDPOINT:
                 ending.append((stream, REASONS[int(codes[i])]))
             if ends_inside is not None and ends_inside[i]:
+                # Its kept frames end in the silence that met the rule: it ends now, and the
+                # rest of the chunk is read again on the next utterance's fresh cache.
+                assert codes[i] == TRAILING_SILENCE, f"stream {stream.stream_id}: split without an endpoint"
                 stream.rewind(kept)
         behind = [ms for ms in latencies if ms > self.options.behind_ms]
         with self.stats.lock:

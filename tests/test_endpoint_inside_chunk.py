@@ -25,6 +25,7 @@ from asr_core.engine import Engine
 from asr_core.engine_options import EngineOptions
 from asr_core.events import Final
 from asr_core.model.loader import LoadedModel, load_wenet_model
+from asr_core.stream import StreamConfig
 from deploy.bench import endpoint_phases
 from tests.demo_quality import DEMO_MODEL
 
@@ -174,3 +175,20 @@ def test_the_endpoint_phases_bench_finds_every_pause_at_640_ms() -> None:
     assert by[(640, "every_frame")]["pauses_missed"] == 0
     assert by[(640, "every_frame")]["same_text_as_160_ms_share"] == 1.0
     assert by[(640, "chunk_ends")]["endpoints_inside_chunks"] == 0
+
+
+@pytestmark_model
+def test_a_stream_rewinds_only_into_the_chunk_it_took_last(loaded: LoadedModel) -> None:
+    engine = Engine(loaded, EngineOptions(max_streams=1, trim_interval_s=0))
+    stream = engine.open_stream(StreamConfig(chunk_ms=640, left_chunks=2, stream_id="r"), lambda event: None)
+    with pytest.raises(ValueError, match="cannot rewind to encoder frame 1 of a chunk of 0 fbank frames"):
+        stream.rewind(1)  # no chunk taken yet
+    stream.accept_waveform(call(0))
+    stream.drain_inbox()
+    stream.take_chunk_samples(stream.next_chunk_frames())
+    assert (stream.chunk_start, stream.frames_consumed) == (0, 64)
+    with pytest.raises(ValueError, match="cannot rewind"):
+        stream.rewind(17)  # past the chunk's 16 encoder frames
+    stream.rewind(5)
+    assert stream.frames_consumed == 20
+    assert stream.next_chunk_frames() == stream.window  # its frames are still held: read again
