@@ -54,6 +54,7 @@ class EngineFigures:
     finals: int
     errors: int
     behind_realtime_chunks: int
+    endpoints_inside_chunks: int  # utterances a pause ended inside a chunk (engine.endpoint.check_every_frame)
     lag_s: float  # the oldest ready chunk's wait for a step (latest tick)
     finals_lag_s: float  # the oldest ended utterance's wait for its final (0: none waiting)
     overload_refusals: int  # calls and OPTIONS refused while the engine was behind
@@ -147,6 +148,11 @@ class NodeCollector(Collector):
             "asr_engine_behind_realtime_chunks",
             "chunks whose latency exceeded the real-time budget",
             value=engine.behind_realtime_chunks,
+        )
+        yield CounterMetricFamily(
+            "asr_engine_endpoints_inside_chunks",
+            "utterances a pause ended inside a chunk, whose rest was decoded again (engine.endpoint.check_every_frame)",
+            value=engine.endpoints_inside_chunks,
         )
         yield GaugeMetricFamily(
             "asr_engine_lag_seconds", "oldest ready chunk's wait for a step (latest tick)", value=engine.lag_s

@@ -376,6 +376,7 @@ class Service:
                 finals=stats.finals,
                 errors=stats.errors,
                 behind_realtime_chunks=stats.behind_realtime_chunks,
+                endpoints_inside_chunks=stats.endpoints_inside_chunks,
                 lag_s=engine.lag_ms / 1e3,
                 finals_lag_s=engine.finals_lag_ms / 1e3,
                 overload_refusals=self.bridge.overload_refusals,

@@ -149,6 +149,7 @@ def test_metrics_move_and_health_mirrors_options(tmp_path: Path, redis_server: R
     assert value(after, "asr_redis_connected") == 1
     assert value(after, "asr_engine_lag_seconds") is not None
     assert value(after, "asr_engine_overload_refusals_total") == 0  # one call keeps up
+    assert value(after, "asr_engine_endpoints_inside_chunks_total") is not None
     assert (
         value(after, "asr_engine_degraded_streams") == 0
         and value(after, "asr_engine_degraded_stream_seconds_total") == 0
