@@ -88,6 +88,19 @@ def trailing_silence_run(silent: np.ndarray) -> np.ndarray:
     return np.where(any_speech, frames - 1 - last_speech, frames).astype(np.int64)
 
 
+def silent_frames(
+    rules: EndpointRules, blank_prob: np.ndarray, loud: np.ndarray | None, frames: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """What counts as silence, for both rules that read it: (B, C) bool, frames whose P(blank)
+    exceeds ``blank_threshold`` and whose audio is not ``loud``; and (B,) int64, the real frames
+    of each row (``frames``, or all C). Arguments as for :func:`update_endpoints`."""
+    silent = blank_prob > rules.blank_threshold  # (B, C)
+    if loud is not None:
+        silent &= ~loud
+    real = np.full(silent.shape[0], silent.shape[1], dtype=np.int64) if frames is None else frames  # (B,)
+    return silent, real
+
+
 def update_endpoints(
     rules: EndpointRules,
     frame_ms: int,
@@ -109,11 +122,8 @@ def update_endpoints(
     short last chunk run at its full shape); None: all C.
     Returns (B,) int8 endpoint codes (NO_ENDPOINT, LEADING_SILENCE, TRAILING_SILENCE, MAX_LENGTH).
     """
-    silent = blank_prob > rules.blank_threshold  # (B, C)
-    if loud is not None:
-        silent &= ~loud
+    silent, real = silent_frames(rules, blank_prob, loud, frames)
     chunk = silent.shape[1]
-    real = np.full(silent.shape[0], chunk, dtype=np.int64) if frames is None else frames  # (B,)
     padding = chunk - real  # (B,) trailing frames of each row that are padding
     silent |= np.arange(chunk)[None, :] >= real[:, None]  # padding ends every row's silent run...
     run = trailing_silence_run(silent) - padding  # ...and is taken off it again
@@ -149,11 +159,8 @@ def silence_ends_inside(
     including the one where the silence reached the rule; 0 where the rule was not met inside.
     Feeding :func:`update_endpoints` these as the rows' ``frames`` then ends those utterances.
     """
-    silent = blank_prob > rules.blank_threshold  # (B, C)
-    if loud is not None:
-        silent &= ~loud
+    silent, real = silent_frames(rules, blank_prob, loud, frames)
     chunk = silent.shape[1]
-    real = np.full(silent.shape[0], chunk, dtype=np.int64) if frames is None else frames  # (B,)
     need = max(1, math.ceil(rules.trailing_silence_ms / frame_ms))  # silent frames that end an utterance
     run = trailing_frames.astype(np.int64)
     decoded = had_tokens.astype(bool)

@@ -97,7 +97,7 @@ def test_the_kept_frames_end_the_utterance_in_update_endpoints() -> None:
 
 DATA = DEMO_MODEL.parents[1] / "tests" / "data" / "hotline_8k"
 SENTENCES = ("hotline_seed", "hotline_1", "hotline_2")
-PAUSE_S = 1.0  # as asr-bench e2e's calls: over the 800 ms rule, under it plus a 640 ms chunk
+PAUSE_MS = 1000  # as asr-bench e2e's calls: over the 800 ms rule, under it plus a 640 ms chunk
 LADDER = ((160, 8), (320, 4), (640, 2))  # the attention window kept, as surge moves calls
 
 pytestmark_model = pytest.mark.skipif(not (DEMO_MODEL / "final.pt").is_file(), reason="no bundled demo model")
@@ -111,12 +111,9 @@ def loaded() -> LoadedModel:
 
 def call(lead_ms: int) -> np.ndarray:
     """The three sentences with 1 s pauses of line noise, after ``lead_ms`` of it (which moves
-    where the chunk boundaries fall in each pause)."""
-    rng = np.random.default_rng(lead_ms)
-    pieces = [rng.normal(0.0, 30.0, lead_ms * 16)]
-    for name in SENTENCES:
-        pieces += [read_wav(DATA / f"{name}.wav").samples, rng.normal(0.0, 30.0, int(PAUSE_S * 16000))]
-    return np.clip(np.rint(np.concatenate(pieces)), -32768, 32767).astype(np.int16)
+    where the chunk boundaries fall in each pause), as ``endpoint_phases`` builds its calls."""
+    sentences = [read_wav(DATA / f"{name}.wav").samples for name in SENTENCES]
+    return endpoint_phases.call(sentences, PAUSE_MS, lead_ms, seed=lead_ms)
 
 
 def finals(loaded: LoadedModel, audio: np.ndarray, chunk_ms: int, left_chunks: int, every_frame: bool) -> list[Final]:
