@@ -48,7 +48,6 @@ pytestmark = [
     needs_chromium,
 ]
 pytest.importorskip("selenium.webdriver")
-from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
@@ -189,15 +188,14 @@ def test_console_in_chromium(tmp_path: Path, redis_server: RedisServer, browser:
         WebDriverWait(driver, 10).until(
             lambda d: d.find_element(By.ID, "apply-result").get_attribute("data-applied-version") == "2"
         )
-        row_sel = "#nodes tr[data-node]"
-        # The nodes table is redrawn on every heartbeat: a row found may be replaced before it is
-        # read, so these reads retry on a stale element.
-        redrawn = WebDriverWait(driver, 10, ignored_exceptions=(StaleElementReferenceException,))
-        redrawn.until(lambda d: "running the applied version" in d.find_element(By.CSS_SELECTOR, row_sel).text)
-        new_version = redrawn.until(lambda d: d.find_element(By.CSS_SELECTOR, f"{row_sel} .node-version").text)
+        # The nodes table is refreshed every second, in place: the gateway's row found now is the
+        # row that shows the reload taking effect (a redrawn row would be stale).
+        node_row = driver.find_element(By.CSS_SELECTOR, "#nodes tr[data-node]")
+        WebDriverWait(driver, 10).until(lambda d: "running the applied version" in node_row.text)
+        new_version = node_row.find_element(By.CSS_SELECTOR, ".node-version").text
         assert new_version == gateway.service.reloader.config_version != first_version
         # the heartbeat's surge count: "none", or "N of M streams" slowed down to longer chunks
-        slowed = redrawn.until(lambda d: d.find_element(By.CSS_SELECTOR, f"{row_sel} .node-slowed").text)
+        slowed = node_row.find_element(By.CSS_SELECTOR, ".node-slowed").text
         assert re.fullmatch(r"none|\d+ of \d+ streams?", slowed), slowed
         driver.save_screenshot(str(IMG / "console-admin.png"))
 
@@ -215,7 +213,8 @@ def test_console_in_chromium(tmp_path: Path, redis_server: RedisServer, browser:
         WebDriverWait(driver, 10).until(
             lambda d: d.find_element(By.ID, "apply-result").get_attribute("data-applied-version") == "3"
         )
-        redrawn.until(lambda d: d.find_element(By.CSS_SELECTOR, f"{row_sel} .node-version").text == first_version)
+        version_cell = node_row.find_element(By.CSS_SELECTOR, ".node-version")
+        WebDriverWait(driver, 10).until(lambda d: version_cell.text == first_version)
         assert (conf / "kb.yaml").read_text(encoding="utf-8") == original_kb
         kb = gateway.service.processor.kb["hotline"].get()
         assert kb.match("新华路十二号井盖发生了破损")[0].entry.title == CARD_TITLE

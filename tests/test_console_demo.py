@@ -32,7 +32,6 @@ pytestmark = [
     needs_chromium,
 ]
 pytest.importorskip("selenium.webdriver")
-from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
@@ -73,18 +72,18 @@ def test_demo_with_the_console(tmp_path: Path) -> None:
 
         with chromium(tmp_path / "chromium") as driver:
             sign_in(driver, f"http://127.0.0.1:{port}", "agent", passwords["agent"])
-            WebDriverWait(driver, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#calls tr[data-call-id] a"))
-            # The live list redraws its rows as events arrive: a row found a moment ago may be gone
-            # (stale) by the time its text is read, so find and read it in one wait.
-            WebDriverWait(driver, 10, ignored_exceptions=(StaleElementReferenceException,)).until(
-                lambda d: AGENT_ID in d.find_element(By.CSS_SELECTOR, "#calls tr[data-call-id]").text
+            links = WebDriverWait(driver, 60).until(
+                lambda d: d.find_elements(By.CSS_SELECTOR, "#calls tr[data-call-id] a")
             )
+            row = driver.find_element(By.CSS_SELECTOR, "#calls tr[data-call-id]")
+            assert AGENT_ID in row.text
             # the list fills in live: a call's last words and its KB suggestion
-            WebDriverWait(driver, 60, ignored_exceptions=(StaleElementReferenceException,)).until(
-                lambda d: "井盖破损应急处置流程" in d.find_element(By.ID, "calls").text
-            )
+            WebDriverWait(driver, 60).until(lambda d: "井盖破损应急处置流程" in d.find_element(By.ID, "calls").text)
             driver.save_screenshot(str(IMG / "console-demo.png"))
-            driver.find_element(By.CSS_SELECTOR, "#calls tr[data-call-id] a").click()
+            # The list changed many times since the link was found; its rows are updated in place,
+            # so the link an agent is pointing at stays there to be clicked (a redrawn row would
+            # be gone: selenium's StaleElementReferenceException, a lost click for a person).
+            links[0].click()
             WebDriverWait(driver, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#lane-caller .utt.final"))
             assert f"agent {AGENT_ID}" in driver.find_element(By.ID, "call-info").text
     finally:

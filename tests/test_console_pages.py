@@ -2,8 +2,9 @@
 the gateway publishes them: an agent cannot open another agent's call page nor an unknown one
 (a 404 page); with an ``agent_id_key`` other than X-Agent-Id the call header still names the
 agent; the call page says its event fields in words (the end reason, durations in seconds, the
-match kind), never raw JSON; and every page fits a 1366 px laptop and a 768 px tablet (no
-sideways scroll, nothing past the right edge). Saves console-*-768.png (browser_helpers.screenshot_dir)."""
+match kind), never raw JSON; every page fits a 1366 px laptop and a 768 px tablet (no
+sideways scroll, nothing past the right edge); and a click held on the live calls list while
+the list changes still opens the call. Saves console-*-768.png (browser_helpers.screenshot_dir)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from kb_hooks.events import CallEnded, CallStarted, TranscriptPartial
 from tests.browser_helpers import (
     LAPTOP_WIDTH,
     TABLET_WIDTH,
@@ -30,6 +32,7 @@ from tests.redis_server import RedisServer, redis_server
 __all__ = ["redis_server"]
 pytestmark = [needs_chromium]
 pytest.importorskip("selenium.webdriver")
+from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
@@ -106,3 +109,38 @@ def test_call_pages_words_and_widths(tmp_path: Path, redis_server: RedisServer) 
         at_both_widths(driver, "admin page", "console-admin-768.png")
         with httpx.Client(base_url=base, timeout=10) as anonymous:
             assert anonymous.get("/calls/call-a").status_code == 303  # pages still ask for a sign-in first
+
+
+def test_a_click_held_while_the_list_changes(tmp_path: Path, redis_server: RedisServer) -> None:
+    """The calls list changes several times a second while calls are live. A person's click is a
+    button press and, a moment later, its release; if the row under the pointer were replaced in
+    between, the browser would fire no click and the agent's click would be lost. Rows are kept
+    and updated in place, so a click held across an update still opens the call."""
+    console_yaml = write_configs(tmp_path, redis_server.url)
+    started, partial, *rest = call_events("call-live", "1001", console_yaml.parent)
+    assert isinstance(started, CallStarted) and isinstance(partial, TranscriptPartial)
+    final_and_cards = [e for e in rest if not isinstance(e, CallEnded)]
+    with (
+        running_console(console_yaml) as base,
+        LivePublisher(redis_server.url, tmp_path / "pub") as publisher,
+        chromium(tmp_path / "chromium") as driver,
+    ):
+        publisher.submit(started)
+        publisher.submit(partial)
+        publisher.wait_published(2)
+        sign_in(driver, base, "agent1", PASSWORDS["agent1"])
+        link = WebDriverWait(driver, 10).until(
+            lambda d: d.find_elements(By.CSS_SELECTOR, '#calls tr[data-call-id="call-live"] a')
+        )[0]
+        row = driver.find_element(By.CSS_SELECTOR, '#calls tr[data-call-id="call-live"]')
+        assert "live" in row.text and "井盖破损应急处置流程" not in row.text
+
+        ActionChains(driver).click_and_hold(link).perform()
+        for event in final_and_cards:
+            publisher.submit(event)
+        publisher.wait_published(2 + len(final_and_cards))
+        # the same row element, now showing the final's KB suggestion
+        WebDriverWait(driver, 10).until(lambda d: "井盖破损应急处置流程" in row.text)
+        ActionChains(driver).release().perform()
+        WebDriverWait(driver, 10).until(lambda d: d.current_url.endswith("/calls/call-live"))
+        WebDriverWait(driver, 10).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#lane-caller .utt.final"))

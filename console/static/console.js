@@ -16,6 +16,48 @@
     return node;
   }
 
+  // Make `parent`'s children look like `fresh` (nodes built anew, each with a `keyAttr`
+  // attribute) while keeping every existing node whose key is still there. Live lists redraw
+  // several times a second; replacing their rows would drop a click whose mouse-down landed
+  // on a row that is gone by the mouse-up, and the keyboard focus and any text selected in it.
+  function reconcile(parent, fresh, keyAttr) {
+    const wanted = new Set(fresh.map((n) => n.getAttribute(keyAttr)));
+    const kept = new Map();
+    for (const child of [...parent.children]) {
+      const key = child.getAttribute(keyAttr);
+      if (key === null || !wanted.has(key) || kept.has(key)) child.remove();
+      else kept.set(key, child);
+    }
+    fresh.forEach((node, i) => {
+      const old = kept.get(node.getAttribute(keyAttr));
+      const row = old ? patch(old, node) : node;
+      if (parent.children[i] !== row) parent.insertBefore(row, parent.children[i] || null);
+    });
+  }
+
+  // Bring `old` to what `fresh` shows, touching only what differs; returns the node to keep
+  // (`fresh` itself where the two are not the same kind of node). Attributes and text only:
+  // handlers set as properties stay those of `old`, so rows given to reconcile() have none.
+  function patch(old, fresh) {
+    if (old.nodeType !== fresh.nodeType || old.nodeName !== fresh.nodeName) return fresh;
+    if (old.nodeType !== Node.ELEMENT_NODE) {
+      if (old.nodeValue !== fresh.nodeValue) old.nodeValue = fresh.nodeValue;
+      return old;
+    }
+    for (const { name } of [...old.attributes]) if (!fresh.hasAttribute(name)) old.removeAttribute(name);
+    for (const { name, value } of fresh.attributes) if (old.getAttribute(name) !== value) old.setAttribute(name, value);
+    const before = [...old.childNodes], after = [...fresh.childNodes];
+    if (before.length !== after.length) {
+      old.replaceChildren(...after);
+      return old;
+    }
+    before.forEach((child, i) => {
+      const next = patch(child, after[i]);
+      if (next !== child) old.replaceChild(next, child);
+    });
+    return old;
+  }
+
   function time(ts) {
     return ts ? new Date(ts).toLocaleTimeString() : "";
   }
@@ -131,27 +173,25 @@
     if (nodeList) {
       const nodes = async () => {
         const answer = await api.get("/api/admin/nodes");
-        nodeList.replaceChildren(...answer.nodes.map((n) => el("li", { "data-node": n.node }, nodeLoadText(n))));
+        reconcile(nodeList, answer.nodes.map((n) => el("li", { "data-node": n.node }, nodeLoadText(n))), "data-node");
       };
       nodes();
       setInterval(nodes, 2000);
     }
     api.watchCalls((calls) => {
-      body.replaceChildren();
       empty.hidden = calls.length > 0;
       if (load) load.textContent = loadText(calls);
-      for (const call of calls) {
+      reconcile(body, calls.map((call) => {
         const who = (call.participants || []).map((p) => `${p.role}: ${p.name || p.aor || "?"}`).join(", ");
         const last = call.last_text ? `${call.last_text.role || ""} ${call.last_text.text}` : "";
-        const row = el("tr", { class: call.active ? "active" : "ended", "data-call-id": call.call_id },
+        return el("tr", { class: call.active ? "active" : "ended", "data-call-id": call.call_id },
           el("td", {}, el("a", { href: "/calls/" + encodeURIComponent(call.call_id) }, time(call.started_at) || call.call_id)),
           el("td", {}, call.route || "default profile"), el("td", {}, who), el("td", {}, call.agent_id || ""),
           el("td", { class: call.last_text && call.last_text.is_partial ? "partial" : "" }, last),
           el("td", {}, (call.suggestions || []).join("、")),
           el("td", { class: call.active && call.slowed ? "slowed" : "" },
             call.active ? (call.slowed ? "live · slowed down to save capacity" : "live") : `ended: ${endReason(call.end_reason)}`));
-        body.append(row);
-      }
+      }), "data-call-id");
     });
   }
 
@@ -164,7 +204,7 @@
       const checks = new Map(); // id -> [passed, decided]
       const categories = new Map();
       let duration = 0, silence = 0, overlaps = 0;
-      body.replaceChildren();
+      const rows = [];
       for (const call of analysed) {
         const a = call.analytics;
         duration += a.duration_ms;
@@ -174,13 +214,14 @@
         for (const id of a.failed) { const c = checks.get(id) || [0, 0]; c[1] += 1; checks.set(id, c); }
         for (const label of a.categories) categories.set(label, (categories.get(label) || 0) + 1);
         const talk = Object.entries(a.talk_ms).map(([role, ms]) => `${role} ${seconds(ms)}`).join(" · ");
-        body.append(el("tr", { "data-call-id": call.call_id },
+        rows.push(el("tr", { "data-call-id": call.call_id },
           el("td", {}, el("a", { href: "/calls/" + encodeURIComponent(call.call_id) }, time(call.started_at) || call.call_id)),
           el("td", {}, call.agent_id || ""), el("td", {}, seconds(a.duration_ms)), el("td", {}, talk),
           el("td", {}, seconds(a.non_talk_ms)), el("td", {}, `${a.overlaps} (${seconds(a.overlap_ms)})`),
           el("td", { class: a.failed.length ? "failed" : "" }, a.failed.map(words).join(", ") || "none"),
           el("td", {}, a.categories.join("、"))));
       }
+      reconcile(body, rows, "data-call-id");
       document.getElementById("analytics-overview").textContent = analysed.length
         ? `${analysed.length} calls · ${seconds(duration)} of audio · silence ${percent(silence, duration)} · ${overlaps} overlaps`
         : "No analysed calls yet.";
@@ -494,7 +535,7 @@
     async function nodes() {
       const answer = await api.get("/api/admin/nodes");
       const body = document.querySelector("#nodes tbody");
-      body.replaceChildren(...answer.nodes.map((n) => {
+      reconcile(body, answer.nodes.map((n) => {
         const reload = n.last_reload || {};
         const took = appliedAt !== null && reload.at >= appliedAt - 0.001 && reload.ok;
         const status = n.stale ? "gone?" : !reload.ok ? "reload failed" : took ? "running the applied version" : "up";
@@ -504,7 +545,7 @@
           el("td", {}, String(n.active_calls)),
           el("td", { class: "node-slowed" + (n.degraded_streams ? " slowed" : "") }, slowedStreams(n)),
           el("td", { class: n.stale || !reload.ok ? "stale" : took ? "ok" : "" }, status + (reload.errors && reload.errors.length ? ": " + reload.errors.join("; ") : "")));
-      }));
+      }), "data-node");
     }
 
     async function audit() {
