@@ -46,16 +46,20 @@
     }
     for (const { name } of [...old.attributes]) if (!fresh.hasAttribute(name)) old.removeAttribute(name);
     for (const { name, value } of fresh.attributes) if (old.getAttribute(name) !== value) old.setAttribute(name, value);
-    const before = [...old.childNodes], after = [...fresh.childNodes];
+    patchChildren(old, [...fresh.childNodes]);
+    return old;
+  }
+
+  function patchChildren(parent, after) {
+    const before = [...parent.childNodes];
     if (before.length !== after.length) {
-      old.replaceChildren(...after);
-      return old;
+      parent.replaceChildren(...after);
+      return;
     }
     before.forEach((child, i) => {
       const next = patch(child, after[i]);
-      if (next !== child) old.replaceChild(next, child);
+      if (next !== child) parent.replaceChild(next, child);
     });
-    return old;
   }
 
   function time(ts) {
@@ -332,7 +336,7 @@
         event.summary ? el("div", {}, event.summary) : null,
         el("div", { class: "meta" }, `match ${Math.round(event.score * 100)} % · ${MATCH_KINDS[event.match_kind] || words(event.match_kind)}${event.homophone ? " · sounds alike" : ""} · heard “${event.matched_text}”`),
         event.url ? el("a", { href: event.url, target: "_blank", rel: "noopener" }, event.url) : null];
-      card.replaceChildren(...parts.filter((p) => p !== null));
+      patchChildren(card, parts.filter((p) => p !== null)); // its link stays put for a click under way
       if (event.span && event.status !== "withdrawn") {
         const u = utterance(event);
         u.spans.push({ begin: event.span.begin, end: event.span.end, final: !event.is_partial });
