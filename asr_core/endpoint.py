@@ -16,11 +16,14 @@ library's stays WeNet's) the rule holds at every frame instead:
 and the engine reads the rest of the chunk again as the start of the next utterance
 (``Stream.rewind``), so where utterances end no longer depends on the chunk size.
 
-``energy_gate_db`` > 0 adds a condition (not in WeNet): a frame only counts as silence when
-its audio is also quiet, less than that many dB above the stream's noise floor (see
-:func:`loud_frames`). A CTC head that stops emitting in the middle of speech (a weak model, or
-speech it cannot transcribe) then no longer cuts the utterance there; the default, 0, is
-WeNet's rule alone.
+``energy_gate_db`` > 0 lets the audio decide between pause and speech (not in WeNet): a frame
+counts as silence when its audio is quiet, less than that many dB above the stream's noise
+floor (see :func:`loud_frames`), and the model hears no token in it (its best label is blank,
+whatever P(blank)). A CTC head that stops emitting in the middle of speech (a weak model, or
+speech it cannot transcribe) then no longer cuts the utterance there, and one frame of line
+noise where the head wavers (P(blank) 0.7: still blank, below the threshold) no longer restarts
+a pause's count, which at 160 ms chunks ran two sentences together. The default, 0, is WeNet's
+rule alone.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ class EndpointRules:
     trailing_silence_ms: int = 800
     leading_silence_ms: int = 5000
     max_utterance_ms: int = 20000
-    energy_gate_db: float = 0.0  # > 0: silence must also be this close to the noise floor
+    energy_gate_db: float = 0.0  # > 0: silence is quiet audio (this close to the noise floor) with blank best
     check_every_frame: bool = False  # True: rule 2 at every frame, not at chunk ends only (WeNet)
 
 
@@ -89,13 +92,21 @@ def trailing_silence_run(silent: np.ndarray) -> np.ndarray:
 
 
 def silent_frames(
-    rules: EndpointRules, blank_prob: np.ndarray, loud: np.ndarray | None, frames: np.ndarray | None
+    rules: EndpointRules,
+    blank_prob: np.ndarray,
+    loud: np.ndarray | None,
+    frames: np.ndarray | None,
+    nonblank: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """What counts as silence, for both rules that read it: (B, C) bool, frames whose P(blank)
-    exceeds ``blank_threshold`` and whose audio is not ``loud``; and (B,) int64, the real frames
-    of each row (``frames``, or all C). Arguments as for :func:`update_endpoints`."""
+    """What counts as silence, for both rules that read it: (B, C) bool, and (B,) int64, the real
+    frames of each row (``frames``, or all C). Without ``loud`` (WeNet's rule), the frames whose
+    P(blank) exceeds ``blank_threshold``; with it (the energy gate), the frames whose audio is not
+    loud and whose P(blank) exceeds the threshold or, given ``nonblank``, whose best label is
+    blank. Arguments as for :func:`update_endpoints`."""
     silent = blank_prob > rules.blank_threshold  # (B, C)
     if loud is not None:
+        if nonblank is not None:
+            silent |= ~nonblank
         silent &= ~loud
     real = np.full(silent.shape[0], silent.shape[1], dtype=np.int64) if frames is None else frames  # (B,)
     return silent, real
@@ -110,6 +121,7 @@ def update_endpoints(
     decoded_any: np.ndarray,
     loud: np.ndarray | None = None,
     frames: np.ndarray | None = None,
+    nonblank: np.ndarray | None = None,
 ) -> np.ndarray:
     """Advance the per-stream counters by one chunk and say which streams hit an endpoint.
 
@@ -120,9 +132,11 @@ def update_endpoints(
     silence. None: WeNet's rule alone.
     frames: (B,) int64 real frames of each row, the rest padding that counts for nothing (a
     short last chunk run at its full shape); None: all C.
+    nonblank: (B, C) bool, frames whose best label is not blank; with ``loud``, a quiet frame
+    whose best label is blank is silence whatever its P(blank) (:func:`silent_frames`).
     Returns (B,) int8 endpoint codes (NO_ENDPOINT, LEADING_SILENCE, TRAILING_SILENCE, MAX_LENGTH).
     """
-    silent, real = silent_frames(rules, blank_prob, loud, frames)
+    silent, real = silent_frames(rules, blank_prob, loud, frames, nonblank)
     chunk = silent.shape[1]
     padding = chunk - real  # (B,) trailing frames of each row that are padding
     silent |= np.arange(chunk)[None, :] >= real[:, None]  # padding ends every row's silent run...
@@ -153,13 +167,14 @@ def silence_ends_inside(
 
     blank_prob: (B, C) probability of blank per new frame; trailing_frames: (B,) silent frames
     before the chunk (not changed); had_tokens: (B,) bool, the utterance had text before the
-    chunk; nonblank: (B, C) bool, frames whose best label is not blank (text from there on);
+    chunk; nonblank: (B, C) bool, frames whose best label is not blank (text from there on,
+    and, with ``loud``, what is not silence: :func:`silent_frames`);
     loud, frames: as for :func:`update_endpoints`.
     Returns (B,) int64: the frames of the chunk that belong to the ending utterance, up to and
     including the one where the silence reached the rule; 0 where the rule was not met inside.
     Feeding :func:`update_endpoints` these as the rows' ``frames`` then ends those utterances.
     """
-    silent, real = silent_frames(rules, blank_prob, loud, frames)
+    silent, real = silent_frames(rules, blank_prob, loud, frames, nonblank)
     chunk = silent.shape[1]
     need = max(1, math.ceil(rules.trailing_silence_ms / frame_ms))  # silent frames that end an utterance
     run = trailing_frames.astype(np.int64)

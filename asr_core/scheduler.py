@@ -353,19 +353,18 @@ class Scheduler:
         utt_frames = np.array([s.utterance.offset for s in streams], dtype=np.int64)
         loud = self._loud_frames(streams, feats, chunk, valid) if rules.energy_gate_db > 0 else None
         best = top_ids_np[:, :, 0]  # (B, C)
+        nonblank = best != self._blank  # (B, C)
         ends_inside: np.ndarray | None = None  # (B,) bool: utterances that ended inside the chunk
         if rules.check_every_frame:
             had_tokens = np.array([bool(s.utterance.tokens) for s in streams])
-            split = silence_ends_inside(
-                rules, self.frame_ms, blank_prob, trailing, had_tokens, best != self._blank, loud, valid
-            )
+            split = silence_ends_inside(rules, self.frame_ms, blank_prob, trailing, had_tokens, nonblank, loud, valid)
             if split.any():  # those rows keep the frames up to the endpoint: the rest is read again
                 ends_inside = split > 0
                 real = np.where(ends_inside, split, real)
         decoded_any = self._update_greedy(streams, best, real)
         codes = update_endpoints(
             rules, self.frame_ms, blank_prob, trailing, utt_frames, decoded_any, loud,
-            valid if ends_inside is None else real,
+            valid if ends_inside is None else real, nonblank,
         )  # fmt: skip
 
         now = time.monotonic()

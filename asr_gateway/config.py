@@ -93,8 +93,9 @@ class EndpointSettings(_Section):
     energy_gate_db: float = Field(
         10.0,
         ge=0.0,
-        description="a frame counts as silence only if its audio is also within this many dB of the call's noise "
-        "floor (0 = WeNet's rule alone: P(blank) only)",
+        description="a frame counts as silence when its audio is within this many dB of the call's noise floor "
+        "and the model hears no token in it (blank its best label, whatever P(blank)); louder audio never "
+        "counts (0 = WeNet's rule alone: P(blank) above blank_threshold)",
     )
     check_every_frame: bool = Field(
         True,

@@ -102,6 +102,37 @@ def test_loud_frames_never_count_as_silence() -> None:
     assert trailing.tolist() == [4, 25]
 
 
+def test_with_the_gate_a_quiet_frame_the_model_hears_nothing_in_is_silence() -> None:
+    """One frame of line noise where the head wavers (P(blank) 0.7, still its best label) ends
+    WeNet's run of silence; with the energy gate the audio decides: the pause goes on. A quiet
+    frame where the head hears a token, and a loud frame, still end the run."""
+    gate = EndpointRules(trailing_silence_ms=800, energy_gate_db=10.0)
+    blank = np.full((4, 25), 0.99)  # 1 s after speech
+    blank[:, 10] = 0.7  # one wavering frame, 600 ms before the end
+    nonblank = np.zeros((4, 25), dtype=bool)
+    nonblank[2, 10] = True  # row 2: the head's best label there is a token
+    loud = np.zeros((4, 25), dtype=bool)
+    loud[3, 10] = True  # row 3: the audio there is loud
+    rows = [(RULES, None), (gate, loud), (gate, loud), (gate, loud)]  # row 0: WeNet's rule alone
+    codes, runs = [], []
+    for row, (rules, gate_loud) in enumerate(rows):
+        trailing, utt_frames = np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64)
+        one = slice(row, row + 1)
+        code = update_endpoints(
+            rules, FRAME_MS, blank[one], trailing, utt_frames, np.ones(1, dtype=bool),
+            None if gate_loud is None else gate_loud[one], None, nonblank[one],
+        )  # fmt: skip
+        codes.append(int(code[0]))
+        runs.append(int(trailing[0]))
+    assert codes == [NO_ENDPOINT, TRAILING_SILENCE, NO_ENDPOINT, NO_ENDPOINT]
+    assert runs == [14, 25, 14, 14]
+    # without the best labels the gate keeps the threshold: the wavering frame is not silence
+    trailing = np.zeros(1, dtype=np.int64)
+    decoded = np.ones(1, dtype=bool)
+    update_endpoints(gate, FRAME_MS, blank[1:2], trailing, np.zeros(1, dtype=np.int64), decoded, loud[1:2])
+    assert trailing.tolist() == [14]
+
+
 @pytest.mark.parametrize("padding", [True, False], ids=["padding-blank", "padding-speech"])
 def test_padded_frames_count_for_nothing(padding: bool) -> None:
     """A short last chunk run at its full shape (``frames``): whatever its padding holds, the

@@ -79,6 +79,21 @@ def test_padding_is_neither_silence_nor_speech() -> None:
     assert ends_inside([[SILENT, SILENT, SILENT] + [SPEECH] * 5], [18], [True], frames=[3]) == [0]
 
 
+def test_with_the_energy_gate_a_wavering_quiet_frame_keeps_the_pause_going() -> None:
+    # 17 silent frames before the chunk; frame 1 is quiet line noise where the head wavers
+    # (P(blank) 0.7, blank still its best label), then speech from frame 3.
+    blank = np.array([[SILENT, 0.7, SILENT, SPEECH, SPEECH, SILENT, SILENT, SILENT]])
+    nonblank = np.array([[False, False, False, True, True, False, False, False]])
+    quiet = np.zeros_like(nonblank)
+    args = (np.array([17]), np.array([True]), nonblank)
+    assert silence_ends_inside(RULES, FRAME_MS, blank, *args).tolist() == [0]  # WeNet: the run restarts
+    gate = replace(RULES, energy_gate_db=10.0)
+    assert silence_ends_inside(gate, FRAME_MS, blank, *args, quiet).tolist() == [3]  # 17 + 3 = 20
+    loud = quiet.copy()
+    loud[0, 1] = True  # the same frame, loud: it is no pause
+    assert silence_ends_inside(gate, FRAME_MS, blank, *args, loud).tolist() == [0]
+
+
 def test_the_kept_frames_end_the_utterance_in_update_endpoints() -> None:
     rows = [[SILENT, SILENT, SPEECH, SPEECH], [SPEECH] * 4]
     blank = np.array(rows)
