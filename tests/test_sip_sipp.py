@@ -207,6 +207,37 @@ def test_sipp_started_again_when_its_port_is_taken_before_it_binds(
     assert len(handed) == 2 and handed[0] != handed[1]
 
 
+def test_sipp_started_again_when_its_media_port_is_taken_before_it_binds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same race on sipp's media ports (-mp: audio RTP at the base, video at base + 2, both
+    bound at start-up): "Unable to bind video RTP socket", then a fresh start on other ports."""
+    write_rtp_pcap(tmp_path / "audio.pcap", 0)
+    real_free_udp_ports = sipp_calls._free_udp_ports
+    base = real_free_udp_ports(4)
+    taken = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    taken.bind(("127.0.0.1", base + 2))  # the video RTP port of the first base handed out
+    handed: list[int] = []
+
+    def first_one_half_taken(count: int, host: str = "127.0.0.1") -> int:
+        if count == 1:
+            return real_free_udp_ports(count, host)
+        handed.append(base if not handed else real_free_udp_ports(count, host))
+        return handed[-1]
+
+    monkeypatch.setattr(sipp_calls, "_free_udp_ports", first_one_half_taken)
+
+    async def scenario() -> None:
+        async with Harness(tmp_path) as h:
+            await h.sipp("uac_call.xml", codec="0", codec_name="PCMU")
+            await h.settle()
+            assert list(h.handler.ended.values()) == ["bye"]
+
+    with taken:
+        asyncio.run(scenario())
+    assert len(handed) == 2 and handed[0] == base != handed[1]
+
+
 def test_cancel_before_answer(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with Harness(tmp_path, answer_delay_ms=3000) as h:

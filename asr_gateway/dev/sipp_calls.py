@@ -47,7 +47,10 @@ ANSWERED_MARK = "CALL_ANSWERED"
 FIRST_LEG_MARK = "FIRST_LEG_PORT"
 BIND_ATTEMPTS = 5
 # sipp's messages when a port it was given is taken before it binds it (it exits before any call)
-_STARTUP_BIND_FAILURE = re.compile(r"Unable to bind main socket|Unable to bind UDP socket|Can't bind media raw socket")
+_STARTUP_BIND_FAILURE = re.compile(
+    r"Unable to bind main socket|Unable to bind UDP socket|Can't bind media raw socket"
+    r"|Unable to bind (?:audio|video) RTP socket"  # its -mp ports, bound at start-up too
+)
 # sipp's error file, for a call whose INVITE got a final error response (503 from a full node)
 # instead of the scenario's next expected message
 _REJECTED = re.compile(
