@@ -179,6 +179,20 @@ def test_basic_call_with_rtp(tmp_path: Path, payload_type: int, codec: str) -> N
     asyncio.run(scenario())
 
 
+def call_through_while_bound(tmp_path: Path, taken: socket.socket) -> None:
+    """One sipp call through the harness while ``taken`` holds a port sipp is handed first: it
+    must go through (sipp started again elsewhere) and end with a BYE."""
+
+    async def scenario() -> None:
+        async with Harness(tmp_path) as h:
+            await h.sipp("uac_call.xml", codec="0", codec_name="PCMU")
+            await h.settle()
+            assert list(h.handler.ended.values()) == ["bye"]
+
+    with taken:
+        asyncio.run(scenario())
+
+
 def test_sipp_started_again_when_its_port_is_taken_before_it_binds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -196,14 +210,7 @@ def test_sipp_started_again_when_its_port_is_taken_before_it_binds(
 
     monkeypatch.setattr(sipp_calls, "_free_port", first_one_taken)
 
-    async def scenario() -> None:
-        async with Harness(tmp_path) as h:
-            await h.sipp("uac_call.xml", codec="0", codec_name="PCMU")
-            await h.settle()
-            assert list(h.handler.ended.values()) == ["bye"]
-
-    with taken:
-        asyncio.run(scenario())
+    call_through_while_bound(tmp_path, taken)
     assert len(handed) == 2 and handed[0] != handed[1]
 
 
@@ -227,14 +234,7 @@ def test_sipp_started_again_when_its_media_port_is_taken_before_it_binds(
 
     monkeypatch.setattr(sipp_calls, "_free_udp_ports", first_one_half_taken)
 
-    async def scenario() -> None:
-        async with Harness(tmp_path) as h:
-            await h.sipp("uac_call.xml", codec="0", codec_name="PCMU")
-            await h.settle()
-            assert list(h.handler.ended.values()) == ["bye"]
-
-    with taken:
-        asyncio.run(scenario())
+    call_through_while_bound(tmp_path, taken)
     assert len(handed) == 2 and handed[0] == base != handed[1]
 
 
