@@ -31,6 +31,7 @@
     fresh.forEach((node, i) => {
       const old = kept.get(node.getAttribute(keyAttr));
       const row = old ? patch(old, node) : node;
+      if (old && row !== old) old.remove(); // not the same kind of node: the fresh one takes its place
       if (parent.children[i] !== row) parent.insertBefore(row, parent.children[i] || null);
     });
   }
