@@ -6,12 +6,20 @@ trunk), the called and calling numbers (``to_user``, ``from_user``: regular expr
 searched), headers or the door's key-value attributes (``X-Queue: ^sales``) and whether the
 call is a SIPREC recording. No match gives ``default_profile``, or when that is unset the call
 is rejected with ``reject_code``. Load files with ``load_routes``: errors name file:line and key.
+
+A source address that does not parse (a proxy's header that is no address) fails the rules
+with an address condition (``source_cidrs``, ``trunk``) and no others: rules on users, headers
+or SIPREC still match it. ``Router.unparsable_sources`` counts such decisions; each such
+address is logged once.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import logging
 import re
+import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +28,33 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from asr_common.yamlconf import ConfigError, locate, read_yaml, validate_data
 from calls.profile import Profile, check_regex
 
+log = logging.getLogger(__name__)
+
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+MAX_LOGGED_UNPARSABLE = 256
+"""Distinct unparsable source addresses a ``Router`` remembers having logged; later ones are
+counted but not logged (a peer that invents addresses cannot fill the memory or the log)."""
+
+
+def parse_address(text: str) -> Address | None:
+    """The IP address ``text`` states, or None when it states none.
+
+    An IPv6 zone id (``fe80::1%eth0``) is kept: ``ipaddress`` reads it since Python 3.9 and
+    a network's ``in`` test ignores it, so ``fe80::/10`` holds ``fe80::1%eth0``."""
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+def inside(address: Address, networks: Iterable[Network]) -> bool:
+    """Whether ``address`` lies in one of ``networks``. An IPv4-mapped IPv6 address
+    (``::ffff:10.0.0.7``, how a dual-stack listener sees an IPv4 peer) also counts as its IPv4
+    address, so IPv4 CIDRs hold it."""
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return any(address in net or (mapped is not None and mapped in net) for net in networks)
 
 
 class Match(BaseModel):
@@ -103,6 +137,11 @@ class RouteDecision:
 
 
 class Router:
+    """Decides routes; thread-safe (every door's event loop may call ``decide``).
+
+    ``unparsable_sources``: decisions made for a source address that did not parse, since this
+    routes file was loaded (a metric)."""
+
     def __init__(self, routes: RoutesFile | None = None) -> None:
         self.routes = routes or RoutesFile()
         problems = self.routes.reference_errors()
@@ -111,23 +150,39 @@ class Router:
         self._profiles = {
             name: profile.model_copy(update={"name": name}) for name, profile in self.routes.profiles.items()
         }
+        self.unparsable_sources = 0
+        self._logged_unparsable: set[str] = set()
+        self._lock = threading.Lock()
 
     def decide(self, facts: CallFacts) -> RouteDecision:
+        address = parse_address(facts.source_ip)
+        if address is None:
+            self._note_unparsable(facts.source_ip)
         for route in self.routes.routes:
-            if self._matches(route.match, facts):
+            if self._matches(route.match, facts, address):
                 return RouteDecision(route.name, self._profiles[route.profile], None)
         if self.routes.default_profile is not None:
             return RouteDecision(None, self._profiles[self.routes.default_profile], None)
         return RouteDecision(None, None, self.routes.reject_code)
 
-    def _matches(self, match: Match, facts: CallFacts) -> bool:
-        try:
-            address = ipaddress.ip_address(facts.source_ip)
-        except ValueError:
+    def _note_unparsable(self, source: str) -> None:
+        with self._lock:
+            self.unparsable_sources += 1
+            first = source not in self._logged_unparsable and len(self._logged_unparsable) < MAX_LOGGED_UNPARSABLE
+            if first:
+                self._logged_unparsable.add(source)
+        if first:
+            log.warning(
+                "routing: source address %r is no IP address; rules on source_cidrs or trunk do not match it",
+                source,
+            )
+
+    def _matches(self, match: Match, facts: CallFacts, address: Address | None) -> bool:
+        """Whether every condition of ``match`` holds; ``address`` is ``facts.source_ip`` parsed
+        (None: unparsable, and then an address condition does not hold)."""
+        if match.source_cidrs and (address is None or not inside(address, match.source_cidrs)):
             return False
-        if match.source_cidrs and not any(address in net for net in match.source_cidrs):
-            return False
-        if match.trunk is not None and not any(address in net for net in self.routes.trunks[match.trunk]):
+        if match.trunk is not None and (address is None or not inside(address, self.routes.trunks[match.trunk])):
             return False
         if match.to_user is not None and not re.search(match.to_user, facts.to_user):
             return False

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import get_args
 
 import pytest
 
 from asr_common.yamlconf import ConfigError
+from calls import routing
 from calls.profile import RtpLatchName, SrtpPolicy
 from calls.roles import RoleRule, assign_roles
 from calls.routing import CallFacts, Router, load_routes
@@ -106,3 +108,58 @@ def test_profile_policy_words_are_the_front_doors_words() -> None:
     """The profile declares SIP's and RTP's policy values itself (the call model imports no door)."""
     assert get_args(SrtpPolicy) == get_args(sdp.SrtpPolicy)
     assert get_args(RtpLatchName) == get_args(LatchName)
+
+
+ADDRESS_RULES = """
+trunks: {carrier: [192.0.2.0/24]}
+routes:
+  - {name: by-trunk, match: {trunk: carrier}, profile: default}
+  - {name: by-cidr, match: {source_cidrs: ["10.0.0.0/8", "fe80::/10"]}, profile: default}
+  - {name: by-header, match: {headers: {X-Queue: ^sales$}}, profile: default}
+  - {name: by-user, match: {to_user: ^4000$}, profile: default}
+"""
+
+
+def test_an_unparsable_source_fails_address_rules_only_and_is_counted_and_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "routes.yaml"
+    path.write_text(ADDRESS_RULES)
+    router = load_routes(path)
+    garbled = "10.0.0.7, 192.0.2.1"  # a proxy's header, not an address
+    with caplog.at_level(logging.WARNING, logger="calls.routing"):
+        assert router.decide(facts(source_ip=garbled, headers={"x-queue": "sales"})).route == "by-header"
+        assert router.decide(facts(source_ip=garbled, to_user="4000")).route == "by-user"
+        assert router.decide(facts(source_ip=garbled, to_user="5000")).route is None
+        assert router.decide(facts(source_ip="", to_user="5000")).route is None
+    assert router.unparsable_sources == 4
+    logged = [record.getMessage() for record in caplog.records]
+    assert len(logged) == 2 and repr(garbled) in logged[0] and "''" in logged[1]
+    assert router.decide(facts(source_ip="192.0.2.9")).route == "by-trunk"
+    assert router.decide(facts(source_ip="10.1.2.3")).route == "by-cidr"
+    assert router.unparsable_sources == 4
+
+
+def test_zone_ids_and_ipv4_mapped_addresses_match_address_rules(tmp_path: Path) -> None:
+    """Python reads an IPv6 zone id and a network's ``in`` test ignores it, so nothing is stripped;
+    an IPv4-mapped address (a dual-stack listener's IPv4 peer) matches the IPv4 rules."""
+    path = tmp_path / "routes.yaml"
+    path.write_text(ADDRESS_RULES)
+    router = load_routes(path)
+    assert router.decide(facts(source_ip="fe80::1%eth0", to_user="5000")).route == "by-cidr"
+    assert router.decide(facts(source_ip="::ffff:192.0.2.9")).route == "by-trunk"
+    assert router.decide(facts(source_ip="::ffff:10.0.0.7", to_user="5000")).route == "by-cidr"
+    assert router.decide(facts(source_ip="2001:db8::1", to_user="5000")).route is None
+    assert router.unparsable_sources == 0
+
+
+def test_unparsable_sources_are_logged_for_a_bounded_number_of_addresses(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(routing, "MAX_LOGGED_UNPARSABLE", 3)
+    router = Router()
+    with caplog.at_level(logging.WARNING, logger="calls.routing"):
+        for i in range(5):
+            router.decide(facts(source_ip=f"proxy-{i}"))
+            router.decide(facts(source_ip=f"proxy-{i}"))
+    assert router.unparsable_sources == 10 and len(caplog.records) == 3
