@@ -11,7 +11,7 @@ characters kept.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 MAX_VALUE_CHARS = 256
@@ -28,6 +28,22 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 def clean_value(value: str) -> str:
     """``value`` without control characters, trimmed, cut to ``MAX_VALUE_CHARS``."""
     return _CONTROL.sub("", value).strip()[:MAX_VALUE_CHARS]
+
+
+def listed_headers(attributes: Mapping[str, str], names: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """(name as ``names`` spells it, cleaned value) for each of ``names`` (a profile's
+    ``metadata_headers``) that ``attributes`` holds, names matched case-insensitively, in the
+    order of ``names``; a value empty once cleaned is left out. When ``attributes`` holds a
+    name twice in different cases, the first one counts."""
+    values: dict[str, str] = {}
+    for name, value in attributes.items():
+        values.setdefault(name.lower(), value)
+    listed: list[tuple[str, str]] = []
+    for name in names:
+        value = values.get(name.lower())
+        if value is not None and (cleaned := clean_value(value)):
+            listed.append((name, cleaned))
+    return tuple(listed)
 
 
 def check_header_names(names: Iterable[str]) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from calls.metadata import MAX_VALUE_CHARS, CallMetadata, clean_value
+from calls.metadata import MAX_VALUE_CHARS, CallMetadata, clean_value, listed_headers
 from calls.profile import Profile
 
 
@@ -32,3 +32,9 @@ def test_clean_value_drops_control_characters_trims_and_cuts() -> None:
 def test_profile_header_list_is_checked(names: list[str], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         Profile(metadata_headers=names)
+
+
+def test_listed_headers_keep_the_profiles_spelling_and_order_and_clean_the_values() -> None:
+    attributes = {"uuid": " 0a0a\x00 ", "queue": "sales", "QUEUE": "ignored", "blank": "\x01 ", "other": "x"}
+    assert listed_headers(attributes, ["Queue", "UUID", "Missing", "Blank"]) == (("Queue", "sales"), ("UUID", "0a0a"))
+    assert listed_headers(attributes, []) == ()
