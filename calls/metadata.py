@@ -40,8 +40,8 @@ def listed_headers(attributes: Mapping[str, str], names: Sequence[str]) -> tuple
         values.setdefault(name.lower(), value)
     listed: list[tuple[str, str]] = []
     for name in names:
-        value = values.get(name.lower())
-        if value is not None and (cleaned := clean_value(value)):
+        found = values.get(name.lower())
+        if found is not None and (cleaned := clean_value(found)):
             listed.append((name, cleaned))
     return tuple(listed)
 
