@@ -30,8 +30,9 @@ class BuildExt(build_ext):
             if ext.optional:
                 raise
             raise CompileError(
-                f"{ext.name} did not build ({exc}); {REQUIRE_ENV}=1 requires it. It needs gcc and the Python "
-                f"headers (apt-get install gcc python3-dev); without {REQUIRE_ENV} the install skips it."
+                f"{ext.name} did not build (the compiler's output is above); {REQUIRE_ENV}=1 requires it. "
+                f"It needs gcc and the Python headers (apt-get install gcc python3-dev); without "
+                f"{REQUIRE_ENV} the install goes on without it."
             ) from exc
 
 
