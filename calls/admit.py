@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from asr_common.audio import PcmSink
 from asr_common.errors import CapacityError
-from calls.call import CallInfo
+from calls.call import CallInfo, LegInfo
 from calls.handler import CallHandler
 from calls.profile import Profile
 from calls.registry import NodeDraining
@@ -25,8 +25,9 @@ from calls.routing import CallFacts, Router
 
 
 class Refused(Exception):
-    """The call is not taken. ``reason``: ``no_route``, ``busy`` or ``draining``; ``status``:
-    the SIP response code that says it (404 or the routes file's ``reject_code``; 503)."""
+    """The call is not taken. ``reason``: ``no_route``, ``busy`` or ``draining`` (a door counts
+    its refusals by it); ``message``: what the caller can do, as text; ``status``: the SIP
+    response code that says it (404 or the routes file's ``reject_code``; 503)."""
 
     def __init__(self, reason: str, message: str, status: int) -> None:
         super().__init__(message)
@@ -63,24 +64,31 @@ def require_room(handler: CallHandler, legs: int) -> None:
         raise Refused("busy", "no room for another call; try another node", 503)
 
 
-def open_legs(handler: CallHandler, call: CallInfo) -> list[PcmSink]:
-    """Open every leg of ``call`` (one sink each, in ``call.legs`` order), or none.
+def open_legs(handler: CallHandler, call: CallInfo, legs: Sequence[LegInfo] | None = None) -> list[PcmSink]:
+    """Open ``legs`` of ``call`` (by default all of ``call.legs``; a re-offer opens only its new
+    ones), one sink each in that order, or none of them.
 
-    When a leg cannot be opened, the legs opened before it are finished and the call is ended
-    with the handler, so nothing of it stays open; a full node raises ``Refused`` (``busy``, or
-    ``draining``), any other error propagates (a bug, not a busy node)."""
+    When a leg cannot be opened, the sinks opened before it are finished and the call is ended
+    with the handler (as the legs it was told of: ``call``'s others and those just opened), so
+    nothing of it stays open; the end reason is ``capacity`` for a full node, ``error`` for
+    anything else. A full node raises ``Refused`` (``busy``, or ``draining``); any other error
+    propagates after that undo (a bug, not a busy node)."""
+    opening = call.legs if legs is None else tuple(legs)
     sinks: list[PcmSink] = []
     try:
-        for leg in call.legs:
+        for leg in opening:
             sinks.append(handler.open_leg(call, leg))
     except BaseException as exc:
+        full = isinstance(exc, CapacityError)
         if sinks:
             for sink in sinks:
                 sink.input_finished()
-            handler.call_ended(call.with_legs(call.legs[: len(sinks)]), "capacity")
+            failed = opening[len(sinks) :]
+            told = tuple(leg for leg in call.legs if leg not in failed)
+            handler.call_ended(call.with_legs(told), "capacity" if full else "error")
         if isinstance(exc, NodeDraining):
             raise Refused("draining", f"{exc}", 503) from None
-        if isinstance(exc, CapacityError):
+        if full:
             raise Refused("busy", f"no room for another call ({exc}); try another node", 503) from None
         raise
     return sinks
