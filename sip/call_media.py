@@ -3,9 +3,10 @@
 or, for an offerless INVITE or re-INVITE, our SDP offer and the answer the ACK brings.
 
 No sockets: opening a leg means an allocated port and a sink from the application, returned
-as ``StartMedia`` actions for the transport. A full node (``admission.CAPACITY_ERRORS``) is a
-503; anything else the application raises is its bug: logged with its traceback, a 500.
-Either way every leg opened so far is undone.
+as ``StartMedia`` actions for the transport. A call's ports are allocated first, then its legs
+are opened through ``calls.admit.open_legs`` (all or none, as every door does). A full node (no
+port, no room, draining) is a 503; anything else the application raises is its bug: logged
+with its traceback, a 500. Either way every port and leg of the attempt is undone.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from asr_common.audio import PcmSink
+from calls.admit import Refused, open_legs, transcribed
 from calls.call import LegInfo
 from calls.handler import CallHandler
 from calls.metadata import clean_value
@@ -122,7 +123,7 @@ def select_streams(
         roles = assign_roles(profile.roles.to_rule(), aors)
     else:
         roles = [plain_role] * len(plans)
-    return [(plan, role, aor) for plan, role, aor in zip(plans, roles, aors, strict=True) if role in profile.transcribe]
+    return [(plans[index], role, aors[index]) for index, role in transcribed(roles, profile)]
 
 
 def plain_role(call: Call) -> Role:
@@ -157,28 +158,30 @@ class CallMedia:
         self.retry_after = retry_after
 
     def open_legs(self, call: Call, streams: Streams) -> list[Action]:
-        """Allocate ports and ask the application for sinks; undo everything on failure.
+        """Allocate a port per stream, then open the streams' legs (``calls.admit.open_legs``:
+        all or none); undo every port and leg of the attempt on failure.
 
-        Raises ``Reject(503)`` when the node is full, ``Reject(500)`` when the application failed.
+        Raises ``Reject(503)`` with Retry-After when the node is full (no port, no room, or
+        draining), ``Reject(500)`` when the application failed.
         """
-        opened: list[tuple[Leg, PcmSink]] = []
+        new: list[Leg] = []
         try:
             for plan, role, aor in streams:
-                port = self.ports.allocate()
                 info = LegInfo(
                     f"{call.info.call_id}-{plan.index}", plan.label, role, aor, plan.codec, party_name(call, aor)
                 )
-                call.legs[plan.index] = Leg(info, plan, port)
-                call.info = call.info.with_legs(call.leg_infos())
-                opened.append((call.legs[plan.index], self.handler.open_leg(call.info, info)))
+                new.append(Leg(info, plan, self.ports.allocate()))
+                call.legs[plan.index] = new[-1]
+            call.info = call.info.with_legs(call.leg_infos())
+            sinks = open_legs(self.handler, call.info, [leg.info for leg in new])
         except Exception as exc:
-            full = isinstance(exc, CAPACITY_ERRORS)
+            full = isinstance(exc, (Refused, *CAPACITY_ERRORS))
             if full:
                 self.counters["invites.no_capacity"] += 1
             else:
                 self.counters["errors.internal"] += 1
                 log.exception("opening a leg of call %s failed; answering 500", call.info.call_id)
-            self._undo(call, streams, "capacity" if full else "error", tell_handler=bool(opened))
+            self._undo(call, streams)
             raise Reject(503, self.retry_after) if full else Reject(500) from exc
         return [
             StartMedia(
@@ -191,18 +194,17 @@ class CallMedia:
                 leg.plan.remote,
                 leg.plan.srtp.keys if leg.plan.srtp else None,
             )
-            for leg, sink in opened
+            for leg, sink in zip(new, sinks, strict=True)
         ]
 
-    def _undo(self, call: Call, streams: Streams, reason: str, *, tell_handler: bool) -> None:
+    def _undo(self, call: Call, streams: Streams) -> None:
+        """Release the ports of ``streams``' legs and take the legs off ``call`` (the handler was
+        told by ``calls.admit.open_legs``)."""
         for plan, _, _ in streams:
             leg = call.legs.pop(plan.index, None)
             if leg is not None:
                 self.ports.release(leg.port)
-        partial = call.info
         call.info = call.info.with_legs(call.leg_infos())
-        if tell_handler:
-            self.handler.call_ended(partial, reason)
 
     def apply_streams(self, call: Call, streams: Streams) -> list[Action]:
         """A new offer on an existing call: stop dropped streams, update changed ones, open new ones."""

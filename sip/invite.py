@@ -16,6 +16,7 @@ import uuid
 from collections import Counter
 from collections.abc import Hashable
 
+from calls.admit import Refused, require_room, route_call
 from calls.call import CallInfo
 from calls.routing import CallFacts, Router
 from sip import call_metadata, cucm, session_timer
@@ -78,10 +79,11 @@ class InviteGate:
         session_expires = session_timer.session_interval(request, self.settings.min_se_s)
         to = NameAddr.parse(request.headers.get("To") or "")
         from_party = NameAddr.parse(request.headers.get("From") or "")
-        decision = self.router.decide(_facts(request, origin, from_party, to, siprec))
-        if decision.profile is None:
-            raise Reject(decision.reject_code or 404)
-        profile = decision.profile
+        try:
+            routed = route_call(self.router, _facts(request, origin, from_party, to, siprec), "this INVITE")
+        except Refused as refused:
+            raise Reject(refused.status) from None
+        profile = routed.profile
         if body.offer is not None:
             plans = plan_streams(body.offer, sendonly_is_hold=not siprec, srtp=profile.srtp)
         else:
@@ -91,9 +93,7 @@ class InviteGate:
         streams = select_streams(plans, profile, body.metadata, siprec, from_party, plain.role if plain else "mixed")
         if not streams:
             raise no_stream(body.offer, profile)
-        if not self.admission.has_room(active_calls, len(streams)):
-            self.counters["invites.no_capacity"] += 1
-            raise Reject(503, self.admission.retry_after())
+        self._require_room(active_calls, len(streams))
         contact = request.headers.get_all("Contact")
         info = CallInfo(
             call_id=uuid.uuid4().hex,
@@ -104,7 +104,7 @@ class InviteGate:
             to_aor=to.uri,
             to_name=to.display,
             peer=(peer.host, peer.port, peer.transport),
-            route=decision.route,
+            route=routed.route,
             profile=profile,
             siprec=siprec,
             metadata=call_metadata.extract(request, from_party, to, profile.metadata_headers, body.metadata),
@@ -131,6 +131,17 @@ class InviteGate:
         call.offer = body.offer
         call.pending_streams = streams
         return call
+
+    def _require_room(self, active_calls: int, legs: int) -> None:
+        """Room for a call of ``legs`` legs beside ``active_calls`` SIP calls: SIP's ``max_calls``,
+        then the node's (``calls.admit.require_room``); else 503 with Retry-After, counted."""
+        try:
+            if active_calls >= self.settings.max_calls:
+                raise Refused("busy", f"all {self.settings.max_calls} SIP calls are in progress", 503)
+            require_room(self.admission.handler, legs)
+        except Refused as refused:
+            self.counters["invites.no_capacity"] += 1
+            raise Reject(refused.status, self.admission.retry_after()) from None
 
 
 def _facts(request: Request, source_ip: str, from_party: NameAddr, to: NameAddr, siprec: bool) -> CallFacts:

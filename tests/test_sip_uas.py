@@ -6,9 +6,11 @@ import hashlib
 
 import pytest
 
+from asr_common.audio import CountingPcmSink
 from asr_common.errors import CapacityError
 from calls.call import CallInfo, LegInfo
 from calls.handler import CountingCallHandler
+from calls.registry import CallRegistry
 from rtp.sink import CountingSink
 from sip.actions import Action, CallEnded, LegUpdated, SendMessage, StartMedia, StopMedia, UpdateMedia
 from sip.config import AuthSettings, SipSettings
@@ -476,3 +478,56 @@ def test_ports_exhausted_is_a_503_not_a_500() -> None:
     (trying, busy) = responses(core.receive(invite(), SOURCE, 0.0))
     assert (trying.status, busy.status, busy.headers.get("Retry-After")) == (100, 503, "5")
     assert core.counters["errors.internal"] == 0
+
+
+TWO_STREAMS = OFFER_PCMU + "m=audio 40002 RTP/AVP 0 101\r\na=rtpmap:101 telephone-event/8000\r\na=sendrecv\r\n"
+
+
+class SecondLegFails(CountingCallHandler):
+    """Opens a call's first leg and fails its second with ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
+    def open_leg(self, call: CallInfo, leg: LegInfo) -> CountingPcmSink:
+        if self.sinks:
+            raise self.error
+        return super().open_leg(call, leg)
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "counter", "reason"),
+    [
+        (CapacityError("engine full"), 503, "invites.no_capacity", "capacity"),
+        (KeyError("a bug in the application"), 500, "errors.internal", "error"),
+    ],
+)
+def test_a_second_leg_that_fails_undoes_the_first(error: Exception, status: int, counter: str, reason: str) -> None:
+    """The all-or-none opening every door shares (``calls.admit.open_legs``): the first leg's sink
+    is finished, the call ended with the handler, every port released; full is 503, a bug 500."""
+    handler = SecondLegFails(error)
+    ports = FakePorts()
+    core = UasCore(SipSettings(), handler, ports)
+    actions = core.receive(invite(body=TWO_STREAMS), SOURCE, 0.0)
+    assert statuses(actions) == [100, status] and not [a for a in actions if isinstance(a, StartMedia)]
+    assert (responses(actions)[-1].headers.get("Retry-After") is not None) == (status == 503)
+    (sink,) = handler.sinks.values()
+    assert sink.finished == 1 and handler.open_legs == 0 and list(handler.ended.values()) == [reason]
+    assert core.counters[counter] == 1 and ports.used == set() and core.active_calls == 0
+
+
+def test_a_draining_node_answers_503_from_the_leg_opening() -> None:
+    """A node that starts draining between the INVITE's checks and its answer (``answer_delay_ms``)."""
+    counting = CountingCallHandler()
+    registry = CallRegistry(counting, max_calls=10)
+    ports = FakePorts()
+    core = UasCore(SipSettings(answer_delay_ms=100), registry, ports)
+    assert statuses(core.receive(invite(), SOURCE, 0.0)) == [100, 180]
+    registry.set_draining()
+    actions: list[Action] = []
+    while (deadline := core.next_deadline()) is not None and deadline <= 0.2:
+        actions += core.on_timer(deadline)
+    (busy,) = responses(actions)
+    assert (busy.status, busy.headers.get("Retry-After")) == (503, "5")
+    assert core.counters["invites.no_capacity"] == 1 and ports.used == set() and counting.sinks == {}
