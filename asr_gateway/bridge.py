@@ -37,14 +37,16 @@ from asr_core.engine import Engine
 from asr_core.events import Ended, Event, Final, Partial
 from asr_core.stream import Stream, StreamConfig
 from asr_core.surge import FinalsReduction
+from asr_gateway.call_context import call_context
 from asr_gateway.hotwords import HotwordLists
 from calls.call import CallInfo, CallSource, LegInfo
 from calls.join import Joiner
-from calls.profile import Profile, WorkorderSection
+from calls.profile import Profile
 from kb_hooks import events as ev
+from kb_hooks.features import NodeDefaults
 from kb_hooks.processor import TranscriptProcessor
 from kb_hooks.publisher import Publisher
-from kb_hooks.types import CallContext, Participant, RedactionMode, ReducedReason, TranscriptUpdate, WorkorderOptions
+from kb_hooks.types import CallContext, Participant, RedactionMode, ReducedReason, TranscriptUpdate
 from rtp.dtmf import KeyPress
 
 log = logging.getLogger(__name__)
@@ -424,20 +426,7 @@ class CallBridge:
         self.processor.end_call(state.ctx.call_id)
 
     def _context(self, call: CallInfo) -> CallContext:
-        profile = call.profile
-        return CallContext(
-            call_id=call.call_id,
-            sip_call_id=call.source_call_id,
-            route=call.route,
-            key_prefix=profile.key_prefix,
-            redaction=RedactionMode(profile.redaction) if profile.redaction else self.default_redaction,
-            kb_set=profile.kb_set,
-            tag_rules=(profile.tag_rules,) if profile.tag_rules else (),
-            itn=profile.itn,
-            punctuation=profile.punctuation,
-            analytics_rules=profile.analytics_rules,
-            workorder=_workorder_options(profile.workorder),
-        )
+        return call_context(call, NodeDefaults(self.default_redaction), self.processor.features)
 
 
 def stream_config(profile: Profile, stream_id: str | None = None, context: ContextGraph | None = None) -> StreamConfig:
@@ -451,14 +440,6 @@ def stream_config(profile: Profile, stream_id: str | None = None, context: Conte
         max_chunk_ms=profile.surge.max_chunk_ms,
         surge_priority=profile.surge.priority,
     )
-
-
-def _workorder_options(section: WorkorderSection | None) -> WorkorderOptions | None:
-    if section is None:
-        return None
-    if section.fillers is None:
-        return WorkorderOptions(section.streets)
-    return WorkorderOptions(section.streets, tuple(section.fillers))
 
 
 def _participant(leg: LegInfo) -> Participant:

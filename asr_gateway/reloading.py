@@ -1,4 +1,5 @@
-"""Reloading the routes, KB, tag and hotword files while calls go on.
+"""Reloading the routes, the features' files (``kb_hooks.features``: KB, tag, analytics rules,
+street lists ...) and the hotword files while calls go on.
 
 A reload runs on SIGHUP, on ``reload`` from the console on ``{prefix}:control`` (``heartbeat``)
 and when a watched file changes (polled every ``RELOAD_POLL_S``). An invalid file is rejected,
@@ -84,13 +85,8 @@ class ConfigReloader:
 
     def _watched_files(self) -> list[Path]:
         kb_hooks = self.config.kb_hooks
-        files = [
-            *kb_hooks.kb_sets.values(),
-            *kb_hooks.tag_rule_sets.values(),
-            *kb_hooks.analytics_rule_sets.values(),
-            *kb_hooks.street_lists.values(),
-            *self.hotwords.files(),
-        ]
+        files = [path for s in self.processor.features.file_sets() for path in s.paths(kb_hooks).values()]
+        files += self.hotwords.files()
         if self.config.routes is not None:
             files.append(self.config.routes)
         return files

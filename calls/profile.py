@@ -127,7 +127,9 @@ class Profile(BaseModel):
     ``call.analytics`` (talk, silence, overlaps, speaking rate, the file's checks and categories)."""
     workorder: WorkorderSection | None = None
     """Set (``workorder: {}`` at least): ``workorder.updated`` events as the call fills in the form."""
-    redaction: Literal["mask", "keep", "hash"] = "mask"
+    redaction: Literal["mask", "keep", "hash"] | None = None
+    """How phone and ID numbers appear in what is published (``kb_hooks.redact``); unset: the
+    node's ``kb_hooks.default_redaction`` (``mask`` unless configured)."""
     key_prefix: str = "asr"
     roles: RoleRuleModel = Field(default_factory=RoleRuleModel)
     srtp: SrtpPolicy = "off"

@@ -29,24 +29,34 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from asr_common.yamlconf import ConfigError
+from asr_gateway.call_context import profile_context
 from asr_gateway.config import ServiceConfig, load_config
 from asr_gateway.heartbeat import RELOAD_MESSAGE, control_channel, nodes_key
-from kb_hooks.config import KbHooksSettings
-from kb_hooks.events import KbSuggestion, Tags, TranscriptFinal
+from calls.profile import Profile
+from kb_hooks.events import Event, KbSuggestion, Tags, TranscriptFinal
+from kb_hooks.features import FEATURES, NodeDefaults, Registry
 from kb_hooks.processor import TranscriptProcessor
-from kb_hooks.types import CallContext, Participant, RedactionMode, TranscriptUpdate
+from kb_hooks.types import CallContext, Participant, TranscriptUpdate
 
 NODE_STALE_S = 10.0
 NODE_FORGET_S = 86_400.0
 MAX_FILE_BYTES = 4 << 20
 
-
-# The kind of a file key (``kb:hotline``) -> the kb_hooks field naming those files.
-_SET_FIELDS = {"kb": "kb_sets", "tags": "tag_rule_sets", "analytics": "analytics_rule_sets", "streets": "street_lists"}
+TRY_IT_CALL_ID = "try-it"
 
 
 class UnknownFile(KeyError):
     pass
+
+
+@dataclass(frozen=True)
+class TryIt:
+    """What try-it ran: the profile, the routes file's profiles, the call's context and its events."""
+
+    profile: str
+    profiles: list[str]
+    ctx: CallContext
+    events: list[Event]
 
 
 @dataclass(frozen=True)
@@ -94,7 +104,10 @@ def atomic_write(path: Path, content: str) -> None:
 class ConfigStore:
     """The files the gateways run, as the console edits them."""
 
-    def __init__(self, service_config: Path, state_dir: Path, client: aioredis.Redis) -> None:
+    def __init__(
+        self, service_config: Path, state_dir: Path, client: aioredis.Redis, features: Registry = FEATURES
+    ) -> None:
+        self.features = features  # the service's: its files are edited here, try-it runs them
         self.service_config_path = service_config
         self.config: ServiceConfig = load_config(service_config)
         self.state_dir = state_dir
@@ -112,8 +125,8 @@ class ConfigStore:
         out: dict[str, Path] = {}
         if self.config.routes is not None:
             out["routes"] = self.config.routes
-        for kind, field in _SET_FIELDS.items():
-            out.update({f"{kind}:{name}": path for name, path in getattr(hooks, field).items()})
+        for file_set in self.features.file_sets():
+            out.update({f"{file_set.kind}:{name}": path for name, path in file_set.paths(hooks).items()})
         return out
 
     def path_of(self, key: str) -> Path:
@@ -135,15 +148,14 @@ class ConfigStore:
 
     # -- validation -------------------------------------------------------------------
 
-    @staticmethod
-    def _with_path(config: ServiceConfig, key: str, path: Path) -> ServiceConfig:
+    def _with_path(self, config: ServiceConfig, key: str, path: Path) -> ServiceConfig:
         kind, _, name = key.partition(":")
         if kind == "routes":
             return config.model_copy(update={"routes": path})
         hooks = config.kb_hooks
-        field = _SET_FIELDS[kind]
-        sets = {**getattr(hooks, field), name: path}
-        return config.model_copy(update={"kb_hooks": hooks.model_copy(update={field: sets})})
+        file_set = self.features.file_set(kind)
+        sets = {**file_set.paths(hooks), name: path}
+        return config.model_copy(update={"kb_hooks": hooks.model_copy(update={file_set.setting: sets})})
 
     @contextlib.contextmanager
     def _drafts(self, drafts: dict[str, str]) -> Any:
@@ -172,40 +184,53 @@ class ConfigStore:
             return [f"{self.path_of(key)}: larger than {MAX_FILE_BYTES} bytes"]
         with self._drafts({key: content}) as (config, made):
             try:
-                problems = check_referenced_files(config)
+                problems = check_referenced_files(config, self.features)
             except ConfigError as exc:
                 problems = list(exc.errors)
             for tmp, real in made:
                 problems = [line.replace(str(tmp), str(real)) for line in problems]
         return problems
 
-    def try_text(self, text: str, profile_name: str | None, drafts: dict[str, str]) -> dict[str, Any]:
-        """What the service would publish for ``text`` as a final: redacted transcript, KB
-        suggestions (score, homophone), tags and entities; drafts (unapplied edits) included."""
+    def try_events(self, text: str, profile_name: str | None, drafts: dict[str, str]) -> TryIt:
+        """What the service would publish for ``text`` as the caller's
+        final on a call of the profile (the route's default where None): the service's features
+        (``self.features``), its processor and its call context (``asr_gateway.call_context``),
+        drafts (unapplied edits) included. A file that does not load: ConfigError, under its real name."""
         from calls.routing import load_routes
 
         with self._drafts(drafts) as (config, made):
             try:
                 router = load_routes(config.routes) if config.routes is not None else None
-                processor = TranscriptProcessor.from_settings(config.kb_hooks)
+                processor = TranscriptProcessor.from_settings(config.kb_hooks, self.features)
             except ConfigError as exc:
                 errors = list(exc.errors)
                 for tmp, real in made:
                     errors = [line.replace(str(tmp), str(real)) for line in errors]
-                return {"errors": errors}
+                raise ConfigError(errors) from None
         profiles = router.routes.profiles if router is not None else {}
         name = profile_name or (router.routes.default_profile if router is not None else None) or "default"
-        profile = profiles.get(name)
-        ctx = _context(name, profile, config.kb_hooks)
+        profile = profiles.get(name) or Profile(name=name)
+        node = NodeDefaults.from_settings(config.kb_hooks)
+        ctx = profile_context(profile, node, call_id=TRY_IT_CALL_ID, route=name, features=processor.features)
         update = TranscriptUpdate(ctx, Participant("caller"), 0, False, text)
-        events = processor.process(update)
+        return TryIt(name, sorted(profiles), ctx, processor.process(update))
+
+    def try_text(self, text: str, profile_name: str | None, drafts: dict[str, str]) -> dict[str, Any]:
+        """What the service would publish for ``text`` as a final: redacted transcript, KB
+        suggestions (score, homophone), tags and entities; drafts (unapplied edits) included."""
+        try:
+            tried = self.try_events(text, profile_name, drafts)
+        except ConfigError as exc:
+            return {"errors": list(exc.errors)}
+        events = tried.events
         return {
-            "profile": name,
-            "profiles": sorted(profiles),
-            "redaction": ctx.redaction.value,
+            "profile": tried.profile,
+            "profiles": tried.profiles,
+            "redaction": tried.ctx.redaction.value,
             "text": next((e.text for e in events if isinstance(e, TranscriptFinal)), ""),
             "suggestions": [e.to_json() for e in events if isinstance(e, KbSuggestion)],
             "tags": [t.to_json() for e in events if isinstance(e, Tags) for t in e.tags],
+            "events": [e.to_json() for e in events],  # every feature's, the work-order draft's included
         }
 
     # -- apply, versions, rollback ----------------------------------------------------
@@ -300,18 +325,3 @@ class ConfigStore:
             node["stale"] = age > NODE_STALE_S
             out.append(node)
         return sorted(out, key=lambda n: str(n.get("node")))
-
-
-def _context(name: str, profile: Any, hooks: KbHooksSettings) -> CallContext:
-    """The CallContext the gateway's bridge builds for a call of this profile."""
-    if profile is None:
-        return CallContext("try-it", route=name, redaction=hooks.default_redaction)
-    return CallContext(
-        call_id="try-it",
-        route=name,
-        redaction=RedactionMode(profile.redaction) if profile.redaction else hooks.default_redaction,
-        kb_set=profile.kb_set,
-        tag_rules=(profile.tag_rules,) if profile.tag_rules else (),
-        itn=profile.itn,
-        punctuation=profile.punctuation,
-    )

@@ -101,7 +101,8 @@ def confirmation(stored: Sequence[Mapping[str, Any]], fields: Mapping[str, Any],
         confirmed[name] = DraftField(now, None, (), ()) if now is not None else None
         changes.append(FieldChange(name, was, now))
     source = started or (stored[0] if stored else {})
-    call = CallContext(str(source.get("call_id")), source.get("sip_call_id"), source.get("route"))
+    source_call_id = source.get("source_call_id", source.get("sip_call_id"))  # events written before it: the latter
+    call = CallContext(str(source.get("call_id")), source_call_id, source.get("route"))
     return WorkorderConfirmed(
         call=call,
         workorder_id=str(last.get("workorder_id") or call.call_id),

@@ -1,7 +1,8 @@
 """Event v1: the declared type of every event, its one JSON form, and the packaged JSON Schema.
 
 Every event is one flat JSON object: the envelope (``schema_version``, ``event_type``,
-``event_id``, ``seq``, ``ts``, ``call_id``, ``sip_call_id``, ``route``, ``participant``) plus the
+``event_id``, ``seq``, ``ts``, ``call_id``, ``sip_call_id``, ``source_call_id``, ``route``,
+``participant``) plus the
 fields of its type. Here each type is a frozen dataclass whose fields are its JSON fields, by
 name and in order: the envelope is declared once, on ``Event``, and filled from the call's
 ``CallContext`` when an event is made; ``to_json`` writes any event, so a type has exactly one
@@ -250,7 +251,7 @@ class FieldChange(JsonRecord):
 class Event(JsonRecord):
     """The envelope every event carries; a subclass per ``event_type`` adds its fields.
 
-    ``call`` fills ``call_id``, ``sip_call_id`` and ``route`` (it is not kept, so
+    ``call`` fills ``call_id``, ``source_call_id``, ``sip_call_id`` and ``route`` (it is not kept, so
     ``dataclasses.replace`` needs it again); ``event_id`` and ``ts`` are fresh unless given.
     """
 
@@ -259,13 +260,17 @@ class Event(JsonRecord):
     event_id: str = field(default_factory=new_event_id)
     ts: str = field(default_factory=utc_timestamp)
     call_id: str = field(init=False)
+    # The door's own id of the call under v1's first name, for every door (SIP: the Call-ID;
+    # AudioSocket: the UUID; WebSocket: the stream id): consumers written before source_call_id read it.
     sip_call_id: str | None = field(init=False)
+    source_call_id: str | None = field(init=False)  # the same id under its neutral name
     route: str | None = field(init=False)
     participant: Participant | None = None  # None on call.*
 
     def __post_init__(self, call: CallContext) -> None:
         object.__setattr__(self, "call_id", call.call_id)
-        object.__setattr__(self, "sip_call_id", call.sip_call_id)
+        object.__setattr__(self, "sip_call_id", call.source_call_id)
+        object.__setattr__(self, "source_call_id", call.source_call_id)
         object.__setattr__(self, "route", call.route)
 
     def to_json(self) -> dict[str, Any]:
@@ -314,6 +319,7 @@ class Transcript(Event):
             "ts": self.ts,
             "call_id": self.call_id,
             "sip_call_id": self.sip_call_id,
+            "source_call_id": self.source_call_id,
             "route": self.route,
             "participant": self.participant.to_json(),
             "utterance_id": self.utterance_id,

@@ -24,7 +24,7 @@ class OpenCall:
     """What a ``call.ended`` of the call needs: its context, key prefix and last ``seq``/stream ms."""
 
     prefix: str
-    sip_call_id: str | None
+    sip_call_id: str | None  # the call's source_call_id (the checkpoint's field keeps its first name)
     route: str | None
     seq: int
     ms: int
@@ -46,7 +46,8 @@ class CallLedger:
         ms = int(stream_id.split("-", 1)[0])
         entry = self.open.get(call_id)
         if kind == EventType.CALL_STARTED:
-            self.open[call_id] = OpenCall(prefix, event.get("sip_call_id"), event.get("route"), int(event["seq"]), ms)
+            source_call_id = event.get("source_call_id", event.get("sip_call_id"))  # journals written before it
+            self.open[call_id] = OpenCall(prefix, source_call_id, event.get("route"), int(event["seq"]), ms)
         elif entry is not None:
             entry.seq = max(entry.seq, int(event["seq"]))
             entry.ms = max(entry.ms, ms)

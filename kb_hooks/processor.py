@@ -1,5 +1,10 @@
 """Turns transcript updates into events: the (redacted) transcript, KB suggestions, tags and
-the work-order draft, and at the end of a call its analytics (``call_analytics``).
+the events of the registered features (``kb_hooks.features``: the work-order draft ...), and at
+the end of a call its analytics (``call_analytics``).
+
+The core (entities, redaction, KB, tags) runs first: every feature sees the published text. A
+final is first rewritten by the features that rewrite (ITN, punctuation), and after the core's
+events each feature with ``on_final`` adds its own, in registry order.
 
 Runs on the engine's thread; pure CPU work on one utterance (two Aho-Corasick passes, a few
 regular expressions), no I/O. Per-call state makes each KB entry appear once per call unless
@@ -15,10 +20,8 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from asr_common.itn import normalize_numbers, normalize_tokens
-from asr_common.punctuation import PUNCTUATORS
-from kb_hooks.analytics import Utterance, measure, spoken_chars
-from kb_hooks.analytics_rules import AnalyticsRules, RecentAddresses, load_analytics_rules
+from kb_hooks.analytics import measure
+from kb_hooks.analytics_rules import AnalyticsRules, RecentAddresses
 from kb_hooks.config import KbHooksSettings
 from kb_hooks.entities import Entity, extract_entities, number_entities
 from kb_hooks.events import (
@@ -35,14 +38,15 @@ from kb_hooks.events import (
     Token,
     TranscriptFinal,
     TranscriptPartial,
-    WorkorderUpdated,
 )
-from kb_hooks.kb import KbMatch, KnowledgeBase, load_kb
+from kb_hooks.features import FEATURES, FinalStep, Registry
+from kb_hooks.features import analytics as analytics_feature
+from kb_hooks.kb import KbMatch, KnowledgeBase
 from kb_hooks.redact import SENSITIVE_LABELS, Redacted, Redactor
 from kb_hooks.reload import ReloadableRef, ReloadResult
-from kb_hooks.tags import TagRules, load_tag_rules
+from kb_hooks.tags import TagRules
 from kb_hooks.types import CallContext, RedactionMode, TranscriptUpdate
-from kb_hooks.workorder import StreetList, WorkorderDraft, load_street_list
+from kb_hooks.workorder import StreetList
 
 _TAGGED_ENTITIES = frozenset({"phone", "id_number", "address", "date", "time"})
 _SCORE_EPSILON = 1e-6
@@ -62,8 +66,7 @@ class _CallState:
     pending: dict[tuple[Any, ...], set[str]] = field(default_factory=dict)
     tags_seen: set[tuple[str, str, str]] = field(default_factory=set)
     last_partial: dict[tuple[Any, ...], tuple[str, Redacted]] = field(default_factory=dict)
-    finals: list[Utterance] = field(default_factory=list)  # kept for call.analytics where the route wants it
-    draft: WorkorderDraft | None = None  # where the route wants a work order
+    features: dict[str, dict[str, Any]] = field(default_factory=dict)  # feature name -> its state (FinalStep.state)
 
 
 class TranscriptProcessor:
@@ -81,11 +84,21 @@ class TranscriptProcessor:
         analytics_rules: Mapping[str, ReloadableRef[AnalyticsRules]] | None = None,
         street_lists: Mapping[str, ReloadableRef[StreetList]] | None = None,
         clock: Callable[[], float] = time.time,
+        features: Registry = FEATURES,
+        files: Mapping[str, Mapping[str, ReloadableRef[Any]]] | None = None,
     ) -> None:
+        """``files``: the loaded files of ``features``' other file sets, by kind, then name."""
+        self.features = features
         self.kb = dict(kb)
         self.tag_rules = dict(tag_rules)
         self.analytics_rules = dict(analytics_rules or {})
         self.street_lists = dict(street_lists or {})
+        self.files: dict[str, dict[str, ReloadableRef[Any]]] = {
+            **{kind: dict(refs) for kind, refs in (files or {}).items()},
+            "kb": self.kb, "tags": self.tag_rules, "analytics": self.analytics_rules, "streets": self.street_lists,
+        }  # fmt: skip
+        self._rewrites = [f.rewrite for f in features if f.rewrite is not None]
+        self._on_final = [(f.name, f.file_sets, f.on_final) for f in features if f.on_final is not None]
         self.clock = clock  # unix s: when a call gave an address (repeat_address categories)
         self._recent_addresses = RecentAddresses()
         self.redactor = redaction
@@ -96,36 +109,35 @@ class TranscriptProcessor:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_settings(cls, settings: KbHooksSettings) -> TranscriptProcessor:
-        """Load every configured KB and rule set; a broken file raises ConfigError (file:line)."""
+    def from_settings(cls, settings: KbHooksSettings, features: Registry = FEATURES) -> TranscriptProcessor:
+        """Load every file of ``features``' file sets; a broken file raises ConfigError (file:line)."""
+        refs: dict[str, dict[str, ReloadableRef[Any]]] = {
+            file_set.kind: {name: ReloadableRef(path, file_set.load) for name, path in file_set.paths(settings).items()}
+            for file_set in features.file_sets()
+        }
         return cls(
-            {name: ReloadableRef(path, load_kb) for name, path in settings.kb_sets.items()},
-            {name: ReloadableRef(path, load_tag_rules) for name, path in settings.tag_rule_sets.items()},
+            refs.pop("kb", {}),
+            refs.pop("tags", {}),
             Redactor(settings.hash_key.get_secret_value().encode()),
             mask_digit_runs=settings.mask_digit_runs,
             max_suggestions_per_utterance=settings.max_suggestions_per_utterance,
             tags_on_partials=settings.tags_on_partials,
-            analytics_rules={
-                name: ReloadableRef(path, load_analytics_rules) for name, path in settings.analytics_rule_sets.items()
-            },
-            street_lists={name: ReloadableRef(path, load_street_list) for name, path in settings.street_lists.items()},
+            analytics_rules=refs.pop("analytics", {}),
+            street_lists=refs.pop("streets", {}),
+            features=features,
+            files=refs,
         )
 
     def _files(self) -> dict[str, ReloadableRef[Any]]:
-        return {
-            **{f"kb:{name}": ref for name, ref in self.kb.items()},
-            **{f"tags:{name}": ref for name, ref in self.tag_rules.items()},
-            **{f"analytics:{name}": ref for name, ref in self.analytics_rules.items()},
-            **{f"streets:{name}": ref for name, ref in self.street_lists.items()},
-        }
+        return {f"{kind}:{name}": ref for kind, refs in self.files.items() for name, ref in refs.items()}
 
     def reload_all(self) -> dict[str, ReloadResult]:
-        """Reload every changed file (SIGHUP); keys are ``kb:NAME``, ``tags:NAME``, ``analytics:NAME``
-        and ``streets:NAME``."""
+        """Reload every changed file (SIGHUP); keys are ``KIND:NAME`` (``kb:hotline``, ``tags:NAME``,
+        ``analytics:NAME``, ``streets:NAME``: the kinds of the features' file sets)."""
         return {key: ref.try_reload() for key, ref in self._files().items()}
 
     def content_hashes(self) -> dict[str, str]:
-        """The sha256 of every KB, tag, analytics rules and street file in force (keys as in ``reload_all``)."""
+        """The sha256 of every file in force (keys as in ``reload_all``)."""
         return {key: ref.content_hash for key, ref in self._files().items()}
 
     def end_call(self, call_id: str) -> None:
@@ -139,7 +151,7 @@ class TranscriptProcessor:
     def process(self, update: TranscriptUpdate) -> list[Event]:
         ctx = update.call
         if not update.is_partial and update.text_raw is None:
-            update = _rewritten(update)
+            update = self._rewritten(update)
         with self._lock:  # the call's state is made once, not built and dropped for every event
             state = self._calls.get(ctx.call_id)
             if state is None:
@@ -163,32 +175,20 @@ class TranscriptProcessor:
             tags = self._tags(update, entities, redacted, state)
             if tags is not None:
                 events.append(tags)
-        if not update.is_partial and ctx.analytics_rules is not None:
-            state.finals.append(_utterance(update, entities))
-        if not update.is_partial and ctx.workorder is not None:
-            events.extend(self._workorder(ctx, state, events))
+        if not update.is_partial:
+            for name, file_sets, on_final in self._on_final:
+                files = {n: ref for s in file_sets for n, ref in self.files.get(s.kind, {}).items()}
+                step = FinalStep(update, entities, events, files, state.features.setdefault(name, {}))
+                events.extend(on_final(step))
         return events
 
-    def _workorder(self, ctx: CallContext, state: _CallState, events: list[Event]) -> list[WorkorderUpdated]:
-        """``workorder.updated`` when this final's events changed the draft."""
-        options = ctx.workorder
-        if options is None:
-            return []
-        if state.draft is None:
-            ref = self.street_lists.get(options.streets) if options.streets else None
-            state.draft = WorkorderDraft(ref.get() if ref is not None else None, options.fillers)
-        changed = state.draft.observe(events)
-        if not changed:
-            return []
-        return [
-            WorkorderUpdated(
-                call=ctx,
-                workorder_id=ctx.call_id,
-                revision=state.draft.revision,
-                changed=changed,
-                fields=state.draft.fields,
-            )
-        ]
+    def _rewritten(self, final: TranscriptUpdate) -> TranscriptUpdate:
+        """The final as its route writes it (the rewriting features in order: ITN, punctuation ...);
+        where one of them rewrote it, ``text_raw`` keeps the engine's text."""
+        update = final
+        for rewrite in self._rewrites:
+            update = rewrite(update)
+        return update if update is final else replace(update, text_raw=final.text)
 
     def call_analytics(self, ctx: CallContext, duration_ms: int) -> CallAnalytics | None:
         """The call's ``call.analytics`` (publish it before ``call.ended``), None where its route
@@ -197,15 +197,16 @@ class TranscriptProcessor:
             return None
         with self._lock:
             state = self._calls.get(ctx.call_id, _CallState())
-        numbers = measure(state.finals, duration_ms)
+        finals = analytics_feature.finals(state.features.get(analytics_feature.FEATURE.name, {}))
+        numbers = measure(finals, duration_ms)
         ref = self.analytics_rules.get(ctx.analytics_rules)
         checks: tuple[RuleCheck, ...] = ()
         categories: tuple[CategoryHit, ...] = ()
         if ref is not None:
             now = self.clock()
-            addresses = {a for u in state.finals if u.role != "agent" for a in u.addresses}
+            addresses = {a for u in finals if u.role != "agent" for a in u.addresses}
             earlier = self._recent_addresses.hours_since(ctx.analytics_rules, addresses, now)
-            checks, categories = ref.get().evaluate(state.finals, numbers.duration_ms, earlier)
+            checks, categories = ref.get().evaluate(finals, numbers.duration_ms, earlier)
             self._recent_addresses.remember(ctx.analytics_rules, addresses, now)
         return CallAnalytics(
             call=ctx,
@@ -359,41 +360,3 @@ class TranscriptProcessor:
             is_partial=update.is_partial,
             tags=tuple(tags),
         )
-
-
-def _rewritten(final: TranscriptUpdate) -> TranscriptUpdate:
-    """The final as its route writes it: spoken numbers in digits (``itn``: text, tokens, n-best),
-    then punctuation (``punctuation``: text only); where the route asks for either, ``text_raw``
-    keeps the engine's text."""
-    ctx, update = final.call, final
-    if ctx.itn:
-        normalized = normalize_numbers(update.text)
-        tokens = tuple(normalize_tokens(normalized, [(t[0], t[1], t[2]) for t in update.tokens]))
-        nbest = tuple((normalize_numbers(text).text, score) for text, score in update.nbest)
-        update = replace(update, text=normalized.text, tokens=tokens, nbest=nbest)
-    if ctx.punctuation != "off":
-        update = replace(update, text=PUNCTUATORS[ctx.punctuation].punctuate(update.text, update.tokens))
-    return replace(update, text_raw=final.text) if ctx.itn or ctx.punctuation != "off" else update
-
-
-def _utterance(update: TranscriptUpdate, entities: list[Entity]) -> Utterance:
-    """A final as ``kb_hooks.analytics`` reads it (the text before redaction: phrases and
-    addresses are matched in it, and only the rules' phrases and addresses are published)."""
-    return Utterance(
-        role=update.participant.role,
-        utterance_id=update.utterance_id,
-        text=update.text,
-        spoken_chars=spoken_chars(update.text_raw if update.text_raw is not None else update.text),
-        begin_ms=update.begin_offset_ms,
-        end_ms=update.end_offset_ms,
-        tokens=update.tokens,
-        addresses=tuple(e.normalized for e in entities if e.label == "address"),
-    )
-
-
-def _normalized(update: TranscriptUpdate) -> TranscriptUpdate:
-    """The update with spoken numbers in digits (text, tokens, n-best); ``text_raw`` keeps the spoken text."""
-    normalized = normalize_numbers(update.text)
-    tokens = tuple(normalize_tokens(normalized, [(t[0], t[1], t[2]) for t in update.tokens]))
-    nbest = tuple((normalize_numbers(text).text, score) for text, score in update.nbest)
-    return replace(update, text=normalized.text, tokens=tokens, nbest=nbest, text_raw=update.text)

@@ -105,8 +105,9 @@ class Printer:
             return f"{head} {self._paint('tags', 'TAGS ' + items)}"
         if kind == EventType.CALL_STARTED:
             roles = ",".join(p.get("role", "?") for p in event.get("participants", []))
-            body = (f"CALL STARTED route={event.get('route')} sip_call_id={event.get('sip_call_id')} "
-                    f"participants={roles}")  # fmt: skip
+            source_call_id = event.get("source_call_id", event.get("sip_call_id"))  # events written before it
+            body = (f"CALL STARTED source={event.get('source', 'sip')} route={event.get('route')} "
+                    f"source_call_id={source_call_id} participants={roles}")  # fmt: skip
             return f"{head} {self._paint('call', body)}"
         if kind == EventType.WORKORDER_UPDATED:
             body = f"WORK ORDER r{event.get('revision')} {workorder_line(event)}"

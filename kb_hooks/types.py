@@ -6,7 +6,8 @@ into these small frozen dataclasses, so this package can be tested and reused on
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal, NamedTuple
 
@@ -60,7 +61,7 @@ class CallContext:
     """Per-call facts that every event of the call carries, plus the call's KB/tag/redaction choice."""
 
     call_id: str
-    sip_call_id: str | None = None
+    source_call_id: str | None = None  # the front door's own id of the call (SIP: the Call-ID header)
     route: str | None = None
     key_prefix: str | None = None  # overrides RedisSettings.key_prefix for this call when set
     redaction: RedactionMode = RedactionMode.MASK
@@ -70,6 +71,13 @@ class CallContext:
     punctuation: PunctuationName = "off"  # finals: asr_common.punctuation.PUNCTUATORS' key; text_raw keeps the text
     analytics_rules: str | None = None  # name of the analytics rule set; None: no call.analytics
     workorder: WorkorderOptions | None = None  # None: no work-order draft
+    # Other registered features' values by feature name (kb_hooks.features: Feature.option); a
+    # feature the call's route leaves off is absent.
+    options: Mapping[str, object] = field(default_factory=dict, hash=False)
+
+    def option(self, feature: str) -> object | None:
+        """The call's value for ``feature`` (``kb_hooks.features``), None where its route leaves it off."""
+        return self.options.get(feature)
 
 
 class TokenTiming(NamedTuple):

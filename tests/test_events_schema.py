@@ -225,7 +225,7 @@ def test_written_out_records_write_exactly_their_fields() -> None:
 def test_written_out_transcripts_equal_the_generic_form_key_order_included() -> None:
     """Partials and finals write their JSON out (the most frequent events); it must stay what the
     generic field loop of ``Event.to_json`` makes of them, optional fields present or not."""
-    ctx = CallContext("c1", sip_call_id="s1", route="default")
+    ctx = CallContext("c1", source_call_id="s1", route="default")
     caller = Participant("caller", "sip:a@b", label="1", name="张三")
     tokens = (ev.Token("井", 0, 40), ev.Token("盖", 40, None))
     common = {"call": ctx, "participant": caller, "utterance_id": 3, "text": "井盖", "begin_offset_ms": 0,

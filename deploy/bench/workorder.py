@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -40,6 +40,7 @@ import yaml
 
 from asr_common.yamlconf import ConfigError
 from asr_core.audio_io import read_pcm16
+from asr_gateway.call_context import profile_context
 from asr_gateway.dev.cluster import firehose
 from asr_gateway.dev.demo import DATA_DIR, KEY_PREFIX, default_model_dir, demo_config
 from asr_gateway.dev.local_redis import LocalRedis
@@ -49,8 +50,9 @@ from calls.profile import Profile
 from calls.roles import Role
 from calls.routing import load_routes
 from kb_hooks.events import EventType, WorkorderUpdated
+from kb_hooks.features import NodeDefaults
 from kb_hooks.processor import TranscriptProcessor
-from kb_hooks.types import CallContext, Participant, RedactionMode, TranscriptUpdate, WorkorderOptions
+from kb_hooks.types import CallContext, Participant, RedactionMode, TranscriptUpdate
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SET = REPO / "recipes" / "testsets" / "workorder_calls.yaml"
@@ -100,22 +102,9 @@ def load_set(path: Path) -> list[LabelledCall]:
 
 
 def route_context(profile: Profile, call_id: str, keep_numbers: bool) -> CallContext:
-    """The context the bridge gives a call of ``profile`` (``asr_gateway.bridge``)."""
-    section = profile.workorder
-    workorder = None
-    if section is not None and section.fillers is None:
-        workorder = WorkorderOptions(section.streets)
-    elif section is not None:
-        workorder = WorkorderOptions(section.streets, tuple(section.fillers or ()))
-    return CallContext(
-        call_id=call_id,
-        redaction=RedactionMode.KEEP if keep_numbers else RedactionMode(profile.redaction),
-        kb_set=profile.kb_set,
-        tag_rules=(profile.tag_rules,) if profile.tag_rules else (),
-        itn=profile.itn,
-        punctuation=profile.punctuation,
-        workorder=workorder,
-    )
+    """The context the bridge gives a call of ``profile`` (``asr_gateway.call_context``)."""
+    ctx = profile_context(profile, NodeDefaults(), call_id=call_id, route=None)
+    return replace(ctx, redaction=RedactionMode.KEEP) if keep_numbers else ctx
 
 
 def demo_profile() -> Profile:

@@ -1,0 +1,58 @@
+"""Call analytics: talk, silence, overlaps, speaking rate and a route's checks and categories,
+published as ``call.analytics`` when the call ends (``kb_hooks.analytics``, ``analytics_rules``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from kb_hooks.analytics import Utterance, spoken_chars
+from kb_hooks.analytics_rules import load_analytics_rules
+from kb_hooks.entities import Entity
+from kb_hooks.events import Event
+from kb_hooks.features.base import Feature, FileSet, FinalStep, NodeDefaults, RouteSettings
+from kb_hooks.types import TranscriptUpdate
+
+
+def _fields(route: RouteSettings, node: NodeDefaults) -> dict[str, Any]:
+    return {"analytics_rules": route.get("analytics_rules")}
+
+
+def finals(state: dict[str, Any]) -> list[Utterance]:
+    """The finals a call's analytics state kept (``TranscriptProcessor.call_analytics`` reads them)."""
+    kept: list[Utterance] = state.setdefault("finals", [])
+    return kept
+
+
+def _on_final(step: FinalStep) -> list[Event]:
+    """Keep the final for the call's ``call.analytics``; nothing is published per final."""
+    if step.ctx.analytics_rules is not None:
+        finals(step.state).append(utterance(step.update, step.entities))
+    return []
+
+
+def utterance(final: TranscriptUpdate, entities: Sequence[Entity]) -> Utterance:
+    """A final as ``kb_hooks.analytics`` reads it (the text before redaction: phrases and
+    addresses are matched in it, and only the rules' phrases and addresses are published)."""
+    return Utterance(
+        role=final.participant.role,
+        utterance_id=final.utterance_id,
+        text=final.text,
+        spoken_chars=spoken_chars(final.text_raw if final.text_raw is not None else final.text),
+        begin_ms=final.begin_offset_ms,
+        end_ms=final.end_offset_ms,
+        tokens=final.tokens,
+        addresses=tuple(e.normalized for e in entities if e.label == "address"),
+    )
+
+
+FEATURE = Feature(
+    name="analytics",
+    route_keys=("analytics_rules",),
+    node_settings=("analytics_rule_sets",),
+    file_sets=(FileSet("analytics", "analytics_rule_sets", load_analytics_rules),),
+    per_event="finals: kept for the call (nothing published); at call end the bridge asks "
+    "TranscriptProcessor.call_analytics for call.analytics, published before call.ended",
+    fields=_fields,
+    on_final=_on_final,
+)
