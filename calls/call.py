@@ -45,7 +45,7 @@ class CallInfo:
     source: CallSource
     source_call_id: str
     """The door's own id of the call (SIP: the Call-ID header; AudioSocket: the connection's UUID;
-    WebSocket: the stream id), published as ``sip_call_id``."""
+    WebSocket: the stream id), published as ``source_call_id`` (and ``sip_call_id``, its v1 name)."""
     from_aor: str
     from_name: str | None
     to_aor: str
