@@ -1,7 +1,8 @@
 """The front doors beside SIP that the config turns on: Asterisk AudioSocket (``audiosocket``)
 and the WebSocket API with FreeSWITCH ``mod_audio_fork`` (``websocket``).
 
-Each door hands its calls to the same application (``CallBridge``, a ``calls.handler.CallHandler``)
+Each door hands its calls to the same application (the service's ``calls.registry.CallRegistry``,
+which counts them and passes them on to ``CallBridge``; both are ``calls.handler.CallHandler``s)
 and routes them with the routes in force, so routing, admission, the engine, events and the
 journal work the same for every door. The service constructs ``Doors``, starts them after SIP
 listens, and stops them before SIP.
@@ -18,6 +19,7 @@ from asr_gateway.bridge import CallBridge
 from asr_gateway.config import ServiceConfig
 from asr_gateway.metrics import DoorFigures
 from audiosocket.server import AudioSocketServer
+from calls.handler import CallHandler
 from calls.routing import Router
 from wsaudio.server import WebSocketServer
 
@@ -38,10 +40,16 @@ def websocket_tls(config: ServiceConfig) -> ssl.SSLContext | None:
 
 
 class Doors:
-    """The enabled doors; ``model_rate`` (Hz) is the engine's input rate, which doors feed at 16 kHz."""
+    """The enabled doors: their calls go to ``handler``; a door that answers with a call's events
+    watches it on ``bridge``. ``model_rate`` (Hz) is the engine's input rate, which doors feed at 16 kHz."""
 
     def __init__(
-        self, config: ServiceConfig, bridge: CallBridge, router: Callable[[], Router], model_rate: int
+        self,
+        config: ServiceConfig,
+        handler: CallHandler,
+        bridge: CallBridge,
+        router: Callable[[], Router],
+        model_rate: int,
     ) -> None:
         switches = (("audiosocket", config.audiosocket.enabled), ("websocket", config.websocket.enabled))
         enabled = [name for name, on in switches if on]
@@ -50,10 +58,12 @@ class Doors:
                 [f"{', '.join(enabled)}: these doors feed {SAMPLE_RATE} Hz audio; the model's front end runs at "
                  f"{model_rate} Hz (turn the doors off or serve a {SAMPLE_RATE} Hz model)"]
             )  # fmt: skip
-        self.audiosocket = AudioSocketServer(config.audiosocket, bridge, router) if config.audiosocket.enabled else None
+        self.audiosocket = (
+            AudioSocketServer(config.audiosocket, handler, router) if config.audiosocket.enabled else None
+        )
         self.websocket = (
             WebSocketServer(
-                config.websocket, bridge, router, bridge.watch, bridge.unwatch, tuple(config.engine.allowed_chunk_ms),
+                config.websocket, handler, router, bridge.watch, bridge.unwatch, tuple(config.engine.allowed_chunk_ms),
                 websocket_tls(config),
             )
             if config.websocket.enabled

@@ -1,8 +1,10 @@
 """What this gateway runs, told to Redis every few seconds, and reload requests from the console.
 
 Every ``interval_s`` the heartbeat writes one field of the hash ``{prefix}:nodes``: the node id
--> JSON ``{node, config_version, last_reload: {at, ok, errors}, active_calls, engine_streams,
-degraded_streams, ts}`` (``degraded_streams``: the engine's streams at longer chunks than their
+-> JSON ``{node, config_version, last_reload: {at, ok, errors}, active_calls, active_calls_by_source,
+engine_streams, degraded_streams, ts}`` (``active_calls``: the calls of every front door;
+``active_calls_by_source``: the same by door, ``{"sip": n, "audiosocket": n, "websocket": n,
+"audio_fork": n}``; ``degraded_streams``: the engine's streams at longer chunks than their
 route's because the node is behind, surge; the ``asr_engine_degraded_streams`` gauge). Redis 7.0
 has no per-field expiry, so ``ts`` (unix seconds) tells readers how fresh a field is: the
 console shows a node as gone after ``3 * interval_s`` and deletes fields older than a day.

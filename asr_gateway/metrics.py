@@ -36,6 +36,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from asr_common.latency import Histogram
+from calls.call import CallSource
 
 JOURNAL_COUNTERS = ("spooled", "replayed", "duplicates_suppressed", "spool_full_dropped", "spool_corrupt_skipped",
                     "spool_torn_records", "calls_ended_on_restart")  # fmt: skip
@@ -96,7 +97,8 @@ class NodeFigures:
     """Everything ``/metrics`` shows of a node (process metrics aside), read at one scrape."""
 
     healthy: bool  # ready for new calls
-    active_calls: int
+    active_calls: int  # every door's calls in progress (``calls.registry.CallRegistry``)
+    calls_by_source: Mapping[CallSource, int]  # the same by door (every door listed, 0 for one without calls)
     partials_dropped: int  # by the bridge and the publisher together
     engine: EngineFigures
     redis: RedisFigures
@@ -134,7 +136,15 @@ class NodeCollector(Collector):
 
     def _calls_and_engine(self, node: NodeFigures) -> Iterator[Any]:
         engine = node.engine
-        yield GaugeMetricFamily("asr_active_calls", "SIP calls in progress", value=node.active_calls)
+        yield GaugeMetricFamily("asr_active_calls", "calls in progress, every front door", value=node.active_calls)
+        by_source = GaugeMetricFamily(
+            "asr_active_calls_by_source",
+            "calls in progress by front door: sip, audiosocket, websocket, audio_fork",
+            labels=["source"],
+        )
+        for source, count in node.calls_by_source.items():
+            by_source.add_metric([source], count)
+        yield by_source
         yield GaugeMetricFamily("asr_engine_streams", "engine streams (call legs) open", value=engine.streams)
         yield GaugeMetricFamily("asr_kv_pool_slots", "cache pool slots in total", value=engine.slots)
         yield GaugeMetricFamily("asr_kv_pool_used_slots", "cache pool slots in use", value=engine.used_slots)

@@ -23,8 +23,8 @@ class NodeState:
     engine_warm: bool  # warm-up done, engine threads started
     engine_slots: int
     free_engine_slots: int
-    active_calls: int
-    max_calls: int  # sip.max_calls
+    active_calls: int  # every door's
+    max_calls: int  # the node's limit on calls of every door: sip.max_calls, at most engine.max_streams
     redis_connected: bool
     spool_pending_bytes: int  # journal bytes Redis has not acknowledged
     spool_max_bytes: int

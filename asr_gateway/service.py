@@ -5,7 +5,8 @@ Threads: the asyncio loop (uvloop when installed) runs SIP, the RTP legs, the pu
 the health/metrics HTTP server; the engine runs its scheduler thread; KB matching and tagging
 run in the bridge's worker thread. Bounded queues sit between them.
 
-Signals: SIGTERM/SIGINT drain (new INVITEs and OPTIONS get 503, calls may end on their own
+Signals: SIGTERM/SIGINT drain (new INVITEs and OPTIONS get 503 and every door refuses new
+calls; the calls of every door, counted by ``calls.registry.CallRegistry``, may end on their own
 for ``sip.drain_wait_s``, then the rest get BYE within the grace period, their finals are
 decoded and published, the spool is flushed); SIGHUP reloads the routes, KB, tag and hotword
 files (``reloading``: also when they change, and on ``reload`` from the console, see
@@ -46,6 +47,7 @@ from asr_gateway.metrics import JOURNAL_COUNTERS, EngineFigures, MetricsServer, 
 from asr_gateway.readiness import NodeState, not_ready
 from asr_gateway.reloading import ConfigReloader, routes_hash
 from asr_gateway.rtp_totals import CountedRtpLeg, RtpTotals
+from calls.registry import CallRegistry
 from calls.routing import Router, load_routes
 from kb_hooks.processor import TranscriptProcessor
 from kb_hooks.publisher import Publisher
@@ -198,11 +200,14 @@ class Service:
         self.ports_allocator = PortAllocator(rtp.host, rtp.port_min, rtp.port_max)
         max_calls_by_engine = min(config.sip.max_calls, config.engine.max_streams)
         sip_settings = config.sip.model_copy(update={"max_calls": max_calls_by_engine})
+        # Every door's calls, counted in one place: drain, readiness, the node's call limit,
+        # metrics and the heartbeat read it. The doors hand their calls to it, it to the bridge.
+        self.calls = CallRegistry(self.bridge, max_calls_by_engine)
         self.rtp_totals = RtpTotals()
         self.sip = SipServer(
-            sip_settings, self.bridge, self.ports_allocator, self.router, leg_factory=self._rtp_leg, media_host=None
+            sip_settings, self.calls, self.ports_allocator, self.router, leg_factory=self._rtp_leg, media_host=None
         )
-        self.doors = Doors(config, self.bridge, lambda: self.router, self.loaded.sample_rate)
+        self.doors = Doors(config, self.calls, self.bridge, lambda: self.router, self.loaded.sample_rate)
         self.metrics = MetricsServer(self, config.metrics.host, config.metrics.port)
         self.reloader = ConfigReloader(config, self.processor, self.hotwords, self._reload_routes, routes_in_force)
         self._stopping = asyncio.Event()
@@ -275,7 +280,9 @@ class Service:
         return ports
 
     def request_stop(self) -> None:
-        """Start draining now: OPTIONS, new INVITEs and /health/ready answer 503 from this moment."""
+        """Start draining now: OPTIONS, new INVITEs, every door's new calls and /health/ready are
+        refused from this moment."""
+        self.calls.set_draining()
         self.sip.set_draining()
         self.doors.set_draining()
         self._stopping.set()
@@ -291,15 +298,17 @@ class Service:
         await self.stop()
 
     async def wait_for_calls(self) -> None:
-        """Draining: let the calls end on their own for up to ``sip.drain_wait_s``, and keep answering
-        OPTIONS 503 for at least ``sip.drain_linger_s`` of it, so a dispatcher sees the node leave."""
+        """Draining: let the calls of every door end on their own for up to ``sip.drain_wait_s``, and
+        keep answering OPTIONS 503 for at least ``sip.drain_linger_s`` of it, so a dispatcher sees
+        the node leave."""
         settings = self.config.sip
         start = time.monotonic()
         linger_s = min(settings.drain_linger_s, settings.drain_wait_s)
         if settings.drain_wait_s > 0:
-            log.info("draining: waiting up to %.0f s for %d calls to end", settings.drain_wait_s, self.sip.active_calls)
+            log.info("draining: waiting up to %.0f s for %d calls (%s) to end", settings.drain_wait_s,
+                     self.calls.active, self._calls_by_source())  # fmt: skip
         while time.monotonic() - start < settings.drain_wait_s:
-            if not self.sip.active_calls and time.monotonic() - start >= linger_s:
+            if not self.calls.active and time.monotonic() - start >= linger_s:
                 break
             await asyncio.sleep(0.1)
 
@@ -308,7 +317,7 @@ class Service:
         audio already received however far behind real time the engine is, publish every
         final and call.ended, flush Redis (what it does not take within ``grace_s`` stays in
         the spool for the next start)."""
-        log.info("draining: %d active calls", self.sip.active_calls)
+        log.info("draining: %d active calls (%s)", self.calls.active, self._calls_by_source())
         self.reloader.stop()
         self._stopping.set()  # not ready from now on (request_stop may not have come first)
         self.sip_listening = False
@@ -339,6 +348,10 @@ class Service:
         elif behind:
             log.info("decoded the last audio of %d streams in %.1f s", behind, time.monotonic() - started)
 
+    def _calls_by_source(self) -> str:
+        """The doors' calls in progress for a log line: ``sip 2, websocket 1`` (``none``: no call)."""
+        return ", ".join(f"{door} {n}" for door, n in self.calls.by_source().items() if n) or "none"
+
     # -- health -----------------------------------------------------------------------
 
     def not_ready(self) -> list[str]:
@@ -350,8 +363,8 @@ class Service:
                 engine_warm=self.warm,
                 engine_slots=self.engine.pool.num_slots,
                 free_engine_slots=self.engine.free_slots,
-                active_calls=self.sip.active_calls,
-                max_calls=self.config.sip.max_calls,
+                active_calls=self.calls.active,
+                max_calls=self.calls.max_calls,
                 redis_connected=self.publisher.connected,
                 spool_pending_bytes=self.publisher.spool_pending_bytes(),
                 spool_max_bytes=self.config.redis.spool_max_bytes,
@@ -364,7 +377,8 @@ class Service:
         last = self.reloader.last_reload
         return NodeFigures(
             healthy=not self.not_ready(),
-            active_calls=self.sip.active_calls,
+            active_calls=self.calls.active,
+            calls_by_source=self.calls.by_source(),
             partials_dropped=publisher.partials_dropped + self.bridge.partials_dropped,
             engine=EngineFigures(
                 streams=engine.active_streams,
@@ -421,12 +435,14 @@ class Service:
 
     def node_report(self) -> dict[str, object]:
         """What the heartbeat tells the console: the version in force, the last reload, the load
-        (calls, the engine's streams and those of them slowed down to longer chunks by surge)."""
+        (every door's calls, in all and by door; the engine's streams and those of them slowed
+        down to longer chunks by surge)."""
         last = self.reloader.last_reload
         return {
             "config_version": self.reloader.config_version,
             "last_reload": {"at": last.at_unix, "ok": last.ok, "errors": list(last.errors)},
-            "active_calls": self.sip.active_calls,
+            "active_calls": self.calls.active,
+            "active_calls_by_source": dict(self.calls.by_source()),
             "engine_streams": self.engine.active_streams,
             "degraded_streams": self.engine.degraded_streams,
         }

@@ -82,7 +82,12 @@ class SipSettings(BaseModel):
         "[0.0.0.0/0, ::/0] admits any source",
     )
     acl_action: Literal["reject", "drop"] = Field("reject", description="reject: 403; drop: no answer")
-    max_calls: int = Field(1000, ge=1, description="calls held at once; more get 503 + Retry-After")
+    max_calls: int = Field(
+        1000,
+        ge=1,
+        description="the node's limit on calls held at once, of every front door (SIP, AudioSocket, WebSocket; "
+        "at most engine.max_streams); a new call past it is refused (SIP: 503 + Retry-After)",
+    )
     max_message_bytes: int = Field(65536, ge=1024, description="larger messages are refused (513) or dropped")
     invite_rate_per_s: float = Field(50.0, gt=0, description="new INVITEs per second per source IP")
     invite_burst: int = Field(100, ge=1, description="token-bucket depth of the INVITE rate limit")
