@@ -1,15 +1,17 @@
 """The AudioSocket door's asyncio TCP transport: one connection is one call leg.
 
+A connection from outside the door's ``source_cidrs`` is refused before a byte of it is read.
 Per connection: read bytes, cut them into frames (``frames.FrameReader``), run them through
-the connection's ``session.Session`` and act on its events. The UUID frame routes the stream
-(``calls.routing.CallFacts``: the peer's address, the UUID as the ``uuid`` attribute), asks the
-application for room (``has_capacity``, then ``open_leg``) and opens the leg; audio goes to
-the leg's ``PcmSink`` at 16 kHz (8 kHz through rtp's shared upsampler); keys go to the sink's
-``dtmf`` like RFC 4733 key presses. Hangup, an error frame, a closed connection, silence for
-``idle_timeout_s``, a frame left incomplete for ``frame_timeout_s`` (a slowloris) or bad input
-end the leg and the call; bad input is answered with an error frame whose payload is the
-reason as text, and counted in ``refusals`` by reason. Nothing is ever sent back otherwise:
-the reply direction stays silent.
+the connection's ``session.Session`` and act on its events. The UUID frame admits the stream
+through ``calls.admit`` (route by ``calls.routing.CallFacts``: the peer's address, the UUID as
+the ``uuid`` attribute, which the profile's ``metadata_headers`` may publish; the role the
+route transcribes; room; the leg opened), its refusals counted as ``no_route``, ``busy`` or
+``draining``. Audio goes to the leg's ``PcmSink`` at 16 kHz (8 kHz through rtp's shared
+upsampler); keys go to the sink's ``dtmf`` like RFC 4733 key presses. Hangup, an error frame, a
+closed connection, silence for ``idle_timeout_s``, a frame left incomplete for
+``frame_timeout_s`` (a slowloris) or bad input end the leg and the call; bad input is answered
+with an error frame whose payload is the reason as text, and counted in ``refusals`` by reason.
+Nothing is ever sent back otherwise: the reply direction stays silent.
 """
 
 from __future__ import annotations
@@ -22,17 +24,17 @@ import uuid
 from collections.abc import Callable
 
 from asr_common.audio import SAMPLE_RATE, TELEPHONE_RATE, PcmSink
-from asr_common.errors import CapacityError
 from asr_common.listener import Peer, TcpListener
 from audiosocket.config import AudioSocketSettings
 from audiosocket.errors import PeerError
 from audiosocket.frames import FrameReader, Kind, encode
 from audiosocket.session import Audio, HungUp, Identified, KeyPressed, PeerFailed, Session
+from calls.admit import Refused, open_legs, require_room, route_call, transcribed
 from calls.call import CallInfo, LegInfo
 from calls.handler import CallHandler
 from calls.join import uuid_join_key
-from calls.metadata import CallMetadata
-from calls.routing import CallFacts, Router
+from calls.metadata import CallMetadata, listed_headers
+from calls.routing import CallFacts, Router, inside, parse_address
 from rtp.dtmf import KeyPress
 from rtp.resample import PassThroughStream, UpsamplerStream, model_rate_stream
 from rtp.sink import DtmfSink
@@ -42,6 +44,10 @@ log = logging.getLogger(__name__)
 RATES = frozenset({TELEPHONE_RATE, SAMPLE_RATE})
 """Audio rates (Hz) the door takes: Asterisk's ``slin`` (0x10) and ``slin16`` (0x12)."""
 READ_BYTES = 65536
+
+
+def _draining_error() -> PeerError:
+    return PeerError("draining", "this node is draining; try another")
 
 
 class _Leg:
@@ -88,10 +94,28 @@ class AudioSocketServer(TcpListener):
     async def start(self) -> None:
         await self._listen(self.settings.host, self.settings.port)
         log.info("audiosocket listening on %s:%d", self.settings.host, self.port)
+        address = parse_address(self.settings.host)
+        if not self.settings.source_cidrs and (address is None or not address.is_loopback):
+            log.warning(
+                "audiosocket listens on %s and takes any source: AudioSocket has no authentication; "
+                "list your Asterisk servers in audiosocket.source_cidrs",
+                self.settings.host,
+            )
+
+    def source_allowed(self, host: str) -> bool:
+        """Whether a connection from ``host`` may be served: the door's ``source_cidrs`` hold it
+        (an empty list holds every source)."""
+        if not self.settings.source_cidrs:
+            return True
+        address = parse_address(host)
+        return address is not None and inside(address, self.settings.source_cidrs)
 
     async def _serve(self, peer: Peer) -> None:
-        if self.draining:
-            await self.refuse(peer.writer, PeerError("draining", "this node is draining; try another"))
+        if not self.source_allowed(peer.host):
+            error = PeerError("forbidden_source", f"source {peer.host} may not connect (audiosocket source_cidrs)")
+            await self.refuse(peer.writer, error)
+        elif self.draining:
+            await self.refuse(peer.writer, _draining_error())
         elif self.over_source_cap(peer.host):
             limit = self.max_connections_per_source
             error = PeerError("source_connections", f"more than {limit} connections from {peer.host}")
@@ -175,33 +199,34 @@ class _Connection:
                 partial_since = None
 
     def _open(self, stream_id: uuid.UUID) -> None:
-        """Route the stream named ``stream_id`` and open its leg (not when its role is not transcribed)."""
+        """Admit the stream named ``stream_id`` and open its leg (none when the route does not
+        transcribe its role); a refusal is a ``PeerError`` with ``calls.admit``'s reason."""
         server = self.server
-        facts = CallFacts(self.peer.host, "", "", {"uuid": str(stream_id)}, siprec=False)
-        decision = server.router().decide(facts)
-        profile = decision.profile
-        if profile is None:
-            raise PeerError("no_route", f"no route takes AudioSocket stream {stream_id} (code {decision.reject_code})")
-        if profile.role not in profile.transcribe:
-            return
-        if not server.handler.has_capacity(1):
-            raise PeerError("busy", "no room for another stream; try another node")
-        call_id = uuid.uuid4().hex
-        leg = LegInfo(leg_id=f"{call_id}-0", label=None, role=profile.role, aor=None, codec="slin")
-        call = CallInfo.unaddressed(
-            call_id=call_id,
-            source="audiosocket",
-            source_call_id=str(stream_id),
-            peer=(self.peer.host, self.peer.port, "tcp"),
-            route=decision.route,
-            profile=profile,
-            legs=(leg,),
-            metadata=CallMetadata(headers=(("uuid", str(stream_id)),)),
-            join_key=uuid_join_key(profile.join_by, stream_id.hex),
-        )
+        if server.draining:  # the connection came before the drain, its UUID after
+            raise _draining_error()
+        attributes = {"uuid": str(stream_id)}
+        facts = CallFacts(self.peer.host, "", "", attributes, siprec=False)
         try:
-            sink = server.handler.open_leg(call, leg)
-        except CapacityError as exc:
-            raise PeerError("busy", f"no room for another stream ({exc}); try another node") from None
+            routed = route_call(server.router(), facts, f"AudioSocket stream {stream_id}")
+            profile = routed.profile
+            if not transcribed([profile.role], profile):
+                return
+            require_room(server.handler, 1)
+            call_id = uuid.uuid4().hex
+            leg = LegInfo(leg_id=f"{call_id}-0", label=None, role=profile.role, aor=None, codec="slin")
+            call = CallInfo.unaddressed(
+                call_id=call_id,
+                source="audiosocket",
+                source_call_id=str(stream_id),
+                peer=(self.peer.host, self.peer.port, "tcp"),
+                route=routed.route,
+                profile=profile,
+                legs=(leg,),
+                metadata=CallMetadata(headers=listed_headers(attributes, profile.metadata_headers)),
+                join_key=uuid_join_key(profile.join_by, stream_id.hex),
+            )
+            (sink,) = open_legs(server.handler, call)
+        except Refused as refused:
+            raise PeerError(refused.reason, refused.message) from None
         server.legs += 1
         self.leg = _Leg(call, leg, sink)
