@@ -4,51 +4,21 @@ of a type the worker does not know is an error, never taken for a call that ende
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
-
 import jsonschema
+import pytest
 
 from asr_core.events import Ended
 from asr_gateway.bridge import CallBridge
 from calls.call import CallInfo, LegInfo
 from calls.profile import Profile
 from kb_hooks import events as ev
-from kb_hooks.types import CallContext, Participant
 from rtp.dtmf import KeyPress
-from tests.test_cucm_join import FakeEngine, FakeProcessor
-
-
-@dataclass
-class RecordingPublisher:
-    """The Publisher's submitting side: keeps every event it is handed."""
-
-    events: list[ev.Event] = field(default_factory=list)
-
-    def submit(self, event: ev.Event, *, audio_end_monotonic: float | None = None) -> None:
-        self.events.append(event)
-
-    def call_started(
-        self,
-        ctx: CallContext,
-        participants: Iterable[Participant],
-        metadata: Mapping[str, str] | None = None,
-        source: ev.CallSourceName = "sip",
-    ) -> ev.CallStarted:
-        event = ev.CallStarted(call=ctx, participants=tuple(participants), metadata=dict(metadata or {}), source=source)
-        self.submit(event)
-        return event
-
-    def call_ended(self, ctx: CallContext, reason: str, stats: Mapping[str, Any] | None = None) -> ev.CallEnded:
-        event = ev.CallEnded(call=ctx, reason=reason, stats=dict(stats or {}))
-        self.submit(event)
-        return event
+from tests.bridge_fakes import FakeEngine, RecordingPublisher, bare_processor
 
 
 def bridge_with_publisher() -> tuple[CallBridge, FakeEngine, RecordingPublisher]:
     engine, publisher = FakeEngine(), RecordingPublisher()
-    bridge = CallBridge(engine, FakeProcessor(), publisher)  # type: ignore[arg-type]
+    bridge = CallBridge(engine, bare_processor(), publisher)
     bridge.start()
     return bridge, engine, publisher
 
@@ -75,6 +45,7 @@ def test_key_presses_are_published_in_order_and_counted_in_call_ended() -> None:
     assert bridge.worker_errors == 0 and bridge.active_calls == 0
 
 
+@pytest.mark.worker_errors_expected
 def test_a_message_of_no_known_type_is_a_worker_error_not_an_ended_call() -> None:
     bridge, _engine, publisher = bridge_with_publisher()
     bridge._queue_put(("ended", "k2", "bye"))  # type: ignore[arg-type]  # the old tuple form

@@ -22,8 +22,7 @@ from kb_hooks.processor import TranscriptProcessor
 from kb_hooks.redact import Redactor
 from kb_hooks.reload import ReloadableRef
 from kb_hooks.types import CallContext, Participant, ParticipantRole, TranscriptUpdate
-from tests.test_bridge_queue import RecordingPublisher
-from tests.test_cucm_join import FakeEngine
+from tests.bridge_fakes import FakeEngine, RecordingPublisher
 
 RULES = """\
 version: 1
@@ -253,9 +252,8 @@ def test_the_processor_makes_call_analytics_and_remembers_addresses_across_calls
 
 
 def test_call_analytics_comes_right_before_call_ended_through_the_bridge(rules_file: Path) -> None:
-    engine, publisher = FakeEngine(), RecordingPublisher()
-    engine.loaded = type("Loaded", (), {"units": ["<blank>", "您", "好", "井", "盖"]})()  # type: ignore[attr-defined]
-    bridge = CallBridge(engine, processor_with(rules_file, [0.0]), publisher)  # type: ignore[arg-type]
+    engine, publisher = FakeEngine(units=["<blank>", "您", "好", "井", "盖"]), RecordingPublisher()
+    bridge = CallBridge(engine, processor_with(rules_file, [0.0]), publisher)
     bridge.start()
     profile = Profile(analytics_rules="hotline", role="agent")
     info = CallInfo("a1", "sip", "sip-a1", "sip:a@b", None, "sip:r@asr", "hotline", ("127.0.0.1", 5060, "udp"),

@@ -5,7 +5,6 @@ two participants (the rules, the profile fields and the joiner: tests/test_calls
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -16,15 +15,16 @@ from calls.call import CallInfo, LegInfo
 from calls.handler import CountingCallHandler
 from calls.profile import Profile
 from calls.routing import Router, RoutesFile
-from kb_hooks.features import FEATURES
 from sip.actions import SendMessage, StartMedia, UpdateMedia
 from sip.config import SipSettings
 from sip.cucm import plain_call
 from sip.header_values import NameAddr
 from sip.message import Headers, Request, Response
 from sip.uas import UasCore
+from tests.bridge_fakes import FakeEngine, RecordingPublisher, bare_processor
 from tests.test_sip_support import OFFER_PCMU, SOURCE, FakePorts, ack
 from tests.test_sip_support import invite as raw_invite
+from tests.waiting import wait_until_async
 
 NEAR = "sip:1001@cucm.example;x-nearend;x-refci=25396399;x-nearenddevice=SEP0011;x-farendaddr=2000"
 FAR = "sip:2000@cucm.example;x-farend;x-refci=25396399;x-farenddevice=SEP0022;x-nearendaddr=1001"
@@ -81,50 +81,7 @@ def test_header_and_uri_param_join_keys() -> None:
     assert by_param.join_key == "uri-param:session=77"
 
 
-# -- CallBridge joining, with stand-ins for the engine and the Redis side -----------------
-
-
-@dataclass
-class FakeStream:
-    stream_id: str
-
-    def accept_waveform(self, samples: Any) -> None: ...
-
-    def input_finished(self) -> None: ...
-
-
-@dataclass
-class FakeEngine:
-    free_slots: int = 10
-    callbacks: dict[str, Any] = field(default_factory=dict)
-
-    def open_stream(self, config: Any, on_event: Any) -> FakeStream:
-        self.callbacks[config.stream_id] = on_event
-        return FakeStream(config.stream_id)
-
-
-class FakeProcessor:
-    features = FEATURES  # the bridge builds its calls' contexts with its processor's features
-
-    def process(self, update: Any) -> list[Any]:
-        return []
-
-    def end_call(self, call_id: str) -> None: ...
-
-    def call_analytics(self, ctx: Any, duration_ms: int) -> None:
-        return None
-
-
-@dataclass
-class FakePublisher:
-    started: list[tuple[str, list[str]]] = field(default_factory=list)
-    ended: list[str] = field(default_factory=list)
-
-    def call_started(self, ctx: Any, participants: list[Any], metadata: Any, source: str = "sip") -> None:
-        self.started.append((ctx.call_id, sorted(p.role for p in participants)))
-
-    def call_ended(self, ctx: Any, reason: str, stats: Any) -> None:
-        self.ended.append(ctx.call_id)
+# -- CallBridge joining, with stand-ins for the engine and the Redis side (tests/bridge_fakes.py)
 
 
 def call(call_id: str, key: str | None, timeout_s: float = 5.0) -> CallInfo:
@@ -137,9 +94,9 @@ def leg(call_id: str, role: Any) -> LegInfo:
     return LegInfo(f"{call_id}-0", None, role, None, "PCMU")
 
 
-def make_bridge() -> tuple[CallBridge, FakeEngine, FakePublisher]:
-    engine, publisher = FakeEngine(), FakePublisher()
-    bridge = CallBridge(engine, FakeProcessor(), publisher)  # type: ignore[arg-type]
+def make_bridge() -> tuple[CallBridge, FakeEngine, RecordingPublisher]:
+    engine, publisher = FakeEngine(), RecordingPublisher()
+    bridge = CallBridge(engine, bare_processor(), publisher)
     bridge.start()
     return bridge, engine, publisher
 
@@ -156,12 +113,12 @@ def test_two_invites_with_one_key_are_one_call_ended_when_both_end() -> None:
 
     async def scenario() -> None:
         bridge.open_leg(first, leg("a", "agent"))
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # a window in which it must not be announced
         assert publisher.started == []  # waiting for the partner
         bridge.open_leg(second, leg("b", "caller"))
-        await asyncio.sleep(0.05)
+        await wait_until_async(lambda: publisher.started, 5.0, "call.started")
         end(bridge, engine, first)
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # a window in which it must not end
         assert publisher.ended == []  # the other direction is still up
         end(bridge, engine, second)
 
@@ -178,13 +135,12 @@ def test_a_partner_that_never_comes_times_out_and_a_late_one_is_its_own_call() -
 
     async def scenario() -> None:
         bridge.open_leg(first, leg("a", "agent"))
-        await asyncio.sleep(0.2)
+        await wait_until_async(lambda: publisher.started, 5.0, "call.started of a after its join timeout")
         assert publisher.started == [("a", ["agent"])]
         bridge.open_leg(late, leg("b", "caller"))
-        await asyncio.sleep(0.2)
+        await wait_until_async(lambda: len(publisher.started) == 2, 5.0, "call.started of b after its join timeout")
         end(bridge, engine, first)
         end(bridge, engine, late)
-        await asyncio.sleep(0.05)
 
     asyncio.run(scenario())
     bridge.stop()
@@ -197,7 +153,7 @@ def test_calls_without_a_key_are_announced_at_once() -> None:
 
     async def scenario() -> None:
         bridge.open_leg(call("a", None), leg("a", "mixed"))
-        await asyncio.sleep(0.05)
+        await wait_until_async(lambda: publisher.started, 5.0, "call.started")
 
     asyncio.run(scenario())
     bridge.stop()

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -21,9 +21,8 @@ from calls.profile import Profile
 from deploy.bench import punctuation_bench
 from kb_hooks import events as ev
 from kb_hooks.processor import TranscriptProcessor
-from kb_hooks.types import CallContext, RedactionMode, TranscriptUpdate
-from tests.test_bridge_queue import RecordingPublisher
-from tests.test_cucm_join import FakeEngine, FakeProcessor
+from kb_hooks.types import CallContext, Participant, RedactionMode, TranscriptUpdate
+from tests.bridge_fakes import FakeEngine, RecordingPublisher, bare_processor
 from tests.test_events import CALLER, ctx, processor, validated
 
 __all__ = ["processor"]  # the fixture, re-used
@@ -126,29 +125,25 @@ def test_the_hand_punctuated_set_and_its_f1(capsys: pytest.CaptureFixture[str]) 
     assert set(report["per_mark"]) == {"，", "。", "？"}
 
 
-@dataclasses.dataclass
-class _ConfigRecordingEngine(FakeEngine):
-    configs: list[Any] = dataclasses.field(default_factory=list)
-
-    def open_stream(self, config: Any, on_event: Any) -> Any:
-        self.configs.append(config)
-        return super().open_stream(config, on_event)
-
-
-@dataclasses.dataclass
 class _ContextRecordingPublisher(RecordingPublisher):
-    contexts: list[CallContext] = dataclasses.field(default_factory=list)
+    def __init__(self) -> None:
+        super().__init__()
+        self.contexts: list[CallContext] = []
 
     def call_started(
-        self, ctx: CallContext, participants: Any, metadata: Any = None, source: ev.CallSourceName = "sip"
+        self,
+        ctx: CallContext,
+        participants: Iterable[Participant],
+        metadata: Mapping[str, str] | None = None,
+        source: ev.CallSourceName = "sip",
     ) -> ev.CallStarted:
         self.contexts.append(ctx)
         return super().call_started(ctx, participants, metadata, source)
 
 
 def test_the_bridge_hands_a_routes_finals_settings_to_the_engine_and_the_processor() -> None:
-    engine, publisher = _ConfigRecordingEngine(), _ContextRecordingPublisher()
-    bridge = CallBridge(engine, FakeProcessor(), publisher)  # type: ignore[arg-type]
+    engine, publisher = FakeEngine(), _ContextRecordingPublisher()
+    bridge = CallBridge(engine, bare_processor(), publisher)
     bridge.start()
     profile = Profile(attention_beam=4, punctuation="pauses", itn=True)
     info = CallInfo("p1", "sip", "sip-p1", "sip:a@b", None, "sip:r@asr", None, ("127.0.0.1", 5060, "udp"), "joint",
