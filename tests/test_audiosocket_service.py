@@ -72,7 +72,8 @@ def test_audiosocket_calls_at_8_and_16_khz_and_a_joined_call(tmp_path: Path, red
     assert asyncio.run(scenario()) == [b""] * 4  # the reply direction stays silent
     by_call: dict[str, list[dict[str, Any]]] = {}
     for event in read_valid_events(redis_server.url):
-        by_call.setdefault(event["sip_call_id"], []).append(event)
+        assert event["sip_call_id"] == event["source_call_id"]  # v1's first name, kept for older consumers
+        by_call.setdefault(event["source_call_id"], []).append(event)
     assert set(by_call) == {str(NARROW), str(WIDE), str(CALLER)}  # the agent's stream joined the caller's call
 
     def finals(events: list[dict[str, Any]], role: str) -> str:

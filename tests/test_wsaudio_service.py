@@ -88,7 +88,8 @@ def test_wenet_ours_and_audio_fork_streams(tmp_path: Path, redis_server: RedisSe
             e["text"] for e in events if e["event_type"] == "transcript.final" and e["participant"]["role"] == role
         )
 
-    calls = {str(evs[0]["sip_call_id"]): evs for evs in by_call.values()}
+    assert all(e["sip_call_id"] == e["source_call_id"] for evs in by_call.values() for e in evs)  # v1's first name
+    calls = {str(evs[0]["source_call_id"]): evs for evs in by_call.values()}
     assert len(calls) == 6
     assert text(calls["fork-mono"], "caller") == SEED_TEXT
     assert text(calls["fork-mixed"], "mixed") == SEED_TEXT
