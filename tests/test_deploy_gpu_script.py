@@ -100,7 +100,10 @@ def test_cpu_rehearsal_prints_one_summary(tmp_path: Path) -> None:
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     (trial,) = summary["trials"]
     assert trial["backend"] == "torch" and trial["dtype"] == "float32" and trial["streams"] == 2
-    assert trial["error"] is None and summary["max_realtime_streams"] == {"torch/float32": 2 if trial["passed"] else 0}
+    # Two streams of the small model take about 0.2 of a core (partial p95 about 30 ms against the
+    # rule's 300 ms on the 2-core development CPU): a trial that does not pass is a broken rehearsal.
+    assert trial["error"] is None and trial["passed"] is True
+    assert summary["max_realtime_streams"] == {"torch/float32": 2}
     assert "torch-cudagraph: needs CUDA" in summary["skipped"]
     assert json.loads((out / gpu_run.SUMMARY_FILE).read_text())["trials"] == summary["trials"]
     assert (out / gpu_run.TRIALS_FILE).read_text().count("\n") == 1 and "gpu_run exit 0" in (
