@@ -19,3 +19,8 @@ class PeerError(Exception):
         self.reason = reason
         self.message = message
         self.close_code = close_code
+
+
+class LifecycleError(Exception):
+    """The door itself asked its connection's lifecycle for a step the table does not allow (a
+    bug in the door, not the peer's doing); the message names the trigger and the state."""
