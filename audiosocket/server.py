@@ -95,7 +95,8 @@ class AudioSocketServer(TcpListener):
         await self._listen(self.settings.host, self.settings.port)
         log.info("audiosocket listening on %s:%d", self.settings.host, self.port)
         address = parse_address(self.settings.host)
-        if not self.settings.source_cidrs and (address is None or not address.is_loopback):
+        loopback = self.settings.host == "localhost" or (address is not None and address.is_loopback)
+        if not self.settings.source_cidrs and not loopback:
             log.warning(
                 "audiosocket listens on %s and takes any source: AudioSocket has no authentication; "
                 "list your Asterisk servers in audiosocket.source_cidrs",
