@@ -49,6 +49,7 @@ from asr_gateway.reloading import ConfigReloader, routes_hash
 from asr_gateway.rtp_totals import CountedRtpLeg, RtpTotals
 from calls.registry import CallRegistry
 from calls.routing import Router, load_routes
+from kb_hooks.features import FEATURES
 from kb_hooks.processor import TranscriptProcessor
 from kb_hooks.publisher import Publisher
 from rtp.leg import RtpLeg
@@ -124,27 +125,8 @@ def check_profiles(router: Router, config: ServiceConfig, where: str) -> list[st
                 f"{where}: profile {name!r} left_chunks {profile.left_chunks} exceeds engine.left_chunks "
                 f"{config.engine.left_chunks} (the cache pool's window)"
             )
-        if profile.kb_set is not None and profile.kb_set not in config.kb_hooks.kb_sets:
-            known = ", ".join(sorted(config.kb_hooks.kb_sets)) or "none"
-            problems.append(f"{where}: profile {name!r} kb_set {profile.kb_set!r} is not in kb_hooks.kb_sets ({known})")
-        if profile.tag_rules is not None and profile.tag_rules not in config.kb_hooks.tag_rule_sets:
-            known = ", ".join(sorted(config.kb_hooks.tag_rule_sets)) or "none"
-            problems.append(
-                f"{where}: profile {name!r} tag_rules {profile.tag_rules!r} is not in kb_hooks.tag_rule_sets ({known})"
-            )
-        rule_sets = config.kb_hooks.analytics_rule_sets
-        if profile.analytics_rules is not None and profile.analytics_rules not in rule_sets:
-            known = ", ".join(sorted(rule_sets)) or "none"
-            problems.append(
-                f"{where}: profile {name!r} analytics_rules {profile.analytics_rules!r} is not in "
-                f"kb_hooks.analytics_rule_sets ({known})"
-            )
-        streets = profile.workorder.streets if profile.workorder is not None else None
-        if streets is not None and streets not in config.kb_hooks.street_lists:
-            known = ", ".join(sorted(config.kb_hooks.street_lists)) or "none"
-            problems.append(
-                f"{where}: profile {name!r} workorder.streets {streets!r} is not in kb_hooks.street_lists ({known})"
-            )
+        unknown_files = FEATURES.route_problems(profile.model_dump(), config.kb_hooks)  # kb_set, tag_rules ...
+        problems += [f"{where}: profile {name!r} {problem}" for problem in unknown_files]
     return problems
 
 

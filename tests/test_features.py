@@ -295,3 +295,15 @@ def test_every_event_carries_the_doors_call_id_as_source_call_id_and_under_its_f
     assert partial.to_json()["source_call_id"] == "0b1e3c4d-uuid"
     older = {k: v for k, v in payload.items() if k != "source_call_id"}  # written before source_call_id
     jsonschema.validate(older, ev.schema())
+
+
+def test_a_route_naming_a_file_the_node_lacks_is_a_problem_of_each_feature_that_reads_it() -> None:
+    settings = KbHooksSettings(kb_sets={"hotline": Path("kb.yaml")}, street_lists={"district": Path("s.txt")})
+    route = Profile.model_validate({"kb_set": "sales", "tag_rules": "t", "workorder": {"streets": "city"}})
+    assert FEATURES.route_problems(route.model_dump(), settings) == [
+        "kb_set 'sales' is not in kb_hooks.kb_sets (hotline)",
+        "tag_rules 't' is not in kb_hooks.tag_rule_sets (none)",
+        "workorder.streets 'city' is not in kb_hooks.street_lists (district)",
+    ]
+    fine = Profile.model_validate({"kb_set": "hotline", "workorder": {}})
+    assert FEATURES.route_problems(fine.model_dump(), settings) == []

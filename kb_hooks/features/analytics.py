@@ -50,7 +50,7 @@ FEATURE = Feature(
     name="analytics",
     route_keys=("analytics_rules",),
     node_settings=("analytics_rule_sets",),
-    file_sets=(FileSet("analytics", "analytics_rule_sets", load_analytics_rules),),
+    file_sets=(FileSet("analytics", "analytics_rule_sets", load_analytics_rules, route_key="analytics_rules"),),
     per_event="finals: kept for the call (nothing published); at call end the bridge asks "
     "TranscriptProcessor.call_analytics for call.analytics, published before call.ended",
     fields=_fields,

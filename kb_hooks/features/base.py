@@ -44,16 +44,32 @@ class FileSet:
     ``kind`` names them everywhere else: ``KIND:NAME`` in reload results, content hashes and the
     console's file keys. ``load`` raises ``ConfigError`` with ``file:line`` messages; the same
     function loads at start, reloads, and checks (``check-config``, the console's validation).
+    ``route_key``: the profile key that names one of them (``workorder.streets``: a key of the
+    profile's ``workorder`` section); a name the node does not know is a problem of the routes.
     """
 
     kind: str
     setting: str
     load: Callable[[Path], object]
+    route_key: str | None = None
 
     def paths(self, settings: KbHooksSettings) -> dict[str, Path]:
         """Name -> path of this set's files in ``settings``."""
         named: Mapping[str, Path] = getattr(settings, self.setting)
         return dict(named)
+
+    def route_problem(self, route: RouteSettings, settings: KbHooksSettings) -> str | None:
+        """Why the name ``route`` gives at ``route_key`` is unusable (None: it names a known file, or none)."""
+        if self.route_key is None:
+            return None
+        value: Any = route
+        for part in self.route_key.split("."):
+            value = value.get(part) if isinstance(value, Mapping) else None
+        known = self.paths(settings)
+        if value is None or value in known:
+            return None
+        listed = ", ".join(sorted(known)) or "none"
+        return f"{self.route_key} {value!r} is not in kb_hooks.{self.setting} ({listed})"
 
 
 @dataclass
@@ -128,6 +144,11 @@ class Registry:
             if file_set.kind == kind:
                 return file_set
         raise KeyError(kind)
+
+    def route_problems(self, route: RouteSettings, settings: KbHooksSettings) -> list[str]:
+        """What in a route's settings names a file the node does not have (one line each)."""
+        problems = (file_set.route_problem(route, settings) for file_set in self.file_sets())
+        return [problem for problem in problems if problem is not None]
 
     def context(self, route: RouteSettings, node: NodeDefaults) -> tuple[dict[str, Any], dict[str, object]]:
         """A call's ``CallContext`` fields and options for a route with settings ``route``."""

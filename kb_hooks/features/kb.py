@@ -16,7 +16,7 @@ FEATURE = Feature(
     name="kb",
     route_keys=("kb_set",),
     node_settings=("kb_sets", "max_suggestions_per_utterance"),
-    file_sets=(FileSet("kb", "kb_sets", load_kb),),
+    file_sets=(FileSet("kb", "kb_sets", load_kb, route_key="kb_set"),),
     per_event="partials suggest, finals confirm or withdraw kb.suggestion events (once per entry and "
     "call unless its score improves); the processor's core",
     fields=_fields,

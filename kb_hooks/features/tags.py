@@ -17,7 +17,7 @@ FEATURE = Feature(
     name="tags",
     route_keys=("tag_rules",),
     node_settings=("tag_rule_sets", "tags_on_partials"),
-    file_sets=(FileSet("tags", "tag_rule_sets", load_tag_rules),),
+    file_sets=(FileSet("tags", "tag_rule_sets", load_tag_rules, route_key="tag_rules"),),
     per_event="finals (partials too with tags_on_partials): one tags event with the rules' new "
     "matches and the new entities; the processor's core",
     fields=_fields,

@@ -42,7 +42,7 @@ FEATURE = Feature(
     name="workorder",
     route_keys=("workorder",),
     node_settings=("street_lists",),
-    file_sets=(FileSet("streets", "street_lists", load_street_list),),
+    file_sets=(FileSet("streets", "street_lists", load_street_list, route_key="workorder.streets"),),
     per_event="finals: the draft observes the final's transcript, suggestions and tags; "
     "workorder.updated where a field changed",
     fields=_fields,
