@@ -11,6 +11,7 @@ from asr_common.errors import CapacityError
 from calls.call import CallInfo, LegInfo
 from calls.handler import CountingCallHandler
 from calls.registry import CallRegistry
+from calls.routing import Router, RoutesFile
 from rtp.sink import CountingSink
 from sip.actions import Action, CallEnded, LegUpdated, SendMessage, StartMedia, StopMedia, UpdateMedia
 from sip.config import AuthSettings, SipSettings
@@ -531,3 +532,10 @@ def test_a_draining_node_answers_503_from_the_leg_opening() -> None:
     (busy,) = responses(actions)
     assert (busy.status, busy.headers.get("Retry-After")) == (503, "5")
     assert core.counters["invites.no_capacity"] == 1 and ports.used == set() and counting.sinks == {}
+
+
+def test_an_invite_no_route_takes_gets_the_routes_files_code() -> None:
+    router = Router(RoutesFile(default_profile=None, reject_code=403))
+    core = UasCore(SipSettings(), CountingCallHandler(), FakePorts(), router)
+    assert statuses(core.receive(invite(), SOURCE, 0.0)) == [403]
+    assert core.active_calls == 0 and core.counters["invites.no_capacity"] == 0
