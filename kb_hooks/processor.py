@@ -98,7 +98,12 @@ class TranscriptProcessor:
             "kb": self.kb, "tags": self.tag_rules, "analytics": self.analytics_rules, "streets": self.street_lists,
         }  # fmt: skip
         self._rewrites = [f.rewrite for f in features if f.rewrite is not None]
-        self._on_final = [(f.name, f.file_sets, f.on_final) for f in features if f.on_final is not None]
+        # (name, its files by name, on_final) of each feature that adds events to finals
+        self._on_final = [
+            (f.name, {name: ref for s in f.file_sets for name, ref in self.files.get(s.kind, {}).items()}, f.on_final)
+            for f in features
+            if f.on_final is not None
+        ]
         self.clock = clock  # unix s: when a call gave an address (repeat_address categories)
         self._recent_addresses = RecentAddresses()
         self.redactor = redaction
@@ -176,8 +181,7 @@ class TranscriptProcessor:
             if tags is not None:
                 events.append(tags)
         if not update.is_partial:
-            for name, file_sets, on_final in self._on_final:
-                files = {n: ref for s in file_sets for n, ref in self.files.get(s.kind, {}).items()}
+            for name, files, on_final in self._on_final:
                 step = FinalStep(update, entities, events, files, state.features.setdefault(name, {}))
                 events.extend(on_final(step))
         return events
