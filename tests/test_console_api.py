@@ -23,11 +23,12 @@ from asr_common.yamlconf import ConfigError
 from asr_gateway.config import load_config
 from asr_gateway.config_check import check_referenced_files
 from asr_gateway.dev.local_redis import LocalRedisCluster
-from asr_gateway.heartbeat import Heartbeat, control_channel
+from asr_gateway.heartbeat import Heartbeat, control_channel, nodes_key
 from kb_hooks import events as ev
 from kb_hooks.types import CallContext
 from tests.console_helpers import MANHOLE, LivePublisher, call_events, login, running_console, write_configs
 from tests.redis_server import RedisServer, redis_cluster, redis_server
+from tests.waiting import wait_until_async
 
 __all__ = ["redis_cluster", "redis_server"]
 
@@ -250,7 +251,12 @@ def test_apply_keeps_versions_reloads_gateways_and_rolls_back(console: tuple[str
                          "last_reload": {"at": reloads[-1] if reloads else 0, "ok": True, "errors": []},
                          "active_calls": 0}, lambda: reloads.append(time.time()), interval_s=0.2)  # fmt: skip
         beat.start()
-        await asyncio.sleep(0.5)
+        with redis.Redis.from_url(redis_server.url) as client:
+            await wait_until_async(
+                lambda: client.hexists(nodes_key("asr"), "gw-1") and client.pubsub_numsub(control_channel("asr"))[0][1],
+                10.0,
+                "gw-1's first report and its subscription to reload requests",
+            )
         nodes = await asyncio.to_thread(lambda: admin.get("/api/admin/nodes").json()["nodes"])
         assert [(n["node"], n["config_version"], n["stale"]) for n in nodes] == [("gw-1", "aaaa", False)]
         edited = original.replace("title: 井盖破损应急处置流程", "title: 井盖破损处置（新）")

@@ -11,6 +11,7 @@ import redis
 
 from asr_gateway.heartbeat import Heartbeat, control_channel, nodes_key
 from tests.redis_server import RedisServer, redis_server
+from tests.waiting import wait_until_async
 
 __all__ = ["redis_server"]
 
@@ -43,8 +44,8 @@ def test_reports_and_takes_a_reload_request(redis_server: RedisServer) -> None:
                          lambda: reloads.append(time.time()), interval_s=0.1)  # fmt: skip
         beat.start()
         try:
-            await asyncio.sleep(0.4)
             with redis.Redis.from_url(redis_server.url) as client:
+                await wait_until_async(lambda: client.hexists(nodes_key("asr"), "gw-2"), 10.0, "gw-2's first report")
                 report = json.loads(client.hget(nodes_key("asr"), "gw-2") or b"{}")
                 assert report["config_version"] == "abc" and report["active_calls"] == 3
                 assert time.time() - report["ts"] < 5

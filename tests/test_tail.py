@@ -6,15 +6,16 @@ import asyncio
 import io
 import json
 import threading
-import time
 from pathlib import Path
 
 import pytest
+import redis
 
 from kb_hooks import events as ev
 from kb_hooks.publisher import Publisher
 from kb_hooks.tail import Printer, main
 from kb_hooks.types import CallContext
+from tests import waiting
 from tests.redis_server import RedisServer, free_port, redis_server  # noqa: F401
 from tests.test_publisher import CALLER, settings, transcript, wait_until
 
@@ -60,7 +61,8 @@ def test_tail_follows_live_partials_and_finals(redis_server: RedisServer, tmp_pa
     thread = threading.Thread(target=lambda: codes.append(main(
         ["--redis", redis_server.url, "--max-events", "2", "--timeout", "10"])))  # fmt: skip
     thread.start()
-    time.sleep(0.5)  # let it subscribe
+    with redis.Redis.from_url(redis_server.url) as client:  # it subscribes once it knows where the streams end
+        waiting.wait_until(lambda: client.pubsub_channels(), 10.0, "tail subscribed to the partials' channel")
 
     async def run() -> None:
         publisher = Publisher(settings(redis_server.url, tmp_path))
