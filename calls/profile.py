@@ -130,7 +130,9 @@ class Profile(BaseModel):
     redaction: Literal["mask", "keep", "hash"] | None = None
     """How phone and ID numbers appear in what is published (``kb_hooks.redact``); unset: the
     node's ``kb_hooks.default_redaction`` (``mask`` unless configured)."""
-    key_prefix: str = "asr"
+    key_prefix: str | None = None
+    """Redis key prefix of the route's calls' streams and channels; unset: the node's
+    ``redis.key_prefix`` (a set default here would override every node's own)."""
     roles: RoleRuleModel = Field(default_factory=RoleRuleModel)
     srtp: SrtpPolicy = "off"
     """SRTP policy of the routes using this profile (``sip/sdp.py``): ``off`` takes plain RTP/AVP

@@ -248,6 +248,12 @@ def test_a_route_without_redaction_gets_the_nodes_default_and_one_with_it_its_ow
     assert call_context(call_of(Profile(redaction="hash")), keep).redaction is RedactionMode.HASH
 
 
+def test_a_route_without_key_prefix_publishes_under_the_nodes() -> None:
+    """``CallContext.key_prefix`` None: the publisher's ``redis.key_prefix``."""
+    assert call_context(call_of(Profile()), NodeDefaults()).key_prefix is None
+    assert call_context(call_of(Profile(key_prefix="asr:sales")), NodeDefaults()).key_prefix == "asr:sales"
+
+
 def test_the_nodes_default_redaction_is_what_try_it_and_the_service_publish(gateway_yaml: Path) -> None:
     text = "我电话13812345678"
     store = ConfigStore(gateway_yaml, gateway_yaml.parent / "state", aioredis.Redis())
