@@ -116,7 +116,7 @@ def test_token_capacity_timeouts_and_the_per_source_cap() -> None:
             websocket.create_connection(base, timeout=10)  # a third connection from this address
         assert info.value.status_code == 503
         busy.send(START)
-        assert closed_with(busy) == (1013, "no room for another stream; try another node")
+        assert closed_with(busy) == (1013, "no room for another call; try another node")
         assert closed_with(ws) == (1008, "no data for 0.4 s")
         ws.close()
         busy.close()
@@ -173,3 +173,46 @@ def test_wss_with_the_sip_certificate_and_a_client_chosen_chunk_size(tmp_path: P
     (call,) = handler.calls.values()  # the stream's engine stream is opened with the call's profile
     assert (call.source, call.profile.chunk_ms, call.profile.left_chunks) == ("websocket", 160, 2)
     assert handler.open_legs == 0 and len(handler.ended) == 1
+
+
+def test_a_door_with_tokens_refuses_a_client_without_one_whatever_it_sends_and_a_route_token_adds_to_it() -> None:
+    handler = CountingCallHandler()
+    door_token, route_token = "the-door-token-of-16", "a-token-of-16-chars"  # the locked route's token
+    door_refusal = (1008, "this door needs a bearer token (Authorization: Bearer, or ?token=)")
+
+    def clients(base: str) -> None:
+        for url, header, subprotocols in [
+            (base + "/", [], None),
+            (base + "/?queue=sales&app=softphone", [], None),  # attributes choose the route, not the door
+            (base + "/v1/stream?token=not-one-of-the-door-tokens", [], ["hotline-asr.v1"]),
+            (base + "/audio_fork?mix=mono&uuid=x", ["Authorization: Bearer wrong-token-of-16-chars"], None),
+            (base + "/?app=locked", ["Authorization: Basic dXNlcjpwYXNz"], ["audio.drachtio.org"]),
+        ]:
+            ws = websocket.create_connection(url, timeout=10, header=header, subprotocols=subprotocols)
+            assert closed_with(ws) == door_refusal, url  # before the client sent anything
+            ws.close()
+        opened = websocket.create_connection(f"{base}/?token={door_token}", timeout=10)
+        opened.send(START)  # the default route asks no more than the door
+        assert json.loads(opened.recv()) == {"status": "ok", "type": "server_ready"}
+        locked = websocket.create_connection(f"{base}/?app=locked&token={door_token}", timeout=10)
+        locked.send(START)  # the door's token opens the door; the locked route asks its own on top
+        assert closed_with(locked) == (1008, "route locked needs its bearer token")
+        both = websocket.create_connection(
+            f"{base}/?app=locked", timeout=10, header=[f"Authorization: Bearer {route_token}"]
+        )
+        both.send(START)  # the route's token, listed at the door too, passes both
+        assert json.loads(both.recv()) == {"status": "ok", "type": "server_ready"}
+        for ws in (opened, locked, both):
+            ws.close()
+
+    door = run_door(clients, handler, bearer_tokens=[door_token, route_token])
+    assert door.refusals == {"unauthorized": 6}
+    assert sorted(call.route or "default" for call in handler.calls.values()) == ["default", "locked"]
+    assert handler.open_legs == 0
+
+
+def test_door_tokens_are_secret_and_long() -> None:
+    settings = WebSocketSettings(bearer_tokens=["x" * 16])
+    assert "x" * 16 not in repr(settings) and "x" * 16 not in settings.model_dump_json()
+    with pytest.raises(ValueError, match=r"bearer_tokens\.0\n.*at least 16"):
+        WebSocketSettings(bearer_tokens=["short"])

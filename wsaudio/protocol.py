@@ -29,12 +29,15 @@ stream's attributes: what the routes file's ``headers`` conditions match and its
 
 from __future__ import annotations
 
+import hmac
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlsplit
 
 import numpy as np
+from pydantic import SecretStr
 
 from calls.metadata import clean_value
 from calls.roles import Role
@@ -94,6 +97,16 @@ def read_handshake(target: str, subprotocols: list[str], headers: list[tuple[byt
         chosen = HOTLINE_SUBPROTOCOL if HOTLINE_SUBPROTOCOL in subprotocols else None
         return Handshake("hotline", chosen, query, token)
     return Handshake("wenet", None, query, token)
+
+
+def token_matches(offered: str | None, tokens: Sequence[SecretStr]) -> bool:
+    """Whether the token ``offered`` is one of ``tokens``; every one is compared, each in
+    constant time, so the answer's timing says nothing of which came close."""
+    given = (offered or "").encode()
+    matched = False
+    for token in tokens:
+        matched |= hmac.compare_digest(given, token.get_secret_value().encode())
+    return matched
 
 
 def _json_object(text: str) -> dict[str, Any]:
