@@ -79,7 +79,7 @@ class FinalStep:
     update: TranscriptUpdate  # the final as rewritten (ITN, punctuation ...), before redaction
     entities: Sequence[Entity]  # found in ``update.text``
     events: Sequence[Event]  # made of this final so far: transcript, suggestions, tags, earlier features'
-    files: Mapping[str, ReloadableRef[Any]]  # the feature's files in force, by name, per kind
+    files: Mapping[str, ReloadableRef[Any]]  # the feature's files in force (all its file sets), by name
     state: dict[str, Any]  # the feature's own per-call state, kept until the call ends
 
     @property
@@ -99,8 +99,9 @@ class Feature:
 
     ``fields``: the ``CallContext`` fields it sets (the features it was built with);
     ``option``: any other feature's value in ``CallContext.options[name]`` (None: left out).
-    ``rewrite``: finals only, in registry order, before redaction (returns the update, changed
-    or not); ``on_final``: the events it adds for a final.
+    ``rewrite``: finals only, in registry order, before redaction; it returns the update itself
+    where the call's route leaves it off (any other object: ``text_raw`` keeps the engine's
+    text). ``on_final``: the events it adds for a final.
     """
 
     name: str
