@@ -107,9 +107,13 @@ async def receive(traffic: list[tuple[str, bytes]], *, fast: bool) -> tuple[RtpL
             senders[sender].sendto(data, (HOST, port))
             if index % 8 == 7:
                 await asyncio.sleep(0.003)
-        expected = sum(1 for sender, data in traffic if sender == "main" and data != RTCP_RECEIVER_REPORT)
-        await wait_for(lambda: leg.stats.packets + leg.stats.foreign_packets + leg.stats.bad_packets >= expected)
-        await asyncio.sleep(0.05)
+        # every datagram counted once: RTP, RTCP, not RTP, or from a refused source
+        await wait_for(
+            lambda: (
+                leg.stats.packets + leg.stats.rtcp_packets + leg.stats.bad_packets + leg.stats.foreign_packets
+                == len(traffic)
+            )
+        )
     return leg, sink, batches
 
 

@@ -19,6 +19,7 @@ from sip.config import SipSettings
 from sip.message import Response, parse
 from sip.transport import SipServer
 from tests.test_sip_support import FakePorts, ack, invite
+from tests.waiting import wait_until_async
 
 pytestmark = pytest.mark.timeout(60)
 FLOODER, CALLER = "127.0.0.2", "127.0.0.3"
@@ -148,7 +149,12 @@ def test_udp_flood_from_one_source_leaves_other_callers_answered(budget: dict[st
             calls = asyncio.create_task(udp_calls(server.port("udp"), answers))
             sent = await udp_flood(server.port("udp"))
             await calls
-            await asyncio.sleep(0.1)
+
+            def flood_counted() -> bool:
+                counters = server.counters
+                return counters["flood.rate_dropped"] + counters["flood.source_transactions"] > 0
+
+            await wait_until_async(flood_counted, 10.0, "the flood counted as dropped")
             counters = server.counters
             print(
                 json.dumps(
