@@ -207,8 +207,8 @@ def test_garbage_udp_on_sip_and_rtp_ports_leaves_calls_unaffected(tmp_path: Path
             call = asyncio.create_task(
                 place_call(tmp_path / "noisy", sip_port, audio("hotline_1"), 16000, call_tag="noisy")
             )
-            await wait_until(lambda: service.engine.active_streams > 0, 10)
-            await asyncio.sleep(0.3)  # the leg has latched onto the caller's media
+            # the leg has latched onto the caller's media: it played a packet of this call
+            await wait_until(lambda: service.rtp_totals.snapshot()["packets"] > rtp[-1]["packets"], 10)
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
                 while not call.done():
                     send_garbage(sock, targets, rng)
