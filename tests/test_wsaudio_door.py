@@ -25,6 +25,7 @@ from asr_gateway.doors import websocket_tls
 from calls.handler import CountingCallHandler
 from calls.routing import Router, RoutesFile
 from tests.certs import self_signed_cert
+from tests.waiting import wait_until_async
 from wsaudio.config import WebSocketSettings
 from wsaudio.errors import PeerError
 from wsaudio.protocol import read_handshake, read_start, split_channels
@@ -59,7 +60,7 @@ def run_door(
         await door.start()
         try:
             await asyncio.to_thread(clients, f"{'wss' if tls else 'ws'}://127.0.0.1:{door.port}")
-            await asyncio.sleep(0.1)
+            await wait_until_async(lambda: door.connections == 0, 10.0, "the door closed every client's connection")
         finally:
             await door.stop()
         return door
