@@ -130,13 +130,14 @@ async def wait_for(condition: Callable[[], bool], deadline_s: float = 30.0) -> N
 
 
 def read_until_close(ws: websocket.WebSocket) -> tuple[list[dict[str, Any]], int, str]:
-    """The replies read before the server's close frame, and that frame's code and reason."""
+    """The replies (text messages) read before the server's close frame, and its code and reason."""
     replies: list[dict[str, Any]] = []
     while True:
         opcode, frame = ws.recv_data_frame(True)
         if opcode == websocket.ABNF.OPCODE_CLOSE:
             return replies, struct.unpack("!H", frame.data[:2])[0], frame.data[2:].decode()
-        replies.append(json.loads(frame.data))
+        if opcode == websocket.ABNF.OPCODE_TEXT:  # pongs skipped
+            replies.append(json.loads(frame.data))
 
 
 def test_a_client_that_reads_nothing_through_a_10_minute_call_is_closed_as_a_slow_reader() -> None:
@@ -193,3 +194,25 @@ def test_a_client_that_reads_gets_every_reply_and_the_normal_close() -> None:
     partials = [e for e in replies[1:] if e["event_type"] == "transcript.partial"]
     assert [e["seq"] for e in partials] == list(range(1, CALL_FRAMES // 10 + 1))
     assert replies[-1]["event_type"] == "call.ended" and replies[-1]["reason"] == "hangup"
+
+
+def test_a_client_that_pings_and_never_reads_the_pongs_is_closed_as_a_slow_reader() -> None:
+    application = PartialsApplication()
+    settings = WebSocketSettings()
+    closed: list[tuple[int, str]] = []
+
+    def client(url: str) -> None:
+        ws = websocket.create_connection(url, timeout=60)
+        ws.send(START)
+        for _ in range(4 * settings.max_pending_reply_bytes // 125):  # 4 times the bound in pongs
+            ws.ping(b"p" * 125)
+        *_, code, reason = read_until_close(ws)
+        closed.append((code, reason))
+        ws.close()
+
+    door = run_door(client, application, idle_timeout_s=60)
+    ((code, reason),) = closed
+    assert code == 1008 and reason.startswith("slow reader: "), reason
+    assert door.refusals == {"slow_reader": 1}
+    assert door.peak_pending_reply_bytes <= settings.max_pending_reply_bytes + 127  # one pong past the bound
+    assert application.open_legs == 0 and list(application.ended.values()) == ["slow-reader"]

@@ -22,7 +22,8 @@ import websocket
 from asr_common.yamlconf import ConfigError
 from asr_gateway.config import ServiceConfig
 from asr_gateway.doors import websocket_tls
-from calls.handler import CountingCallHandler
+from calls.handler import CallHandler, CountingCallHandler
+from calls.registry import CallRegistry
 from calls.routing import Router, RoutesFile
 from tests.certs import self_signed_cert
 from tests.waiting import wait_until_async
@@ -49,12 +50,16 @@ def closed_with(ws: websocket.WebSocket) -> tuple[int, str]:
 
 
 def run_door(
-    clients: Callable[[str], None], handler: CountingCallHandler, tls: ssl.SSLContext | None = None, **settings: Any
+    clients: Callable[[str], None],
+    handler: CallHandler,
+    tls: ssl.SSLContext | None = None,
+    routes: RoutesFile = ROUTES,
+    **settings: Any,
 ) -> WebSocketServer:
     async def main() -> WebSocketServer:
         watched: dict[str, Any] = {}
         door = WebSocketServer(
-            WebSocketSettings(enabled=True, port=0, **settings), handler, lambda: Router(ROUTES),
+            WebSocketSettings(enabled=True, port=0, **settings), handler, lambda: Router(routes),
             watched.__setitem__, lambda call_id: watched.pop(call_id, None), (160, 320, 640), tls,
         )  # fmt: skip
         await door.start()
@@ -217,3 +222,36 @@ def test_door_tokens_are_secret_and_long() -> None:
     assert "x" * 16 not in repr(settings) and "x" * 16 not in settings.model_dump_json()
     with pytest.raises(ValueError, match=r"bearer_tokens\.0\n.*at least 16"):
         WebSocketSettings(bearer_tokens=["short"])
+
+
+def test_streams_are_admitted_through_calls_admit() -> None:
+    routes = RoutesFile.model_validate(
+        {
+            "default_profile": None,  # an access list: only what a rule takes
+            "reject_code": 403,
+            "profiles": {"sales": {"metadata_headers": ["Queue", "Agent-Id", "Absent"]}},
+            "routes": [{"name": "sales", "match": {"headers": {"queue": "^sales$"}}, "profile": "sales"}],
+        }
+    )
+    counting = CountingCallHandler()
+    registry = CallRegistry(counting, max_calls=1)
+
+    def clients(base: str) -> None:
+        nowhere = websocket.create_connection(base + "/?queue=support", timeout=10)
+        nowhere.send(START)
+        assert closed_with(nowhere) == (1008, "no route takes this stream (code 403)")
+        first = websocket.create_connection(base + "/?queue=sales&agent-id=%207%20", timeout=10)
+        first.send(START)
+        assert json.loads(first.recv()) == {"status": "ok", "type": "server_ready"}
+        second = websocket.create_connection(base + "/?queue=sales", timeout=10)
+        second.send(START)  # the node's one call is in progress
+        assert closed_with(second) == (1013, "no room for another call; try another node")
+        first.send(json.dumps({"signal": "end"}))
+        for ws in (nowhere, first, second):
+            ws.close()
+
+    door = run_door(clients, registry, routes=routes)
+    assert door.refusals == {"no_route": 1, "busy": 1}
+    (call,) = counting.calls.values()
+    assert call.route == "sales" and call.metadata.headers == (("Queue", "sales"), ("Agent-Id", "7"))
+    assert registry.active == 0 and counting.ended == {call.call_id: "hangup"}
