@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from asr_common.listener import Peer, TcpListener
+from tests.waiting import wait_until_async
 
 
 class HoldingListener(TcpListener):
@@ -37,8 +38,7 @@ def test_counts_follow_the_connections_and_stop_ends_them() -> None:
         listener = HoldingListener(max_connections_per_source=1)
         await listener._listen("127.0.0.1", 0)
         clients = [await asyncio.open_connection("127.0.0.1", listener.port) for _ in range(2)]
-        while len(listener.seen) < 2:
-            await asyncio.sleep(0.01)
+        await wait_until_async(lambda: len(listener.seen) == 2, 10.0, "both connections accepted")
         assert listener.connections == 2
         await listener.stop()
         assert listener.draining and listener.connections == 0

@@ -30,6 +30,7 @@ from sip.config import SipSettings
 from sip.transport import SipServer
 from tests.test_sip_sipp import free_port, run_sipp
 from tests.tool_marks import needs_sipp
+from tests.waiting import wait_until_async
 
 KAMAILIO = shutil.which("kamailio")
 pytestmark = [
@@ -129,6 +130,12 @@ def test_bye_reopens_a_connection_to_the_record_route_proxy(tmp_path: Path) -> N
     asyncio.run(scenario())
 
 
+def udp_bound(port: int) -> bool:
+    """Whether a socket is bound to UDP ``port`` on IPv4 (read from /proc, without touching the port)."""
+    rows = Path("/proc/net/udp").read_text().splitlines()[1:]  # sl local_address rem_address ...
+    return any(row.split()[1].endswith(f":{port:04X}") for row in rows)
+
+
 def test_siprec_session_through_the_record_routing_proxy(tmp_path: Path) -> None:
     seconds = 2.0
     t = np.arange(int(8000 * seconds)) / 8000
@@ -142,7 +149,7 @@ def test_siprec_session_through_the_record_routing_proxy(tmp_path: Path) -> None
         proxy_port = free_port()
         proxy = start_kamailio(tmp_path, "udp", proxy_port, server.port("udp"))
         try:
-            await asyncio.sleep(0.5)  # kamailio binds its UDP socket
+            await wait_until_async(lambda: udp_bound(proxy_port), 10.0, f"kamailio bound UDP port {proxy_port}")
             result = await place_call(
                 tmp_path / "sipp", proxy_port, caller, 8000, siprec=True, second_pcm=agent, host=PBX_HOST,
                 target_host="127.0.0.1", via_proxy=True, call_tag="rec", timeout_s=30,
