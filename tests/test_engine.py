@@ -315,7 +315,7 @@ def test_finals_left_waiting_make_the_engine_overloaded_until_they_are_done(
     snapshot = UtteranceSnapshot.of(stream.utterance, stream.chunk_ms)
     engine.finalizer.submit(FinalJob(stream, "endpoint", snapshot, time.monotonic() - 0.2))
     assert 200.0 <= engine.finals_lag_ms < 300.0 and not engine.overloaded
-    time.sleep(0.15)
+    time.sleep(0.15)  # the utterance waits 150 ms longer for its Final
     assert engine.finals_lag_ms >= 350.0 and engine.overloaded and engine.lag_ms == 0.0
     engine.finalizer.finalize_pending()
     assert engine.finals_lag_ms == 0.0 and not engine.overloaded

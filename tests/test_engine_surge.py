@@ -361,7 +361,7 @@ def test_under_surge_a_late_chunk_is_full_only_when_nothing_is_left_to_move() ->
     movable = Engine(loaded, options)
     stream = movable.open_stream(StreamConfig(chunk_ms=160, max_chunk_ms=640, stream_id="a"), lambda e: None)
     stream.accept_waveform(samples[:32000])
-    time.sleep(0.3)
+    time.sleep(0.3)  # nobody ran them: the oldest waits 300 ms > behind_ms
     movable.run_once()
     movable.run_once()
     assert movable.lag_ms > 200.0 and stream.chunk_ms == 320, "behind, and the stream moved up"
@@ -372,7 +372,7 @@ def test_under_surge_a_late_chunk_is_full_only_when_nothing_is_left_to_move() ->
     fixed = Engine(loaded, options)
     stream = fixed.open_stream(StreamConfig(chunk_ms=160, max_chunk_ms=160, stream_id="b"), lambda e: None)
     stream.accept_waveform(samples[:32000])
-    time.sleep(0.3)
+    time.sleep(0.3)  # nobody ran them: the oldest waits 300 ms > behind_ms
     fixed.run_once()
     fixed.run_once()
     assert fixed.lag_ms > 200.0 and fixed.overloaded, "behind with nothing left to move: full"

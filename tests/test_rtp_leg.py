@@ -88,16 +88,16 @@ def test_inactivity_timeout_and_hold() -> None:
         ended: list[str] = []
         leg, sink, port = await open_leg(inactivity_timeout_s=0.3, on_end=ended.append)
         leg.set_hold(True)
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # past the 0.3 s timeout: a window in which a held leg must not end
         assert ended == []
         leg.set_hold(False)
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
             sender.sendto(tone_packets("PCMU")[0], (HOST, port))
         await wait_for(lambda: leg.stats.packets == 1)
-        await asyncio.sleep(0.15)
+        await asyncio.sleep(0.15)  # within the timeout after a packet: a window in which it must not end
         assert ended == []
         await wait_for(lambda: bool(ended), timeout=2.0)
-        await asyncio.sleep(0.4)
+        await asyncio.sleep(0.4)  # a window in which it must not end a second time
         assert ended == ["rtp-timeout"]
         await leg.close()
         await leg.close()
@@ -419,7 +419,7 @@ async def stranger_before_and_during_the_call(*, fast: bool, nat: bool) -> tuple
         for seq in range(10):
             stranger.sendto(loud_packet(seq, ssrc=0xBAD), (HOST, port))
             sent_by_stranger += 1
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # pacing: the stranger's datagrams come before the peer's first
         for seq in range(50):
             peer.sendto(silent_packet(seq), (HOST, port))
             if seq % 5 == 0:
@@ -466,7 +466,7 @@ def test_strict_drops_another_port_and_address_relatches_only_on_a_restarted_str
         assert (loose.remote, loose.stats.foreign_port) == (other_port, 1)
         loose.handle_rtp(silent_packet(100, ssrc=0xD00D), sdp_address)  # a new SSRC, latched one talking
         assert (loose.remote, loose.stats.foreign_port) == (other_port, 2)
-        await asyncio.sleep(0.25)
+        await asyncio.sleep(0.25)  # the latched source falls silent past rtp.latch.RELATCH_SILENCE_S (0.2 s)
         for seq in (100, 101, 102):  # the peer restarted its stream: the third packet re-latches
             loose.handle_rtp(silent_packet(seq, ssrc=0xD00D), sdp_address)
         assert loose.remote == sdp_address

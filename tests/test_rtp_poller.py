@@ -101,7 +101,7 @@ def test_removed_socket_is_not_read_and_the_last_removal_closes_the_poller() -> 
             sender.sendto(b"to-removed", removed.getsockname())
             sender.sendto(b"to-kept", kept.getsockname())
             await wait_for(lambda: len(kept_inbox) == 1)
-            await asyncio.sleep(0.03)
+            await asyncio.sleep(0.03)  # a window in which the removed socket must not be read
         assert removed_inbox == []
         assert removed.recv(100) == b"to-removed"  # still queued on the socket, unread
         pollster.remove(kept)

@@ -81,7 +81,7 @@ async def run(scenario: Callable[[SipServer, Peer, LegEnds], Awaitable[None]]) -
 def test_sip_bye_right_after_rtcp_bye_wins() -> None:
     async def scenario(server: SipServer, peer: Peer, ends: LegEnds) -> None:
         ends[0]("rtcp-bye")
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # pacing: the RTCP BYE's end is under way when the SIP BYE comes
         await peer.send(invite(method="BYE", to_tag=peer.to_tag, cseq=2, branch="z9hG4bK-bye", body=""))
         ok = await peer.receive()
         assert isinstance(ok, Response) and ok.status == 200

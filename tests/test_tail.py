@@ -69,7 +69,7 @@ def test_tail_follows_live_partials_and_finals(redis_server: RedisServer, tmp_pa
         await publisher.start()
         await wait_until(lambda: publisher.connected)
         publisher.submit(transcript(CTX, 0, True, "我今天"))
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # pacing: the partial (pub/sub) goes out before the final (stream)
         publisher.submit(transcript(CTX, 0, False, "我今天发现"))
         await wait_until(lambda: not thread.is_alive())
         await publisher.stop()
