@@ -427,7 +427,8 @@ class _Connection:
             self._sender.cancel()
 
     def _on_reply(self, event: dict[str, Any]) -> None:
-        """One event of the call (on the event loop): queued in the dialect's form."""
+        """One event of the call (on the event loop), in the dialect's form: written while the
+        transport keeps up, else queued behind the replies already waiting."""
         outbox = self.outbox
         if outbox is None or not self.lifecycle.replying:
             return
@@ -452,10 +453,8 @@ class _Connection:
         """Close the connection as a slow reader once what it has not read passes the door's bounds:
         replies queued (``max_pending_replies``), their bytes and the transport's
         (``max_pending_reply_bytes``)."""
-        queued = len(self.outbox) if self.outbox is not None else 0
-        pending = (
-            self.outbox.bytes if self.outbox is not None else 0
-        ) + self.peer.writer.transport.get_write_buffer_size()
+        queued, queued_bytes = (len(self.outbox), self.outbox.bytes) if self.outbox is not None else (0, 0)
+        pending = queued_bytes + self.peer.writer.transport.get_write_buffer_size()
         server = self.server
         server.peak_pending_reply_bytes = max(server.peak_pending_reply_bytes, pending)
         if queued > self.settings.max_pending_replies or pending > self.settings.max_pending_reply_bytes:
