@@ -17,10 +17,12 @@ import pytest
 import redis.asyncio as aioredis
 from pydantic import Field
 
+from asr_core.events import Ended, Final
+from asr_gateway.bridge import CallBridge
 from asr_gateway.call_context import call_context, profile_context
 from asr_gateway.config import ServiceConfig, load_config
 from asr_gateway.config_check import check_referenced_files
-from calls.call import CallInfo
+from calls.call import CallInfo, LegInfo
 from calls.profile import Profile
 from calls.routing import load_routes
 from console.configs import ConfigStore
@@ -29,6 +31,7 @@ from kb_hooks.config import KbHooksSettings
 from kb_hooks.features import FEATURES, Feature, FinalStep, NodeDefaults, Registry, RouteSettings
 from kb_hooks.processor import TranscriptProcessor
 from kb_hooks.types import CallContext, Participant, RedactionMode, TranscriptUpdate
+from tests.bridge_fakes import FakeEngine, RecordingPublisher
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "deploy" / "config"
 
@@ -203,13 +206,17 @@ def service_events(config: ServiceConfig, features: Registry, profile: str, text
     return ctx, processor.process(final(ctx, text))
 
 
-def comparable(events: list[ev.Event]) -> list[dict[str, Any]]:
-    """The events' JSON without what differs between any two calls: ids (an event's id, where
-    another event names it, becomes its position), times."""
+def comparable(events: list[ev.Event], kinds: set[ev.EventType] | None = None) -> list[dict[str, Any]]:
+    """The JSON of the events (of ``kinds`` only, where given) without what differs between any two
+    calls: ids (an event's id, where another event names it, becomes its type and its position
+    among that type's events), times."""
     own = {"event_id", "ts", "call_id", "sip_call_id", "source_call_id", "workorder_id"}
-    text = json.dumps([{k: v for k, v in e.to_json().items() if k not in own} for e in events], ensure_ascii=False)
-    for index, event in enumerate(events):
-        text = text.replace(event.event_id, f"#{index}")
+    kept = [e for e in events if kinds is None or e.event_type in kinds]
+    text = json.dumps([{k: v for k, v in e.to_json().items() if k not in own} for e in kept], ensure_ascii=False)
+    seen: dict[str, int] = {}
+    for event in events:
+        seen[event.event_type] = seen.get(event.event_type, 0) + 1
+        text = text.replace(event.event_id, f"{event.event_type}#{seen[event.event_type]}")
     out: list[dict[str, Any]] = json.loads(text)
     return out
 
@@ -227,6 +234,38 @@ def test_try_it_runs_exactly_the_features_the_service_runs(gateway_yaml: Path, f
     assert ev.EventType.WORKORDER_UPDATED in kinds and ev.EventType.KB_SUGGESTION in kinds
     assert ctx.key_prefix == "asr:x" and ctx.analytics_rules == "hotline" and ctx.itn
     assert (tags_of(tried.events, "category") == [("seen", "")]) is (features is not FEATURES)
+
+
+def test_a_call_through_the_bridge_gets_the_features_try_it_shows(gateway_yaml: Path) -> None:
+    """The service's own path: a real CallBridge (the engine and the publisher stand-ins) with the
+    processor built from the same registry; its call's features make what try-it showed."""
+    features = FEATURES.plus(SEEN)
+    text = "新华路十二号井盖坏了，我电话13812345678"
+    store = ConfigStore(gateway_yaml, gateway_yaml.parent / "state", aioredis.Redis(), features)
+    tried = store.try_events(text, "everything", {})
+    config = store.config
+    assert config.routes is not None
+    engine, publisher = FakeEngine(), RecordingPublisher()
+    processor = TranscriptProcessor.from_settings(config.kb_hooks, features)
+    bridge = CallBridge(engine, processor, publisher, default_redaction=config.kb_hooks.default_redaction)
+    bridge.start()
+    profile = load_routes(config.routes).routes.profiles["everything"]
+    info = call_of(profile, route="everything")
+    bridge.open_leg(info, LegInfo("c1-0", None, "caller", None, "L16"))  # no event loop: announced at once
+    engine.callbacks["c1-0"](Final("c1-0", 0, 1, text, (), (), 0, 0, "silence"))
+    engine.callbacks["c1-0"](Ended("c1-0", 2, "input_finished", 1000))
+    bridge.call_ended(info, "hangup")
+    bridge.stop()
+
+    made_by_features = {ev.EventType.KB_SUGGESTION, ev.EventType.TAGS, ev.EventType.WORKORDER_UPDATED}
+    made = comparable(publisher.events, made_by_features)
+    assert made == comparable(tried.events, made_by_features)
+    assert {e["event_type"] for e in made} == made_by_features
+    (final,) = [e for e in publisher.events if isinstance(e, ev.TranscriptFinal)]
+    (tried_final,) = [e for e in tried.events if isinstance(e, ev.TranscriptFinal)]
+    assert (final.text, final.text_raw) == (tried_final.text, tried_final.text_raw)
+    assert "13812345678" in final.text  # the node's default_redaction: keep
+    assert ("seen", "") in tags_of(publisher.events, "category")
 
 
 def test_try_it_shows_every_features_events(gateway_yaml: Path) -> None:
