@@ -94,6 +94,7 @@ class StrictSkips:
             if len(node_ids) > 5:
                 terminalreporter.line(f"    ... and {len(node_ids) - 5} more")
         terminalreporter.line(
-            "Only the skips on tests/strict_skips.py's ALLOWED_SKIPS may happen under CI: install what is "
-            "missing (`make setup`, the WeNet fixture), or fix what no longer builds."
+            "Only the skips on tests/strict_skips.py's ALLOWED_SKIPS may happen under CI: install what is missing "
+            "(`make setup`; the WeNet fixture in ../shared/fixtures/ beside the checkout) or fix what no longer "
+            f"builds. `make test {STRICT_ENV}=0` runs without this rule."
         )
