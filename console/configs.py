@@ -192,10 +192,10 @@ class ConfigStore:
         return problems
 
     def try_events(self, text: str, profile_name: str | None, drafts: dict[str, str]) -> TryIt:
-        """What the service would publish for ``text`` as the caller's
-        final on a call of the profile (the route's default where None): the service's features
-        (``self.features``), its processor and its call context (``asr_gateway.call_context``),
-        drafts (unapplied edits) included. A file that does not load: ConfigError, under its real name."""
+        """What the service would publish for ``text`` as the caller's final on a call of the
+        profile (the routes' default where None): the service's features (``self.features``),
+        its processor and its call context (``asr_gateway.call_context``), drafts (unapplied
+        edits) included. A file that does not load: ConfigError, under its real name."""
         from calls.routing import load_routes
 
         with self._drafts(drafts) as (config, made):
