@@ -20,17 +20,14 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from kb_hooks.analytics import measure
 from kb_hooks.analytics_rules import AnalyticsRules, RecentAddresses
 from kb_hooks.config import KbHooksSettings
 from kb_hooks.entities import Entity, extract_entities, number_entities
 from kb_hooks.events import (
     Alternative,
     CallAnalytics,
-    CategoryHit,
     Event,
     KbSuggestion,
-    RuleCheck,
     Span,
     SuggestionStatus,
     Tag,
@@ -201,27 +198,9 @@ class TranscriptProcessor:
             return None
         with self._lock:
             state = self._calls.get(ctx.call_id, _CallState())
-        finals = analytics_feature.finals(state.features.get(analytics_feature.FEATURE.name, {}))
-        numbers = measure(finals, duration_ms)
-        ref = self.analytics_rules.get(ctx.analytics_rules)
-        checks: tuple[RuleCheck, ...] = ()
-        categories: tuple[CategoryHit, ...] = ()
-        if ref is not None:
-            now = self.clock()
-            addresses = {a for u in finals if u.role != "agent" for a in u.addresses}
-            earlier = self._recent_addresses.hours_since(ctx.analytics_rules, addresses, now)
-            checks, categories = ref.get().evaluate(finals, numbers.duration_ms, earlier)
-            self._recent_addresses.remember(ctx.analytics_rules, addresses, now)
-        return CallAnalytics(
-            call=ctx,
-            duration_ms=numbers.duration_ms,
-            talk_ms=numbers.talk_ms,
-            non_talk_ms=numbers.non_talk_ms,
-            overlap=numbers.overlap,
-            speaking_rate=numbers.speaking_rate,
-            checks=checks,
-            categories=categories,
-        )
+        kept = state.features.get(analytics_feature.FEATURE.name, {})
+        rules = self.analytics_rules.get(ctx.analytics_rules)
+        return analytics_feature.call_analytics(ctx, kept, duration_ms, rules, self._recent_addresses, self.clock)
 
     def _transcript(self, update: TranscriptUpdate, redacted: Redacted) -> TranscriptPartial | TranscriptFinal:
         if redacted.replacements:
