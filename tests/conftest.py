@@ -13,6 +13,8 @@ import pytest
 
 from tests.strict_skips import StrictSkips, strict_skips_requested
 
+pytest_plugins = ("pytester",)  # tests/test_strict_skips.py runs pytest on small test files
+
 BRIDGE_MODULE = "asr_gateway.bridge"  # where CallBridge lives; imported by the tests that need it
 
 
