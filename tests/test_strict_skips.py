@@ -106,11 +106,16 @@ def test_a_bridge_whose_worker_failed_fails_its_test_unless_marked(pytester: pyt
 
         from asr_gateway.bridge import CallBridge
         from tests.bridge_fakes import FakeEngine, RecordingPublisher, bare_processor
+        from tests.test_cucm_join import call, leg
+
+        class FailingPublisher(RecordingPublisher):
+            def call_started(self, ctx, participants, metadata=None, source="sip"):
+                raise RuntimeError("a bug in the publisher")
 
         def failed_bridge():
-            bridge = CallBridge(FakeEngine(), bare_processor(), RecordingPublisher())
+            bridge = CallBridge(FakeEngine(), bare_processor(), FailingPublisher())
             bridge.start()
-            bridge._queue_put(("not", "a", "message"))
+            bridge.open_leg(call("a", None), leg("a", "mixed"))  # no event loop: announced at once
             bridge.stop()
             return bridge
 
