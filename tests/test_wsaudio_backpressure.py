@@ -22,6 +22,7 @@ from asr_common.audio import CountingPcmSink
 from calls.call import CallInfo, LegInfo
 from calls.handler import CountingCallHandler
 from calls.routing import Router, RoutesFile
+from tests.waiting import wait_until_async
 from wsaudio.config import WebSocketSettings
 from wsaudio.server import WebSocketServer
 
@@ -112,21 +113,13 @@ def run_door(client: Callable[[str], Any], application: PartialsApplication, **s
         await door.start()
         try:
             await asyncio.to_thread(client, f"ws://127.0.0.1:{door.port}/v1/stream")
-            await wait_for(lambda: door.connections == 0)
+            await wait_until_async(lambda: door.connections == 0, 30.0, "the door closed the client's connection")
         finally:
             await door.stop()
             application.stop()
         return door
 
     return asyncio.run(main())
-
-
-async def wait_for(condition: Callable[[], bool], deadline_s: float = 30.0) -> None:
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + deadline_s
-    while not condition():
-        assert loop.time() < give_up, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 def read_until_close(ws: websocket.WebSocket) -> tuple[list[dict[str, Any]], int, str]:
