@@ -3,9 +3,12 @@
 ``CallBridge`` is the ``calls.handler.CallHandler`` of the service (every front door's
 application): each transcribed call leg becomes an engine ``Stream`` whose PCM comes straight
 from the door's leg (SIP: the RTP leg). Engine events are
-handed to one worker thread (bounded queue) that runs KB matching, tagging and redaction
-(``kb_hooks.TranscriptProcessor``) and submits the results to the publisher, so neither the
-engine thread nor the event loop ever waits on them. ``call.ended`` is published after the
+handed to one worker thread that runs KB matching, tagging and redaction
+(``kb_hooks.TranscriptProcessor``) and submits the results to the publisher. Its queue
+(``bridge_queue.WorkQueue``) has a bound: past it partials are dropped, the engine threads'
+finals and stream ends wait for room, and the event loop's messages (calls announced and ended,
+key presses) are queued all the same, so the event loop never waits for the worker and no
+durable message is lost. ``call.ended`` is published after the
 last final of the call's last leg, right after ``call.analytics`` where the route wants it.
 
 Plain calls with the same ``CallInfo.join_key`` (CUCM built-in-bridge recording: one INVITE
@@ -22,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -37,6 +39,7 @@ from asr_core.engine import Engine
 from asr_core.events import Ended, Event, Final, Partial
 from asr_core.stream import Stream, StreamConfig
 from asr_core.surge import FinalsReduction
+from asr_gateway.bridge_queue import STOP, AnnounceCall, JoinTimedOut, LegKeyPress, MemberEnded, Stop, WorkQueue
 from asr_gateway.call_context import call_context
 from asr_gateway.hotwords import HotwordLists
 from calls.call import CallInfo, CallSource, LegInfo
@@ -52,47 +55,6 @@ from rtp.dtmf import KeyPress
 log = logging.getLogger(__name__)
 
 
-# -- what the worker's queue carries besides the engine's events ---------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class CallStarted:
-    """The call's legs are known: announce it, unless it waits for a partner INVITE."""
-
-    call_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class JoinTimedOut:
-    """The partner INVITE did not come within the profile's ``join_timeout_s``."""
-
-    call_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class KeyPressed:
-    """An RFC 4733 key press on a leg; ``publish``: the route sends ``dtmf`` events (else counts them)."""
-
-    leg_id: str
-    press: KeyPress
-    publish: bool
-
-
-@dataclass(frozen=True, slots=True)
-class CallEnded:
-    """One SIP call (INVITE) of a call ended; the call ends with its last one."""
-
-    member: str
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class _Stop:
-    """The worker's last message: everything before it is handled."""
-
-
-_STOP = _Stop()
-
 # Why a final was searched the cheaper way, as the event says it (kb_hooks restates the engine's
 # reasons: it does not import the engine).
 REDUCED_REASONS: dict[FinalsReduction, ReducedReason] = {
@@ -100,7 +62,7 @@ REDUCED_REASONS: dict[FinalsReduction, ReducedReason] = {
     FinalsReduction.ENGINE_SATURATED: "engine_saturated",
 }
 
-_Message = CallStarted | JoinTimedOut | KeyPressed | CallEnded | Partial | Final | Ended
+_Message = AnnounceCall | JoinTimedOut | LegKeyPress | MemberEnded | Partial | Final | Ended
 
 EventListener = Callable[[dict[str, Any]], None]
 """A door's listener for a call's events, in their JSON form (``watch``; called on the worker thread)."""
@@ -129,6 +91,12 @@ class StreamSink:
 
 @dataclass
 class _CallState:
+    """One call of the bridge. Set when made and never changed: ``ctx``, ``metadata``, ``source``.
+    Under ``CallBridge._lock``, read and written only while holding it (the event loop and the
+    worker both touch them): ``participants``, ``open_legs``, ``members``, ``join_key``,
+    ``waiting``, ``ended_reason``, ``ended_members``. The worker's own (only the worker thread
+    touches them, no lock): ``started``, ``audio_ms``, ``dtmf``."""
+
     ctx: CallContext
     metadata: dict[str, str]  # call.started.metadata: From/To, dialled number, listed headers
     source: CallSource  # the front door of the call's first leg (call.started.source)
@@ -145,7 +113,14 @@ class _CallState:
 
 
 class CallBridge:
-    """SIP call handler + engine event consumer. Thread-safe."""
+    """Every door's call handler (on the event loop) and the engine's event consumer (engine
+    threads), with one worker thread that publishes. Thread-safe.
+
+    One lock, ``_lock``, guards the call tables (``_calls``, ``_leg_call``, ``_member_call``,
+    ``_joiner``, ``_listeners``) and the ``_CallState`` fields that the event loop writes (see
+    ``_CallState``); it is held only for those reads and writes, never while publishing, so the
+    event loop never waits for the worker. The rest of a call's state is the worker's alone.
+    """
 
     def __init__(
         self,
@@ -167,7 +142,7 @@ class CallBridge:
         self._member_call: dict[str, str] = {}  # incoming call id -> call id it was joined to
         self._listeners: dict[str, EventListener] = {}  # call id -> the watching door's listener
         self._lock = threading.Lock()
-        self._queue: queue.Queue[_Message | _Stop] = queue.Queue(maxsize=queue_size)
+        self.queue: WorkQueue[_Message | Stop] = WorkQueue(queue_size)  # the worker's; bridge_queue
         self._worker: threading.Thread | None = None
         self.partials_dropped = 0
         self.overload_refusals = 0  # admission checks refused while the engine was behind real time
@@ -186,10 +161,10 @@ class CallBridge:
         worker, self._worker = self._worker, None
         if worker is None:
             return
-        self._queue.put(_STOP)
+        self.queue.put(STOP)
         if not wait_while_progressing(lambda: not worker.is_alive(), lambda: self._handled, timeout):
             log.error("kb-hooks worker stalled for %.0f s; %d queued events are not published", timeout,
-                      self._queue.qsize())  # fmt: skip
+                      len(self.queue))  # fmt: skip
 
     @property
     def active_calls(self) -> int:
@@ -213,28 +188,35 @@ class CallBridge:
         context = self.hotwords.get(profile.hotwords) if self.hotwords is not None else None
         config = stream_config(profile, stream_id=leg.leg_id, context=context)
         stream = self.engine.open_stream(config, self._on_engine_event)  # PoolExhausted: a CapacityError, 503
-        with self._lock:
-            call_id, state, fresh = self._state_for(call)
-            state.participants[leg.leg_id] = _participant(leg)
-            state.open_legs.add(leg.leg_id)
-            self._leg_call[leg.leg_id] = call_id
+        try:
+            with self._lock:
+                call_id, state, fresh = self._state_for(call)
+                state.participants[leg.leg_id] = _participant(leg)
+                state.open_legs.add(leg.leg_id)
+                self._leg_call[leg.leg_id] = call_id
+        except BaseException:
+            stream.input_finished()  # its slot is freed; its events find no call and are ignored
+            raise
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:  # no event loop (direct use): announce now, wait for no partner
             loop = None
-        if loop is not None and fresh and state.waiting:
+        with self._lock:
+            waiting = state.waiting
+        if loop is not None and fresh and waiting:
             loop.call_later(call.profile.join_timeout_s, self._queue_put, JoinTimedOut(call_id))
         elif loop is not None:
             # Legs of one call are opened back to back in one step of the SIP worker: announce
             # the call after that step, when all of them are known.
-            loop.call_soon(self._queue_put, CallStarted(call_id))
+            loop.call_soon(self._queue_put, AnnounceCall(call_id))
         else:
-            state.waiting = False
-            self._queue_put(CallStarted(call_id))
+            with self._lock:
+                state.waiting = False
+            self._queue_put(AnnounceCall(call_id))
         if profile.dtmf == "off":
             return StreamSink(stream)
         publish = profile.dtmf == "publish"
-        return StreamSink(stream, lambda press: self._queue_put(KeyPressed(leg.leg_id, press, publish)))
+        return StreamSink(stream, lambda press: self._queue_put(LegKeyPress(leg.leg_id, press, publish)))
 
     def _state_for(self, call: CallInfo) -> tuple[str, _CallState, bool]:
         """(call id, state, whether this call opened a new one waiting for a partner) of a leg of
@@ -264,12 +246,12 @@ class CallBridge:
 
     def leg_updated(self, call: CallInfo, leg: LegInfo) -> None:
         with self._lock:
-            state = self._calls.get(call.call_id)
+            state = self._calls.get(self._member_call.get(call.call_id, call.call_id))
             if state is not None:
                 state.participants[leg.leg_id] = _participant(leg)
 
     def call_ended(self, call: CallInfo, reason: str) -> None:
-        self._queue_put(CallEnded(call.call_id, reason))
+        self._queue_put(MemberEnded(call.call_id, reason))
 
     def watch(self, call_id: str, listener: EventListener) -> None:
         """Hand every event published for call ``call_id`` to ``listener`` too, up to and including
@@ -284,31 +266,33 @@ class CallBridge:
             self._listeners.pop(call_id, None)
 
     def _tell(self, event: ev.Event) -> None:
-        listener = self._listeners.get(event.call_id)
+        with self._lock:
+            listener = self._listeners.get(event.call_id)
         if listener is not None:
             listener(event.to_json())
 
     # -- engine events (engine thread) -----------------------------------------------
 
     def _on_engine_event(self, event: Event) -> None:
+        """Partials are dropped while the worker's queue is full; finals and stream ends wait for
+        room there, holding the engine thread (``bridge_queue``: back-pressure, never a loss)."""
         if isinstance(event, Partial):
-            try:
-                self._queue.put_nowait(event)
-            except queue.Full:
+            if not self.queue.offer(event):
                 self.partials_dropped += 1
             return
-        self._queue_put(event)
+        self.queue.put_waiting(event)
 
-    def _queue_put(self, item: _Message | _Stop) -> None:
-        """Finals, stream ends and call events are never dropped: wait for room if needed."""
-        self._queue.put(item)
+    def _queue_put(self, item: _Message | Stop) -> None:
+        """The event loop's messages (calls announced and ended, key presses, join timeouts):
+        queued at once, past the queue's bound if need be, so the loop never waits for the worker."""
+        self.queue.put(item)
 
     # -- worker -----------------------------------------------------------------------
 
     def _work(self) -> None:
         while True:
-            message = self._queue.get()
-            if isinstance(message, _Stop):
+            message = self.queue.get()
+            if isinstance(message, Stop):
                 return
             try:
                 self._handle(message)
@@ -319,13 +303,13 @@ class CallBridge:
 
     def _handle(self, message: _Message) -> None:
         match message:
-            case CallStarted(call_id):
+            case AnnounceCall(call_id):
                 self._publish_started(call_id)
             case JoinTimedOut(call_id):
                 self._join_timed_out(call_id)
-            case KeyPressed(leg_id, press, publish):
+            case LegKeyPress(leg_id, press, publish):
                 self._key_pressed(leg_id, press, publish)
-            case CallEnded(member, reason):
+            case MemberEnded(member, reason):
                 self._mark_call_ended(member, reason)
             case Partial() | Final() | Ended():
                 self._engine_event(message)
@@ -333,29 +317,26 @@ class CallBridge:
                 assert_never(message)
 
     def _engine_event(self, item: Partial | Final | Ended) -> None:
-        call_id = self._leg_call.get(item.stream_id)
-        state = self._calls.get(call_id) if call_id else None
+        state = self._state_of_leg(item.stream_id)
         if state is None:
             return
         if isinstance(item, Ended):
             with self._lock:
                 state.open_legs.discard(item.stream_id)
-                state.audio_ms[item.stream_id] = item.audio_ms
                 self._leg_call.pop(item.stream_id, None)
+            state.audio_ms[item.stream_id] = item.audio_ms
             self._maybe_publish_ended(state)
             return
         if not state.started:  # a transcript before the partner INVITE came: announce now
-            state.waiting = False
-            self._publish_started(state.ctx.call_id)
-        participant = state.participants.get(item.stream_id, Participant("mixed"))
+            self._announce(state, now=True)
+        participant = self._participant(state, item.stream_id)
         for out in self.processor.process(_update(state.ctx, participant, item, self.engine.loaded.units)):
             self.publisher.submit(out, audio_end_monotonic=item.audio_end_monotonic)
             self._tell(out)
 
     def _key_pressed(self, leg_id: str, press: KeyPress, publish: bool) -> None:
         """Count a leg's key press; with ``publish``, send a ``dtmf`` event (redacted per route)."""
-        call_id = self._leg_call.get(leg_id)
-        state = self._calls.get(call_id) if call_id else None
+        state = self._state_of_leg(leg_id)
         if state is None:
             return
         index = state.dtmf.get(leg_id, 0)
@@ -363,29 +344,46 @@ class CallBridge:
         if not publish:
             return
         if not state.started:
-            state.waiting = False
-            self._publish_started(state.ctx.call_id)
-        participant = state.participants.get(leg_id, Participant("mixed"))
-        event = ev.Dtmf.press(state.ctx, participant, press.key, index, press.duration_ms)
+            self._announce(state, now=True)
+        event = ev.Dtmf.press(state.ctx, self._participant(state, leg_id), press.key, index, press.duration_ms)
         self.publisher.submit(event)
         self._tell(event)
 
+    def _state_of_leg(self, leg_id: str) -> _CallState | None:
+        with self._lock:
+            call_id = self._leg_call.get(leg_id)
+            return self._calls.get(call_id) if call_id is not None else None
+
+    def _participant(self, state: _CallState, leg_id: str) -> Participant:
+        with self._lock:
+            return state.participants.get(leg_id, Participant("mixed"))
+
     def _publish_started(self, call_id: str) -> None:
-        state = self._calls.get(call_id)
-        if state is None or state.started or state.waiting:
-            return
+        with self._lock:
+            state = self._calls.get(call_id)
+        if state is not None:
+            self._announce(state)
+
+    def _announce(self, state: _CallState, *, now: bool = False) -> None:
+        """Publish the call's ``call.started`` once, unless it waits for its partner; ``now``:
+        stop waiting first (something of the call is about to be published)."""
+        with self._lock:
+            if now:
+                state.waiting = False
+            if state.started or state.waiting:
+                return
+            participants = list(state.participants.values())
         state.started = True
-        self._tell(
-            self.publisher.call_started(state.ctx, list(state.participants.values()), state.metadata, state.source)
-        )
+        self._tell(self.publisher.call_started(state.ctx, participants, state.metadata, state.source))
 
     def _join_timed_out(self, call_id: str) -> None:
         """The partner call did not come in time: close the join and announce the call alone."""
-        state = self._calls.get(call_id)
+        with self._lock:
+            state = self._calls.get(call_id)
         if state is None:
             return
         self._close_join(state)
-        self._publish_started(call_id)
+        self._announce(state)
 
     def _close_join(self, state: _CallState) -> None:
         with self._lock:
@@ -397,22 +395,23 @@ class CallBridge:
     def _mark_call_ended(self, member: str, reason: str) -> None:
         with self._lock:
             call_id = self._member_call.pop(member, member)
-        state = self._calls.get(call_id)
-        if state is None:
-            return
-        state.ended_members.add(member)
-        if state.members - state.ended_members:
-            return  # another call joined into it is still up
+            state = self._calls.get(call_id)
+            if state is None:
+                return
+            state.ended_members.add(member)
+            if state.members - state.ended_members:
+                return  # another call joined into it is still up
+            state.ended_reason = reason
         self._close_join(state)
-        state.ended_reason = reason
         self._maybe_publish_ended(state)
 
     def _maybe_publish_ended(self, state: _CallState) -> None:
-        if state.ended_reason is None or state.open_legs:
-            return
         with self._lock:
+            reason = state.ended_reason
+            if reason is None or state.open_legs:
+                return
             self._calls.pop(state.ctx.call_id, None)
-        self._publish_started(state.ctx.call_id)
+        self._announce(state)
         stats: dict[str, object] = {"audio_ms": dict(state.audio_ms)}
         if state.dtmf:
             stats["dtmf_events"] = dict(state.dtmf)
@@ -420,7 +419,7 @@ class CallBridge:
         if analytics is not None:
             self.publisher.submit(analytics)
             self._tell(analytics)
-        self._tell(self.publisher.call_ended(state.ctx, state.ended_reason, stats))
+        self._tell(self.publisher.call_ended(state.ctx, reason, stats))
         with self._lock:
             self._listeners.pop(state.ctx.call_id, None)
         self.processor.end_call(state.ctx.call_id)

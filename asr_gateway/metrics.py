@@ -93,6 +93,17 @@ class DoorFigures:
 
 
 @dataclass(frozen=True)
+class WorkerFigures:
+    """The bridge worker's queue (``asr_gateway.bridge_queue``): items now and at most, the event
+    loop's messages queued past its bound, engine threads that waited for room."""
+
+    depth: int
+    peak: int
+    over_bound: int
+    waits: int
+
+
+@dataclass(frozen=True)
 class NodeFigures:
     """Everything ``/metrics`` shows of a node (process metrics aside), read at one scrape."""
 
@@ -100,6 +111,7 @@ class NodeFigures:
     active_calls: int  # every door's calls in progress (``calls.registry.CallRegistry``)
     calls_by_source: Mapping[CallSource, int]  # the same by door (every door listed, 0 for one without calls)
     partials_dropped: int  # by the bridge and the publisher together
+    worker: WorkerFigures
     engine: EngineFigures
     redis: RedisFigures
     sip_counters: Mapping[str, int]  # ``responses.<code>`` and the SIP core's own counters
@@ -206,6 +218,21 @@ class NodeCollector(Collector):
         yield histogram("asr_final_latency_seconds", "endpoint -> final produced", engine.final_latency)
         yield CounterMetricFamily(
             "asr_partials_dropped", "partials dropped under backpressure", value=node.partials_dropped
+        )
+        worker = node.worker
+        yield GaugeMetricFamily("asr_worker_queue_depth", "messages waiting for the KB worker", value=worker.depth)
+        yield GaugeMetricFamily(
+            "asr_worker_queue_peak", "most messages ever waiting for the KB worker at once", value=worker.peak
+        )
+        yield CounterMetricFamily(
+            "asr_worker_queue_over_bound",
+            "call messages of the event loop queued past the worker queue's bound (never waited, never dropped)",
+            value=worker.over_bound,
+        )
+        yield CounterMetricFamily(
+            "asr_worker_queue_waits",
+            "finals and stream ends an engine thread held until the worker queue had room",
+            value=worker.waits,
         )
 
     def _sip_and_rtp(self, node: NodeFigures) -> Iterator[Any]:

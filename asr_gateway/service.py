@@ -3,7 +3,8 @@ and its lifecycle (start, drain, stop).
 
 Threads: the asyncio loop (uvloop when installed) runs SIP, the RTP legs, the publisher and
 the health/metrics HTTP server; the engine runs its scheduler thread; KB matching and tagging
-run in the bridge's worker thread. Bounded queues sit between them.
+run in the bridge's worker thread. Bounded queues sit between them; the event loop never waits
+on one (``bridge_queue``).
 
 Signals: SIGTERM/SIGINT drain (new INVITEs and OPTIONS get 503 and every door refuses new
 calls; the calls of every door, counted by ``calls.registry.CallRegistry``, may end on their own
@@ -43,7 +44,14 @@ from asr_gateway.doors import Doors
 from asr_gateway.heartbeat import Heartbeat, default_node_id
 from asr_gateway.hotwords import HotwordLists
 from asr_gateway.memory_report import log_memory_report
-from asr_gateway.metrics import JOURNAL_COUNTERS, EngineFigures, MetricsServer, NodeFigures, RedisFigures
+from asr_gateway.metrics import (
+    JOURNAL_COUNTERS,
+    EngineFigures,
+    MetricsServer,
+    NodeFigures,
+    RedisFigures,
+    WorkerFigures,
+)
 from asr_gateway.readiness import NodeState, not_ready
 from asr_gateway.reloading import ConfigReloader, routes_hash
 from asr_gateway.rtp_totals import CountedRtpLeg, RtpTotals
@@ -362,6 +370,12 @@ class Service:
             active_calls=self.calls.active,
             calls_by_source=self.calls.by_source(),
             partials_dropped=publisher.partials_dropped + self.bridge.partials_dropped,
+            worker=WorkerFigures(
+                depth=len(self.bridge.queue),
+                peak=self.bridge.queue.peak,
+                over_bound=self.bridge.queue.over_bound,
+                waits=self.bridge.queue.waited,
+            ),
             engine=EngineFigures(
                 streams=engine.active_streams,
                 slots=engine.pool.num_slots,
