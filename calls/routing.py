@@ -15,46 +15,23 @@ address is logged once.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import re
 import threading
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from asr_common.addresses import Address, Network, inside, parse_address
 from asr_common.yamlconf import ConfigError, locate, read_yaml, validate_data
 from calls.profile import Profile, check_regex
 
 log = logging.getLogger(__name__)
 
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-Address = ipaddress.IPv4Address | ipaddress.IPv6Address
-
 MAX_LOGGED_UNPARSABLE = 256
 """Distinct unparsable source addresses a ``Router`` remembers having logged; later ones are
 counted but not logged (a peer that invents addresses cannot fill the memory or the log)."""
-
-
-def parse_address(text: str) -> Address | None:
-    """The IP address ``text`` states, or None when it states none.
-
-    An IPv6 zone id (``fe80::1%eth0``) is kept: ``ipaddress`` reads it since Python 3.9 and
-    a network's ``in`` test ignores it, so ``fe80::/10`` holds ``fe80::1%eth0``."""
-    try:
-        return ipaddress.ip_address(text)
-    except ValueError:
-        return None
-
-
-def inside(address: Address, networks: Iterable[Network]) -> bool:
-    """Whether ``address`` lies in one of ``networks``. An IPv4-mapped IPv6 address
-    (``::ffff:10.0.0.7``, how a dual-stack listener sees an IPv4 peer) also counts as its IPv4
-    address, so IPv4 CIDRs hold it."""
-    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
-    return any(address in net or (mapped is not None and mapped in net) for net in networks)
 
 
 class Match(BaseModel):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable
 
+from asr_common.addresses import host_inside
 from asr_common.errors import CapacityError
 from calls.handler import CallHandler
 from rtp.ports import PortsExhausted
@@ -81,11 +82,11 @@ class Admission:
 
     def allowed(self, host: str) -> bool:
         """Whether ``host`` (an IP address) is inside the ACL (``SipSettings.effective_acl``) or a trusted proxy."""
-        return _inside(host, self._acl) or self.is_proxy(host)
+        return host_inside(host, self._acl) or self.is_proxy(host)
 
     def is_proxy(self, host: str) -> bool:
         """Whether ``host`` is one of ``trusted_proxies``."""
-        return bool(self._proxies) and _inside(host, self._proxies)
+        return bool(self._proxies) and host_inside(host, self._proxies)
 
     def stated_source(self, request: Request) -> str | None:
         """The raw ``source_header`` of ``request``, if it has one."""
@@ -101,7 +102,7 @@ class Admission:
 
     def trusted(self, host: str) -> bool:
         """Whether ``host`` is a trusted proxy or a routing trunk."""
-        return bool(self._trusted) and _inside(host, self._trusted)
+        return bool(self._trusted) and host_inside(host, self._trusted)
 
     def budget_factor(self, host: str) -> int:
         return self.settings.trusted_budget_factor if self.trusted(host) else 1
@@ -146,13 +147,3 @@ def parse_source_address(value: str) -> str | None:
         return str(ipaddress.ip_address(text))
     except ValueError:
         return None
-
-
-def _inside(host: str, networks: Iterable[Network]) -> bool:
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped  # a dual-stack socket's view of an IPv4 peer
-    return any(address in network for network in networks)
