@@ -16,6 +16,7 @@ per direction) are one call here: the second one's legs become more participants
 one's call, which ends when every call joined into it has ended. The first waits up to its
 profile's ``join_timeout_s`` for its partner (``calls.join.Joiner``) before ``call.started`` is
 published (at once if a transcript of it comes first); a partner after that is a call of its own.
+The calls, their legs, joins and watchers are kept in ``call_table.CallTable``.
 
 A door that answers its peer with the call's transcripts (the WebSocket API) ``watch``es the
 call: every event published for it is also handed to the door's listener, on the worker thread.
@@ -28,8 +29,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, assert_never
+from typing import assert_never
 
 import numpy as np
 
@@ -41,9 +41,9 @@ from asr_core.stream import Stream, StreamConfig
 from asr_core.surge import FinalsReduction
 from asr_gateway.bridge_queue import STOP, AnnounceCall, JoinTimedOut, LegKeyPress, MemberEnded, Stop, WorkQueue
 from asr_gateway.call_context import call_context
+from asr_gateway.call_table import CallState, CallTable, EventListener
 from asr_gateway.hotwords import HotwordLists
-from calls.call import CallInfo, CallSource, LegInfo
-from calls.join import Joiner
+from calls.call import CallInfo, LegInfo
 from calls.profile import Profile
 from kb_hooks import events as ev
 from kb_hooks.features import NodeDefaults
@@ -63,11 +63,6 @@ REDUCED_REASONS: dict[FinalsReduction, ReducedReason] = {
 }
 
 _Message = AnnounceCall | JoinTimedOut | LegKeyPress | MemberEnded | Partial | Final | Ended
-
-EventListener = Callable[[dict[str, Any]], None]
-"""A door's listener for a call's events, in their JSON form (``watch``; called on the worker thread)."""
-"""Takes one published event of a watched call (the v1 JSON object, ``docs/events.md``) on the
-bridge's worker thread, after the publisher took it; must not block and must not change it."""
 
 
 class StreamSink:
@@ -89,37 +84,13 @@ class StreamSink:
             self.on_dtmf(press)
 
 
-@dataclass
-class _CallState:
-    """One call of the bridge. Set when made and never changed: ``ctx``, ``metadata``, ``source``.
-    Under ``CallBridge._lock``, read and written only while holding it (the event loop and the
-    worker both touch them): ``participants``, ``open_legs``, ``members``, ``join_key``,
-    ``waiting``, ``ended_reason``, ``ended_members``. The worker's own (only the worker thread
-    touches them, no lock): ``started``, ``audio_ms``, ``dtmf``."""
-
-    ctx: CallContext
-    metadata: dict[str, str]  # call.started.metadata: From/To, dialled number, listed headers
-    source: CallSource  # the front door of the call's first leg (call.started.source)
-    participants: dict[str, Participant] = field(default_factory=dict)  # leg_id -> participant
-    open_legs: set[str] = field(default_factory=set)
-    started: bool = False
-    ended_reason: str | None = None
-    audio_ms: dict[str, int] = field(default_factory=dict)
-    members: set[str] = field(default_factory=set)  # ids of the incoming calls (SIP: INVITEs) joined here
-    ended_members: set[str] = field(default_factory=set)
-    join_key: str | None = None  # open for a partner INVITE while set
-    waiting: bool = False  # call.started held back for the partner
-    dtmf: dict[str, int] = field(default_factory=dict)  # leg_id -> key presses (route dtmf: count/publish)
-
-
 class CallBridge:
     """Every door's call handler (on the event loop) and the engine's event consumer (engine
     threads), with one worker thread that publishes. Thread-safe.
 
-    One lock, ``_lock``, guards the call tables (``_calls``, ``_leg_call``, ``_member_call``,
-    ``_joiner``, ``_listeners``) and the ``_CallState`` fields that the event loop writes (see
-    ``_CallState``); it is held only for those reads and writes, never while publishing, so the
-    event loop never waits for the worker. The rest of a call's state is the worker's alone.
+    Its calls are in a ``call_table.CallTable``, whose lock guards what both threads touch (it
+    says which fields); the worker's queue is a ``bridge_queue.WorkQueue``. Neither waits for the
+    worker, so the event loop never does.
     """
 
     def __init__(
@@ -136,12 +107,7 @@ class CallBridge:
         self.processor = processor
         self.publisher = publisher
         self.default_redaction = default_redaction
-        self._calls: dict[str, _CallState] = {}
-        self._leg_call: dict[str, str] = {}  # stream/leg id -> call id
-        self._joiner = Joiner()  # join key -> call id waiting for its partner (under the lock)
-        self._member_call: dict[str, str] = {}  # incoming call id -> call id it was joined to
-        self._listeners: dict[str, EventListener] = {}  # call id -> the watching door's listener
-        self._lock = threading.Lock()
+        self.table = CallTable()
         self.queue: WorkQueue[_Message | Stop] = WorkQueue(queue_size)  # the worker's; bridge_queue
         self._worker: threading.Thread | None = None
         self.partials_dropped = 0
@@ -168,8 +134,7 @@ class CallBridge:
 
     @property
     def active_calls(self) -> int:
-        with self._lock:
-            return len(self._calls)
+        return len(self.table)
 
     # -- calls.handler.CallHandler -------------------------------------------------------
 
@@ -189,11 +154,8 @@ class CallBridge:
         config = stream_config(profile, stream_id=leg.leg_id, context=context)
         stream = self.engine.open_stream(config, self._on_engine_event)  # PoolExhausted: a CapacityError, 503
         try:
-            with self._lock:
-                call_id, state, fresh = self._state_for(call)
-                state.participants[leg.leg_id] = _participant(leg)
-                state.open_legs.add(leg.leg_id)
-                self._leg_call[leg.leg_id] = call_id
+            now = time.monotonic()
+            call_id, state, waits = self.table.add_leg(call, leg.leg_id, _participant(leg), self._context, now)
         except BaseException:
             stream.input_finished()  # its slot is freed; its events find no call and are ignored
             raise
@@ -201,54 +163,22 @@ class CallBridge:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:  # no event loop (direct use): announce now, wait for no partner
             loop = None
-        with self._lock:
-            waiting = state.waiting
-        if loop is not None and fresh and waiting:
+        if loop is not None and waits:
             loop.call_later(call.profile.join_timeout_s, self._queue_put, JoinTimedOut(call_id))
         elif loop is not None:
             # Legs of one call are opened back to back in one step of the SIP worker: announce
             # the call after that step, when all of them are known.
             loop.call_soon(self._queue_put, AnnounceCall(call_id))
         else:
-            with self._lock:
-                state.waiting = False
+            self.table.stop_waiting(state)
             self._queue_put(AnnounceCall(call_id))
         if profile.dtmf == "off":
             return StreamSink(stream)
         publish = profile.dtmf == "publish"
         return StreamSink(stream, lambda press: self._queue_put(LegKeyPress(leg.leg_id, press, publish)))
 
-    def _state_for(self, call: CallInfo) -> tuple[str, _CallState, bool]:
-        """(call id, state, whether this call opened a new one waiting for a partner) of a leg of
-        ``call``, joining it to a partner waiting with its join key. Under the lock."""
-        now = time.monotonic()
-        call_id = self._member_call.get(call.call_id)
-        if call_id is None:
-            call_id = call.call_id
-            partner = self._joiner.take(call.join_key, now) if call.join_key is not None else None
-            partner_state = self._calls.get(partner) if partner is not None else None
-            if partner is not None and partner_state is not None and partner_state.ended_reason is None:
-                call_id = partner
-                partner_state.join_key = None
-                partner_state.waiting = False
-            self._member_call[call.call_id] = call_id
-        state = self._calls.get(call_id)
-        fresh = state is None
-        if state is None:
-            state = _CallState(self._context(call), call.metadata.as_map(), call.source)
-            if call.join_key is not None:
-                state.join_key = call.join_key
-                state.waiting = True
-                self._joiner.wait(call.join_key, call_id, now, call.profile.join_timeout_s)
-            self._calls[call_id] = state
-        state.members.add(call.call_id)
-        return call_id, state, fresh
-
     def leg_updated(self, call: CallInfo, leg: LegInfo) -> None:
-        with self._lock:
-            state = self._calls.get(self._member_call.get(call.call_id, call.call_id))
-            if state is not None:
-                state.participants[leg.leg_id] = _participant(leg)
+        self.table.leg_updated(call, leg.leg_id, _participant(leg))
 
     def call_ended(self, call: CallInfo, reason: str) -> None:
         self._queue_put(MemberEnded(call.call_id, reason))
@@ -257,17 +187,14 @@ class CallBridge:
         """Hand every event published for call ``call_id`` to ``listener`` too, up to and including
         its ``call.ended``. Call before ``open_leg`` so that ``call.started`` is not missed; a
         call joined into another one publishes under the other's id (SIP joins only)."""
-        with self._lock:
-            self._listeners[call_id] = listener
+        self.table.watch(call_id, listener)
 
     def unwatch(self, call_id: str) -> None:
         """Forget the listener of ``call_id`` (its leg was never opened); no-op when none."""
-        with self._lock:
-            self._listeners.pop(call_id, None)
+        self.table.unwatch(call_id)
 
     def _tell(self, event: ev.Event) -> None:
-        with self._lock:
-            listener = self._listeners.get(event.call_id)
+        listener = self.table.listener(event.call_id)
         if listener is not None:
             listener(event.to_json())
 
@@ -317,26 +244,24 @@ class CallBridge:
                 assert_never(message)
 
     def _engine_event(self, item: Partial | Final | Ended) -> None:
-        state = self._state_of_leg(item.stream_id)
+        state = self.table.of_leg(item.stream_id)
         if state is None:
             return
         if isinstance(item, Ended):
-            with self._lock:
-                state.open_legs.discard(item.stream_id)
-                self._leg_call.pop(item.stream_id, None)
+            self.table.leg_ended(state, item.stream_id)
             state.audio_ms[item.stream_id] = item.audio_ms
             self._maybe_publish_ended(state)
             return
         if not state.started:  # a transcript before the partner INVITE came: announce now
             self._announce(state, now=True)
-        participant = self._participant(state, item.stream_id)
+        participant = self.table.participant(state, item.stream_id)
         for out in self.processor.process(_update(state.ctx, participant, item, self.engine.loaded.units)):
             self.publisher.submit(out, audio_end_monotonic=item.audio_end_monotonic)
             self._tell(out)
 
     def _key_pressed(self, leg_id: str, press: KeyPress, publish: bool) -> None:
         """Count a leg's key press; with ``publish``, send a ``dtmf`` event (redacted per route)."""
-        state = self._state_of_leg(leg_id)
+        state = self.table.of_leg(leg_id)
         if state is None:
             return
         index = state.dtmf.get(leg_id, 0)
@@ -345,72 +270,42 @@ class CallBridge:
             return
         if not state.started:
             self._announce(state, now=True)
-        event = ev.Dtmf.press(state.ctx, self._participant(state, leg_id), press.key, index, press.duration_ms)
+        participant = self.table.participant(state, leg_id)
+        event = ev.Dtmf.press(state.ctx, participant, press.key, index, press.duration_ms)
         self.publisher.submit(event)
         self._tell(event)
 
-    def _state_of_leg(self, leg_id: str) -> _CallState | None:
-        with self._lock:
-            call_id = self._leg_call.get(leg_id)
-            return self._calls.get(call_id) if call_id is not None else None
-
-    def _participant(self, state: _CallState, leg_id: str) -> Participant:
-        with self._lock:
-            return state.participants.get(leg_id, Participant("mixed"))
-
     def _publish_started(self, call_id: str) -> None:
-        with self._lock:
-            state = self._calls.get(call_id)
+        state = self.table.get(call_id)
         if state is not None:
             self._announce(state)
 
-    def _announce(self, state: _CallState, *, now: bool = False) -> None:
+    def _announce(self, state: CallState, *, now: bool = False) -> None:
         """Publish the call's ``call.started`` once, unless it waits for its partner; ``now``:
         stop waiting first (something of the call is about to be published)."""
-        with self._lock:
-            if now:
-                state.waiting = False
-            if state.started or state.waiting:
-                return
-            participants = list(state.participants.values())
+        participants = self.table.to_announce(state, now=now)
+        if participants is None:
+            return
         state.started = True
         self._tell(self.publisher.call_started(state.ctx, participants, state.metadata, state.source))
 
     def _join_timed_out(self, call_id: str) -> None:
         """The partner call did not come in time: close the join and announce the call alone."""
-        with self._lock:
-            state = self._calls.get(call_id)
+        state = self.table.get(call_id)
         if state is None:
             return
-        self._close_join(state)
+        self.table.close_join(state)
         self._announce(state)
 
-    def _close_join(self, state: _CallState) -> None:
-        with self._lock:
-            if state.join_key is not None:
-                self._joiner.close(state.join_key, state.ctx.call_id)
-            state.join_key = None
-            state.waiting = False
-
     def _mark_call_ended(self, member: str, reason: str) -> None:
-        with self._lock:
-            call_id = self._member_call.pop(member, member)
-            state = self._calls.get(call_id)
-            if state is None:
-                return
-            state.ended_members.add(member)
-            if state.members - state.ended_members:
-                return  # another call joined into it is still up
-            state.ended_reason = reason
-        self._close_join(state)
-        self._maybe_publish_ended(state)
+        state = self.table.member_ended(member, reason)
+        if state is not None:  # None: another call joined into it is still up
+            self._maybe_publish_ended(state)
 
-    def _maybe_publish_ended(self, state: _CallState) -> None:
-        with self._lock:
-            reason = state.ended_reason
-            if reason is None or state.open_legs:
-                return
-            self._calls.pop(state.ctx.call_id, None)
+    def _maybe_publish_ended(self, state: CallState) -> None:
+        reason = self.table.take_ended(state)
+        if reason is None:
+            return
         self._announce(state)
         stats: dict[str, object] = {"audio_ms": dict(state.audio_ms)}
         if state.dtmf:
@@ -420,8 +315,7 @@ class CallBridge:
             self.publisher.submit(analytics)
             self._tell(analytics)
         self._tell(self.publisher.call_ended(state.ctx, reason, stats))
-        with self._lock:
-            self._listeners.pop(state.ctx.call_id, None)
+        self.table.unwatch(state.ctx.call_id)
         self.processor.end_call(state.ctx.call_id)
 
     def _context(self, call: CallInfo) -> CallContext:

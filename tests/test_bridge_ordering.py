@@ -64,7 +64,7 @@ def test_a_stuck_worker_never_holds_the_loop_and_loses_no_message() -> None:
     assert [e.digit for e in publisher.events if isinstance(e, ev.Dtmf)] == ["1", "2", "3"]
     ended = publisher.events[-1]
     assert isinstance(ended, ev.CallEnded) and ended.stats["audio_ms"] == {leg.leg_id: 900}
-    assert bridge.active_calls == 0
+    assert bridge.active_calls == 0 and bridge.table.empty()
 
 
 def test_a_call_that_ends_waiting_for_its_partner_is_announced_before_it_ends() -> None:
@@ -82,3 +82,4 @@ def test_a_call_that_ends_waiting_for_its_partner_is_announced_before_it_ends() 
     bridge.stop()
     assert [type(e) for e in publisher.events] == [ev.CallStarted, ev.CallEnded]
     assert publisher.started == [("alone", ["caller"])] and publisher.ended == ["alone"]
+    assert bridge.table.empty(), "the closed join leaves nothing behind"

@@ -126,7 +126,7 @@ def test_two_invites_with_one_key_are_one_call_ended_when_both_end() -> None:
     bridge.stop()
     assert publisher.started == [("a", ["agent", "caller"])]
     assert publisher.ended == ["a"]
-    assert bridge.active_calls == 0 and not bridge._joiner and not bridge._member_call
+    assert bridge.active_calls == 0 and bridge.table.empty()
 
 
 def test_a_partner_that_never_comes_times_out_and_a_late_one_is_its_own_call() -> None:
