@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
+from asr_common.listener import DoorError
 
-class PeerError(Exception):
+
+class PeerError(DoorError):
     """The peer sent something the protocol or our limits do not allow; the connection is
     answered with an error frame carrying ``message`` and closed, and ``reason`` is counted."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message

@@ -1,6 +1,7 @@
 """The AudioSocket door's asyncio TCP transport: one connection is one call leg.
 
-A connection from outside the door's ``source_cidrs`` is refused before a byte of it is read.
+A connection from outside the door's ``source_cidrs`` is refused by ``TcpListener`` before a
+byte of it is read, answered with an error frame.
 Per connection: read bytes, cut them into frames (``frames.FrameReader``), run them through
 the connection's ``session.Session`` and act on its events. The UUID frame admits the stream
 through ``calls.admit`` (route by ``calls.routing.CallFacts``: the peer's address, the UUID as
@@ -23,8 +24,9 @@ import time
 import uuid
 from collections.abc import Callable
 
-from asr_common.audio import SAMPLE_RATE, TELEPHONE_RATE, PcmSink
-from asr_common.listener import Peer, TcpListener
+from asr_common.addresses import is_loopback_host
+from asr_common.audio import SAMPLE_RATE, TELEPHONE_RATE
+from asr_common.listener import READ_BYTES, DoorError, Peer, TcpListener
 from audiosocket.config import AudioSocketSettings
 from audiosocket.errors import PeerError
 from audiosocket.frames import FrameReader, Kind, encode
@@ -34,103 +36,66 @@ from calls.call import CallInfo, LegInfo
 from calls.handler import CallHandler
 from calls.join import uuid_join_key
 from calls.metadata import CallMetadata, listed_headers
-from calls.routing import CallFacts, Router, inside, parse_address
+from calls.routing import CallFacts, Router
 from rtp.dtmf import KeyPress
-from rtp.resample import PassThroughStream, UpsamplerStream, model_rate_stream
+from rtp.pcm_leg import PcmLeg
 from rtp.sink import DtmfSink
 
 log = logging.getLogger(__name__)
 
 RATES = frozenset({TELEPHONE_RATE, SAMPLE_RATE})
 """Audio rates (Hz) the door takes: Asterisk's ``slin`` (0x10) and ``slin16`` (0x12)."""
-READ_BYTES = 65536
 
 
 def _draining_error() -> PeerError:
     return PeerError("draining", "this node is draining; try another")
 
 
-class _Leg:
-    """An open leg: the call, its sink, and the stream bringing its audio to 16 kHz."""
-
-    def __init__(self, call: CallInfo, leg: LegInfo, sink: PcmSink) -> None:
-        self.call = call
-        self.leg = leg
-        self.sink = sink
-        self.resampler: UpsamplerStream | PassThroughStream | None = None
-        self.samples = 0  # received, at the connection's rate
-
-    def audio(self, event: Audio) -> None:
-        if self.resampler is None:
-            self.resampler = model_rate_stream(event.rate, self.sink.accept_waveform)
-        self.resampler.submit(event.samples)
-        self.samples += len(event.samples)
-
-    def key(self, key: str, rate: int | None) -> None:
-        if isinstance(self.sink, DtmfSink):
-            at_ms = self.samples * 1000 // rate if rate else 0
-            self.sink.dtmf(KeyPress(key, 0, at_ms))
-
-    def finish(self) -> None:
-        if self.resampler is not None:
-            self.resampler.flush()
-        self.sink.input_finished()
+def _press(leg: PcmLeg, key: str) -> None:
+    """Hand ``key`` to the leg's sink like an RFC 4733 key press, timed by the audio received so far."""
+    if isinstance(leg.sink, DtmfSink):
+        leg.sink.dtmf(KeyPress(key, 0, leg.received_ms))
 
 
-class AudioSocketServer(TcpListener):
+class AudioSocketServer(TcpListener[AudioSocketSettings]):
     """Listens for AudioSocket connections and hands their legs to ``handler``.
 
     ``router`` returns the routes in force (the service swaps them on reload). ``refusals``
     counts connections ended for bad input or by a limit, by reason; ``legs`` counts legs opened.
     """
 
+    door = "audiosocket"
+
     def __init__(self, settings: AudioSocketSettings, handler: CallHandler, router: Callable[[], Router]) -> None:
-        super().__init__(settings.max_connections_per_source)
-        self.settings = settings
+        super().__init__(settings)
         self.handler = handler
         self.router = router
         self.legs = 0
 
     async def start(self) -> None:
-        await self._listen(self.settings.host, self.settings.port)
-        log.info("audiosocket listening on %s:%d", self.settings.host, self.port)
-        address = parse_address(self.settings.host)
-        loopback = self.settings.host == "localhost" or (address is not None and address.is_loopback)
-        if not self.settings.source_cidrs and not loopback:
+        await self._listen()
+        if not self.settings.source_cidrs and not is_loopback_host(self.settings.host):
             log.warning(
                 "audiosocket listens on %s and takes any source: AudioSocket has no authentication; "
                 "list your Asterisk servers in audiosocket.source_cidrs",
                 self.settings.host,
             )
 
-    def source_allowed(self, host: str) -> bool:
-        """Whether a connection from ``host`` may be served: the door's ``source_cidrs`` hold it
-        (an empty list holds every source)."""
-        if not self.settings.source_cidrs:
-            return True
-        address = parse_address(host)
-        return address is not None and inside(address, self.settings.source_cidrs)
-
     async def _serve(self, peer: Peer) -> None:
-        if not self.source_allowed(peer.host):
-            error = PeerError("forbidden_source", f"source {peer.host} may not connect (audiosocket source_cidrs)")
-            await self.refuse(peer.writer, error)
-        elif self.draining:
-            await self.refuse(peer.writer, _draining_error())
+        if self.draining:
+            await self.refuse(peer, _draining_error())
         elif self.over_source_cap(peer.host):
             limit = self.max_connections_per_source
             error = PeerError("source_connections", f"more than {limit} connections from {peer.host}")
-            await self.refuse(peer.writer, error)
+            await self.refuse(peer, error)
         else:
             await _Connection(self, peer).run()
 
-    async def refuse(self, writer: asyncio.StreamWriter, error: PeerError) -> None:
-        """Count ``error`` and answer it with an error frame carrying its message."""
-        self.refusals[error.reason] += 1
-        log.info("audiosocket %s: %s", error.reason, error.message)
-        writer.write(encode(Kind.ERROR, error.message.encode()))
+    async def _answer_refusal(self, peer: Peer, error: DoorError) -> None:
+        """An error frame carrying ``error.message``, whenever in the stream the door refuses."""
+        peer.writer.write(encode(Kind.ERROR, error.message.encode()))
         with contextlib.suppress(TimeoutError, ConnectionError):
-            await asyncio.wait_for(writer.drain(), self.settings.frame_timeout_s)
+            await asyncio.wait_for(peer.writer.drain(), self.settings.frame_timeout_s)
 
 
 class _Connection:
@@ -141,7 +106,8 @@ class _Connection:
         self.peer = peer
         self.frames = FrameReader(server.settings.max_frame_bytes)
         self.session = Session(RATES)
-        self.leg: _Leg | None = None
+        self.call: CallInfo | None = None
+        self.leg: PcmLeg | None = None
 
     async def run(self) -> None:
         reason = "shutdown"
@@ -149,13 +115,13 @@ class _Connection:
             reason = await self._read()
         except PeerError as error:
             reason = "protocol-error"
-            await self.server.refuse(self.peer.writer, error)
+            await self.server.refuse(self.peer, error)
         except ConnectionError:
             reason = "peer-closed"
         finally:
-            if self.leg is not None:
+            if self.leg is not None and self.call is not None:
                 self.leg.finish()
-                self.server.handler.call_ended(self.leg.call, reason)
+                self.server.handler.call_ended(self.call, reason)
 
     async def _read(self) -> str:
         """Read until the stream ends; the call's end reason."""
@@ -185,10 +151,10 @@ class _Connection:
                     self._open(event.stream_id)
                 elif isinstance(event, Audio):
                     if self.leg is not None:
-                        self.leg.audio(event)
+                        self.leg.submit(event.samples, event.rate)
                 elif isinstance(event, KeyPressed):
                     if self.leg is not None:
-                        self.leg.key(event.key, self.session.rate)
+                        _press(self.leg, event.key)
                 elif isinstance(event, HungUp):
                     return "hangup"
                 elif isinstance(event, PeerFailed):
@@ -230,4 +196,4 @@ class _Connection:
         except Refused as refused:
             raise PeerError(refused.reason, refused.message) from None
         server.legs += 1
-        self.leg = _Leg(call, leg, sink)
+        self.call, self.leg = call, PcmLeg(sink)

@@ -217,6 +217,38 @@ def test_a_door_with_tokens_refuses_a_client_without_one_whatever_it_sends_and_a
     assert handler.open_legs == 0
 
 
+def test_a_source_outside_the_doors_cidrs_gets_403_before_its_handshake_is_read() -> None:
+    """The door's source check comes before its token and before routing: a right token does not
+    open it to an outsider, and a route that takes every source lets none in. A door whose
+    ``source_cidrs`` hold the client serves it."""
+    token = "a-door-token-of-16-chars"
+    routes = RoutesFile.model_validate(
+        {"routes": [{"name": "anyone", "match": {"source_cidrs": ["0.0.0.0/0", "::/0"]}, "profile": "default"}]}
+    )
+    handler = CountingCallHandler()
+
+    def refused(base: str) -> None:
+        for url in (base, f"{base}/v1/stream?token={token}"):
+            with pytest.raises(websocket.WebSocketBadStatusException) as info:
+                websocket.create_connection(url, timeout=10)
+            assert info.value.status_code == 403
+            assert info.value.resp_body == b"source 127.0.0.1 may not connect (websocket.source_cidrs)"
+
+    door = run_door(
+        refused, handler, routes=routes, bearer_tokens=[token], source_cidrs=["10.0.0.0/8", "2001:db8::/32"]
+    )
+    assert door.refusals == {"forbidden_source": 2} and handler.calls == {}
+
+    def served(base: str) -> None:
+        ws = websocket.create_connection(f"{base}/?token={token}", timeout=10)
+        ws.send(START)
+        assert json.loads(ws.recv()) == {"status": "ok", "type": "server_ready"}
+        ws.close()
+
+    door = run_door(served, handler, routes=routes, bearer_tokens=[token], source_cidrs=["10.0.0.0/8", "127.0.0.0/8"])
+    assert door.refusals == {} and [call.route for call in handler.calls.values()] == ["anyone"]
+
+
 def test_door_tokens_are_secret_and_long() -> None:
     settings = WebSocketSettings(bearer_tokens=["x" * 16])
     assert "x" * 16 not in repr(settings) and "x" * 16 not in settings.model_dump_json()

@@ -4,36 +4,33 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import Field, SecretStr
+
+from asr_common.listener import ListenerSettings, ListenPort
 
 REPLY_WRITE_BUFFER_BYTES = 65536
 """What a connection's replies may hold in the kernel's send buffer (``SO_SNDBUF``; Linux
 doubles it) and what the transport's write buffer holds before the door waits for it to drain."""
 
 
-class WebSocketSettings(BaseModel):
+class WebSocketSettings(ListenerSettings):
     """Off by default. One port serves every dialect: WeNet's runtime protocol (any path),
     ours (path ``/v1/stream`` or subprotocol ``hotline-asr.v1``) and FreeSWITCH
-    ``mod_audio_fork`` (subprotocol ``audio.drachtio.org`` or path ``/audio_fork``)."""
+    ``mod_audio_fork`` (subprotocol ``audio.drachtio.org`` or path ``/audio_fork``).
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-    enabled: bool = Field(False, description="listen for WebSocket audio streams")
-    host: str = Field("127.0.0.1", description="address to listen on")
-    port: int = Field(9093, ge=0, le=65535, description="TCP port; 0 picks a free one")
+    The connection-level fields (host, port, ``source_cidrs``, idle timeout, per-source cap)
+    are ``ListenerSettings``'; the door's ``source_cidrs`` and ``bearer_tokens`` are both
+    checked before routing. ``idle_timeout_s`` is also the time a peer has to answer the
+    door's close before the connection is dropped."""
+
+    port: ListenPort = 9093
     tls: bool = Field(
         False, description="serve wss:// with the SIP TLS certificate and key (sip.tls_cert, sip.tls_key)"
     )
     max_message_bytes: int = Field(
         65536, ge=1024, description="larger messages close the connection (1009); 100 ms of 16 kHz stereo is 6400"
     )
-    idle_timeout_s: float = Field(
-        10.0,
-        gt=0,
-        description="close a connection that sends nothing this long; also the time a peer has to answer the door's "
-        "close before the connection is dropped",
-    )
     handshake_timeout_s: float = Field(5.0, gt=0, description="close a connection whose handshake takes longer")
-    max_connections_per_source: int = Field(200, ge=1, description="open connections per source IP; more are closed")
     bearer_tokens: list[Annotated[SecretStr, Field(min_length=16)]] = Field(
         default_factory=list,
         description="tokens that open the door, checked at the handshake before routing (a client presents one: "

@@ -1,6 +1,8 @@
 """The WebSocket door's asyncio transport: wsproto (sans-IO) over asyncio streams.
 
-Per connection, its states kept by ``lifecycle.Lifecycle``: the upgrade request picks the
+A connection from outside the door's ``source_cidrs`` is refused by ``TcpListener`` before its
+handshake is read: answered with HTTP 403 and closed. Per connection, its states kept by
+``lifecycle.Lifecycle``: the upgrade request picks the
 dialect (``protocol.read_handshake``) and must carry one of the door's ``bearer_tokens`` (when
 it has any) before anything else is read; the first text message starts the stream: it is
 admitted through ``calls.admit`` (routed by the peer's address and the stream's attributes,
@@ -47,15 +49,14 @@ from wsproto.events import (
 )
 from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
-from asr_common.audio import PcmSink
-from asr_common.listener import Peer, TcpListener
+from asr_common.listener import READ_BYTES, DoorError, Peer, TcpListener
 from calls.admit import Refused, Routed, open_legs, require_room, route_call, transcribed
 from calls.call import CallInfo, CallSource, LegInfo
 from calls.handler import CallHandler
 from calls.metadata import CallMetadata, listed_headers
 from calls.profile import Profile
 from calls.routing import CallFacts, Router
-from rtp.resample import PassThroughStream, UpsamplerStream, model_rate_stream
+from rtp.pcm_leg import PcmLeg
 from wsaudio.config import REPLY_WRITE_BUFFER_BYTES, WebSocketSettings
 from wsaudio.errors import CLOSE_POLICY, CLOSE_TOO_BIG, CLOSE_TRY_LATER, PeerError
 from wsaudio.lifecycle import Lifecycle, State, Trigger
@@ -75,7 +76,6 @@ from wsaudio.protocol import (
 
 log = logging.getLogger(__name__)
 
-READ_BYTES = 65536
 CLOSE_NORMAL = 1000
 RESULTS_TIMEOUT_S = 120.0
 """After the end of input, how long (s) the last finals may take before the connection closes."""
@@ -87,7 +87,7 @@ Watch = Callable[[str, Callable[[dict[str, Any]], None]], None]
 """``CallBridge.watch``: hand a call's events to a listener (called on another thread)."""
 
 
-class WebSocketServer(TcpListener):
+class WebSocketServer(TcpListener[WebSocketSettings]):
     """Listens for WebSocket audio streams and hands their legs to ``handler``.
 
     ``router`` returns the routes in force; ``watch``/``unwatch`` subscribe a call's events;
@@ -103,8 +103,7 @@ class WebSocketServer(TcpListener):
         self, settings: WebSocketSettings, handler: CallHandler, router: Callable[[], Router], watch: Watch,
         unwatch: Callable[[str], None], allowed_chunk_ms: tuple[int, ...], tls: ssl.SSLContext | None = None,
     ) -> None:  # fmt: skip
-        super().__init__(settings.max_connections_per_source)
-        self.settings = settings
+        super().__init__(settings)
         self.handler = handler
         self.router = router
         self.watch = watch
@@ -114,23 +113,29 @@ class WebSocketServer(TcpListener):
         self.legs = 0
         self.peak_pending_reply_bytes = 0
 
+    door = "websocket"
+
     async def start(self) -> None:
-        await self._listen(self.settings.host, self.settings.port, self.tls, self.settings.handshake_timeout_s)
-        log.info("websocket listening on %s:%d%s", self.settings.host, self.port, " (tls)" if self.tls else "")
+        await self._listen(self.tls, self.settings.handshake_timeout_s)
 
     async def _serve(self, peer: Peer) -> None:
         await _Connection(self, peer).run()
 
+    async def _answer_refusal(self, peer: Peer, error: DoorError) -> None:
+        """HTTP 403 with the reason as text, written before the peer's handshake is read."""
+        peer.writer.write(http_refusal(403, "Forbidden", error.message))
+        with contextlib.suppress(TimeoutError, ConnectionError, ssl.SSLError):
+            await asyncio.wait_for(peer.writer.drain(), FLUSH_TIMEOUT_S)
 
-class _Leg:
-    def __init__(self, leg: LegInfo, sink: PcmSink, rate: int) -> None:
-        self.leg = leg
-        self.sink = sink
-        self.resampler: UpsamplerStream | PassThroughStream = model_rate_stream(rate, sink.accept_waveform)
 
-    def finish(self) -> None:
-        self.resampler.flush()
-        self.sink.input_finished()
+def http_refusal(status: int, phrase: str, text: str) -> bytes:
+    """A whole HTTP/1.1 response refusing the upgrade: ``status`` with ``text`` as its body."""
+    body = text.encode()
+    head = (
+        f"HTTP/1.1 {status} {phrase}\r\ncontent-type: text/plain\r\ncontent-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
+    )
+    return head.encode() + body
 
 
 class _Outbox:
@@ -182,7 +187,8 @@ class _Connection:
         self.handshake: Handshake | None = None
         self.start: StreamStart | None = None
         self.call: CallInfo | None = None
-        self.legs: list[_Leg] = []
+        self.legs: list[tuple[int, PcmLeg]] = []
+        """The transcribed legs, each with its channel of the stream's audio."""
         self.outbox: _Outbox | None = None
         """The replies waiting for the transport; None when the stream gets none (or no more)."""
         self._watched: str | None = None
@@ -242,8 +248,8 @@ class _Connection:
     def _on_timeout(self) -> None:
         state = self.lifecycle.state
         if state is State.AWAITING_HANDSHAKE:
-            self.server.refusals["slow_handshake"] += 1
-            self._advance(Trigger.ABORT, "protocol-error")
+            limit = self.settings.handshake_timeout_s
+            self._refuse(PeerError("slow_handshake", f"no WebSocket handshake in {limit:g} s"))
         elif state is State.CLOSING:
             log.info("websocket %s did not answer the close in %g s", self.peer.host, self.settings.idle_timeout_s)
             self._advance(Trigger.ABORT)
@@ -289,9 +295,12 @@ class _Connection:
     def _on_request(self, request: Request) -> None:
         server = self.server
         if server.draining or server.over_source_cap(self.peer.host):
-            reason = "draining" if server.draining else "source_connections"
-            server.refusals[reason] += 1
-            body = b"draining; try another node" if server.draining else b"too many connections from this address"
+            if server.draining:
+                error = PeerError("draining", "draining; try another node")
+            else:
+                error = PeerError("source_connections", "too many connections from this address")
+            server.count_refusal(error, self.peer.host)
+            body = error.message.encode()
             headers = [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]
             self._send(RejectConnection(status_code=503, headers=headers, has_body=True))
             self._send(RejectData(data=body))
@@ -319,8 +328,8 @@ class _Connection:
         self._advance(Trigger.AUDIO)
         assert self.start is not None
         channels = split_channels(data, self.start.channels)  # checked even when no leg is transcribed
-        for leg in self.legs:
-            leg.resampler.submit(channels[int(leg.leg.label or 0)])
+        for channel, leg in self.legs:
+            leg.submit(channels[channel], self.start.sample_rate)
 
     def _open(self, start: StreamStart) -> None:
         """Admit the stream (``calls.admit``), open its legs, start its replies and say ready;
@@ -361,7 +370,7 @@ class _Connection:
             code = CLOSE_POLICY if refused.reason == "no_route" else CLOSE_TRY_LATER
             raise PeerError(refused.reason, refused.message, code) from None
         self.call, self.start = call, start
-        self.legs = [_Leg(leg, sink, start.sample_rate) for leg, sink in zip(legs, sinks, strict=True)]
+        self.legs = [(int(leg.label or 0), PcmLeg(sink)) for leg, sink in zip(legs, sinks, strict=True)]
         server.legs += len(self.legs)
         self._advance(Trigger.START)
         ready = server_ready(handshake.dialect, call_id, start, profile.chunk_ms, profile.left_chunks)
@@ -397,7 +406,7 @@ class _Connection:
         if transition.stops_replies:
             self._stop_replies()
         if transition.ends_input:
-            for leg in self.legs:
+            for _, leg in self.legs:
                 leg.finish()
             if self.call is not None:
                 self.server.handler.call_ended(self.call, reason)
@@ -492,8 +501,7 @@ class _Connection:
             if state is State.CLOSING:
                 self._advance(Trigger.ABORT)
             return
-        self.server.refusals[error.reason] += 1
-        log.info("websocket %s from %s: %s", error.reason, self.peer.host, error.message)
+        self.server.count_refusal(error, self.peer.host)
         if state is State.AWAITING_HANDSHAKE:  # no WebSocket yet to close
             self._advance(Trigger.ABORT, ended)
         else:
