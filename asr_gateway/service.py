@@ -310,6 +310,7 @@ class Service:
         log.info("draining: %d active calls (%s)", self.calls.active, self._calls_by_source())
         self.reloader.stop()
         self._stopping.set()  # not ready from now on (request_stop may not have come first)
+        self.calls.set_draining()
         self.sip_listening = False
         await self.doors.stop()
         await self.sip.stop(grace_s)
