@@ -1,18 +1,18 @@
 """The AudioSocket door's asyncio TCP transport: one connection is one call leg.
 
 A connection from outside the door's ``source_cidrs`` is refused by ``TcpListener`` before a
-byte of it is read, answered with an error frame.
-Per connection: read bytes, cut them into frames (``frames.FrameReader``), run them through
-the connection's ``session.Session`` and act on its events. The UUID frame admits the stream
-through ``calls.admit`` (route by ``calls.routing.CallFacts``: the peer's address, the UUID as
-the ``uuid`` attribute, which the profile's ``metadata_headers`` may publish; the role the
-route transcribes; room; the leg opened), its refusals counted as ``no_route``, ``busy`` or
-``draining``. Audio goes to the leg's ``PcmSink`` at 16 kHz (8 kHz through rtp's shared
-upsampler); keys go to the sink's ``dtmf`` like RFC 4733 key presses. Hangup, an error frame, a
-closed connection, silence for ``idle_timeout_s``, a frame left incomplete for
-``frame_timeout_s`` (a slowloris) or bad input end the leg and the call; bad input is answered
-with an error frame whose payload is the reason as text, and counted in ``refusals`` by reason.
-Nothing is ever sent back otherwise: the reply direction stays silent.
+byte of it is read, answered with an error frame. Per connection: read bytes, cut them into
+frames (``frames.FrameReader``), run them through the connection's ``session.Session`` and act
+on its events. The UUID frame admits the stream through ``calls.admit`` (route by
+``calls.routing.CallFacts``: the peer's address, the UUID as the ``uuid`` attribute, which the
+profile's ``metadata_headers`` may publish; the role the route transcribes; room; the leg
+opened), its refusals counted as ``no_route``, ``busy`` or ``draining``. Audio goes to the
+leg's ``PcmSink`` at 16 kHz (8 kHz through rtp's shared upsampler); keys go to the sink's
+``dtmf`` like RFC 4733 key presses. Hangup, an error frame, a closed connection, silence for
+``idle_timeout_s``, a frame left incomplete for ``frame_timeout_s`` (a slowloris) or bad input
+end the leg and the call; bad input is answered with an error frame whose payload is the reason
+as text, and counted in ``refusals`` by reason. Nothing is ever sent back otherwise: the reply
+direction stays silent.
 """
 
 from __future__ import annotations

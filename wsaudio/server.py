@@ -2,21 +2,21 @@
 
 A connection from outside the door's ``source_cidrs`` is refused by ``TcpListener`` before its
 handshake is read: answered with HTTP 403 and closed. Per connection, its states kept by
-``lifecycle.Lifecycle``: the upgrade request picks the
-dialect (``protocol.read_handshake``) and must carry one of the door's ``bearer_tokens`` (when
-it has any) before anything else is read; the first text message starts the stream: it is
-admitted through ``calls.admit`` (routed by the peer's address and the stream's attributes,
-the route's own ``bearer_token`` checked on top of the door's, room asked of the application,
-every leg opened or none); binary messages are its audio, written at 16 kHz into the legs'
-sinks. The application's events for the call come back through ``watch`` and are sent as text
-messages in the dialect's form, one at a time, each after the transport drained the last
-(``_Outbox``); a client whose unread replies pass ``max_pending_replies`` or
-``max_pending_reply_bytes`` is closed as a slow reader (1008), its call's input ended (the call
-still ends and publishes as any other). The end signal (or, for ``mod_audio_fork``, the close)
-ends the input; the door closes after the call's last event (``call.ended``). Bad input, a
-silent connection, a slow reader and the per-source cap close the connection with an RFC 6455
-code and the reason as text, counted in ``refusals`` by reason; after its close the door reads
-and drops what the peer still sends until the peer's close (``idle_timeout_s`` at most).
+``lifecycle.Lifecycle``: the upgrade request picks the dialect (``protocol.read_handshake``)
+and must carry one of the door's ``bearer_tokens`` (when it has any) before anything else is
+read; the first text message starts the stream: it is admitted through ``calls.admit`` (routed
+by the peer's address and the stream's attributes, the route's own ``bearer_token`` checked on
+top of the door's, room asked of the application, every leg opened or none); binary messages
+are its audio, written at 16 kHz into the legs' sinks. The application's events for the call
+come back through ``watch`` and are sent as text messages in the dialect's form, one at a time,
+each after the transport drained the last (``_Outbox``); a client whose unread replies pass
+``max_pending_replies`` or ``max_pending_reply_bytes`` is closed as a slow reader (1008), its
+call's input ended (the call still ends and publishes as any other). The end signal (or, for
+``mod_audio_fork``, the close) ends the input; the door closes after the call's last event
+(``call.ended``). Bad input, a silent connection, a slow reader and the per-source cap close
+the connection with an RFC 6455 code and the reason as text, counted in ``refusals`` by reason;
+after its close the door reads and drops what the peer still sends until the peer's close
+(``idle_timeout_s`` at most).
 """
 
 from __future__ import annotations
