@@ -37,7 +37,7 @@ from asr_core.ctc_search import Hypothesis
 from asr_core.engine_stats import EngineStats
 from asr_core.events import Ended, Event, Final, NBestEntry
 from asr_core.finals import WORKER_NICENESS, FinalRequest, FinalSearch, FinalSettings, ProcessFinalSearch
-from asr_core.stream import Stream, Utterance
+from asr_core.stream import Stream, UtteranceState
 from asr_core.surge import FinalsReduction, SurgeSettings, finals_reduction
 from rescoring.attention import RescoreResult
 
@@ -70,7 +70,7 @@ class UtteranceSnapshot:
     chunk_ms: int  # in force at its last chunk
 
     @classmethod
-    def of(cls, utt: Utterance, chunk_ms: int) -> UtteranceSnapshot:
+    def of(cls, utt: UtteranceState, chunk_ms: int) -> UtteranceSnapshot:
         return cls(
             utt.utterance_id, utt.start_frame, utt.offset, utt.topk_values, utt.topk_ids, utt.encoder_out, chunk_ms
         )

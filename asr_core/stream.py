@@ -61,7 +61,7 @@ def chunk_output_frames(input_frames: int, subsampling: int, right_context: int)
 
 
 @dataclass(slots=True)
-class Utterance:
+class UtteranceState:
     """Decoding state of the utterance in progress (reset at every endpoint)."""
 
     utterance_id: int = 0
@@ -137,7 +137,7 @@ class Stream:
         self.stride = subsampling * chunk_frames  # fbank frames per chunk
         self.window = chunk_input_frames(chunk_frames, subsampling, right_context)  # fbank frames per chunk input
         self.context = right_context + 1  # fewest fbank frames that yield one encoder frame
-        self.utterance = Utterance()
+        self.utterance = UtteranceState()
         self.noise_floor = math.inf  # log power; see asr_core.endpoint.loud_frames (all utterances)
         self._seq = itertools.count(1)  # shared by the scheduler (partials) and the finalizer (finals)
         self.finishing = False  # input finished and drained into the fbank

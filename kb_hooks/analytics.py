@@ -1,6 +1,6 @@
 """Call analytics from the finals of a call: talk time per party, silence, overlaps, speaking rate.
 
-Sans-IO and pure: the finals of a call, each an ``Utterance``, go in once it is over; ``measure``
+Sans-IO and pure: the finals of a call, each an ``AnalyzedFinal``, go in once it is over; ``measure``
 turns them into numbers. Every time is ms from the start of the
 participant's audio; the legs of one call start together (a SIPREC offer, a CUCM pair joined
 within ``join_timeout_s``), so one leg's ms are taken as the other's.
@@ -42,7 +42,7 @@ Interval = tuple[int, int]  # [begin, end) in ms
 
 
 @dataclass(frozen=True, slots=True)
-class Utterance:
+class AnalyzedFinal:
     """One final as the analytics need it."""
 
     role: ParticipantRole
@@ -65,7 +65,7 @@ def spoken_chars(text: str) -> int:
     return sum(1 for ch in text if fold_char(ch))
 
 
-def _token_intervals(utterance: Utterance) -> list[Interval]:
+def _token_intervals(utterance: AnalyzedFinal) -> list[Interval]:
     timed = [(begin, end) for _, begin, end in utterance.tokens if begin is not None]
     if not timed:
         return [(utterance.begin_ms, utterance.end_ms)] if utterance.end_ms > utterance.begin_ms else []
@@ -133,7 +133,7 @@ class Measures:
     speaking_rate: dict[str, float]  # characters per minute of talk, one decimal
 
 
-def measure(utterances: Iterable[Utterance], duration_ms: int) -> Measures:
+def measure(utterances: Iterable[AnalyzedFinal], duration_ms: int) -> Measures:
     """Talk, non-talk, overlaps and speaking rate of a call of ``duration_ms`` (the longest leg).
 
     An overlap is a pair of turns (talk joined over pauses under ``TURN_GAP_MS``) in which both

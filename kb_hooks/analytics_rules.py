@@ -28,7 +28,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from asr_common.yamlconf import ConfigError, locate, read_yaml, validate_data
-from kb_hooks.analytics import Utterance
+from kb_hooks.analytics import AnalyzedFinal
 from kb_hooks.events import CategoryHit, RuleCheck
 from kb_hooks.matcher import normalized_phrase
 from kb_hooks.tags import TagRule, TagRules
@@ -98,7 +98,7 @@ class AnalyticsRulesFile(BaseModel):
 
 @dataclass(frozen=True, slots=True)
 class _Found:
-    utterance: Utterance
+    utterance: AnalyzedFinal
     phrase: str
 
 
@@ -127,7 +127,7 @@ class AnalyticsRules:
         return max(windows) if windows else None
 
     def evaluate(
-        self, utterances: Sequence[Utterance], duration_ms: int, earlier_addresses: Mapping[str, float]
+        self, utterances: Sequence[AnalyzedFinal], duration_ms: int, earlier_addresses: Mapping[str, float]
     ) -> tuple[tuple[RuleCheck, ...], tuple[CategoryHit, ...]]:
         """The checks and the categories that apply, for a call of ``duration_ms``;
         ``earlier_addresses``: normalized address -> hours since an earlier call gave it."""
@@ -145,7 +145,7 @@ class AnalyticsRules:
         return checks, tuple(categories)
 
     def _check(
-        self, rule: Check, ordered: Sequence[Utterance], found: Mapping[str, list[_Found]], duration_ms: int
+        self, rule: Check, ordered: Sequence[AnalyzedFinal], found: Mapping[str, list[_Found]], duration_ms: int
     ) -> RuleCheck:
         hits = [f for f in found.get(rule.id, []) if rule.party is None or f.utterance.role == rule.party]
         if isinstance(rule, GreetingCheck):
@@ -162,7 +162,7 @@ class AnalyticsRules:
     def _category(
         self,
         rule: Category,
-        ordered: Sequence[Utterance],
+        ordered: Sequence[AnalyzedFinal],
         found: Mapping[str, list[_Found]],
         earlier_addresses: Mapping[str, float],
     ) -> CategoryHit | None:
@@ -188,7 +188,7 @@ def _result(rule: Check, passed: bool, hit: _Found | None) -> RuleCheck:
     return RuleCheck(rule.id, rule.kind, passed, u.role, u.utterance_id, u.begin_ms, hit.phrase)
 
 
-def _read_back(rule: AddressReadBackCheck, ordered: Sequence[Utterance]) -> RuleCheck:
+def _read_back(rule: AddressReadBackCheck, ordered: Sequence[AnalyzedFinal]) -> RuleCheck:
     """Passed when ``rule.party`` says an address (normalized) after the other party gave it;
     None when the other party gave none."""
     given: list[tuple[int, str]] = [

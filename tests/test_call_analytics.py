@@ -16,7 +16,7 @@ from asr_gateway.bridge import CallBridge
 from calls.call import CallInfo, LegInfo
 from calls.profile import Profile
 from kb_hooks import events as ev
-from kb_hooks.analytics import PAUSE_MS, TOKEN_MS, Utterance, measure, merge
+from kb_hooks.analytics import PAUSE_MS, TOKEN_MS, AnalyzedFinal, measure, merge
 from kb_hooks.analytics_rules import load_analytics_rules
 from kb_hooks.processor import TranscriptProcessor
 from kb_hooks.redact import Redactor
@@ -56,11 +56,11 @@ categories:
 
 def said(
     role: ParticipantRole, uid: int, text: str, begin: int, end: int, addresses: tuple[str, ...] = ()
-) -> Utterance:
+) -> AnalyzedFinal:
     """An utterance whose characters evenly fill [begin, end) ms, each token's end known."""
     step = (end - begin) // len(text)
     tokens = tuple((ch, begin + i * step, begin + (i + 1) * step) for i, ch in enumerate(text))
-    return Utterance(role, uid, text, len(text), begin, end, tokens, addresses)
+    return AnalyzedFinal(role, uid, text, len(text), begin, end, tokens, addresses)
 
 
 # -- timing -------------------------------------------------------------------------------
@@ -111,16 +111,16 @@ def test_talking_at_once_across_a_short_pause_is_one_overlap() -> None:
 def test_tokens_with_peak_times_only_are_heard_over_token_ms_before_each_peak() -> None:
     # CTC peaks only (what the engine gives): 300, 500, 700 ms, then a pause, then 2000 ms.
     tokens = (("井", 300, None), ("盖", 500, None), ("坏", 700, None), ("了", 2_000, None))
-    u = Utterance("caller", 0, "井盖坏了", 4, 0, 2_500, tokens)
+    u = AnalyzedFinal("caller", 0, "井盖坏了", 4, 0, 2_500, tokens)
     assert u.talk == [(300 - TOKEN_MS, 700), (2_000 - TOKEN_MS, 2_000)]
-    untimed = Utterance("caller", 1, "好", 1, 3_000, 3_600, (("好", None, None),))
+    untimed = AnalyzedFinal("caller", 1, "好", 1, 3_000, 3_600, (("好", None, None),))
     assert untimed.talk == [(3_000, 3_600)]
 
 
 def test_a_pause_under_pause_ms_between_peaks_is_talk_and_nothing_is_heard_before_the_utterance() -> None:
     gap = TOKEN_MS + PAUSE_MS - 40  # peaks this far apart: a pause of PAUSE_MS - 40 ms between their spans
     tokens = (("我", 100, None), ("们", 100 + gap, None), ("好", 100 + 2 * gap + 40, None))
-    u = Utterance("caller", 0, "我们好", 3, 50, 2_000, tokens)
+    u = AnalyzedFinal("caller", 0, "我们好", 3, 50, 2_000, tokens)
     assert u.talk == [(50, 100 + gap), (100 + 2 * gap + 40 - TOKEN_MS, 100 + 2 * gap + 40)]
 
 
@@ -143,7 +143,7 @@ def rules_file(tmp_path: Path) -> Path:
     return path
 
 
-def call_utterances() -> list[Utterance]:
+def call_utterances() -> list[AnalyzedFinal]:
     return [
         said("agent", 0, "您好请讲", 1_000, 3_000),
         said("caller", 0, "新华路12号的井盖坏了", 3_500, 9_000, ("新华路12号",)),

@@ -31,7 +31,7 @@ class DataSetError(ValueError):
 
 
 @dataclass(frozen=True)
-class Utterance:
+class ScoredUtterance:
     """One scored utterance: ``wav[begin_s:end_s]`` (the whole file when ``end_s`` is None)."""
 
     utt_id: str
@@ -46,7 +46,7 @@ class DataSet:
     name: str  # the directory's or list's name, as reports show it
     path: Path
     layout: Layout
-    utterances: tuple[Utterance, ...]
+    utterances: tuple[ScoredUtterance, ...]
 
 
 def load_dataset(path: Path) -> DataSet:
@@ -62,7 +62,9 @@ def load_dataset(path: Path) -> DataSet:
         return DataSet(path.name, path, "data.list", _data_list(path / "data.list"))
     if (path / "text").is_file():
         texts = _table(path / "text", 2)
-        return DataSet(path.name, path, "wav-dir", tuple(Utterance(i, t, path / f"{i}.wav") for i, t in texts.items()))
+        return DataSet(
+            path.name, path, "wav-dir", tuple(ScoredUtterance(i, t, path / f"{i}.wav") for i, t in texts.items())
+        )
     raise DataSetError(f"{path}: holds neither wav.scp, data.list nor text; see docs/measure-accuracy.md")
 
 
@@ -93,7 +95,7 @@ def _audio_path(value: str, listed_in: Path, where: str) -> Path:
     return listed_in.parent / path
 
 
-def _kaldi_dir(path: Path) -> tuple[Utterance, ...]:
+def _kaldi_dir(path: Path) -> tuple[ScoredUtterance, ...]:
     scp_path = path / "wav.scp"
     scp = {key: _audio_path(value, scp_path, f"{scp_path}: {key}") for key, value in _table(scp_path, 2).items()}
     texts = _table(path / "text", 2) if (path / "text").is_file() else {}
@@ -114,11 +116,11 @@ def _kaldi_dir(path: Path) -> tuple[Utterance, ...]:
                 raise DataSetError(f"{path / 'segments'}: {utt_id}: begin {begin_s} s is not before end {end_s} s")
         if wav is None:
             raise DataSetError(f"{scp_path}: no audio for {owner!r} (named in {'segments' if segments else 'text'})")
-        utterances.append(Utterance(utt_id, text, wav, begin, end))
+        utterances.append(ScoredUtterance(utt_id, text, wav, begin, end))
     return tuple(utterances)
 
 
-def _data_list(path: Path) -> tuple[Utterance, ...]:
+def _data_list(path: Path) -> tuple[ScoredUtterance, ...]:
     utterances = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
@@ -134,7 +136,7 @@ def _data_list(path: Path) -> tuple[Utterance, ...]:
             raise DataSetError(f"{where}: not a JSON line with key, wav and txt") from None
         if not isinstance(entry, dict) or not all(isinstance(entry.get(k), str) for k in ("key", "wav", "txt")):
             raise DataSetError(f'{where}: expected {{"key": ..., "wav": ..., "txt": ...}} (strings)')
-        utterances.append(Utterance(entry["key"], entry["txt"], _audio_path(entry["wav"], path, where)))
+        utterances.append(ScoredUtterance(entry["key"], entry["txt"], _audio_path(entry["wav"], path, where)))
     if not utterances:
         raise DataSetError(f"{path}: no utterances")
     return tuple(utterances)

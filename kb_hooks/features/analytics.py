@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kb_hooks.analytics import Utterance, measure, spoken_chars
+from kb_hooks.analytics import AnalyzedFinal, measure, spoken_chars
 from kb_hooks.analytics_rules import AnalyticsRules, RecentAddresses, load_analytics_rules
 from kb_hooks.entities import Entity
 from kb_hooks.events import CallAnalytics, CategoryHit, Event, RuleCheck
@@ -19,9 +19,9 @@ def _fields(route: RouteSettings, node: NodeDefaults) -> dict[str, Any]:
     return {"analytics_rules": route.get("analytics_rules")}
 
 
-def finals(state: dict[str, Any]) -> list[Utterance]:
+def finals(state: dict[str, Any]) -> list[AnalyzedFinal]:
     """The finals a call's analytics state kept (``TranscriptProcessor.call_analytics`` reads them)."""
-    kept: list[Utterance] = state.setdefault("finals", [])
+    kept: list[AnalyzedFinal] = state.setdefault("finals", [])
     return kept
 
 
@@ -32,10 +32,10 @@ def _on_final(step: FinalStep) -> list[Event]:
     return []
 
 
-def utterance(final: TranscriptUpdate, entities: Sequence[Entity]) -> Utterance:
+def utterance(final: TranscriptUpdate, entities: Sequence[Entity]) -> AnalyzedFinal:
     """A final as ``kb_hooks.analytics`` reads it (the text before redaction: phrases and
     addresses are matched in it, and only the rules' phrases and addresses are published)."""
-    return Utterance(
+    return AnalyzedFinal(
         role=final.participant.role,
         utterance_id=final.utterance_id,
         text=final.text,
