@@ -122,6 +122,7 @@ class NodeFigures:
     last_reload_at_unix: float
     reloads: int
     reload_failures: int
+    unparsable_sources: int = 0  # routing decisions for a source address that did not parse
 
 
 class Monitored(Protocol):
@@ -288,6 +289,11 @@ class NodeCollector(Collector):
                                   value=node.reloads)  # fmt: skip
         yield CounterMetricFamily("asr_config_reload_failures", "config reloads that rejected a file",
                                   value=node.reload_failures)  # fmt: skip
+        yield CounterMetricFamily(
+            "asr_routing_unparsable_sources",
+            "calls routed whose source address did not parse (rules on addresses did not match them)",
+            value=node.unparsable_sources,
+        )
 
 
 def histogram(name: str, doc: str, source: Histogram) -> HistogramMetricFamily:

@@ -417,6 +417,7 @@ class Service:
             last_reload_at_unix=last.at_unix,
             reloads=self.reloader.reloads,
             reload_failures=self.reloader.reload_failures,
+            unparsable_sources=self.router.unparsable_sources,
         )
 
     # -- reload -----------------------------------------------------------------------
@@ -427,6 +428,7 @@ class Service:
         problems = self.hotwords.sync(hotword_names(router))
         if problems:
             raise ConfigError(problems)
+        router.unparsable_sources += self.router.unparsable_sources  # a counter, carried over reloads
         self.sip.core.router = router
         self.router = router
 

@@ -22,6 +22,7 @@ from asr_core.audio_io import read_wav
 from asr_gateway.dev.demo import DATA_DIR, EventCollector, demo_config
 from asr_gateway.dev.sipp_calls import place_call
 from asr_gateway.service import DEMO_MODEL_DIR, Service
+from calls.routing import CallFacts
 from tests.redis_server import RedisServer, redis_server
 from tests.tool_marks import needs_redis_server, needs_sipp
 
@@ -173,6 +174,7 @@ def test_metrics_move_and_health_mirrors_options(tmp_path: Path, redis_server: R
     assert len(version) == 1 and len(version[0]["version"]) == 16, version
     assert value(after, "asr_config_last_reload_success") == 1
     assert value(after, "asr_config_reload_failures_total") == 0
+    assert value(after, "asr_routing_unparsable_sources_total") == 0  # sipp calls from 127.0.0.1
 
 
 def test_unknown_path_is_404(tmp_path: Path, redis_server: RedisServer) -> None:
@@ -218,3 +220,30 @@ def test_a_rejected_reload_shows_in_metrics_and_the_node_stays_ready(tmp_path: P
     versions = [[dict(k[1])["version"] for k in samples if k[0] == "asr_config_info"] for samples in (before, after)]
     assert versions[0] == versions[1], "the rejected file did not change the version in force"
     assert ready == 200
+
+
+def test_unparsable_source_addresses_are_counted_across_reloads(tmp_path: Path, redis_server: RedisServer) -> None:
+    """A call whose source address does not parse (what a door states from a proxy's header) is
+    counted in ``asr_routing_unparsable_sources_total``; a reload of the routes keeps the count."""
+    routes = tmp_path / "routes.yaml"
+    routes.write_text((DATA_DIR / "routes.yaml").read_text(encoding="utf-8"), encoding="utf-8")
+    facts = CallFacts("behind-the-proxy", "12345", "", {}, siprec=False)
+
+    async def scenario() -> tuple[Samples, Samples]:
+        config = demo_config(redis_server.url, MODEL, tmp_path).model_copy(update={"routes": routes})
+        service = Service(config)
+        ports = await service.start()
+        assert ports.metrics is not None
+        try:
+            service.router.decide(facts)
+            first = await asyncio.to_thread(scrape, ports.metrics)
+            assert service.reloader.reload()
+            service.router.decide(facts)
+            second = await asyncio.to_thread(scrape, ports.metrics)
+        finally:
+            await service.stop(grace_s=1)
+        return first, second
+
+    first, second = asyncio.run(scenario())
+    assert value(first, "asr_routing_unparsable_sources_total") == 1
+    assert value(second, "asr_routing_unparsable_sources_total") == 2
