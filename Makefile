@@ -3,8 +3,8 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-APT_PACKAGES := redis-server redis-sentinel sip-tester espeak-ng sox kamailio chromium chromium-driver prometheus fonts-wqy-microhei libjemalloc2
-APT_BINARIES := redis-server redis-sentinel redis-cli sipp espeak-ng sox kamailio chromium chromedriver promtool
+APT_PACKAGES := redis-server redis-sentinel sip-tester espeak-ng sox kamailio chromium chromium-driver prometheus fonts-wqy-microhei libjemalloc2 haproxy postgresql
+APT_BINARIES := redis-server redis-sentinel redis-cli sipp espeak-ng sox kamailio chromium chromedriver promtool haproxy
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
@@ -16,6 +16,7 @@ apt-deps:
 	@missing=0; for b in $(APT_BINARIES); do command -v $$b >/dev/null || missing=1; done; \
 	[ -f /usr/share/fonts/truetype/wqy/wqy-microhei.ttc ] || missing=1; \
 	/sbin/ldconfig -p | grep -q 'libjemalloc.so.2 ' || missing=1; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing=1; \
 	if [ $$missing = 1 ]; then \
 	  echo "installing Debian packages: $(APT_PACKAGES)"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
