@@ -47,7 +47,7 @@ test: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy asr_common asr_gateway calls kv_ring sip audiosocket wsaudio rtp kb_hooks asr_core rescoring recipes deploy console
+	$(VENV)/bin/mypy asr_common asr_gateway calls kv_ring sip audiosocket wsaudio rtp kb_hooks asr_core rescoring recipes deploy console archive
 	$(VENV)/bin/lint-imports
 
 # The demo-model recipe end to end (about 3 h on 2 CPU cores with these budgets; the bundled
