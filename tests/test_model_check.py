@@ -1,5 +1,7 @@
 """asr-model check: facts of the demo model and the WeNet fixture, a self-test through the
-engine (one chunk size, to stay fast), runtime exports refused with advice, errors as one line."""
+engine (one chunk size, to stay fast), runtime exports refused with advice, errors as one line;
+real human speech (the shared AISHELL-1 fixture) decoded beside the bundled recording, and the
+demo model named as such."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import pytest
 import torch
 
 from asr_core.cli_transcribe import DEMO_MODEL_DIR
+from asr_core.model.bundled import is_demo_model
+from deploy.models import check
 from deploy.models.cli import main
 from deploy.models.errors import ModelStoreError
 from deploy.models.store import install
@@ -116,3 +120,41 @@ def test_list_prints_the_catalogue(capsys: pytest.CaptureFixture[str]) -> None:
     entries = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [e["name"] for e in entries][:1] == ["aishell-u2pp-conformer"]
     assert all(e["sha256"] == "" for e in entries)
+
+
+REAL_SPEECH = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "real_speech"
+
+
+def test_check_prints_the_real_speech_cer_beside_the_recordings_and_names_the_demo_model(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["check", str(DEMO_MODEL_DIR), "--chunk-ms", "160", "--real-speech", str(REAL_SPEECH)]) == 0
+    out = capsys.readouterr().out
+    (summary,) = [line for line in out.splitlines() if line.strip().startswith("CER at 160 ms:")]
+    recording, real = (float(part.split()[-2]) for part in summary.split(":", 1)[1].split(","))
+    assert recording < 20.0 and real > 80.0, summary  # hears its own kind of voice, not a person's
+    assert sum(" CER " in line and "[reference: " in line for line in out.splitlines()) == 6
+    assert "NOTE: This is the bundled demo model" in out
+    assert "asr-model pull NAME" in out and "asr-model install ARCHIVE" in out
+
+
+def test_the_demo_model_is_known_by_its_marker_not_its_path(tmp_path: Path) -> None:
+    assert is_demo_model(DEMO_MODEL_DIR)
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    assert not is_demo_model(copy)
+    (copy / "DEMO").write_text("synthetic-voices-only\n")
+    assert is_demo_model(copy)
+
+
+def test_without_real_recordings_the_check_says_it_skipped_them_and_how_to_give_some(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    absent = tmp_path / "absent"
+    assert check.real_speech_candidates({"ASR_REAL_SPEECH": str(absent)}, cwd=tmp_path)[0] == absent
+    monkeypatch.setattr(check, "real_speech_candidates", lambda: [absent])
+    assert main(["check", str(DEMO_MODEL_DIR), "--chunk-ms", "640"]) == 0
+    out = capsys.readouterr().out
+    (line,) = [line for line in out.splitlines() if line.startswith("real speech:")]
+    assert line.startswith(f"real speech: skipped: no real recordings found (looked in {absent})")
+    assert "--real-speech DIR" in line and "CER 0.0 %" in out

@@ -10,6 +10,12 @@ decoded as fast as it goes, after the engine's warm-up (wall clock, and the proc
 seconds, which other load on the machine disturbs less). It is a health check, not a capacity
 figure (``asr-bench engine`` measures streams per core).
 
+``real_speech_test`` decodes a data directory of real human recordings (default: the first of
+``$ASR_REAL_SPEECH`` and ``shared/fixtures/real_speech`` beside the checkout that exists) through
+the same engine and scores the finals: beside the bundled recording's CER (a synthetic voice) it
+says at once whether a model hears real voices. Where no such directory exists (a user's
+machine) it is skipped, and the report says why and how to give one.
+
 A TorchScript runtime export (``final.zip``) is read for what it exposes (WeNet exports
 ``subsampling_rate``, ``right_context``, ``sos_symbol``, ``eos_symbol`` and
 ``is_bidirectional_decoder``) and reported as not servable, with what to fetch instead.
@@ -18,8 +24,9 @@ Loading it runs ``torch.jit.load``: check only exports from a source you trust.
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -27,19 +34,26 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asr_common.scoring import cer
+from asr_common.scoring import cer, corpus_cer
 from asr_core.audio_io import read_wav
 from asr_core.engine import Engine, EngineOptions
 from asr_core.events import Event, Final
 from asr_core.frontend import encoder_frame_ms
+from asr_core.model.bundled import DEMO_MODEL_NOTICE, is_demo_model
 from asr_core.model.loader import CMVN_FILE, LoadedModel
 from asr_core.stream import StreamConfig
+from deploy.bench.datasets import DataSetError, load_dataset
 from deploy.models.errors import ModelStoreError
 from deploy.models.layout import RUNTIME_ADVICE, RUNTIME_EXPORT
 
 CHUNK_SIZES_MS = (160, 240, 320, 640)
 SELF_TEST_RECORDING = "hotline_1"
 """A bundled 8 kHz call recording (``asr_gateway/dev/data``, the demo's) and its reference."""
+REAL_SPEECH_ENV = "ASR_REAL_SPEECH"
+"""Environment variable naming a data directory of real recordings for the check."""
+REAL_SPEECH_FIXTURE = Path("shared") / "fixtures" / "real_speech"
+"""Where a development checkout's real recordings lie, relative to the checkout's parent: six
+AISHELL-1 utterances (Apache 2.0), kept outside the repository."""
 TORCHSCRIPT_FACTS = ("subsampling_rate", "right_context", "sos_symbol", "eos_symbol", "is_bidirectional_decoder")
 
 
@@ -48,6 +62,8 @@ class ModelFacts:
     """What ``check`` prints about a checkpoint directory."""
 
     model_dir: str
+    demo: bool  # the bundled synthetic-voices model (its DEMO marker file)
+    notice: str | None  # what to say about it (how to install a real model); None for other models
     encoder: str  # "conformer" or "transformer"
     encoder_blocks: int
     d_model: int
@@ -111,6 +127,26 @@ class SelfTest:
     runs: tuple[SelfTestResult, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class RealSpeechUtterance:
+    utt_id: str
+    reference: str
+    text: str  # the finals, joined
+    cer: float
+
+
+@dataclass(frozen=True, slots=True)
+class RealSpeechTest:
+    """Real human recordings through the engine at one chunk size; ``skipped`` says why not."""
+
+    data_dir: str | None
+    chunk_ms: int
+    skipped: str | None = None
+    audio_s: float = 0.0
+    cer: float | None = None  # all errors over all reference characters
+    utterances: tuple[RealSpeechUtterance, ...] = ()
+
+
 def describe(loaded: LoadedModel, model_dir: Path) -> ModelFacts:
     config = loaded.config
     enc, dec = config.encoder_conf, config.decoder_conf
@@ -119,6 +155,8 @@ def describe(loaded: LoadedModel, model_dir: Path) -> ModelFacts:
     reverse_blocks = dec.r_num_blocks if config.decoder == "bitransformer" else 0
     return ModelFacts(
         model_dir=str(model_dir),
+        demo=is_demo_model(model_dir),
+        notice=DEMO_MODEL_NOTICE if is_demo_model(model_dir) else None,
         encoder=config.encoder,
         encoder_blocks=loaded.num_blocks,
         d_model=loaded.d_model,
@@ -247,6 +285,70 @@ def self_test(
         torch_threads=torch.get_num_threads(),
         warm_up_s=round(warm_up_s, 3),
         runs=runs,
+    )
+
+
+def real_speech_candidates(environ: Mapping[str, str] = os.environ, cwd: Path | None = None) -> list[Path]:
+    """Where the check looks for real recordings when no ``--real-speech`` is given, in order:
+    ``$ASR_REAL_SPEECH``, then ``shared/fixtures/real_speech`` beside the working directory and
+    beside this checkout."""
+    candidates = [Path(environ[REAL_SPEECH_ENV])] if environ.get(REAL_SPEECH_ENV) else []
+    checkout = Path(__file__).resolve().parents[2]
+    for base in ((cwd or Path.cwd()).resolve().parent, checkout.parent):
+        if base / REAL_SPEECH_FIXTURE not in candidates:
+            candidates.append(base / REAL_SPEECH_FIXTURE)
+    return candidates
+
+
+def find_real_speech(candidates: Sequence[Path]) -> tuple[Path | None, str | None]:
+    """The first candidate that is a directory, or None and why none is used."""
+    for path in candidates:
+        if path.is_dir():
+            return path, None
+    looked = ", ".join(str(path) for path in candidates)
+    return None, (
+        f"no real recordings found (looked in {looked}); give --real-speech DIR, a Kaldi data directory "
+        "(wav.scp + text) of real human speech, to see whether the model hears real voices"
+    )
+
+
+def real_speech_test(
+    loaded: LoadedModel, data_dir: Path | None, chunk_ms: int, backend: str = "torch", skipped: str | None = None
+) -> RealSpeechTest:
+    """Decode every utterance of ``data_dir`` through the engine at ``chunk_ms`` and score the
+    finals; with ``data_dir`` None, a skipped result carrying ``skipped``."""
+    if data_dir is None:
+        return RealSpeechTest(None, chunk_ms, skipped=skipped or "no real-speech directory given")
+    try:
+        dataset = load_dataset(data_dir)
+    except DataSetError as exc:
+        raise ModelStoreError(f"--real-speech: {exc}") from None
+    engine = Engine(
+        loaded,
+        EngineOptions(
+            max_streams=1, allowed_chunk_ms=(chunk_ms,), backend=backend, trim_interval_s=0, behind_ms=float("inf")
+        ),
+    )
+    results: list[RealSpeechUtterance] = []
+    audio_s = 0.0
+    try:
+        engine.warm_up()
+        for utterance in dataset.utterances:
+            audio = read_wav(utterance.wav, loaded.sample_rate)
+            begin = round(utterance.begin_s * audio.rate)
+            end = None if utterance.end_s is None else round(utterance.end_s * audio.rate)
+            samples = np.clip(np.rint(audio.samples[begin:end]), -32768, 32767).astype(np.int16)
+            run = _one_run(engine, samples, len(samples) / audio.rate, chunk_ms, utterance.text)
+            audio_s += run.audio_s
+            results.append(RealSpeechUtterance(utterance.utt_id, utterance.text, run.text, run.cer or 0.0))
+    finally:
+        engine.stop()
+    return RealSpeechTest(
+        data_dir=str(data_dir),
+        chunk_ms=chunk_ms,
+        audio_s=round(audio_s, 3),
+        cer=round(corpus_cer([r.text for r in results], [r.reference for r in results]), 4),
+        utterances=tuple(results),
     )
 
 

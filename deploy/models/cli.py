@@ -3,7 +3,7 @@
     asr-model list [--json]
     asr-model pull NAME [--dest DIR] [--force]
     asr-model install FILE|DIR [--name NAME] [--dest DIR] [--force]
-    asr-model check DIR [--chunk-ms 160 ...] [--wav FILE] [--backend torch] [--json]
+    asr-model check DIR [--chunk-ms 160 ...] [--wav FILE] [--real-speech DIR] [--backend torch] [--json]
 
 Models go to ``--dest``, default ``$ASR_MODEL_HOME``, else ``models/`` under the service's
 state directory. Exit status: 0 on success, 2 when an input (name, archive, directory, option)
@@ -73,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     checking.add_argument(
         "--backend", default="torch", choices=CPU_BACKENDS,
         help="engine backend on the CPU (default: torch, float32, as asr-transcribe; torch-int8 is the service's)",
+    )  # fmt: skip
+    checking.add_argument(
+        "--real-speech", type=Path, metavar="DATA_DIR",
+        help="real human recordings to decode too (wav.scp + text); default: $ASR_REAL_SPEECH, else "
+        "shared/fixtures/real_speech beside the checkout, skipped when none exists",
     )  # fmt: skip
     checking.add_argument("--no-self-test", action="store_true", help="only describe the model")
     checking.add_argument("--json", action="store_true", help="one JSON object")
@@ -145,14 +150,29 @@ def run_check(args: argparse.Namespace) -> int:
         return 2
     loaded = load_wenet_model(model_dir)
     facts = check.describe(loaded, model_dir)
-    test = None if args.no_self_test else check.self_test(loaded, args.chunk_ms, args.wav, args.backend)
+    test = real = None
+    if not args.no_self_test:
+        test = check.self_test(loaded, args.chunk_ms, args.wav, args.backend)
+        if args.real_speech is not None:
+            real_dir, skipped = args.real_speech, None
+        else:
+            real_dir, skipped = check.find_real_speech(check.real_speech_candidates())
+        real = check.real_speech_test(loaded, real_dir, args.chunk_ms[0], args.backend, skipped)
     if args.json:
-        report = {**dataclasses.asdict(facts), "self_test": dataclasses.asdict(test) if test else None}
+        report = {
+            **dataclasses.asdict(facts),
+            "self_test": dataclasses.asdict(test) if test else None,
+            "real_speech": dataclasses.asdict(real) if real else None,
+        }
         print(json.dumps(report, ensure_ascii=False))
         return 0
     print(_facts_text(facts))
     if test is not None:
         print(_self_test_text(test))
+    if test is not None and real is not None:
+        print(_real_speech_text(test, real))
+    if facts.notice is not None:
+        print(f"  NOTE: {facts.notice}")
     return 0
 
 
@@ -200,6 +220,23 @@ def _self_test_text(test: check.SelfTest) -> str:
             f"  {r.chunk_ms:>4} ms  RTF {r.rtf:.3f} ({r.decode_s:.2f} s for {r.audio_s:.2f} s), "
             f"CPU RTF {r.cpu_rtf:.3f}{score}  {r.text}"
         )
+    return "\n".join(lines)
+
+
+def _real_speech_text(test: check.SelfTest, real: check.RealSpeechTest) -> str:
+    """The real recordings' CER beside the bundled recording's, at the same chunk size."""
+    if real.skipped is not None:
+        return f"real speech: skipped: {real.skipped}"
+    bundled = next((r.cer for r in test.runs if r.chunk_ms == real.chunk_ms), None)
+    lines = [
+        f"real speech through the engine ({real.chunk_ms} ms): {real.data_dir}, "
+        f"{len(real.utterances)} utterances, {real.audio_s:.1f} s"
+    ]
+    for u in real.utterances:
+        lines.append(f"  {u.utt_id}  CER {100 * u.cer:5.1f} %  {u.text or '(nothing)'}  [reference: {u.reference}]")
+    recording = "-" if bundled is None else f"{100 * bundled:.1f} %"
+    real_cer = "-" if real.cer is None else f"{100 * real.cer:.1f} %"
+    lines.append(f"  CER at {real.chunk_ms} ms: the bundled recording {recording}, real speech {real_cer}")
     return "\n".join(lines)
 
 
