@@ -37,6 +37,7 @@ from asr_common.yamlconf import ConfigError
 from asr_core.endpoint import EndpointRules
 from asr_core.engine import Engine
 from asr_core.engine_options import EngineOptions, resolve_dtype
+from asr_core.model.bundled import is_demo_model
 from asr_core.model.loader import LoadedModel, load_wenet_model
 from asr_gateway.bridge import CallBridge, stream_config
 from asr_gateway.config import ServiceConfig
@@ -435,10 +436,13 @@ class Service:
     def node_report(self) -> dict[str, object]:
         """What the heartbeat tells the console: the version in force, the last reload, the load
         (every door's calls, in all and by door; the engine's streams and those of them slowed
-        down to longer chunks by surge)."""
+        down to longer chunks by surge) and the model it serves (``demo``: the bundled
+        synthetic-voices model, which the console's Speak page warns of)."""
         last = self.reloader.last_reload
+        model_dir = model_dir_of(self.config)
         return {
             "config_version": self.reloader.config_version,
+            "model": {"dir": str(model_dir), "demo": is_demo_model(model_dir)},
             "last_reload": {"at": last.at_unix, "ok": last.ok, "errors": list(last.errors)},
             "active_calls": self.calls.active,
             "active_calls_by_source": dict(self.calls.by_source()),

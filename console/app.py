@@ -34,11 +34,12 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from asr_common.yamlconf import ConfigError
+from asr_core.model.bundled import BUNDLED_MODEL_DIR, is_demo_model
 from console.configs import ConfigStore, UnknownFile
 from console.feeds import CallIndex, CallSummary, Hub, call_snapshot, fold_event, running_hub
 from console.route_sizes import RouteChunkSizes
 from console.settings import ConsoleSettings
-from console.speak import SpeakTarget, speak_target
+from console.speak import SpeakTarget, demo_model_notice, speak_target
 from console.users import Role, User, Users
 from console.webhooks import Backoff, Outbox, WebhookSender
 from console.workorders import ConfirmError, append_after, confirmation, route_profile, webhook_delivery
@@ -76,6 +77,7 @@ class Console:
         self.routes: Path | None = None
         self.hub: Hub | None = None
         self.speak: SpeakTarget | None = None
+        self.configured_demo_model = False  # the gateway's config serves the bundled demo model
         self.route_sizes = RouteChunkSizes(None)
         backoff = Backoff(settings.webhook_retry_first_s, settings.webhook_retry_max_s)
         self.webhooks = WebhookSender(Outbox(settings.state_dir / "webhook-outbox.jsonl"), backoff)
@@ -87,6 +89,7 @@ class Console:
         redis = self.redis = service.redis
         self.routes = service.routes
         self.speak = speak_target(self.settings.speak_url, service.websocket)
+        self.configured_demo_model = is_demo_model(service.engine.model_dir or BUNDLED_MODEL_DIR)
         self.client = make_client(redis.url, redis.connect_timeout_s, 5.0)
         prefixes = self.settings.key_prefixes or [redis.key_prefix]
         self.route_sizes = RouteChunkSizes(service.routes)
@@ -229,7 +232,11 @@ def build_app(settings: ConsoleSettings) -> Starlette:
     @need("agent", page=True)
     async def speak_page(request: Request) -> Response:
         assert console.speak is not None
-        return page("speak.html", request, target=console.speak)
+        nodes: list[dict[str, Any]] = []
+        with contextlib.suppress(RedisError, OSError):  # no heartbeats to read: the config decides
+            nodes = await store().nodes()
+        notice = demo_model_notice(nodes, console.configured_demo_model)
+        return page("speak.html", request, target=console.speak, model_notice=notice)
 
     @need("supervisor", page=True)
     async def analytics_page(request: Request) -> Response:

@@ -8,11 +8,14 @@ shows the recording's exact final text, which Redis holds for a call whose sourc
 ``websocket``; the same file chosen as a WAV file (decoded and resampled in JS) gives it too.
 Chromium's WebSocket stack is an independent client of the door. Without the door the page
 says so and how to turn it on. The run saves console-speak.png (browser_helpers.screenshot_dir).
+While the gateway serves the bundled demo model (its heartbeat's ``model``, else its config) the
+page says it hears synthetic voices only and how to install a real model.
 """
 
 from __future__ import annotations
 
 import json
+import time
 import wave
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,9 @@ import numpy as np
 import pytest
 import redis
 
-from console.speak import speak_target
+from asr_core.model.bundled import DEMO_MODEL_NOTICE
+from asr_gateway.heartbeat import nodes_key
+from console.speak import demo_model_notice, speak_target
 from tests.audio_clients import recording
 from tests.browser_helpers import (
     LAPTOP_WIDTH,
@@ -66,6 +71,53 @@ def test_without_the_door_the_page_says_how_to_turn_it_on(tmp_path: Path, redis_
         assert agent.get("/").text.count('href="/speak"') == 1  # in the navigation of every page
         with agent.__class__(base_url=base, timeout=10) as anonymous:
             assert anonymous.get("/speak").status_code == 303
+
+
+def test_the_demo_notice_follows_the_live_heartbeats_and_else_the_config() -> None:
+    demo = {"node": "a", "model": {"dir": "/m/demo", "demo": True}}
+    real = {"node": "b", "model": {"dir": "/m/aishell", "demo": False}}
+    assert demo_model_notice([], configured_demo=True) == DEMO_MODEL_NOTICE
+    assert demo_model_notice([], configured_demo=False) is None
+    assert demo_model_notice([real], configured_demo=True) is None  # what runs beats what is configured
+    assert demo_model_notice([real, demo], configured_demo=False) == DEMO_MODEL_NOTICE  # a call may reach it
+    assert demo_model_notice([{**demo, "stale": True}], configured_demo=False) is None
+    assert demo_model_notice([{"node": "old"}], configured_demo=True) == DEMO_MODEL_NOTICE  # no model reported
+    assert "asr-model pull NAME" in DEMO_MODEL_NOTICE and "asr-model install ARCHIVE" in DEMO_MODEL_NOTICE
+
+
+def write_heartbeat(redis_url: str, node: str, demo: bool) -> None:
+    report = {"node": node, "ts": time.time(), "model": {"dir": f"/models/{node}", "demo": demo}}
+    with redis.Redis.from_url(redis_url) as client:
+        client.hset(nodes_key("asr"), node, json.dumps(report))
+
+
+@needs_chromium
+def test_the_page_says_plainly_when_the_bundled_demo_model_listens(tmp_path: Path, redis_server: RedisServer) -> None:
+    pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    door = f"websocket: {{enabled: true, host: 127.0.0.1, port: {free_port()}}}\n"
+    console_yaml = write_configs(tmp_path, redis_server.url, door)  # engine.model_dir unset: the bundled model
+    with running_console(console_yaml) as base, chromium(tmp_path / "chromium") as driver:
+        sign_in(driver, base, "agent1", PASSWORDS["agent1"], "/speak")
+        notice = WebDriverWait(driver, 20).until(lambda d: d.find_element(By.ID, "speak-model-notice"))
+        assert notice.is_displayed()
+        text = " ".join(notice.text.split())
+        assert text.startswith("Synthetic voices only.") and "will not understand a person speaking" in text
+        assert "asr-model pull NAME" in text and "asr-model install ARCHIVE" in text
+        driver.save_screenshot(str(tmp_path / "console-speak-demo-notice.png"))
+        for width in (LAPTOP_WIDTH, TABLET_WIDTH):
+            driver.set_window_size(width, WINDOW_HEIGHT)
+            assert_fits_width(driver, f"speak page with the demo notice at {width} px")
+
+        write_heartbeat(redis_server.url, "node-real", demo=False)  # a gateway serving a real model
+        driver.get(f"{base}/speak")
+        WebDriverWait(driver, 20).until(lambda d: d.find_elements(By.ID, "speak-start"))
+        assert not driver.find_elements(By.ID, "speak-model-notice")
+        write_heartbeat(redis_server.url, "node-demo", demo=True)
+        driver.get(f"{base}/speak")
+        WebDriverWait(driver, 20).until(lambda d: d.find_elements(By.ID, "speak-model-notice"))
 
 
 def fake_microphone_wav(path: Path) -> Path:

@@ -22,6 +22,7 @@ import redis
 import websocket
 from prometheus_client.parser import text_string_to_metric_families
 
+from asr_core.model.bundled import BUNDLED_MODEL_DIR
 from asr_gateway.dev.sipp_calls import place_call
 from asr_gateway.heartbeat import nodes_key
 from asr_gateway.service import Service
@@ -205,6 +206,7 @@ def test_a_drain_waits_for_a_call_of_every_door_and_metrics_and_heartbeat_count_
 
             await wait_until(counted, "heartbeat that counts the call")
             assert reports[-1]["active_calls_by_source"] == {s: int(s == source) for s in SOURCES}
+            assert reports[-1]["model"] == {"dir": str(BUNDLED_MODEL_DIR), "demo": True}  # the console warns of it
 
             service.request_stop()
             assert service.calls.active == 1, "the call is still up as the drain starts"
