@@ -40,6 +40,7 @@ from redis.exceptions import RedisError
 
 from asr_common.scoring import cer
 from asr_core.audio_io import read_wav
+from asr_core.model.bundled import DEMO_MODEL_NOTICE, is_demo_model
 from asr_core.model.loader import MODEL_FILES
 from asr_gateway.config import ServiceConfig
 from asr_gateway.dev.local_redis import LocalRedis, LocalRedisError, redis_reachable
@@ -287,8 +288,13 @@ class DemoReport:
     def ok(self) -> bool:
         return all(call.ok for call in self.calls)
 
+    @property
+    def model_notice(self) -> str | None:
+        """What to say about the bundled synthetic-voices model, when it is the one served."""
+        return DEMO_MODEL_NOTICE if is_demo_model(Path(self.model_dir)) else None
+
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "ok": self.ok}
+        return {**asdict(self), "ok": self.ok, "model_notice": self.model_notice}
 
 
 def summarize(call: DemoCall, result: CallResult, received: list[Received], references: dict[str, str]) -> CallSummary:
@@ -349,6 +355,11 @@ def print_summary(report: DemoReport, out: TextIO) -> None:
                 out.write(f"  {'':<6} {'reference  ' if leg.cer is not None else ''}«{leg.reference}»\n")
         out.write(f"  KB: {', '.join(call.kb) or '-'}\n  tags: {', '.join(call.tags) or '-'}\n")
         out.write(f"  work order: {call.workorder or '-'}\n  analytics: {call.analytics or '-'}\n")
+    if report.model_notice is not None:
+        out.write(
+            "note: these calls are synthetic voices speaking its training text, so the CER above says the "
+            f"pipeline works, not that a person would be understood. {report.model_notice}\n"
+        )
     out.write("demo ok\n" if report.ok else "demo FAILED: see the calls above\n")
     out.flush()
 
