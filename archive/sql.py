@@ -20,6 +20,7 @@ from archive.rows import DEFAULT_AGENT_ID_KEY, EventRows, rows_of
 from archive.store import MAX_PAGE_SIZE, AccessEntry, CallHit, CallQuery, CallRecord, Page
 from kb_hooks.events import utc_timestamp
 
+TABLES = ("calls", "events", "finals", "kb_cards", "tags", "workorders", "analytics", "access_log")
 Cursor = Any  # sqlite3.Cursor or psycopg.Cursor: the DB-API calls used here are common to both
 
 
@@ -296,9 +297,19 @@ class SqlStore(ABC):
             rows = self._execute(cur, "SELECT call_id FROM calls ORDER BY call_id").fetchall()
         return iter(r[0] for r in rows)
 
+    def rows(self, table: str) -> list[tuple[Any, ...]]:
+        """Every row of one of the archive's tables (audits and tests: what the database holds)."""
+        self._known(table)
+        with self._lock, self._transaction() as cur:
+            return [tuple(r) for r in self._execute(cur, f"SELECT * FROM {table}").fetchall()]
+
+    @staticmethod
+    def _known(table: str) -> None:
+        if table not in TABLES:
+            raise ValueError(f"no archive table {table!r}; the tables are {', '.join(TABLES)}")
+
     def count(self, table: str) -> int:
         """Rows in one of the archive's tables (tests and the benchmark)."""
-        if table not in ("calls", "events", "finals", "kb_cards", "tags", "workorders", "analytics", "access_log"):
-            raise ValueError(f"no archive table {table!r}")
+        self._known(table)
         with self._lock, self._transaction() as cur:
             return int(self._execute(cur, f"SELECT COUNT(*) FROM {table}").fetchone()[0])

@@ -6,41 +6,17 @@ and nothing else; the schema is at the newest migration, and opening it again mi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-
-from archive.local_postgres import LocalPostgres
 from archive.migrations import LATEST
 from archive.sql import SqlStore
 from archive.store import CallQuery, open_store
 from kb_hooks import events as ev
 from kb_hooks.types import CallContext, Participant, RedactionMode
+from tests.archive_db import postgres, store_url
+
+__all__ = ["postgres", "store_url"]
 
 CALLER = Participant("caller", "sip:citizen@pbx")
 AGENT = Participant("agent", "sip:1001@pbx")
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[LocalPostgres]:
-    with LocalPostgres() as server:
-        yield server
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite://{tmp_path / 'archive.db'}"
-        return
-    server: LocalPostgres = request.getfixturevalue("postgres")
-    import psycopg
-
-    with psycopg.connect(server.url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as admin:
-        name = f"t{abs(hash(request.node.name)) % 10**9}"
-        admin.execute(f"DROP DATABASE IF EXISTS {name}")
-        admin.execute(f"CREATE DATABASE {name}")
-    yield server.url.rsplit("/", 1)[0] + "/" + name
 
 
 def a_call(call_id: str, agent: str, words: str, tag: str, ts: int, route: str = "hotline") -> list[ev.Event]:
