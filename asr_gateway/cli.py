@@ -1,4 +1,4 @@
-"""``asr-gateway``: the service's command line (serve, check-config, tail, demo, cluster, and the
+"""``asr-gateway``: the service's command line (serve, check-config, tail, demo, cluster, box, and the
 subcommands installed packages register, such as ``console``)."""
 
 from __future__ import annotations
@@ -66,6 +66,12 @@ def _demo(argv: list[str]) -> int:
     return demo_main(argv)
 
 
+def _box(argv: list[str]) -> int:
+    from asr_gateway.box import main as box_main
+
+    return box_main(argv)
+
+
 def _cluster(argv: list[str]) -> int:
     from asr_gateway.dev.cluster import main as cluster_main
 
@@ -96,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("tail", help="print live events from Redis (`asr-gateway tail --help` for its options)")
     sub.add_parser("demo", help="run the whole pipeline once on this machine (`asr-gateway demo --help`)")
     sub.add_parser("cluster", help="Kamailio + N nodes + Redis on loopback: up|status|down (`cluster --help`)")
+    sub.add_parser("box", help="write and check a box's files: N pinned nodes, Kamailio, HAProxy (`box --help`)")
     for entry in entry_points(group=PLUGIN_GROUP):
         sub.add_parser(entry.name, help=f"provided by {entry.value.split(':')[0]} (`asr-gateway {entry.name} --help`)")
     return parser
@@ -115,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         return _demo(argv[1:])
     if argv[:1] == ["cluster"]:
         return _cluster(argv[1:])
+    if argv[:1] == ["box"]:
+        return _box(argv[1:])
     plugin = _plugin(argv[0]) if argv and not argv[0].startswith("-") else None
     if plugin is not None:
         return plugin(argv[1:])

@@ -96,10 +96,12 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
 @needs_peers
 def test_drain_and_sentinel_failover_mid_call_lose_no_call_and_no_final(cluster: LocalCluster, tmp_path: Path) -> None:
     assert cluster.sentinel_group is not None, "Redis Sentinel expected (LocalSentinelGroup)"
-    # Kamailio runs the deployed example itself, not a copy.
+    # Kamailio runs the box generator's file, which includes the deployed example itself, not a copy.
     (kamailio,) = [p for p in cluster.procs if p.kind == "kamailio"]
     assert DISPATCHER_CFG == REPO / "deploy" / "cluster" / "kamailio-dispatcher.cfg"
-    assert str(DISPATCHER_CFG).encode() in Path(f"/proc/{kamailio.pid}/cmdline").read_bytes().split(b"\0")
+    generated = cluster.state_dir / "kamailio" / "kamailio.cfg"
+    assert str(generated).encode() in Path(f"/proc/{kamailio.pid}/cmdline").read_bytes().split(b"\0")
+    assert generated.read_text(encoding="utf-8").rstrip().endswith(f'include_file "{DISPATCHER_CFG}"')
     audio = read_wav(AUDIO)
     drained = "node1"
     marks: dict[str, float] = {}

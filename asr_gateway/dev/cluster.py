@@ -1,11 +1,14 @@
 """``asr-gateway cluster up|status|down``: a real cluster on one machine, all on loopback.
 
-Kamailio (the Debian ``kamailio`` package, dispatcher module) runs the very file
-``deploy/cluster/kamailio-dispatcher.cfg``, its addresses, ports and probe interval given as
-``-A`` defines; behind it N ``asr-gateway serve`` nodes, each on its own loopback address
-(127.0.0.2, 127.0.0.3, ...: Linux routes all of 127/8 to ``lo``); the nodes publish to Redis
-Sentinel (a master, a replica and three sentinels) when ``LocalSentinelGroup`` is available,
-else to one redis-server.
+The cluster is a box (``asr_gateway.box``) whose nodes each have their own loopback address
+(127.0.0.2, 127.0.0.3, ...: Linux routes all of 127/8 to ``lo``) and free ports: the box's
+generator writes the nodes' overlays (``nodes/nodeN.env`` over one shared ``config.yaml``),
+Kamailio's ``kamailio/kamailio.cfg`` (the cluster's defines, then ``include_file`` of the very
+file ``deploy/cluster/kamailio-dispatcher.cfg``) and ``dispatcher.list``, and, with the doors
+(``--doors``), HAProxy's ``haproxy/haproxy.cfg`` in front of every node's AudioSocket and
+WebSocket door. Kamailio (the Debian ``kamailio`` package, dispatcher module) and HAProxy run
+as children on 127.0.0.1; the nodes publish to Redis Sentinel (a master, a replica and three
+sentinels) when ``LocalSentinelGroup`` is available, else to one redis-server.
 
 Everything lives in a state directory: ``cluster.json`` (addresses and process ids, rewritten
 after each start, so ``status`` and ``down`` work from another shell and after a crash of the
@@ -39,6 +42,7 @@ from typing import Any
 import redis
 from redis.exceptions import RedisError
 
+from asr_gateway.box import BoxPlan, NodePlan, parse_overlay, plan_problems, write_box
 from asr_gateway.dev.local_redis import LocalRedis, LocalRedisError, redis_reachable
 from kb_hooks.events import EventType
 
@@ -50,7 +54,9 @@ SENTINEL_MASTER_NAME = "hotline-asr"
 NODE_HOST_BASE = 2  # node i (from 0) listens on 127.0.0.{NODE_HOST_BASE + i}
 RTP_PORT_MIN = 42000
 RTP_PORTS_PER_NODE = 1000
-PROGRAMS = {"kamailio": "kamailio", "node": "asr_gateway.cli", "redis": "redis-"}
+HAPROXY_CHECK_INTER_MS = 500
+"""HAProxy's health checks of the nodes' ``/health/ready`` (the development cluster's, shorter than a box's)."""
+PROGRAMS = {"kamailio": "kamailio", "haproxy": "haproxy", "node": "asr_gateway.cli", "redis": "redis-"}
 """What each recorded process's command line contains: a reused process id is never signalled."""
 
 
@@ -88,11 +94,15 @@ class ClusterOptions:
     address Kamailio states in ``X-Source-Addr``); calls from anywhere else get 403."""
     sentinel: bool = True
     """Redis Sentinel when ``LocalSentinelGroup`` exists, else one redis-server."""
+    doors: bool = False
+    """Also the AudioSocket and WebSocket doors on every node, behind HAProxy on 127.0.0.1."""
 
 
-def missing_programs(sentinel: bool = True) -> list[str]:
+def missing_programs(sentinel: bool = True, doors: bool = False) -> list[str]:
     """The external programs a cluster needs and this machine lacks (Debian package names)."""
     wanted = {"kamailio": "kamailio", "redis-server": "redis-server"}
+    if doors:
+        wanted["haproxy"] = "haproxy"
     if sentinel:
         wanted["redis-sentinel"] = "redis-sentinel"
     return [package for binary, package in wanted.items() if shutil.which(binary) is None]
@@ -156,6 +166,7 @@ class LocalCluster:
         self.procs: list[Proc] = []
         self.redis_url = ""
         self.proxy_port = 0
+        self.plan: BoxPlan | None = None
         self.sentinel_group: Any = None
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
@@ -192,11 +203,36 @@ class LocalCluster:
         cluster.proxy_port = int(state["proxy"]["port"])
         cluster.redis_url = state["redis_url"]
         cluster.procs = [Proc(**proc) for proc in state["procs"]]
+        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+            cluster.plan = BoxPlan.from_json((state_dir / "box.json").read_text(encoding="utf-8"))
         return cluster
 
     @property
     def nodes(self) -> list[Proc]:
         return [proc for proc in self.procs if proc.kind == "node"]
+
+    @property
+    def audiosocket_port(self) -> int:
+        """HAProxy's AudioSocket port on 127.0.0.1 (with ``doors``)."""
+        return self._box().audiosocket_port
+
+    @property
+    def websocket_port(self) -> int:
+        """HAProxy's WebSocket port on 127.0.0.1 (with ``doors``)."""
+        return self._box().websocket_port
+
+    def _box(self) -> BoxPlan:
+        if self.plan is None or not self.plan.doors:
+            raise ClusterError("this cluster has no doors (start it with `cluster up --doors`)")
+        return self.plan
+
+    def node_plan(self, name: str) -> NodePlan:
+        if self.plan is None:
+            raise ClusterError(f"no box.json in {self.state_dir}")
+        for node in self.plan.nodes:
+            if node.name == name:
+                return node
+        raise ClusterError(f"no node {name!r} in {self.state_dir / 'box.json'}")
 
     def node(self, name: str) -> Proc:
         for proc in self.nodes:
@@ -208,7 +244,7 @@ class LocalCluster:
 
     def up(self, timeout_s: float = 120.0) -> None:
         """Start Redis, the nodes and Kamailio, each waited for; on any failure everything is stopped again."""
-        missing = missing_programs(self.options.sentinel and _sentinel_group_class() is not None)
+        missing = missing_programs(self.options.sentinel and _sentinel_group_class() is not None, self.options.doors)
         if missing:
             raise ClusterError(f"missing Debian packages: {', '.join(missing)} (make setup installs them)")
         if self.state_file.exists():
@@ -220,9 +256,12 @@ class LocalCluster:
         try:
             self._start_redis()
             self.save()
-            self.proxy_port = free_udp_port(PROXY_HOST)
-            for index in range(self.options.nodes):
-                self._start_node(index)
+            self.plan = self._plan()
+            self.proxy_port = self.plan.sip_port
+            write_box(self.plan, self.state_dir, ds_list=str(self.state_dir / "kamailio" / "dispatcher.list"))
+            self._write_base_config()
+            for node in self.plan.nodes:
+                self._start_node(node)
                 self.save()
             deadline = time.monotonic() + timeout_s
             for proc in self.nodes:
@@ -230,6 +269,10 @@ class LocalCluster:
             self._start_kamailio()
             self.save()
             self._wait_sip(self.procs[-1], deadline)
+            if self.options.doors:
+                self._start_haproxy()
+                self.save()
+                self._wait_haproxy(deadline)
         except BaseException:
             self.down()
             raise
@@ -258,10 +301,57 @@ class LocalCluster:
         self.redis_url = server.url
         self.procs.append(Proc("redis", "redis", server.process.pid, str(workdir / "redis.log"), port=server.port))
 
-    def _node_config(self, index: int, directory: Path, port: int) -> Path:
-        host = node_host(index)
+    def _plan(self) -> BoxPlan:
+        """The cluster as a box: each node on its own loopback address, every port a free one
+        (drawn again in the rare case two draws, or a draw and an RTP range, collide)."""
+        for _ in range(20):
+            plan = self._draw_plan()
+            if not plan_problems(plan):
+                return plan
+        raise ClusterError(f"no collision-free ports found: {'; '.join(plan_problems(plan))}")
+
+    def _draw_plan(self) -> BoxPlan:
         options = self.options
-        rtp_min = RTP_PORT_MIN + index * RTP_PORTS_PER_NODE
+        nodes = []
+        for index in range(options.nodes):
+            host = node_host(index)
+            rtp_min = RTP_PORT_MIN + index * RTP_PORTS_PER_NODE
+            nodes.append(
+                NodePlan(
+                    index=index + 1,
+                    host=host,
+                    sip_port=free_udp_port(host),
+                    rtp_port_min=rtp_min,
+                    rtp_port_max=rtp_min + RTP_PORTS_PER_NODE - 1,
+                    audiosocket_port=free_udp_port(host),
+                    websocket_port=free_udp_port(host),
+                    metrics_host=host,
+                    metrics_port=free_udp_port(host),
+                    cpus=(),
+                    state_dir=str(self.state_dir / f"node{index + 1}"),
+                )
+            )
+        return BoxPlan(
+            nodes=tuple(nodes),
+            address=PROXY_HOST,
+            sip_port=free_udp_port(PROXY_HOST),
+            audiosocket_port=free_udp_port(PROXY_HOST),
+            websocket_port=free_udp_port(PROXY_HOST),
+            doors=options.doors,
+            ping_interval_s=options.ping_interval_s,
+            fr_timer_ms=options.fr_timer_ms,
+            ds_alg=options.algorithm,
+            kamailio_children=2,
+            check_inter_ms=HAPROXY_CHECK_INTER_MS,
+            kamailio_include=str(DISPATCHER_CFG),
+            config=str(self.state_dir / "config.yaml"),
+            etc_dir=str(self.state_dir / "nodes"),
+            prefix=str(REPO),
+        )
+
+    def _write_base_config(self) -> Path:
+        """The one config every node reads; each node's own ports and directories are its overlay."""
+        options = self.options
         routes = self.state_dir / "routes.yaml"
         routes.write_text(
             "# The cluster's calls: the PBX's addresses are a trunk; behind Kamailio they are matched on the\n"
@@ -280,50 +370,51 @@ class LocalCluster:
         )
         config = {
             "sip": {
-                "host": host,
-                "port": port,
                 "transports": ["udp"],
                 "trusted_proxies": [f"{PROXY_HOST}/32"],
                 "drain_wait_s": options.drain_wait_s,
                 "drain_linger_s": options.ping_interval_s + options.fr_timer_ms / 1000,
                 "rtp_inactivity_timeout_s": 10,
             },
-            "rtp": {"host": host, "port_min": rtp_min, "port_max": rtp_min + RTP_PORTS_PER_NODE - 1},
             "engine": {
                 "max_streams": options.max_streams,
                 "max_batch": options.max_streams,
                 "finalizer": "thread",
                 "threads": 1,
             },
-            "redis": {
-                "url": self.redis_url,
-                "spool_dir": str(directory / "spool"),
-                "journal_audit_file": str(directory / "journal-audit.log"),
-            },
-            "metrics": {"host": host, "port": 0},
+            "redis": {"url": self.redis_url},
             "logging": {"level": "info", "format": "json"},
             "routes": str(routes),
         }
-        path = directory / "config.yaml"
+        path = self.state_dir / "config.yaml"
         path.write_text(json.dumps(config, indent=2), encoding="utf-8")  # JSON is YAML
         return path
 
-    def _start_node(self, index: int, port: int | None = None) -> Proc:
-        name = f"node{index + 1}"
-        directory = self.state_dir / name
+    def _start_node(self, node: NodePlan) -> Proc:
+        directory = Path(node.state_dir)
         directory.mkdir(parents=True, exist_ok=True)
-        host = node_host(index)
-        port = port or free_udp_port(host)
-        config = self._node_config(index, directory, port)
+        overlay_path = self.state_dir / "nodes" / f"{node.name}.env"
+        journal = directory / "journal-audit.log"
+        overlay = parse_overlay(overlay_path.read_text(encoding="utf-8"))
+        config = self.state_dir / "config.yaml"
         log_path = directory / "serve.log"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+        env = {
+            **os.environ,
+            **overlay,
+            "ASR_REDIS_JOURNAL_AUDIT_FILE": str(journal),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        }
         command = [sys.executable, "-m", "asr_gateway.cli", "serve", "--config", str(config)]
         with log_path.open("ab") as log:
             process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=directory, start_new_session=True
             )
         self._children[process.pid] = process
-        proc = Proc("node", name, process.pid, str(log_path), host=host, port=port, config=str(config))
+        extra = {"overlay": str(overlay_path), "journal_audit_file": str(journal)}
+        proc = Proc(
+            "node", node.name, process.pid, str(log_path), host=node.host, port=node.sip_port, config=str(config),
+            extra=extra,
+        )  # fmt: skip
         self.procs.append(proc)
         return proc
 
@@ -332,19 +423,10 @@ class LocalCluster:
         if binary is None:
             raise ClusterError("kamailio not found: install the Debian package kamailio (make setup does)")
         directory = self.state_dir / "kamailio"
-        directory.mkdir(parents=True, exist_ok=True)
-        ds_list = directory / "dispatcher.list"
-        weight = max(1, 100 // max(1, self.options.nodes))
-        ds_list.write_text(
-            "".join(f"1 sip:{p.host}:{p.port};transport=udp 0 0 weight={weight}\n" for p in self.nodes),
-            encoding="utf-8",
-        )
         log_path = self.state_dir / "kamailio.log"
         command = [
-            binary, "-f", str(DISPATCHER_CFG), "-DD", "-E", "-Y", str(directory), "-P", str(directory / "kamailio.pid"),
-            "-A", f"LISTEN_ADDR=udp:{PROXY_HOST}:{self.proxy_port}", "-A", f'DS_LIST="{ds_list}"',
-            "-A", f"DS_PING_INTERVAL={self.options.ping_interval_s}", "-A", f'DS_ALG="{self.options.algorithm}"',
-            "-A", f"FR_TIMER_MS={self.options.fr_timer_ms}", "-A", "CHILDREN=2",
+            binary, "-f", str(directory / "kamailio.cfg"), "-DD", "-E", "-Y", str(directory),
+            "-P", str(directory / "kamailio.pid"),
         ]  # fmt: skip
         with log_path.open("ab") as log:
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -352,6 +434,33 @@ class LocalCluster:
         self.procs.append(
             Proc("kamailio", "kamailio", process.pid, str(log_path), host=PROXY_HOST, port=self.proxy_port)
         )
+
+    def _start_haproxy(self) -> None:
+        binary = shutil.which("haproxy")
+        if binary is None:
+            raise ClusterError("haproxy not found: install the Debian package haproxy (make setup does)")
+        log_path = self.state_dir / "haproxy.log"
+        command = [binary, "-f", str(self.state_dir / "haproxy" / "haproxy.cfg"), "-db"]
+        with log_path.open("ab") as log:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self._children[process.pid] = process
+        plan = self._box()
+        extra = {"websocket_port": str(plan.websocket_port)}
+        self.procs.append(
+            Proc("haproxy", "haproxy", process.pid, str(log_path), PROXY_HOST, plan.audiosocket_port, extra=extra)
+        )
+
+    def _wait_haproxy(self, deadline: float) -> None:
+        """Until HAProxy accepts on both doors' ports."""
+        proc = next(p for p in self.procs if p.kind == "haproxy")
+        plan = self._box()
+        while time.monotonic() < deadline:
+            if not self.alive_proc(proc):
+                raise ClusterError(f"haproxy exited while starting; see {proc.log}:\n{_tail(Path(proc.log))}")
+            if all(_tcp_accepts(PROXY_HOST, port) for port in (plan.audiosocket_port, plan.websocket_port)):
+                return
+            time.sleep(0.1)
+        raise ClusterError(f"haproxy did not listen in time; see {proc.log}")
 
     def _wait_sip(self, proc: Proc, deadline: float) -> None:
         """Until ``proc`` answers OPTIONS 200; ClusterError when it exits or the deadline passes."""
@@ -379,7 +488,7 @@ class LocalCluster:
         if self.alive_proc(old):
             raise ClusterError(f"{name} is still running (pid {old.pid})")
         self.procs.remove(old)
-        proc = self._start_node(int(name.removeprefix("node")) - 1, port=old.port)
+        proc = self._start_node(self.node_plan(name))
         self.save()
         self._wait_sip(proc, time.monotonic() + timeout_s)
         return proc
@@ -410,6 +519,9 @@ class LocalCluster:
             if proc.kind in ("node", "kamailio"):
                 entry["sip"] = f"{proc.host}:{proc.port}"
                 entry["options"] = sip_options(proc.host, proc.port, timeout_s=0.5) if entry["alive"] else None
+            if proc.kind == "haproxy":
+                entry["audiosocket"] = f"{proc.host}:{proc.port}"
+                entry["websocket"] = f"{proc.host}:{proc.extra.get('websocket_port', '')}"
             procs.append(entry)
         return {
             "state_dir": str(self.state_dir),
@@ -440,7 +552,7 @@ class LocalCluster:
 
     def down(self, timeout_s: float = 20.0) -> list[str]:
         """End every recorded process group (Kamailio first, then the nodes, Redis last); the names ended."""
-        order = {"kamailio": 0, "node": 1, "redis": 2}
+        order = {"kamailio": 0, "haproxy": 0, "node": 1, "redis": 2}
         ended = []
         for kind in sorted(order, key=order.__getitem__):
             group = [proc for proc in self.procs if proc.kind == kind and self.alive_proc(proc)]
@@ -485,9 +597,8 @@ _SELECTION = re.compile(r"at (\d+\.\d+) (?:new call|call) (\S+) (to|fails over t
 
 def journaled(node: Proc) -> list[tuple[str, str, str]]:
     """``(event_id, call_id, event_type)`` of every durable event ``node`` journaled (its audit file)."""
-    config = json.loads(Path(node.config).read_text(encoding="utf-8"))
-    path = Path(config["redis"]["journal_audit_file"])
-    if not path.exists():
+    path = Path(node.extra.get("journal_audit_file", ""))
+    if not path.is_file():
         return []
     rows = [line.split() for line in path.read_text(encoding="utf-8").splitlines()]
     return [(row[0], row[1], row[2]) for row in rows if len(row) >= 3]
@@ -542,6 +653,12 @@ def _alive(proc: Proc) -> bool:
     return PROGRAMS[proc.kind].encode() in cmdline
 
 
+def _tcp_accepts(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
 def _signal(proc: Proc, signum: int) -> None:
     """Signal ``proc``'s process group (nodes and Kamailio lead their own), or Redis's process alone."""
     with contextlib.suppress(ProcessLookupError):
@@ -571,6 +688,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--ping-interval", type=int, default=5, help="up: Kamailio's OPTIONS interval, s")
     parser.add_argument("--max-streams", type=int, default=8, help="up: engine slots per node")
     parser.add_argument("--pbx", action="append", help="up: the PBX's CIDRs (repeatable; default 127.0.0.0/8)")
+    parser.add_argument("--doors", action="store_true", help="up: AudioSocket and WebSocket doors behind HAProxy")
     args = parser.parse_args(argv)
     try:
         if args.action == "up":
@@ -581,6 +699,7 @@ def main(argv: list[str]) -> int:
                 ping_interval_s=args.ping_interval,
                 max_streams=args.max_streams,
                 pbx_cidrs=tuple(args.pbx or ClusterOptions.pbx_cidrs),
+                doors=args.doors,
             )
             cluster = LocalCluster(args.state_dir, options)
             cluster.up()
