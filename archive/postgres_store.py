@@ -16,6 +16,7 @@ from archive.store import ArchiveError
 
 class PostgresStore(SqlStore):
     dialect: Dialect = "postgresql"
+    _for_update = " FOR UPDATE"
 
     def __init__(self, url: str, agent_id_key: str = DEFAULT_AGENT_ID_KEY) -> None:
         super().__init__(agent_id_key)

@@ -31,6 +31,7 @@ def like_pattern(text: str) -> str:
 
 class SqlStore(ABC):
     dialect: Dialect
+    _for_update = ""
 
     def __init__(self, agent_id_key: str = DEFAULT_AGENT_ID_KEY) -> None:
         self.agent_id_key = agent_id_key
@@ -63,7 +64,8 @@ class SqlStore(ABC):
                     self._execute(cur, "INSERT INTO schema_version (version) VALUES (0)")
             for step in MIGRATIONS:
                 with self._transaction() as cur:
-                    (current,) = self._execute(cur, "SELECT version FROM schema_version").fetchone()
+                    # PostgreSQL: FOR UPDATE makes a second process starting at once wait, then skip
+                    (current,) = self._execute(cur, "SELECT version FROM schema_version" + self._for_update).fetchone()
                     if current >= step.version:
                         continue
                     for statement in step.statements[self.dialect]:

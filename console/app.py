@@ -33,8 +33,10 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
+from archive.store import ArchiveStore, open_store
 from asr_common.yamlconf import ConfigError
 from asr_core.model.bundled import BUNDLED_MODEL_DIR, is_demo_model
+from console.archive_pages import archive_routes, may_see
 from console.configs import ConfigStore, UnknownFile
 from console.feeds import CallIndex, CallSummary, Hub, call_snapshot, fold_event, running_hub
 from console.route_sizes import RouteChunkSizes
@@ -79,6 +81,7 @@ class Console:
         self.speak: SpeakTarget | None = None
         self.configured_demo_model = False  # the gateway's config serves the bundled demo model
         self.route_sizes = RouteChunkSizes(None)
+        self.archive: ArchiveStore | None = None  # archive_db: calls kept after they end (docs/archive.md)
         backoff = Backoff(settings.webhook_retry_first_s, settings.webhook_retry_max_s)
         self.webhooks = WebhookSender(Outbox(settings.state_dir / "webhook-outbox.jsonl"), backoff)
 
@@ -96,6 +99,8 @@ class Console:
         index = CallIndex(self.settings.agent_id_key, self.settings.ended_keep_s, self.route_sizes)
         self.hub = Hub(self.client, prefixes, index, self.settings.bootstrap_events, redis.layout)
         self.store = ConfigStore(self.settings.service_config, self.settings.state_dir, self.client)
+        if self.settings.archive_db:
+            self.archive = open_store(self.settings.archive_db)
 
     # -- who is asking ----------------------------------------------------------------
 
@@ -225,6 +230,10 @@ def build_app(settings: ConsoleSettings) -> Starlette:
         try:
             call = await find_call(request)
         except HTTPException:  # another agent's call, or none: 404, as the API answers
+            call_id = request.path_params["call_id"]
+            archived = await asyncio.to_thread(console.archive.call, call_id) if console.archive else None
+            if archived is not None and may_see(request.state.user, archived):
+                return RedirectResponse(f"/archive/calls/{call_id}", status_code=303)  # its view is logged there
             return page("missing.html", request, status_code=404, call_id=request.path_params["call_id"])
         return page("call.html", request, call_id=call.call_id, agent_id_key=settings.agent_id_key,
                     route_chunk_ms=console.route_sizes(call.route))  # fmt: skip
@@ -465,6 +474,8 @@ def build_app(settings: ConsoleSettings) -> Starlette:
             yield
         await console.webhooks.stop()
         await console.client.aclose()
+        if console.archive is not None:
+            console.archive.close()
 
     routes = [
         Route("/health", health),
@@ -493,6 +504,7 @@ def build_app(settings: ConsoleSettings) -> Starlette:
         Route("/api/admin/versions/{version_id}", admin_version),
         Route("/api/admin/audit", admin_audit),
         Route("/api/admin/nodes", admin_nodes),
+        *archive_routes(lambda: console.archive, need, page),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
     middleware = [

@@ -45,6 +45,13 @@ class ConsoleSettings(BaseModel):
         "(default: the host the console was reached at, the gateway's websocket.port, /v1/stream; console/speak.py)",
     )
 
+    archive_db: str | None = Field(
+        None,
+        pattern=r"^(sqlite:///|postgres(ql)?://)[^\s]+$",
+        description="the call archive that asr-archive writes (sqlite:///path or postgresql://...): "
+        "its search page and archived calls' pages (docs/archive.md); none by default",
+    )
+
     webhook_retry_first_s: float = Field(
         1.0, gt=0, description="seconds before a work order's webhook is tried again after its first failure"
     )

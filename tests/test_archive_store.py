@@ -44,7 +44,7 @@ def as_json(events: list[ev.Event]) -> list[dict[str, object]]:
 
 
 DAY_MS = 86_400_000
-T0 = 1_796_000_000_000  # 2026-12-01, unix ms
+T0 = 1_796_000_000_000  # 2026-11-30 00:53:20 UTC, unix ms
 
 
 def test_idempotent_by_event_id_and_migrated(store_url: str) -> None:
