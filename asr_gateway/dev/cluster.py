@@ -96,6 +96,9 @@ class ClusterOptions:
     """Redis Sentinel when ``LocalSentinelGroup`` exists, else one redis-server."""
     doors: bool = False
     """Also the AudioSocket and WebSocket doors on every node, behind HAProxy on 127.0.0.1."""
+    traced: bool = True
+    """The engine's TorchScript steps (the service's default); False: a node starts in seconds
+    rather than after tracing every chunk shape (about 18 s on a loaded 2-core machine)."""
 
 
 def missing_programs(sentinel: bool = True, doors: bool = False) -> list[str]:
@@ -381,6 +384,8 @@ class LocalCluster:
                 "max_batch": options.max_streams,
                 "finalizer": "thread",
                 "threads": 1,
+                "traced_step": options.traced,
+                "traced_rescoring": options.traced,
             },
             "redis": {"url": self.redis_url},
             "logging": {"level": "info", "format": "json"},
@@ -593,6 +598,21 @@ def selections(cluster: LocalCluster) -> list[Selection]:
 
 
 _SELECTION = re.compile(r"at (\d+\.\d+) (?:new call|call) (\S+) (to|fails over to) (\S+)$")
+
+
+def balancer_states(cluster: LocalCluster) -> dict[tuple[str, str], str]:
+    """HAProxy's last word on each ``(door, node)``: ``"UP"`` or ``"DOWN"``, from its log (servers
+    start up, so a pair it never mentioned is absent)."""
+    states = {}
+    for line in Path(cluster.state_dir / "haproxy.log").read_text(errors="replace").splitlines():
+        match = _SERVER_STATE.search(line)
+        if match:
+            door, node, state = match.groups()
+            states[(door, node)] = state
+    return states
+
+
+_SERVER_STATE = re.compile(r"Server (\w+)_nodes/(\w+) is (UP|DOWN)\b")
 
 
 def journaled(node: Proc) -> list[tuple[str, str, str]]:
