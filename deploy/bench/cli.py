@@ -36,6 +36,10 @@ PASSTHROUGH: dict[str, tuple[Callable[[list[str]], int], str]] = {
         "SIP calls + RTP (or --door audiosocket|websocket|all) on loopback: setup failures, loss, server CPU per 20 ms",
     ),
     "publisher": (_module_main("publisher_bench"), "events/s and publish latency to a local Redis"),
+    "archive": (
+        _module_main("archive_bench"),
+        "the call archive, SQLite and PostgreSQL: calls archived/s, search p95 over --calls generated calls",
+    ),
     "sherpa-peer": (_module_main("sherpa_peer"), "sherpa-onnx vs our engine on the same exported model"),
     "storm": (
         _module_main("storm"),
