@@ -709,6 +709,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-streams", type=int, default=8, help="up: engine slots per node")
     parser.add_argument("--pbx", action="append", help="up: the PBX's CIDRs (repeatable; default 127.0.0.0/8)")
     parser.add_argument("--doors", action="store_true", help="up: AudioSocket and WebSocket doors behind HAProxy")
+    parser.add_argument("--no-trace", action="store_true", help="up: no TorchScript tracing (nodes start in seconds)")
     args = parser.parse_args(argv)
     try:
         if args.action == "up":
@@ -720,6 +721,7 @@ def main(argv: list[str]) -> int:
                 max_streams=args.max_streams,
                 pbx_cidrs=tuple(args.pbx or ClusterOptions.pbx_cidrs),
                 doors=args.doors,
+                traced=not args.no_trace,
             )
             cluster = LocalCluster(args.state_dir, options)
             cluster.up()
