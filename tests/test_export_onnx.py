@@ -1,6 +1,7 @@
 """ONNX export of the fixture model: ONNX Runtime equals torch and WeNet's own outputs."""
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -120,17 +121,23 @@ def test_check_command_reports_errors_as_json(
 
 @pytest.mark.parametrize("mode", INT8_MODES)
 def test_every_int8_mode_is_recorded_and_mostly_agrees(
-    exported: Path, loaded: LoadedModel, tmp_path: Path, mode: str
+    exported: Path, loaded: LoadedModel, tmp_path: Path, mode: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Each mode runs here (on a VNNI CPU this cannot show u8s8's saturation on AVX2; the
-    reduce-range and u8u8 modes are the ones exact there) and names itself in the graph."""
+    """Each mode runs here and names itself in the graph. Full-range weights (u8s8) saturate in
+    the int8 kernels of a CPU without int8 dot products (VNNI): there the runner warns, as a user
+    would be told, and the mode is not held to the others' agreement (it measured 0.77 on an
+    AVX2-only EPYC); the reduce-range and u8u8 modes agree on every CPU."""
     target = tmp_path / f"{mode}.onnx"
     quantize_int8(exported / onnx_export.ENCODER_FILE, target, mode)
-    runner = OrtChunkRunner(target)
+    with caplog.at_level(logging.WARNING, logger="asr_core.backends.onnxruntime"):
+        runner = OrtChunkRunner(target)
     assert runner.int8_mode == mode
     assert runner.meta["num_blocks"] == loaded.num_blocks  # the model's own metadata is kept
     audio = onnx_export.check_audio(loaded, {"int8": runner}, WAVS, 8, 2)
-    assert audio["int8"]["argmax_agreement"] >= 0.9, (mode, cpu_isa.detect().level)
+    saturating = mode == "u8s8" and int8_mode_for(cpu_isa.detect()) != "u8s8"
+    assert ("can saturate" in caplog.text) == saturating, caplog.text
+    if not saturating:
+        assert audio["int8"]["argmax_agreement"] >= 0.9, (mode, cpu_isa.detect().level)
 
 
 def test_export_records_the_int8_mode_it_chose(exported: Path) -> None:
