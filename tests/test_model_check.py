@@ -42,6 +42,10 @@ def test_check_demo_model_describes_it_and_self_tests_through_the_engine(capsys:
     (run,) = test["runs"]
     assert run["chunk_ms"] == 640 and run["rtf"] > 0 and run["cpu_rtf"] > 0
     assert run["text"] and run["cer"] is not None  # the bundled call has a reference
+    assert report["demo"] is True and "asr-model pull NAME" in str(report["notice"])
+    real = report["real_speech"]
+    assert isinstance(real, dict) and real["skipped"] is None and real["chunk_ms"] == 640
+    assert len(real["utterances"]) == 6 and real["cer"] > 0.8  # synthetic voices only: it hears no person
 
 
 @needs_fixture
@@ -53,7 +57,11 @@ def test_check_fixture_text_report(capsys: pytest.CaptureFixture[str]) -> None:
     assert "decoder: bitransformer (2 left-to-right + 1 right-to-left blocks)" in out
     assert "vocabulary: 60 units" in out and "CMVN: global_cmvn" in out
     assert "use_dynamic_chunk true" in out and "streams: yes" in out
-    assert " 160 ms  RTF " in out and "CER" not in out  # no reference for a --wav of one's own
+    (run,) = [line for line in out.splitlines() if " 160 ms  RTF " in line]
+    assert "CER" not in run  # no reference for a --wav of one's own
+    (summary,) = [line for line in out.splitlines() if line.strip().startswith("CER at 160 ms:")]
+    assert summary.strip().startswith("CER at 160 ms: real speech ") and "recording" not in summary
+    assert "NOTE:" not in out  # not the bundled demo model
 
 
 @needs_fixture
@@ -128,9 +136,9 @@ REAL_SPEECH = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "rea
 def test_check_prints_the_real_speech_cer_beside_the_recordings_and_names_the_demo_model(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["check", str(DEMO_MODEL_DIR), "--chunk-ms", "160", "--real-speech", str(REAL_SPEECH)]) == 0
+    assert main(["check", str(DEMO_MODEL_DIR), "--chunk-ms", "640", "--real-speech", str(REAL_SPEECH)]) == 0
     out = capsys.readouterr().out
-    (summary,) = [line for line in out.splitlines() if line.strip().startswith("CER at 160 ms:")]
+    (summary,) = [line for line in out.splitlines() if line.strip().startswith("CER at 640 ms:")]
     recording, real = (float(part.split()[-2]) for part in summary.split(":", 1)[1].split(","))
     assert recording < 20.0 and real > 80.0, summary  # hears its own kind of voice, not a person's
     assert sum(" CER " in line and "[reference: " in line for line in out.splitlines()) == 6

@@ -234,9 +234,12 @@ def _real_speech_text(test: check.SelfTest, real: check.RealSpeechTest) -> str:
     ]
     for u in real.utterances:
         lines.append(f"  {u.utt_id}  CER {100 * u.cer:5.1f} %  {u.text or '(nothing)'}  [reference: {u.reference}]")
-    recording = "-" if bundled is None else f"{100 * bundled:.1f} %"
     real_cer = "-" if real.cer is None else f"{100 * real.cer:.1f} %"
-    lines.append(f"  CER at {real.chunk_ms} ms: the bundled recording {recording}, real speech {real_cer}")
+    if bundled is None:  # a --wav of one's own: no reference to score it against
+        lines.append(f"  CER at {real.chunk_ms} ms: real speech {real_cer}")
+    else:
+        recording = f"{100 * bundled:.1f} %"
+        lines.append(f"  CER at {real.chunk_ms} ms: the bundled recording {recording}, real speech {real_cer}")
     return "\n".join(lines)
 
 
