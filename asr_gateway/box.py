@@ -42,6 +42,8 @@ KAMAILIO_INCLUDE = "hotline-asr-dispatcher.cfg"
 DISPATCHER_SOURCE = Path(__file__).resolve().parents[1] / "deploy" / "cluster" / "kamailio-dispatcher.cfg"
 """The dispatcher configuration ``box write`` copies beside the box's ``kamailio.cfg``."""
 MAX_NODES = 256
+DOOR_CONNECTIONS_PER_NODE = 4096
+"""A node's door connections from HAProxy (each door), and HAProxy's ``maxconn`` per node."""
 RTP_PORT_CEILING = 60000
 """RTP ranges end below this (ports above are the kernel's ephemeral range on Debian: 32768-60999
 overlaps the default 20000-39999 too, and a node's RTP socket simply skips a port in use)."""
@@ -83,8 +85,9 @@ class NodePlan:
         """Its name in the heartbeat (``{prefix}:nodes``, the console): the host name and SIP port."""
         return f"<hostname>:{self.sip_port}"
 
-    def overlay(self, doors: bool) -> dict[str, str]:
-        """``ASR_*`` settings over the shared config; the doors only when the box balances them."""
+    def overlay(self, doors: bool, proxy: str) -> dict[str, str]:
+        """``ASR_*`` settings over the shared config; the doors only when the box balances them.
+        ``proxy``: the address Kamailio sends from, whose ``X-Source-Addr`` the node believes."""
         env = {
             "ASR_SIP_HOST": self.host,
             "ASR_SIP_PORT": str(self.sip_port),
@@ -95,6 +98,8 @@ class NodePlan:
             "ASR_METRICS_PORT": str(self.metrics_port),
             "ASR_REDIS_SPOOL_DIR": self.spool_dir,
         }
+        if proxy != "0.0.0.0":
+            env["ASR_SIP_TRUSTED_PROXIES"] = f"[{proxy}/32]"
         if doors:
             env |= {
                 "ASR_AUDIOSOCKET_ENABLED": "true",
@@ -103,6 +108,10 @@ class NodePlan:
                 "ASR_WEBSOCKET_ENABLED": "true",
                 "ASR_WEBSOCKET_HOST": self.host,
                 "ASR_WEBSOCKET_PORT": str(self.websocket_port),
+                # Every connection comes from HAProxy: the per-source cap would count the whole
+                # box's calls as one caller's (HAProxy's maxconn bounds them instead).
+                "ASR_AUDIOSOCKET_MAX_CONNECTIONS_PER_SOURCE": str(DOOR_CONNECTIONS_PER_NODE),
+                "ASR_WEBSOCKET_MAX_CONNECTIONS_PER_SOURCE": str(DOOR_CONNECTIONS_PER_NODE),
             }
         return env
 
@@ -291,7 +300,7 @@ def render_overlay(plan: BoxPlan, node: NodePlan) -> str:
         f"# {node.name} of a box of {len(plan.nodes)}: written by `asr-gateway box write`; `box check` compares it.",
         f"# Over {plan.config}; heartbeat node id {node.node_id}; cores {cpu_list(node.cpus) or 'any'}.",
     ]
-    lines += [f"{key}={value}" for key, value in node.overlay(plan.doors).items()]
+    lines += [f"{key}={value}" for key, value in node.overlay(plan.doors, plan.address).items()]
     return "\n".join(lines) + "\n"
 
 
@@ -336,7 +345,7 @@ def render_haproxy(plan: BoxPlan) -> str:
     answer takes it out for new connections, two 200s bring it back; connections it holds go on.
     A refused connect (a killed node) is retried, on another node (``option redispatch 1``)."""
     inter = plan.check_inter_ms
-    maxconn = 4096 * max(1, len(plan.nodes))
+    maxconn = 2 * DOOR_CONNECTIONS_PER_NODE * max(1, len(plan.nodes))
     lines = [
         "# The box's HAProxy (TCP doors): written by `asr-gateway box write`; `haproxy -c -f` checks it.",
         "global",
@@ -371,7 +380,7 @@ def render_haproxy(plan: BoxPlan) -> str:
         lines.append(f"    default-server inter {inter}ms fastinter {inter}ms downinter {inter}ms fall 1 rise 2")
         for node in plan.nodes:
             lines.append(
-                f"    server {node.name} {node.host}:{getattr(node, node_port)}"
+                f"    server {node.name} {node.host}:{getattr(node, node_port)} maxconn {DOOR_CONNECTIONS_PER_NODE}"
                 f" check addr {node.metrics_host} port {node.metrics_port}"
             )
         lines.append("")

@@ -70,6 +70,8 @@ def test_a_written_box_checks_clean_and_each_node_gets_its_own_share(tmp_path: P
         assert (config.websocket.enabled, config.websocket.port) == (True, node.websocket_port)
         assert config.metrics.port == node.metrics_port
         assert str(config.redis.spool_dir) == node.spool_dir
+        assert [str(cidr) for cidr in config.sip.trusted_proxies] == ["127.0.0.1/32"]  # Kamailio's address
+        assert config.audiosocket.max_connections_per_source == config.websocket.max_connections_per_source == 4096
         drop_in = out / "systemd" / f"hotline-asr@{node.index}.service.d" / "box.conf"
         assert f"CPUAffinity={cpu_list(node.cpus)}" in drop_in.read_text(encoding="utf-8").splitlines()
 
@@ -79,7 +81,8 @@ def test_a_written_box_checks_clean_and_each_node_gets_its_own_share(tmp_path: P
         assert "balance leastconn" in backend and "option httpchk GET /health/ready" in backend
         for node in nodes:
             port = node.audiosocket_port if door == "audiosocket" else node.websocket_port
-            assert f"server {node.name} {node.host}:{port} check addr 127.0.0.1 port {node.metrics_port}" in backend
+            server = f"server {node.name} {node.host}:{port} maxconn 4096 check addr 127.0.0.1 port {node.metrics_port}"
+            assert server in backend
     assert "mode tcp" in haproxy and "option redispatch 1" in haproxy
     assert "tcp-request connection reject unless pbx" in haproxy and "acl pbx src 10.1.0.0/16" in haproxy
     listed = (out / "kamailio" / "dispatcher.list").read_text(encoding="utf-8").splitlines()
