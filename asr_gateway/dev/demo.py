@@ -28,6 +28,7 @@ import os
 import random
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -356,10 +357,11 @@ def print_summary(report: DemoReport, out: TextIO) -> None:
         out.write(f"  KB: {', '.join(call.kb) or '-'}\n  tags: {', '.join(call.tags) or '-'}\n")
         out.write(f"  work order: {call.workorder or '-'}\n  analytics: {call.analytics or '-'}\n")
     if report.model_notice is not None:
-        out.write(
+        note = (
             "note: these calls are synthetic voices speaking its training text, so the CER above says the "
-            f"pipeline works, not that a person would be understood. {report.model_notice}\n"
+            f"pipeline works, not that a person would be understood. {report.model_notice}"
         )
+        out.write(textwrap.fill(note, width=100, subsequent_indent="  ", break_on_hyphens=False) + "\n")
     out.write("demo ok\n" if report.ok else "demo FAILED: see the calls above\n")
     out.flush()
 

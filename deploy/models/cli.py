@@ -18,6 +18,7 @@ import dataclasses
 import json
 import os
 import sys
+import textwrap
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -172,7 +173,8 @@ def run_check(args: argparse.Namespace) -> int:
     if test is not None and real is not None:
         print(_real_speech_text(test, real))
     if facts.notice is not None:
-        print(f"  NOTE: {facts.notice}")
+        note = f"NOTE: {facts.notice}"
+        print(textwrap.fill(note, width=100, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False))
     return 0
 
 
