@@ -6,6 +6,8 @@ service reads), the console as a subprocess (``python -m console``: it sits abov
 and nothing may import it) with an agent, a supervisor and an admin whose passwords are made
 here and printed once, then places the bundled demo calls round after round, each for the demo
 agent (``X-Agent-Id``), until Ctrl-C or SIGTERM (or ``--rounds``), and stops everything.
+The archiver (``python -m archive run``, a subprocess for the same reason) keeps every ended
+call in ``archive.db`` in the work directory, which the console's Archive page searches.
 """
 
 from __future__ import annotations
@@ -110,9 +112,41 @@ async def write_console_files(workdir: Path, redis_url: str, listen: str, users:
             entries[user.name]["agent_id"] = user.agent_id
     (conf / "users.yaml").write_text(json.dumps({"users": entries}, indent=2) + "\n", encoding="utf-8")
     console = {"service_config": "gateway.yaml", "users_file": "users.yaml", "listen": listen,
-               "state_dir": str(workdir / "console-state")}  # fmt: skip
+               "state_dir": str(workdir / "console-state"), "archive_db": archive_url(workdir)}  # fmt: skip
     (conf / "console.yaml").write_text(json.dumps(console, indent=2) + "\n", encoding="utf-8")
     return conf / "console.yaml"
+
+
+def archive_url(workdir: Path) -> str:
+    """The demo's call archive: one SQLite file in the work directory (docs/archive.md)."""
+    return f"sqlite://{(workdir / 'archive.db').resolve()}"
+
+
+class ArchiverProcess:
+    """``python -m archive run`` on the demo's Redis into ``archive_url(workdir)``; ``stop()``
+    ends it (SIGTERM; what it read and did not write is read again by a next start)."""
+
+    def __init__(self, redis_url: str, workdir: Path) -> None:
+        self.command = [sys.executable, "-m", "archive", "run", "--redis", redis_url, "--db", archive_url(workdir),
+                        "--prefix", KEY_PREFIX, "--consumer", "demo", "--agent-id-key", "X-Agent-Id"]  # fmt: skip
+        self.log = workdir / "archive.log"
+        self.process: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        with self.log.open("wb") as log:
+            self.process = await asyncio.create_subprocess_exec(
+                *self.command, stdout=log, stderr=subprocess.STDOUT, env=console_environment()
+            )
+
+    async def stop(self) -> None:
+        if self.process is None or self.process.returncode is not None:
+            return
+        self.process.terminate()
+        try:
+            await asyncio.wait_for(self.process.wait(), CONSOLE_STOP_TIMEOUT_S)
+        except TimeoutError:
+            self.process.kill()
+            await self.process.wait()
 
 
 def service_config(redis_url: str, model_dir: Path, workdir: Path) -> ServiceConfig:
@@ -186,6 +220,7 @@ def print_welcome(url: str, users: list[DemoUser], out: TextIO) -> None:
         if user.role == "admin":
             sees += "; edits routes, KB and tag rules"
         out.write(f"  {user.role:<10} user {user.name:<10} password {user.password}   ({sees})\n")
+    out.write("ended calls are archived: supervisor and admin search them on the Archive page\n")
     out.write("placing the bundled demo calls round after round; Ctrl-C stops everything\n\n")
     out.flush()
 
@@ -231,17 +266,20 @@ async def run_console_demo(model_dir: Path, redis_url: str, workdir: Path, liste
     console_yaml = await write_console_files(workdir, redis_url, listen, users)
     service = Service(service_config(redis_url, model_dir, workdir))
     console = ConsoleProcess(console_yaml, workdir / "console.log")
+    archiver = ArchiverProcess(redis_url, workdir)
     try:
         ports = await service.start()
         if ports.sip_udp is None:
             raise DemoError("the service opened no UDP SIP port")
         url = console_url(listen)
+        await archiver.start()
         await console.start(url + "health")
         print_welcome(url, users, out)
         await place_rounds(ports.sip_udp, workdir, rounds, stop, out)
     finally:
         await console.stop()
         await service.stop(grace_s=5.0)
+        await archiver.stop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
 
