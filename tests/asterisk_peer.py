@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -163,14 +164,28 @@ def _rtp_range(run_dir: Path, width: int = 200) -> tuple[int, int]:
     return start, start + width - 1
 
 
+def without_sections(config: str, names: set[str]) -> str:
+    """``config`` (Asterisk's ini dialect) less its sections called one of ``names``: a context the
+    extra dialplan defines anew replaces the template's of that name instead of merging with it."""
+    kept: list[str] = []
+    keep = True
+    for line in config.splitlines(keepends=True):
+        header = re.match(r"^\[([^\]]+)\]", line)
+        if header:
+            keep = header.group(1) not in names
+        if keep:
+            kept.append(line)
+    return "".join(kept)
+
+
 class AsteriskPeer:
     """One private Asterisk: its configs rendered into ``run_dir`` from the templates, started with
     ``start()``, driven with ``rx()``, stopped with ``stop()``.
 
     ``svc_sip_port`` is the service's SIP port (endpoint ``svc`` of pjsip.conf calls it), ``wav`` the
     sentence the dialplan plays (a path without its ``.wav``); ``extra_dialplan`` and ``extra_pjsip``
-    are appended to extensions.conf and pjsip.conf (``[test](+)`` adds to a template's context), the
-    templates' ``@...@`` names replaced in them too."""
+    are appended to extensions.conf and pjsip.conf, the templates' ``@...@`` names replaced in them too.
+    A context of ``extra_dialplan`` replaces the template's of the same name (``[test](+)`` adds to it)."""
 
     def __init__(
         self,
@@ -207,7 +222,10 @@ class AsteriskPeer:
             (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
         for template in sorted((peer_dir() / "configs").iterdir()):
             extra = {"extensions.conf": extra_dialplan, "pjsip.conf": extra_pjsip}.get(template.name, "")
-            text = template.read_text() + ("\n" + extra if extra else "")
+            text = template.read_text()
+            if template.name == "extensions.conf":
+                text = without_sections(text, set(re.findall(r"^\[([^\]]+)\]\s*$", extra_dialplan, re.M)))
+            text += "\n" + extra if extra else ""
             for key, value in values.items():
                 text = text.replace(key, value)
             (etc / template.name).write_text(text)
