@@ -345,11 +345,10 @@ def render_haproxy(plan: BoxPlan) -> str:
     answer takes it out for new connections, two 200s bring it back; connections it holds go on.
     A refused connect (a killed node) is retried, on another node (``option redispatch 1``)."""
     inter = plan.check_inter_ms
-    maxconn = 2 * DOOR_CONNECTIONS_PER_NODE * max(1, len(plan.nodes))
     lines = [
         "# The box's HAProxy (TCP doors): written by `asr-gateway box write`; `haproxy -c -f` checks it.",
         "global",
-        f"    maxconn {maxconn}",
+        "    # No maxconn: HAProxy sizes it from its file limit (LimitNOFILE); each node takes at most its own.",
         "    log stdout format raw local0 info",
         "",
         "defaults",
