@@ -32,6 +32,7 @@ def like_pattern(text: str) -> str:
 class SqlStore(ABC):
     dialect: Dialect
     _for_update = ""
+    _phrase_window = 0  # calls read newest first for a phrase before its index is asked (0: never)
 
     def __init__(self, agent_id_key: str = DEFAULT_AGENT_ID_KEY) -> None:
         self.agent_id_key = agent_id_key
@@ -184,10 +185,6 @@ class SqlStore(ABC):
     def search(self, query: CallQuery) -> Page:
         where: list[str] = []
         params: list[Any] = []
-        if query.phrase:
-            clause, more = self._phrase_clause(query.phrase)
-            where.append(clause)
-            params += more
         if query.tag:
             where.append(
                 "EXISTS (SELECT 1 FROM tags t WHERE t.call_id = c.call_id "
@@ -214,15 +211,31 @@ class SqlStore(ABC):
             where.append("(c.started_at < ? OR (c.started_at = ? AND c.call_id < ?))")
             params += [query.after[0], query.after[0], query.after[1]]
         limit = max(1, min(query.limit, MAX_PAGE_SIZE))
-        statement = (
+        head = (
             "SELECT c.call_id, c.route, c.agent, c.started_at, c.ended_at, c.end_reason, "
             "(SELECT f.text FROM finals f WHERE f.call_id = c.call_id "
             "ORDER BY CASE WHEN f.role = 'caller' THEN 0 ELSE 1 END, f.begin_ms, f.id LIMIT 1) "
-            f"FROM calls c {'WHERE ' + ' AND '.join(where) if where else ''} "
-            "ORDER BY c.started_at DESC, c.call_id DESC LIMIT ?"
         )
+        newest_first = "ORDER BY c.started_at DESC, c.call_id DESC LIMIT ?"
+        found: list[Any] = []
         with self._lock, self._transaction() as cur:
-            found = self._execute(cur, statement, [*params, limit + 1]).fetchall()
+            if query.phrase and self._phrase_window:
+                # A phrase many calls share is found among the newest few thousand calls by
+                # reading their finals, faster than the index finds all of its calls; only when
+                # fewer than a page turn up there does the index search below run.
+                window = f"SELECT * FROM calls c {'WHERE ' + ' AND '.join(where) if where else ''} {newest_first}"
+                statement = (
+                    f"{head} FROM ({window}) c WHERE EXISTS (SELECT 1 FROM finals f WHERE f.call_id = c.call_id "
+                    f"AND f.text LIKE ? ESCAPE '\\') {newest_first}"
+                )
+                args = [*params, self._phrase_window, like_pattern(query.phrase), limit + 1]
+                found = self._execute(cur, statement, args).fetchall()
+            if len(found) <= limit:
+                if query.phrase:
+                    clause, more = self._phrase_clause(query.phrase)
+                    where, params = [clause, *where], [*more, *params]
+                statement = f"{head} FROM calls c {'WHERE ' + ' AND '.join(where) if where else ''} {newest_first}"
+                found = self._execute(cur, statement, [*params, limit + 1]).fetchall()
         hits = [CallHit(r[0], r[1], r[2], r[3], r[4], r[5], r[6] or "") for r in found[:limit]]
         has_more = len(found) > limit
         return Page(hits, (hits[-1].started_at, hits[-1].call_id) if has_more else None)

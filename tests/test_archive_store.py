@@ -6,6 +6,8 @@ and nothing else; the schema is at the newest migration, and opening it again mi
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from archive.migrations import LATEST
 from archive.sql import SqlStore
 from archive.store import CallQuery, open_store
@@ -127,5 +129,35 @@ def test_retention_deletes_only_what_is_past_its_time(store_url: str) -> None:
         assert list(store.call_ids()) == ["new-hotline", "old-night"]
         assert store.search(CallQuery(phrase="坏了很久")).hits == []
         assert store.count("finals") == 2 and store.count("events") == 8
+    finally:
+        store.close()
+
+
+def test_a_phrase_is_found_alike_among_the_newest_calls_and_through_the_index(store_url: str) -> None:
+    """The newest calls read first (SQLite's window) and the phrase index give the same pages,
+    whether the window holds a page (a common phrase) or not (a rare one)."""
+    store = open_store(store_url)
+    assert isinstance(store, SqlStore)
+    try:
+        for n in range(30):
+            words = "路灯不亮了" if n % 3 else f"幸福路{n}号的路灯不亮了井盖也坏了"
+            store.apply(as_json(a_call(f"c{n:02d}", str(n % 2), words, "市政设施/路灯", T0 + n * 1000)))
+
+        def pages(query: CallQuery, window: int) -> list[list[str]]:
+            store._phrase_window = window
+            out, after = [], None
+            while True:
+                page = store.search(replace(query, after=after, limit=4))
+                out.append([h.call_id for h in page.hits])
+                if (after := page.next_after) is None:
+                    return out
+
+        for query in (CallQuery(phrase="路灯不亮"), CallQuery(phrase="井盖也坏"), CallQuery(phrase="井盖", agent="1"),
+                      CallQuery(phrase="幸福路27号"), CallQuery(phrase="没有的话")):  # fmt: skip
+            through_index = pages(query, 0)
+            assert pages(query, 3) == pages(query, 2000) == through_index, query
+        assert sum(map(len, pages(CallQuery(phrase="路灯不亮"), 3))) == 30
+        assert pages(CallQuery(phrase="井盖也坏"), 3) == [["c27", "c24", "c21", "c18"], ["c15", "c12", "c09", "c06"],
+                                                          ["c03", "c00"]]  # fmt: skip
     finally:
         store.close()
