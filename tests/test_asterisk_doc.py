@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +31,10 @@ from asr_gateway.service import Service
 from tests.asterisk_peer import AsteriskPeer, asterisk_build, service_on_port
 from tests.audio_clients import DATA
 from tests.demo_quality import GOOD_ENOUGH_CER, SEED_TEXT
-from tests.redis_server import RedisServer, redis_server
+from tests.redis_server import RedisServer
 from tests.service_calls import REPO, free_port, read_valid_events, service_config, wait_drained
 from tests.tool_marks import needs_redis_server
 from tests.waiting import wait_until_async
-
-__all__ = ["redis_server"]  # the fixture, used by name
 
 pytestmark = [
     needs_redis_server,
@@ -130,12 +128,6 @@ def originate_command(action: str, replacements: dict[str, str]) -> str:
     return f"channel originate {fields['Channel']} extension {fields['Exten']}@{fields['Context']}"
 
 
-def actions_naming(*words: str) -> list[str]:
-    found = [action for action in BLOCKS["ami"] if all(word in action for word in words)]
-    assert found, f"{DOC.name} has no Originate naming {words}"
-    return found
-
-
 def without_g722(pjsip: str) -> str:
     """The page's endpoint less G.722: the shared build has no codec_g722, and an Asterisk without it
     still offers G.722, which the service takes and Asterisk then drops ("Unable to find a codec
@@ -177,19 +169,31 @@ def doc_config(tmp_path: Path, redis_url: str, svc_port: int) -> Any:
     return service_on_port(config, svc_port)
 
 
-def run_recipe(
-    tmp_path: Path,
-    redis_url: str,
-    asterisk: AsteriskPeer,
-    spied: tuple[str, ...],
-    commands: Callable[[dict[str, str], str], list[str]],
-) -> list[dict[str, Any]]:
-    """Start the service, call each of ``spied`` (endpoints) from Asterisk, run ``commands(channel
-    names, door address)`` once they are up, wait for one call to end and drain; the events."""
-    config = doc_config(tmp_path, redis_url, asterisk.svc_sip_port)
+MIXED_STREAM = str(uuid.uuid4())  # the page's ${UUID}
+
+
+def recipe_commands(names: dict[str, str], address: str) -> list[str]:
+    """Every Originate of the page, with this run's door address, UUID and spied channels."""
+    replacements = {
+        f"{DOC_HOST}:9092": address,
+        "${UUID}": MIXED_STREAM,
+        "PJSIP/trunk-00000042": names["trunk"],
+        "PJSIP/1001-00000043": names["1001"],
+    }
+    return [originate_command(action, replacements) for action in BLOCKS["ami"]]
+
+
+@pytest.fixture(scope="module")
+def recipe_events(tmp_path_factory: pytest.TempPathFactory, asterisk: AsteriskPeer) -> Iterator[list[dict[str, Any]]]:
+    """One service run for all the page's recipes at once (each spy is its own call): Asterisk calls
+    itself as PJSIP/trunk and PJSIP/1001, every Originate of the page spies on them; the events once
+    the three calls (the mixed stream, the joined pair, the SIP spy call) have ended."""
+    redis = RedisServer(tmp_path_factory.mktemp("redis"))
+    redis.start()
+    config = doc_config(tmp_path_factory.mktemp("service"), redis.url, asterisk.svc_sip_port)
 
     def ended() -> int:
-        return sum(e["event_type"] == "call.ended" for e in read_valid_events(redis_url))
+        return sum(e["event_type"] == "call.ended" for e in read_valid_events(redis.url))
 
     async def scenario() -> None:
         service = Service(config)
@@ -197,18 +201,29 @@ def run_recipe(
         assert service.doors.audiosocket is not None
         address = f"127.0.0.1:{service.doors.audiosocket.port}"
         try:
-            for endpoint in spied:
+            for endpoint in ("trunk", "1001"):
                 await asyncio.to_thread(asterisk.rx, f"channel originate PJSIP/{endpoint} application Wait 30")
-            names = {e: await asyncio.to_thread(asterisk.channel_up, f"PJSIP/{e}-") for e in spied}
-            for command in commands(names, address):
+            names = {e: await asyncio.to_thread(asterisk.channel_up, f"PJSIP/{e}-") for e in ("trunk", "1001")}
+            for command in recipe_commands(names, address):
                 await asyncio.to_thread(asterisk.rx, command)
-            await wait_until_async(lambda: ended() >= 1, CALL_TIMEOUT_S, "the spy call ended")
+            await wait_until_async(lambda: ended() >= 3, CALL_TIMEOUT_S, "the three spy calls ended")
             await wait_drained(service)
         finally:
             await service.stop(grace_s=5)
 
-    asyncio.run(scenario())
-    return read_valid_events(redis_url)
+    try:
+        asyncio.run(scenario())
+        yield read_valid_events(redis.url)
+    finally:
+        redis.stop()
+
+
+def call_events(events: list[dict[str, Any]], **started: str) -> list[dict[str, Any]]:
+    """The events of the one call whose call.started has the given fields."""
+    (call,) = [
+        e for e in events if e["event_type"] == "call.started" and all(e.get(key) == v for key, v in started.items())
+    ]
+    return [e for e in events if e["call_id"] == call["call_id"]]
 
 
 def finals(events: list[dict[str, Any]], role: str) -> str:
@@ -223,46 +238,23 @@ def test_the_blocks_of_the_page_are_all_run() -> None:
     assert BLOCKS["dialplan"] and len(BLOCKS["ami"]) == 4
 
 
-def test_one_mixed_stream_per_call(tmp_path: Path, redis_server: RedisServer, asterisk: AsteriskPeer) -> None:
-    (action,) = actions_naming("AudioSocket/", "${UUID}")
-    stream = str(uuid.uuid4())
-
-    def commands(names: dict[str, str], address: str) -> list[str]:
-        return [originate_command(action, {f"{DOC_HOST}:9092": address, "${UUID}": stream})]
-
-    events = run_recipe(tmp_path, redis_server.url, asterisk, ("1001",), commands)
-    started = [e for e in events if e["event_type"] == "call.started"]
-    assert [(e["source"], e["source_call_id"]) for e in started] == [("audiosocket", stream)]
+def test_one_mixed_stream_per_call(recipe_events: list[dict[str, Any]], asterisk: AsteriskPeer) -> None:
+    events = call_events(recipe_events, source_call_id=MIXED_STREAM)
+    assert events[0]["source"] == "audiosocket"
     text = finals(events, "mixed")
     assert cer(text, AGENT_TEXT) <= GOOD_ENOUGH_CER, (text, asterisk.log_tail())
 
 
-def test_caller_and_agent_as_one_call(tmp_path: Path, redis_server: RedisServer, asterisk: AsteriskPeer) -> None:
-    caller, agent = actions_naming("AudioSocket/", "PJSIP/trunk-"), actions_naming("AudioSocket/", "PJSIP/1001-")
-
-    def commands(names: dict[str, str], address: str) -> list[str]:
-        replacements = {
-            f"{DOC_HOST}:9092": address,
-            "PJSIP/trunk-00000042": names["trunk"],
-            "PJSIP/1001-00000043": names["1001"],
-        }
-        return [originate_command(action, replacements) for action in (*caller, *agent)]
-
-    events = run_recipe(tmp_path, redis_server.url, asterisk, ("trunk", "1001"), commands)
-    (started,) = [e for e in events if e["event_type"] == "call.started"]
-    assert sorted(p["role"] for p in started["participants"]) == ["agent", "caller"]
+def test_caller_and_agent_as_one_call(recipe_events: list[dict[str, Any]], asterisk: AsteriskPeer) -> None:
+    ids = {e.get("source_call_id", "") for e in recipe_events}
+    (caller_stream,) = [stream for stream in ids if stream.endswith("-000000000001")]  # the page's caller UUID
+    events = call_events(recipe_events, source_call_id=caller_stream)
+    assert sorted(p["role"] for p in events[0]["participants"]) == ["agent", "caller"]
     assert cer(finals(events, "caller"), SEED_TEXT) <= GOOD_ENOUGH_CER, (events, asterisk.log_tail())
     assert cer(finals(events, "agent"), AGENT_TEXT) <= GOOD_ENOUGH_CER, (events, asterisk.log_tail())
 
 
-def test_spy_call_over_sip_carries_the_agent(tmp_path: Path, redis_server: RedisServer, asterisk: AsteriskPeer) -> None:
-    (action,) = actions_naming("spy-to-asr")
-
-    def commands(names: dict[str, str], address: str) -> list[str]:
-        return [originate_command(action, {})]
-
-    events = run_recipe(tmp_path, redis_server.url, asterisk, ("1001",), commands)
-    (started,) = [e for e in events if e["event_type"] == "call.started"]
-    assert started["source"] == "sip"
-    assert started["metadata"].get("X-Agent-Id") == "1001", started["metadata"]
+def test_spy_call_over_sip_carries_the_agent(recipe_events: list[dict[str, Any]], asterisk: AsteriskPeer) -> None:
+    events = call_events(recipe_events, source="sip")
+    assert events[0]["metadata"].get("X-Agent-Id") == "1001", events[0]["metadata"]
     assert cer(finals(events, "mixed"), AGENT_TEXT) <= GOOD_ENOUGH_CER, (events, asterisk.log_tail())

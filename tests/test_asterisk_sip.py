@@ -11,7 +11,7 @@ import asyncio
 import logging
 import re
 from collections.abc import Iterator
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -22,17 +22,13 @@ from sip.sdp import TAKEN_CODECS
 from tests.asterisk_peer import AsteriskPeer, asterisk_build, service_on_port
 from tests.audio_clients import DATA
 from tests.demo_quality import GOOD_ENOUGH_CER, SEED_TEXT
-from tests.redis_server import RedisServer, redis_server
+from tests.redis_server import RedisServer
 from tests.service_calls import free_port, read_valid_events, service_config, wait_drained
 from tests.tool_marks import needs_redis_server
 from tests.waiting import wait_until_async
 
-__all__ = ["redis_server"]  # the fixture, used by name
-
-pytestmark = [
-    needs_redis_server,
-    pytest.mark.timeout(300, func_only=True),
-]  # the first module builds Asterisk in its fixture
+# func_only: the first module to run builds Asterisk in its fixture (minutes), which no test's limit should count
+pytestmark = [needs_redis_server, pytest.mark.timeout(300, func_only=True)]
 
 ROUTES = "profiles:\n  default: {role: mixed, redaction: keep, dtmf: count}\nroutes: []\n"
 CALL_TIMEOUT_S = 90.0  # a loaded 2-core runner: Asterisk's call, the decoding of its last seconds
@@ -46,6 +42,15 @@ disallow = all
 allow = alaw
 dtmf_mode = rfc4733
 from_user = pbx
+aors = svc
+
+; svc-cut: PCMU like svc, under a name of its own (the channel the test hangs up is PJSIP/svc-cut-...)
+[svc-cut]
+type = endpoint
+transport = transport-udp
+context = test
+disallow = all
+allow = ulaw
 aors = svc
 
 [svc-gsm]
@@ -83,98 +88,116 @@ def asterisk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AsteriskPeer]
         peer.stop()
 
 
-def finals(events: list[dict[str, Any]], call_id: str) -> str:
-    return "".join(
-        e["text"] for e in events if e["event_type"] == "transcript.final" and e["source_call_id"] == call_id
+@dataclass
+class Run:
+    """What one service run gave: the events in Redis, the service's log lines."""
+
+    events: list[dict[str, Any]]
+    service_log: list[str]
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory, asterisk: AsteriskPeer) -> Iterator[Run]:
+    """One service run for every call of this module, placed together: PCMU and PCMA calls that key
+    1 and 2; a PCMU call (to ``cut``) Asterisk hangs up once the service has published a partial of
+    4 characters; an offer of GSM alone. Partials go to the stream too, to see the cut call talking."""
+    redis = RedisServer(tmp_path_factory.mktemp("redis"))
+    redis.start()
+    config = service_on_port(
+        service_config(tmp_path_factory.mktemp("service"), redis.url, ROUTES), asterisk.svc_sip_port
     )
+    config = config.model_copy(update={"redis": config.redis.model_copy(update={"partials_to_stream": True})})
+    log = _Lines()
 
+    def events() -> list[dict[str, Any]]:
+        return read_valid_events(redis.url)
 
-def ended_calls(url: str) -> list[dict[str, Any]]:
-    return [e for e in read_valid_events(url) if e["event_type"] == "call.ended"]
-
-
-def test_pcmu_and_pcma_calls_with_keys_pressed(
-    tmp_path: Path, redis_server: RedisServer, asterisk: AsteriskPeer
-) -> None:
-    config = service_on_port(service_config(tmp_path, redis_server.url, ROUTES), asterisk.svc_sip_port)
+    def cut_partial() -> str:
+        found = events()
+        cut = dialled(found, "cut")
+        partials = [e["text"] for e in found if e["event_type"] == "transcript.partial" and e["call_id"] in cut]
+        return partials[-1] if partials else ""
 
     async def scenario() -> None:
         service = Service(config)
         await service.start()
         try:
-            await asyncio.to_thread(asterisk.rx, "channel originate Local/keys-svc@test extension play@test")
-            await asyncio.to_thread(asterisk.rx, "channel originate Local/keys-svc-alaw@test extension play@test")
-            await wait_until_async(lambda: len(ended_calls(redis_server.url)) == 2, CALL_TIMEOUT_S, "two calls ended")
+            for command in (
+                "channel originate Local/keys-svc@test extension play@test",
+                "channel originate Local/keys-svc-alaw@test extension play@test",
+                "channel originate PJSIP/cut@svc-cut extension play@test",
+                "channel originate PJSIP/asr@svc-gsm extension play@test",
+            ):
+                await asyncio.to_thread(asterisk.rx, command)
+            await wait_until_async(lambda: len(cut_partial()) >= 4, CALL_TIMEOUT_S, "a partial of 4 characters")
+            channel = await asyncio.to_thread(asterisk.channel_up, "PJSIP/svc-cut-")
+            await asyncio.to_thread(asterisk.rx, f"channel request hangup {channel}")
+            await wait_until_async(lambda: len(ended(events())) == 3, CALL_TIMEOUT_S, "three calls ended")
             await wait_drained(service)
         finally:
             await service.stop(grace_s=5)
 
-    asyncio.run(scenario())
-    events = read_valid_events(redis_server.url)
-    ended = [e for e in events if e["event_type"] == "call.ended"]
-    for call in ended:
-        text = finals(events, call["source_call_id"])
+    logging.getLogger().addHandler(log)
+    try:
+        asyncio.run(scenario())
+        yield Run(events(), log.lines)
+    finally:
+        logging.getLogger().removeHandler(log)
+        redis.stop()
+
+
+def ended(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in events if e["event_type"] == "call.ended"]
+
+
+def finals(events: list[dict[str, Any]], call_id: str) -> str:
+    return "".join(e["text"] for e in events if e["event_type"] == "transcript.final" and e["call_id"] == call_id)
+
+
+def dialled(events: list[dict[str, Any]], number: str) -> list[str]:
+    """The ids of the calls to ``number``."""
+    return [
+        e["call_id"] for e in events if e["event_type"] == "call.started" and e["metadata"]["dialled_number"] == number
+    ]
+
+
+def test_pcmu_and_pcma_calls_with_keys_pressed(run: Run, asterisk: AsteriskPeer) -> None:
+    calls = dialled(run.events, "asr")
+    assert len(calls) == 2, calls  # the GSM offer to asr@ made no call
+    for call in ended(run.events):
+        if call["call_id"] not in calls:
+            continue
+        text = finals(run.events, call["call_id"])
         assert cer(text, SEED_TEXT) <= GOOD_ENOUGH_CER, (text, asterisk.log_tail())
         assert call["reason"] == "bye"
         assert list(call["stats"]["dtmf_events"].values()) == [2], call["stats"]
     answers = re.findall(r"SIP/2\.0 200 OK.*?m=audio \d+ RTP/AVP (\d+)", asterisk.log_text(), re.S)
-    assert sorted(set(answers)) == ["0", "8"], answers  # the service answered PCMU to one, PCMA to the other
+    assert sorted(set(answers)) == ["0", "8"], answers  # the service answered PCMU, and PCMA to svc-alaw
 
 
-def test_a_hangup_in_mid_sentence_still_gives_the_final(
-    tmp_path: Path, redis_server: RedisServer, asterisk: AsteriskPeer
-) -> None:
-    config = service_on_port(service_config(tmp_path, redis_server.url, ROUTES), asterisk.svc_sip_port)
-    redis_settings = config.redis.model_copy(update={"partials_to_stream": True})  # to see it talking, in Redis
-    config = config.model_copy(update={"redis": redis_settings})
-
-    def partial_text() -> str:
-        partials = [e for e in read_valid_events(redis_server.url) if e["event_type"] == "transcript.partial"]
-        return partials[-1]["text"] if partials else ""
-
-    async def scenario() -> None:
-        service = Service(config)
-        await service.start()
-        try:
-            await asyncio.to_thread(asterisk.rx, "channel originate PJSIP/asr@svc extension play@test")
-            await wait_until_async(lambda: len(partial_text()) >= 4, CALL_TIMEOUT_S, "a partial of 4 characters")
-            channel = await asyncio.to_thread(asterisk.channel_up, "PJSIP/svc")
-            await asyncio.to_thread(asterisk.rx, f"channel request hangup {channel}")
-            await wait_until_async(lambda: ended_calls(redis_server.url), CALL_TIMEOUT_S, "the call ended")
-            await wait_drained(service)
-        finally:
-            await service.stop(grace_s=5)
-
-    asyncio.run(scenario())
-    events = read_valid_events(redis_server.url)
-    (ended,) = [e for e in events if e["event_type"] == "call.ended"]
-    text = finals(events, ended["source_call_id"])
-    assert ended["reason"] == "bye"
-    assert 4 <= len(text) < len(SEED_TEXT), text  # cut: more than the partial we waited for, less than all
+def test_a_hangup_in_mid_sentence_still_gives_the_final(run: Run) -> None:
+    (call,) = dialled(run.events, "cut")
+    (end,) = [e for e in ended(run.events) if e["call_id"] == call]
+    text = finals(run.events, call)
+    assert end["reason"] == "bye"
+    assert 4 <= len(text) < len(SEED_TEXT), text  # cut: at least the partial waited for, less than all
     assert cer(text, SEED_TEXT[: len(text)]) <= GOOD_ENOUGH_CER, text
 
 
-def test_an_offer_of_only_gsm_is_refused_488_and_both_sides_log_it(
-    tmp_path: Path, redis_server: RedisServer, asterisk: AsteriskPeer, caplog: pytest.LogCaptureFixture
-) -> None:
-    config = service_on_port(service_config(tmp_path, redis_server.url, ROUTES), asterisk.svc_sip_port)
-    caplog.set_level(logging.INFO)
-
-    async def scenario() -> None:
-        service = Service(config)
-        await service.start()
-        try:
-            await asyncio.to_thread(asterisk.rx, "channel originate PJSIP/asr@svc-gsm extension play@test")
-            await wait_until_async(
-                lambda: "SIP/2.0 488" in asterisk.log_text(), CALL_TIMEOUT_S, "Asterisk logs the 488 it got"
-            )
-        finally:
-            await service.stop(grace_s=5)
-
-    asyncio.run(scenario())
+def test_an_offer_of_only_gsm_is_refused_488_and_both_sides_log_it(run: Run, asterisk: AsteriskPeer) -> None:
     log = asterisk.log_text()
-    response = log[log.index("SIP/2.0 488") :].split("\n\n", 1)[0]  # the SIP trace (pjsip set logger on)
+    gsm_offer = log.index("a=rtpmap:3 GSM/8000")
+    response = log[log.index("SIP/2.0 488", gsm_offer) :].split("\n\n", 1)[0]  # the SIP trace (pjsip set logger on)
     assert f'Warning: 304 hotline-asr "no {TAKEN_CODECS} audio stream to record"' in response.splitlines(), response
-    assert not read_valid_events(redis_server.url)  # no call, no event
-    if not any("488" in record.getMessage() for record in caplog.records):
+    assert log.count("SIP/2.0 488") == 1
+    if not any("488" in line for line in run.service_log):
         pytest.xfail("the service answers a refused INVITE without a log line or counter (sip/uas.py, except Reject)")
