@@ -12,7 +12,9 @@ set, state directory), writes the whole box's files from it and checks them:
   ``systemd/hotline-asr@N.service.d/box.conf`` with its ``CPUAffinity=``;
 - ``kamailio/kamailio.cfg`` (the box's defines, then ``include_file`` of
   ``deploy/cluster/kamailio-dispatcher.cfg``) and ``kamailio/dispatcher.list``;
-- ``haproxy/haproxy.cfg``: TCP, ``balance leastconn``, health from each node's ``/health/ready``;
+- ``haproxy/haproxy.cfg``: ``balance leastconn``, health from each node's ``/health/ready``;
+  AudioSocket in TCP mode, the WebSocket door in HTTP mode up to its upgrade (a handshake
+  answered 503 is retried on another node);
 - ``box.json``: the plan itself, from which ``check_box`` renders every file again.
 
 ``asr-gateway box write|check`` is the command; ``asr_gateway.dev.cluster`` writes the
@@ -340,13 +342,16 @@ def render_kamailio(plan: BoxPlan, ds_list: str) -> str:
 
 
 def render_haproxy(plan: BoxPlan) -> str:
-    """TCP balancing of the two doors. A node is checked by ``GET /health/ready`` on its metrics
-    port every ``check_inter_ms``: one 503 (full, draining, Redis gone with the spool full) or no
+    """Balancing of the two doors. A node is checked by ``GET /health/ready`` on its metrics port
+    every ``check_inter_ms``: one 503 (full, draining, Redis gone with the spool full) or no
     answer takes it out for new connections, two 200s bring it back; connections it holds go on.
-    A refused connect (a killed node) is retried, on another node (``option redispatch 1``)."""
+    A refused connect (a killed node) is retried, on another node (``option redispatch 1``).
+    AudioSocket is plain TCP. The WebSocket door is balanced in HTTP mode up to its upgrade, so
+    that a handshake a node answers 503 (it began to drain within the last check interval) is
+    retried on another node (``retry-on 503``); after the upgrade it is a tunnel."""
     inter = plan.check_inter_ms
     lines = [
-        "# The box's HAProxy (TCP doors): written by `asr-gateway box write`; `haproxy -c -f` checks it.",
+        "# The box's HAProxy (AudioSocket, WebSocket): written by `asr-gateway box write`; `haproxy -c -f` checks it.",
         "global",
         "    # No maxconn: HAProxy sizes it from its file limit (LimitNOFILE); each node takes at most its own.",
         "    log stdout format raw local0 info",
@@ -371,10 +376,15 @@ def render_haproxy(plan: BoxPlan) -> str:
         ("audiosocket", plan.audiosocket_port, "audiosocket_port"),
         ("websocket", plan.websocket_port, "websocket_port"),
     ):
+        http = door == "websocket"
         lines += ["frontend " + door, f"    bind {plan.address}:{port}"]
+        if http:
+            lines += ["    mode http", "    option httplog", "    timeout http-request 5s"]
         if pbx:
             lines += [f"    acl pbx src {' '.join(pbx)}", "    tcp-request connection reject unless pbx"]
         lines += [f"    default_backend {door}_nodes", "", f"backend {door}_nodes", "    balance leastconn"]
+        if http:
+            lines += ["    mode http", "    retry-on 503 conn-failure empty-response", "    timeout tunnel 4h"]
         lines += ["    option httpchk GET /health/ready", "    http-check expect status 200"]
         lines.append(f"    default-server inter {inter}ms fastinter {inter}ms downinter {inter}ms fall 1 rise 2")
         for node in plan.nodes:
@@ -560,7 +570,7 @@ def _tool_problems(plan: BoxPlan, out: Path, ds_list: str) -> list[str]:
         done = subprocess.run(
             [haproxy, "-c", "-f", str(out / "haproxy" / "haproxy.cfg")], capture_output=True, text=True, timeout=60
         )
-        if done.returncode != 0:
+        if done.returncode != 0 or "[WARNING]" in done.stdout + done.stderr:
             problems.append(f"haproxy -c: {(done.stdout + done.stderr).strip()[-1500:]}")
     kamailio = shutil.which("kamailio")
     if kamailio is not None:

@@ -84,6 +84,8 @@ def test_a_written_box_checks_clean_and_each_node_gets_its_own_share(tmp_path: P
             server = f"server {node.name} {node.host}:{port} maxconn 4096 check addr 127.0.0.1 port {node.metrics_port}"
             assert server in backend
     assert "mode tcp" in haproxy and "option redispatch 1" in haproxy
+    websocket = haproxy.split("\nbackend websocket_nodes\n")[1]
+    assert "mode http" in websocket and "retry-on 503 conn-failure empty-response" in websocket
     assert "tcp-request connection reject unless pbx" in haproxy and "acl pbx src 10.1.0.0/16" in haproxy
     listed = (out / "kamailio" / "dispatcher.list").read_text(encoding="utf-8").splitlines()
     assert listed == [f"1 sip:127.0.0.1:{n.sip_port};transport=udp 0 0 weight=25" for n in nodes]

@@ -231,7 +231,7 @@ def test_a_rolling_restart_loses_no_call(box: LocalCluster, tmp_path: Path) -> N
             wait_until(lambda d=door, n=name: balancer_states(box).get((d, n)) == "UP", 20.0, f"{name} back in HAProxy")
         assert box.alive_proc(box.node(other))
     ids = wait_complete(box, calls)
-    assert len(ids["audiosocket"]) == 6 and len(ids["sip"]) == 8 and len(ids["websocket"]) == 2
+    assert len(ids["audiosocket"]) == 6 and len(ids["sip"]) == 8 and len(ids["websocket"]) == 6
 
 
 async def _drain_with_calls(box: LocalCluster, calls: Calls, workdir: Path, name: str) -> None:
@@ -244,9 +244,11 @@ async def _drain_with_calls(box: LocalCluster, calls: Calls, workdir: Path, name
     in_progress.append(asyncio.create_task(sip_call(box, calls, workdir, long_pcm)))
     await asyncio.to_thread(wait_until, lambda: taken_by(box, name) - seen, 20.0, f"{name} took a call")
     box.drain_node(name)
-    # INVITEs at once, before Kamailio's next probe: one chosen for the draining node gets 503
-    # and goes to the other node (failure_route), so none is refused.
+    # INVITEs and WebSocket handshakes at once, before Kamailio's next probe and HAProxy's next
+    # check: one sent to the draining node gets 503 and is sent to the other node (Kamailio's
+    # failure_route, HAProxy's retry-on 503), so none is refused.
     raced = [asyncio.create_task(sip_call(box, calls, workdir, pcm)) for _ in range(2)]
+    raced += [asyncio.create_task(websocket_call(box, calls, pcm)) for _ in range(2)]
     for door in DOORS:
         await asyncio.to_thread(
             wait_until, lambda d=door: balancer_states(box).get((d, name)) == "DOWN", 10.0, f"{name} out of {door}"
