@@ -4,6 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 APT_PACKAGES := redis-server redis-sentinel sip-tester espeak-ng sox kamailio chromium chromium-driver prometheus fonts-wqy-microhei libjemalloc2 haproxy postgresql
+# What build.sh of ../shared/peers/asterisk needs to build the Asterisk the interop tests run
+# (tests/asterisk_peer.py builds it once into a cache outside the clone).
+ASTERISK_BUILD_PACKAGES := build-essential pkg-config bzip2 patch libjansson-dev libedit-dev libxml2-dev libsqlite3-dev uuid-dev libssl-dev
 APT_BINARIES := redis-server redis-sentinel redis-cli sipp espeak-ng sox kamailio chromium chromedriver promtool haproxy
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
@@ -17,9 +20,10 @@ apt-deps:
 	[ -f /usr/share/fonts/truetype/wqy/wqy-microhei.ttc ] || missing=1; \
 	/sbin/ldconfig -p | grep -q 'libjemalloc.so.2 ' || missing=1; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing=1; \
+	dpkg -s $(ASTERISK_BUILD_PACKAGES) >/dev/null 2>&1 || missing=1; \
 	if [ $$missing = 1 ]; then \
 	  echo "installing Debian packages: $(APT_PACKAGES)"; \
-	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $(APT_PACKAGES) $(ASTERISK_BUILD_PACKAGES) >/dev/null; \
 	fi
 
 # torch is pinned and installed first: the CPU build is what this project targets by default,

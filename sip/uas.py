@@ -21,6 +21,7 @@ same transaction and dialog tables, and cutting them apart would scatter one sta
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 from collections import Counter
 
@@ -52,6 +53,11 @@ from sip.transaction import ClientTransaction, ServerTransaction, TimerConfig, T
 
 log = logging.getLogger(__name__)
 
+_ROUTINE_REFUSALS = frozenset({401, 407, 503})
+"""INVITE answers that are not news for the log: digest challenges and a full or draining node."""
+_MAX_REFUSAL_KEYS = 4096
+"""(source, status) pairs whose refusals are followed in the log; refusals of later pairs are only counted."""
+
 _KNOWN_METHODS = frozenset({"REGISTER", "SUBSCRIBE", "NOTIFY", "PUBLISH", "MESSAGE", "REFER", "PRACK"})
 
 
@@ -76,6 +82,7 @@ class UasCore:
         self.connection_aliases: dict[Address, Address] = {}
         self._dialogs: dict[tuple[str, str], str] = {}
         self._server_tx: dict[tuple[str, str, str], ServerTransaction] = {}
+        self._refusals_logged: dict[tuple[str, int], int] = {}  # (source IP, status) -> INVITEs refused
         self._tx_by_source: Counter[str] = Counter()  # source IP -> server transactions it holds
         self._client_tx: dict[str, ClientTransaction] = {}
         self._queue = TimerQueue()
@@ -249,6 +256,8 @@ class UasCore:
                 return self._respond(tx, request, status, now, headers=(("Allow", ALLOW),))
             return handle(tx, request, now)
         except Reject as reject:
+            if request.method == "INVITE":
+                self._note_refusal(source.host, reject)
             return self._respond(tx, request, reject.status, now, headers=reject.headers)
         except ProtocolError as exc:
             self.counters["errors.remote"] += 1
@@ -598,6 +607,23 @@ class UasCore:
         return f"{self.settings.public_host()}:{self.local_ports.get(transport, self.settings.port)}"
 
     # ---- building responses ------------------------------------------------------------
+
+    def _note_refusal(self, host: str, reject: Reject) -> None:
+        """Say in our log why a new call was refused, as the Warning told the peer: an operator
+        reading only this side must see a misconfigured PBX (a codec we do not take, a route that
+        refuses). Challenges (401/407) and busy answers (503) are routine and counted elsewhere;
+        the rest is counted by status (``invites.refused.<code>``) and logged for the 1st, 10th,
+        100th ... refusal of each source and status, so a looping peer cannot flood the log."""
+        if reject.status in _ROUTINE_REFUSALS:
+            return
+        self.counters[f"invites.refused.{reject.status}"] += 1
+        key = (host, reject.status)
+        if key not in self._refusals_logged and len(self._refusals_logged) >= _MAX_REFUSAL_KEYS:
+            return  # counted; too many sources refused to follow each one in the log
+        seen = self._refusals_logged[key] = self._refusals_logged.get(key, 0) + 1
+        if seen == 1 or math.log10(seen).is_integer():
+            reason = next((value for name, value in reject.headers if name.lower() == "warning"), "no Warning")
+            log.info("INVITE from %s refused %d (%s); %d such from it so far", host, reject.status, reason, seen)
 
     def _respond(
         self,

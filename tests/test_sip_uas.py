@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 
 import pytest
 
@@ -539,3 +540,27 @@ def test_an_invite_no_route_takes_gets_the_routes_files_code() -> None:
     core = UasCore(SipSettings(), CountingCallHandler(), FakePorts(), router)
     assert statuses(core.receive(invite(), SOURCE, 0.0)) == [403]
     assert core.active_calls == 0 and core.counters["invites.no_capacity"] == 0
+
+
+def test_a_refused_invite_is_logged_as_the_peer_was_told_and_thinned(caplog: pytest.LogCaptureFixture) -> None:
+    """A refusal the peer can act on (488: no codec we take) is logged with its Warning and counted
+    by status; a peer that keeps sending it is logged at the 1st, 10th, 100th ... refusal; a digest
+    challenge (401) is routine and not logged."""
+    core = make_core()
+    gsm_only = OFFER_PCMU.replace("RTP/AVP 0 8 101", "RTP/AVP 3")
+    with caplog.at_level(logging.INFO, logger="sip.uas"):
+        for n in range(12):
+            data = invite(call_id=f"gsm-{n}@10.0.0.5", branch=f"z9hG4bK-gsm{n}", body=gsm_only)
+            assert statuses(core.receive(data, SOURCE, float(n)))[-1] == 488
+    refused = [r.getMessage() for r in caplog.records if "refused 488" in r.getMessage()]
+    assert len(refused) == 2, refused  # the 1st and the 10th
+    assert f"INVITE from {SOURCE.host} refused 488" in refused[0] and "audio stream to record" in refused[0]
+    assert refused[1].endswith("10 such from it so far")
+    assert core.counters["invites.refused.488"] == 12
+
+    caplog.clear()
+    challenged = make_core(auth=AuthSettings(realm="hotline", users={"pbx": "secret"}))
+    with caplog.at_level(logging.INFO, logger="sip.uas"):
+        assert statuses(challenged.receive(invite(), SOURCE, 0.0))[-1] == 401
+    assert not [r for r in caplog.records if "refused" in r.getMessage()]
+    assert challenged.counters["invites.refused.401"] == 0
