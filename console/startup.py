@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
 import ssl
 from pathlib import Path
 
 from redis.exceptions import RedisError
 
+from archive.store import ArchiveError, open_store
 from asr_common.yamlconf import ConfigError, read_yaml
 from asr_gateway.config import ServiceConfig, load_config
 from asr_gateway.state_dir import writable_problems
@@ -102,11 +104,25 @@ def _state_dir(settings: ConsoleSettings, console_file: Path) -> list[str]:
     return [f"{console_file}: {line}" for line in writable_problems(settings.state_dir, "state_dir")]
 
 
+def _archive(settings: ConsoleSettings, console_file: Path) -> list[str]:
+    """The archive database opens (as the console will open it: a new SQLite file is created and
+    any store's schema brought to the newest version)."""
+    if not settings.archive_db:
+        return []
+    try:
+        open_store(settings.archive_db).close()
+    except (ArchiveError, sqlite3.Error, OSError) as exc:
+        reason = " ".join(str(exc).split())  # a driver's message may span lines
+        return [f"{console_file}: archive_db: {reason}; fix the URL, or comment it out to run without the archive"]
+    return []
+
+
 def check_files(console_file: Path) -> tuple[ConsoleSettings, ServiceConfig]:
     """Every file check ``check-config`` makes; StartupError with all their lines."""
     settings = load_console_settings(console_file)
     service, problems = _service_config(settings, console_file)
     problems += _users(settings) + _tls(settings, console_file) + _state_dir(settings, console_file)
+    problems += _archive(settings, console_file)
     if problems or service is None:
         raise StartupError(problems)
     return settings, service

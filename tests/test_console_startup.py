@@ -132,3 +132,24 @@ def test_a_bad_key_names_file_and_line(tmp_path: Path, capsys: pytest.CaptureFix
     assert line == f"{console_yaml}:5 agent_key: unknown key"
     assert main(["check-config", str(console_yaml)]) == 1
     assert capsys.readouterr().err.strip() == line
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("sqlite:///nonexistent-dir/sub/archive.db", "unable to open database file"),
+        (f"postgresql://archive@127.0.0.1:{free_tcp_port()}/archive", "cannot connect to the archive database"),
+    ],
+)
+def test_an_archive_db_that_does_not_open(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], url: str, says: str
+) -> None:
+    """An ``archive_db`` that does not open is one line naming the console file, what is wrong
+    and what to do, not a traceback at the first search (a URL of the wrong form is refused
+    with its file:line by the settings' own check)."""
+    console_yaml = write_configs(tmp_path, "redis://127.0.0.1:1/0")
+    with console_yaml.open("a", encoding="utf-8") as out:
+        out.write(f"archive_db: {url}\n")
+    line = start_problem(capsys, "--config", str(console_yaml))
+    assert line.startswith(f"{console_yaml}: archive_db: ") and says in line, line
+    assert line.endswith("or comment it out to run without the archive"), line
