@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import queue
+import socket
 import struct
 import threading
 from collections.abc import Callable
@@ -32,6 +33,7 @@ CALL_FRAMES = 30_000  # 10 minutes of 20 ms frames
 PARTIAL_EVERY = RATE // 5  # samples: a partial per 200 ms of audio
 TEXT = "早上七点多北京路附近暖气不热"
 START = json.dumps({"signal": "start", "sample_rate": RATE})
+CLIENT_RCVBUF = 32 * 1024  # bytes (the kernel doubles it); the call's partials are about 1.3 MB
 Listener = Callable[[dict[str, Any]], None]
 
 
@@ -140,7 +142,10 @@ def test_a_client_that_reads_nothing_through_a_10_minute_call_is_closed_as_a_slo
     read: list[dict[str, Any]] = []
 
     def client(url: str) -> None:
-        ws = websocket.create_connection(url, timeout=60)
+        # A fixed, small receive buffer: left to autotune on loopback the kernel grows it to
+        # megabytes, which would hold every reply of the call and hide the door's bound.
+        small_buffer = ((socket.SOL_SOCKET, socket.SO_RCVBUF, CLIENT_RCVBUF),)
+        ws = websocket.create_connection(url, timeout=60, sockopt=small_buffer)
         ws.send(START)
         for _ in range(CALL_FRAMES):  # as fast as it can, reading nothing
             ws.send_binary(FRAME)
