@@ -49,6 +49,18 @@ CONSOLE_START_TIMEOUT_S = 60.0
 CONSOLE_STOP_TIMEOUT_S = 10.0
 
 
+async def _stop_child(process: asyncio.subprocess.Process | None) -> None:
+    """SIGTERM a child the demo started, and SIGKILL it if it has not exited in time."""
+    if process is None or process.returncode is not None:
+        return
+    process.terminate()
+    try:
+        await asyncio.wait_for(process.wait(), CONSOLE_STOP_TIMEOUT_S)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+
+
 @dataclass(frozen=True)
 class DemoUser:
     name: str
@@ -139,14 +151,7 @@ class ArchiverProcess:
             )
 
     async def stop(self) -> None:
-        if self.process is None or self.process.returncode is not None:
-            return
-        self.process.terminate()
-        try:
-            await asyncio.wait_for(self.process.wait(), CONSOLE_STOP_TIMEOUT_S)
-        except TimeoutError:
-            self.process.kill()
-            await self.process.wait()
+        await _stop_child(self.process)
 
 
 def service_config(redis_url: str, model_dir: Path, workdir: Path) -> ServiceConfig:
@@ -188,14 +193,7 @@ class ConsoleProcess:
             await asyncio.sleep(0.2)
 
     async def stop(self) -> None:
-        if self.process is None or self.process.returncode is not None:
-            return
-        self.process.terminate()
-        try:
-            await asyncio.wait_for(self.process.wait(), CONSOLE_STOP_TIMEOUT_S)
-        except TimeoutError:
-            self.process.kill()
-            await self.process.wait()
+        await _stop_child(self.process)
 
 
 def _answers(url: str) -> bool:
