@@ -6,13 +6,20 @@ Publisher on its own thread for publishing events into Redis as the gateway does
 from __future__ import annotations
 
 import asyncio
+import os
+import queue
+import re
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import uvicorn
@@ -91,12 +98,14 @@ def running_console(console_yaml: Path) -> Iterator[str]:
         thread.join(10)
 
 
-def login(base: str, user: str) -> httpx.Client:
-    """An httpx client signed in as ``user``; its ``headers`` carry the CSRF token."""
+def login(base: str, user: str, password: str | None = None) -> httpx.Client:
+    """An httpx client signed in as ``user`` (with ``password``, else the test users file's);
+    its ``headers`` carry the CSRF token."""
     client = httpx.Client(base_url=base, timeout=10)
     page = client.get("/login")
     token = page.text.split('name="csrf_token" value="', 1)[1].split('"', 1)[0]
-    answer = client.post("/login", data={"username": user, "password": PASSWORDS[user], "csrf_token": token})
+    secret = PASSWORDS[user] if password is None else password
+    answer = client.post("/login", data={"username": user, "password": secret, "csrf_token": token})
     assert answer.status_code == 303, answer.text
     client.headers["X-CSRF-Token"] = client.get("/api/me").json()["csrf"]
     return client
@@ -153,3 +162,62 @@ def call_events(call_id: str, agent: str, conf: Path, text: str = MANHOLE, *, ag
     out += processor.process(TranscriptUpdate(ctx, caller, 0, False, text))
     out.append(ev.CallEnded(call=ctx, reason=reason, stats={"duration_ms": 4000} if stats is None else stats))
     return out
+
+
+def lines_of(stream: IO[str]) -> queue.Queue[str]:
+    """The stream's lines, read on a thread, so a test can wait for one with a deadline."""
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        for line in stream:
+            lines.put(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+@dataclass
+class DemoConsole:
+    """``asr-gateway demo --console`` as started by ``demo_console``: its URL, what it printed
+    up to its first demo calls, and (after the ``with``) its exit status."""
+
+    base: str
+    text: str = ""
+    exit_code: int | None = None
+
+    @property
+    def passwords(self) -> dict[str, str]:
+        """The three demo users' fresh passwords, by user name, as the demo printed them."""
+        return dict(re.findall(r"^\s+\w+\s+user (\w+)\s+password (\S+)", self.text, flags=re.MULTILINE))
+
+
+@contextmanager
+def demo_console(start_timeout_s: float = 120.0) -> Iterator[DemoConsole]:
+    """Run the console demo as a newcomer does (no ``ASR_REDIS_URL``: its own redis-server) until
+    it starts placing calls; Ctrl-C (SIGINT) at the end, as a person stops it."""
+    port = free_tcp_port()
+    env = {key: value for key, value in os.environ.items() if key != "ASR_REDIS_URL"}
+    env["PYTHONPATH"] = str(REPO)
+    command = [sys.executable, "-m", "asr_gateway.cli", "demo", "--console", "--listen", f"127.0.0.1:{port}"]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    demo = DemoConsole(f"http://127.0.0.1:{port}")
+    try:
+        assert process.stdout is not None
+        output = lines_of(process.stdout)
+        printed: list[str] = []
+        deadline = time.monotonic() + start_timeout_s
+        while not any(line.startswith("placing the bundled demo calls") for line in printed):
+            assert time.monotonic() < deadline and process.poll() is None, "".join(printed)
+            try:
+                printed.append(output.get(timeout=1))
+            except queue.Empty:
+                continue
+        demo.text = "".join(printed)
+        yield demo
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            demo.exit_code = process.wait(60)
+        finally:
+            if process.poll() is None:
+                process.kill()
